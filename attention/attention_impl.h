@@ -1,0 +1,44 @@
+// AttentionImpl: one attention implementation on one backend, as in the seeds. Every implementation
+// folds a query block against one K/V block into the f32 carry (`accumulate`), which is what lets
+// `ring` call any local kernel once per step; `forward` is the single-call convenience on top.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "attention/carry.h"
+#include "attention/inputs.h"
+#include "attention/params.h"
+
+namespace ra {
+
+enum class Backend : uint8_t { kCpu, kCuda, kNative };
+std::string_view backend_name(Backend backend);
+Backend parse_backend(std::string_view name);  // "cpu" | "cuda" | "native"
+
+struct AttentionOutput {
+  HostTensor o;    // (B, T, Hq, Dv) in q's dtype
+  HostTensor lse;  // (B, Hq, T) f32, natural log; -inf for rows that see no key
+};
+
+class AttentionImpl {
+ public:
+  virtual ~AttentionImpl() = default;
+  virtual std::string_view name() const = 0;
+  virtual Backend backend() const = 0;
+  virtual int64_t max_head_dim() const { return 256; }
+
+  // carry (B, Hq, T, Dv) <- carry (+) attention of in.q against in.k / in.v. Validated inputs.
+  virtual void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                          Carry& carry) const = 0;
+
+  // Validates, runs one accumulate from an empty carry and finalizes O and LSE.
+  AttentionOutput forward(const AttentionInputs& in, const AttentionParams& params) const;
+  AttentionOutput forward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos) const;
+};
+
+// The effective softmax scale: params' value, or 1/sqrt(head_dim) when it is 0.
+float effective_scale(const AttentionParams& params, int64_t head_dim);
+
+}  // namespace ra

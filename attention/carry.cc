@@ -1,0 +1,82 @@
+// Carry creation, the pairwise merge and finalize (with attention sinks).
+#include "attention/carry.h"
+
+#include <cmath>
+
+#include "attention/online_softmax.h"
+#include "runtime/error.h"
+
+namespace ra {
+
+Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim) {
+  Carry c;
+  c.batch = batch;
+  c.heads = heads;
+  c.rows = rows;
+  c.value_dim = value_dim;
+  c.numerator = HostTensor(DType::kF32, {batch, heads, rows, value_dim});
+  c.denominator = HostTensor(DType::kF32, {batch, heads, rows});
+  c.max = HostTensor(DType::kF32, {batch, heads, rows});
+  float* m = c.max.data<float>();
+  for (int64_t i = 0; i < c.row_count(); ++i) m[i] = -INFINITY;
+  return c;
+}
+
+void merge(Carry& into, const Carry& other, int64_t row_offset) {
+  RA_CHECK(into.batch == other.batch && into.heads == other.heads && into.value_dim == other.value_dim &&
+               row_offset >= 0 && row_offset + other.rows <= into.rows,
+           "carry merge: shapes differ (", into.numerator.shape().str(), " vs ", other.numerator.shape().str(),
+           " at row ", row_offset, ")");
+  const int64_t dv = into.value_dim;
+  float* num = into.numerator.data<float>();
+  float* den = into.denominator.data<float>();
+  float* mx = into.max.data<float>();
+  const float* onum = other.numerator.data<float>();
+  const float* oden = other.denominator.data<float>();
+  const float* omx = other.max.data<float>();
+  for (int64_t bh = 0; bh < into.batch * into.heads; ++bh)
+    for (int64_t t = 0; t < other.rows; ++t) {
+      int64_t r = bh * into.rows + row_offset + t, o = bh * other.rows + t;
+      float m = std::fmax(mx[r], omx[o]);
+      if (m == -INFINITY) continue;  // both empty: stays empty
+      float a = rescale_factor(mx[r], m), b = rescale_factor(omx[o], m);
+      den[r] = den[r] * a + oden[o] * b;
+      for (int64_t d = 0; d < dv; ++d) num[r * dv + d] = num[r * dv + d] * a + onum[o * dv + d] * b;
+      mx[r] = m;
+    }
+}
+
+void finalize(const Carry& carry, const TensorView& sinks, const TensorView& o, const TensorView& lse) {
+  const int64_t B = carry.batch, H = carry.heads, T = carry.rows, dv = carry.value_dim;
+  RA_CHECK(o.rank() == 4 && o.dim(0) == B && o.dim(1) == T && o.dim(2) == H && o.dim(3) == dv,
+           "output o has shape ", o.shape().str(), ", expected (", B, ", ", T, ", ", H, ", ", dv, ")");
+  RA_CHECK(lse.dtype() == DType::kF32 && lse.numel() == B * H * T, "output lse must be f32 (", B, ", ", H, ", ",
+           T, ")");
+  const float* num = carry.numerator.data<float>();
+  const float* den = carry.denominator.data<float>();
+  const float* mx = carry.max.data<float>();
+  float* lse_out = lse.data_as<float>();
+  std::vector<float> row(dv);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        int64_t r = (b * H + h) * T + t;
+        float m = mx[r], l = den[r], scale_num = 1.0f;
+        if (sinks.defined()) {  // the sink joins the softmax as one more logit with a zero value row
+          float s = sinks.data_as<float>()[h * sinks.stride(0)];
+          float m2 = std::fmax(m, s);
+          scale_num = rescale_factor(m, m2);
+          l = l * scale_num + std::exp(s - m2);
+          m = m2;
+        }
+        // Empty row (no visible key, no sink): O = 0 and LSE = -inf, never 0/0.
+        float inv = l > 0.0f ? scale_num / l : 0.0f;
+        for (int64_t d = 0; d < dv; ++d) row[d] = num[r * dv + d] * inv;
+        lse_out[r] = l > 0.0f ? m + std::log(l) : -INFINITY;
+        char* dst = static_cast<char*>(o.data()) +
+                    (b * o.stride(0) + t * o.stride(1) + h * o.stride(2)) * int64_t(dtype_size(o.dtype()));
+        convert_from_f32(row.data(), dst, o.dtype(), size_t(dv));
+      }
+}
+
+}  // namespace ra

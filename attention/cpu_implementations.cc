@@ -1,0 +1,73 @@
+// The CPU implementations as registry entries: sdpa, flash_attn2 (cpu: best SIMD; native: portable
+// code only) and blockwise. Names and aliases follow the seeds.
+#include "attention/blockwise_cpu.h"
+#include "attention/flash_cpu.h"
+#include "attention/registry.h"
+#include "attention/sdpa_cpu.h"
+
+namespace ra {
+namespace {
+
+class SdpaCpu final : public AttentionImpl {
+ public:
+  explicit SdpaCpu(Backend backend) : backend_(backend) {}
+  std::string_view name() const override { return "sdpa"; }
+  Backend backend() const override { return backend_; }
+  void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                  Carry& carry) const override {
+    sdpa_accumulate_cpu(in, pos, params, carry);
+  }
+
+ private:
+  Backend backend_;
+};
+
+class FlashCpu final : public AttentionImpl {
+ public:
+  explicit FlashCpu(Backend backend) : backend_(backend) {}
+  std::string_view name() const override { return "flash_attn2"; }
+  Backend backend() const override { return backend_; }
+  int64_t max_head_dim() const override { return kFlashCpuMaxHeadDim; }
+  void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                  Carry& carry) const override {
+    flash_accumulate_cpu(in, pos, params, carry, backend_ == Backend::kNative ? CpuIsa::kGeneric : best_cpu_isa());
+  }
+
+ private:
+  Backend backend_;
+};
+
+class BlockwiseCpu final : public AttentionImpl {
+ public:
+  explicit BlockwiseCpu(Backend backend) : backend_(backend) {}
+  std::string_view name() const override { return "blockwise"; }
+  Backend backend() const override { return backend_; }
+  void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                  Carry& carry) const override {
+    blockwise_accumulate_cpu(in, pos, params, carry);
+  }
+
+ private:
+  Backend backend_;
+};
+
+template <typename Impl>
+void register_cpu(AttentionRegistry& registry, const std::vector<std::string>& names) {
+  for (Backend backend : {Backend::kCpu, Backend::kNative})
+    registry.register_impl(names, backend, [backend] { return std::make_unique<Impl>(backend); });
+}
+
+}  // namespace
+
+void register_cuda_implementations(AttentionRegistry& registry);  // cuda_implementations.cc, when built
+
+void register_builtin_implementations(AttentionRegistry& registry) {
+  register_cpu<SdpaCpu>(registry, {"sdpa", "scaled_dot_product_attention", "vanilla"});
+  register_cpu<FlashCpu>(registry, {"flash_attn2", "flash", "flash_attention"});
+  register_cpu<BlockwiseCpu>(registry, {"blockwise", "blockwise_attn"});
+#ifdef RA_HAVE_CUDA
+  register_cuda_implementations(registry);
+#endif
+}
+
+}  // namespace ra

@@ -1,0 +1,37 @@
+// AttentionInputs: the tensors of one attention call or one ring step, and the global positions of
+// its rows. Shapes (B batch, T queries, S keys, Hq / Hkv heads, D / Dv head dims):
+//   q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); Hq a multiple of Hkv (GQA / MQA).
+//   bias f32 and mask u8 (nonzero = attend), each broadcastable to (B, Hq, T, S_total): rows are local
+//   query rows, columns global key indices; sinks f32 (Hq); segment ids i32 (B, T) and (B, S).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace ra {
+
+struct AttentionInputs {
+  TensorView q, k, v;
+  TensorView bias, mask, sinks;
+  TensorView q_segment_ids, kv_segment_ids;
+};
+
+// Where rows sit in the global sequence. Queries are aligned to the end of the keys (bottom-right),
+// as FlashAttention does for T != S: query i of T sees key j of S causally when j <= i + (S - T),
+// so a single query (T == 1, autoregressive) sees every key and causal is a no-op there.
+struct TokenPositions {
+  std::vector<int64_t> q;  // key-axis position of each local query row
+  std::vector<int64_t> k;  // global index of each local key row
+  int64_t total_keys = 0;  // S of the whole sequence (bias / mask columns)
+
+  // The single-process case: all T queries against all S keys.
+  static TokenPositions dense(int64_t t, int64_t s);
+};
+
+// Segment ids for a packed variable-length batch from cumulative sequence lengths
+// [0, l0, l0 + l1, ...]: token n gets the index of the sequence it falls in. Shape (1, total).
+std::vector<int32_t> segment_ids_from_cu_seqlens(const std::vector<int64_t>& cu_seqlens);
+
+}  // namespace ra

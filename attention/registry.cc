@@ -1,0 +1,107 @@
+// The registry and AttentionImpl::forward.
+#include "attention/registry.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "attention/validate.h"
+#include "runtime/error.h"
+
+namespace ra {
+
+std::string_view backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kCpu: return "cpu";
+    case Backend::kCuda: return "cuda";
+    case Backend::kNative: return "native";
+  }
+  return "?";
+}
+
+Backend parse_backend(std::string_view name) {
+  if (name == "cpu") return Backend::kCpu;
+  if (name == "cuda" || name == "gpu") return Backend::kCuda;
+  if (name == "native") return Backend::kNative;
+  RA_FAIL("backend '", name, "' is unknown: expected cpu, cuda or native");
+}
+
+float effective_scale(const AttentionParams& params, int64_t head_dim) {
+  return params.softmax_scale > 0.0f ? params.softmax_scale : 1.0f / std::sqrt(float(head_dim));
+}
+
+AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const AttentionParams& params) const {
+  return forward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)));
+}
+
+AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const AttentionParams& params,
+                                       const TokenPositions& pos) const {
+  validate_attention(in, params, pos, max_head_dim());
+  const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
+  Carry carry = Carry::empty(B, Hq, T, Dv);
+  accumulate(in, pos, params, carry);
+  AttentionOutput out{HostTensor(in.q.dtype(), {B, T, Hq, Dv}), HostTensor(DType::kF32, {B, Hq, T})};
+  finalize(carry, in.sinks, out.o, out.lse);
+  return out;
+}
+
+void AttentionRegistry::register_impl(const std::vector<std::string>& names, Backend backend, Factory factory) {
+  RA_CHECK(!names.empty(), "register_impl needs a name");
+  const std::string& canonical = names.front();
+  for (const std::string& name : names) {
+    auto it = aliases_.find(name);
+    RA_CHECK(it == aliases_.end() || it->second == canonical, "attention name '", name, "' already belongs to '",
+             it->second, "'");
+    aliases_[name] = canonical;
+  }
+  auto key = std::make_pair(canonical, backend);
+  RA_CHECK(!factories_.count(key), "implementation '", canonical, "' already has a ", backend_name(backend),
+           " backend");
+  factories_[key] = std::move(factory);
+}
+
+std::string AttentionRegistry::canonical_name(std::string_view name) const {
+  auto it = aliases_.find(name);
+  if (it != aliases_.end()) return it->second;
+  std::string known;
+  for (const std::string& n : list_implementations()) known += (known.empty() ? "" : ", ") + n;
+  RA_FAIL("attention implementation '", name, "' is not registered; available: ", known);
+}
+
+std::vector<Backend> AttentionRegistry::get(std::string_view name) const {
+  std::string canonical = canonical_name(name);
+  std::vector<Backend> out;
+  for (const auto& [key, factory] : factories_)
+    if (key.first == canonical) out.push_back(key.second);
+  return out;
+}
+
+std::unique_ptr<AttentionImpl> AttentionRegistry::create(std::string_view name, Backend backend) const {
+  std::string canonical = canonical_name(name);
+  auto it = factories_.find(std::make_pair(canonical, backend));
+  if (it == factories_.end()) {
+    std::string have;
+    for (Backend b : get(canonical)) have += std::string(have.empty() ? "" : ", ") + std::string(backend_name(b));
+    RA_FAIL("attention implementation '", canonical, "' has no ", backend_name(backend), " backend (it has: ", have,
+            ")");
+  }
+  return it->second();
+}
+
+std::vector<std::string> AttentionRegistry::list_implementations() const {
+  std::vector<std::string> out;
+  for (const auto& [key, factory] : factories_)
+    if (std::find(out.begin(), out.end(), key.first) == out.end()) out.push_back(key.first);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+const AttentionRegistry& AttentionRegistry::builtin() {
+  static const AttentionRegistry registry = [] {
+    AttentionRegistry r;
+    register_builtin_implementations(r);
+    return r;
+  }();
+  return registry;
+}
+
+}  // namespace ra

@@ -1,0 +1,157 @@
+// Boundary validation of attention inputs, and the f32 view the CPU kernels read.
+#include "attention/validate.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace ra {
+namespace {
+
+void check_float(const TensorView& t, const char* name) {
+  RA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF16 || t.dtype() == DType::kBF16, name, " has dtype ",
+           dtype_name(t.dtype()), ", expected f32, f16 or bf16");
+}
+
+void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  RA_CHECK(t.rank() == rank, name, " has rank ", t.rank(), " (shape ", t.shape().str(), "), expected ", rank, " ",
+           layout);
+}
+
+void check_dim(const TensorView& t, const char* name, int dim, const char* dim_name, int64_t expected,
+               const char* what) {
+  RA_CHECK(t.dim(dim) == expected, name, " dimension ", dim, " (", dim_name, ") is ", t.dim(dim), ", expected ",
+           expected, " ", what, " (shape ", t.shape().str(), ")");
+}
+
+HostTensor f32_copy(const TensorView& t) {
+  HostTensor out(DType::kF32, t.shape());
+  float* dst = out.data<float>();
+  const size_t elem = dtype_size(t.dtype());
+  const Shape& s = t.shape();
+  int64_t n = 0;
+  for (int64_t a = 0; a < s[0]; ++a)
+    for (int64_t b = 0; b < s[1]; ++b)
+      for (int64_t c = 0; c < s[2]; ++c) {
+        const char* row = static_cast<const char*>(t.data()) +
+                          (a * t.stride(0) + b * t.stride(1) + c * t.stride(2)) * int64_t(elem);
+        for (int64_t d = 0; d < s[3]; ++d) dst[n++] = load_as_f32(row, t.dtype(), size_t(d * t.stride(3)));
+      }
+  return out;
+}
+
+}  // namespace
+
+void validate_attention(const AttentionInputs& in, const AttentionParams& p, const TokenPositions& pos,
+                        int64_t max_head_dim) {
+  RA_CHECK(in.q.defined() && in.k.defined() && in.v.defined(), "q, k and v are all required");
+  check_rank(in.q, "q", 4, "(batch, q_len, q_heads, head_dim)");
+  check_rank(in.k, "k", 4, "(batch, kv_len, kv_heads, head_dim)");
+  check_rank(in.v, "v", 4, "(batch, kv_len, kv_heads, v_head_dim)");
+  check_float(in.q, "q");
+  check_float(in.k, "k");
+  check_float(in.v, "v");
+  RA_CHECK(in.k.dtype() == in.q.dtype() && in.v.dtype() == in.q.dtype(), "q, k and v must share a dtype: q is ",
+           dtype_name(in.q.dtype()), ", k ", dtype_name(in.k.dtype()), ", v ", dtype_name(in.v.dtype()));
+  const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
+  const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3);
+  check_dim(in.k, "k", 0, "batch", B, "(q's batch)");
+  check_dim(in.v, "v", 0, "batch", B, "(q's batch)");
+  check_dim(in.k, "k", 3, "head_dim", D, "(q's head_dim)");
+  check_dim(in.v, "v", 1, "kv_len", S, "(k's kv_len)");
+  check_dim(in.v, "v", 2, "kv_heads", Hkv, "(k's kv_heads)");
+  RA_CHECK(Hkv > 0 && Hq % Hkv == 0, "q dimension 2 (q_heads) is ", Hq,
+           ", expected a multiple of k dimension 2 (kv_heads) = ", Hkv, " for GQA/MQA");
+  RA_CHECK(D >= 1 && D <= max_head_dim, "q dimension 3 (head_dim) is ", D,
+           ": unsupported head dim, expected 1 to ", max_head_dim);
+  RA_CHECK(Dv >= 1 && Dv <= max_head_dim, "v dimension 3 (v_head_dim) is ", Dv,
+           ": unsupported head dim, expected 1 to ", max_head_dim);
+  for (const auto* t : {&in.q, &in.k, &in.v})
+    RA_CHECK(t->memory() == MemoryKind::kHost || t->memory() == in.q.memory(), "q, k and v must share a memory kind");
+  RA_CHECK(int64_t(pos.q.size()) == T, "query positions: ", pos.q.size(), " given, expected q_len = ", T);
+  RA_CHECK(int64_t(pos.k.size()) == S, "key positions: ", pos.k.size(), " given, expected kv_len = ", S);
+  const Shape full{B, Hq, T, pos.total_keys};
+  if (in.bias.defined()) {
+    RA_CHECK(in.bias.dtype() == DType::kF32, "bias has dtype ", dtype_name(in.bias.dtype()), ", expected f32");
+    broadcast_to(in.bias, full, "bias");
+  }
+  if (in.mask.defined()) {
+    RA_CHECK(in.mask.dtype() == DType::kU8, "mask has dtype ", dtype_name(in.mask.dtype()), ", expected bool/u8");
+    broadcast_to(in.mask, full, "mask");
+  }
+  if (in.sinks.defined()) {
+    RA_CHECK(in.sinks.dtype() == DType::kF32 && in.sinks.rank() == 1 && in.sinks.dim(0) == Hq,
+             "sinks has shape ", in.sinks.shape().str(), " and dtype ", dtype_name(in.sinks.dtype()),
+             ", expected f32 (", Hq, ") (one logit per query head)");
+  }
+  RA_CHECK(in.q_segment_ids.defined() == in.kv_segment_ids.defined(),
+           "segment ids need both q_segment_ids (B, T) and kv_segment_ids (B, S)");
+  if (in.q_segment_ids.defined()) {
+    for (auto [t, name, len] : {std::tuple{&in.q_segment_ids, "q_segment_ids", T},
+                                std::tuple{&in.kv_segment_ids, "kv_segment_ids", S}}) {
+      RA_CHECK(t->dtype() == DType::kI32, name, " has dtype ", dtype_name(t->dtype()), ", expected i32");
+      check_rank(*t, name, 2, "(batch, len)");
+      check_dim(*t, name, 0, "batch", B, "(q's batch)");
+      check_dim(*t, name, 1, "len", len, "(the sequence length)");
+    }
+  }
+  RA_CHECK(p.window_left >= -1 && p.window_right >= -1, "sliding window (", p.window_left, ", ", p.window_right,
+           ") has a negative size: expected sizes >= 0, or -1 for unbounded");
+  RA_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0.0f, "softmax_scale is ", p.softmax_scale,
+           ", expected a finite value > 0 (or 0 for 1/sqrt(head_dim))");
+  RA_CHECK(std::isfinite(p.logits_soft_cap) && p.logits_soft_cap >= 0.0f, "logits_soft_cap is ",
+           p.logits_soft_cap, ", expected >= 0 (0 is off)");
+  RA_CHECK(p.dropout_prob >= 0.0f && p.dropout_prob < 1.0f, "dropout_prob is ", p.dropout_prob,
+           ", expected 0 <= p < 1");
+  RA_CHECK(p.block_q >= 1 && p.block_k >= 1, "block sizes (", p.block_q, ", ", p.block_k, ") must be >= 1");
+}
+
+F32Inputs as_f32_inputs(const AttentionInputs& in, const TokenPositions& pos) {
+  F32Inputs out;
+  auto view = [](const TensorView& t, HostTensor& copy) {
+    if (t.dtype() == DType::kF32 && t.stride(3) == 1) return t;
+    copy = f32_copy(t);
+    return copy.view();
+  };
+  out.q = view(in.q, out.q_copy);
+  out.k = view(in.k, out.k_copy);
+  out.v = view(in.v, out.v_copy);
+  const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
+  if (in.bias.defined()) out.bias = broadcast_to(in.bias, full, "bias");
+  if (in.mask.defined()) out.mask = broadcast_to(in.mask, full, "mask");
+  out.sinks = in.sinks;
+  out.q_segment_ids = in.q_segment_ids;
+  out.kv_segment_ids = in.kv_segment_ids;
+  return out;
+}
+
+TokenPositions TokenPositions::dense(int64_t t, int64_t s) {
+  TokenPositions pos;
+  pos.q.resize(size_t(t));
+  pos.k.resize(size_t(s));
+  for (int64_t i = 0; i < t; ++i) pos.q[size_t(i)] = i + (s - t);
+  for (int64_t j = 0; j < s; ++j) pos.k[size_t(j)] = j;
+  pos.total_keys = s;
+  return pos;
+}
+
+std::vector<int32_t> segment_ids_from_cu_seqlens(const std::vector<int64_t>& cu) {
+  RA_CHECK(!cu.empty() && cu.front() == 0, "cu_seqlens must start at 0");
+  std::vector<int32_t> ids;
+  for (size_t s = 1; s < cu.size(); ++s) {
+    RA_CHECK(cu[s] >= cu[s - 1], "cu_seqlens must be non-decreasing (entry ", s, " is ", cu[s], " after ",
+             cu[s - 1], ")");
+    ids.insert(ids.end(), size_t(cu[s] - cu[s - 1]), int32_t(s - 1));
+  }
+  return ids;
+}
+
+std::string AttentionParams::describe() const {
+  std::ostringstream out;
+  out << "scale=" << softmax_scale << " causal=" << causal << " window=(" << window_left << "," << window_right
+      << ") softcap=" << logits_soft_cap << " dropout=" << dropout_prob << " seed=" << dropout_seed;
+  return out.str();
+}
+
+}  // namespace ra

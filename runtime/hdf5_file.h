@@ -1,0 +1,63 @@
+// HDF5 tensor I/O: open or create a file (through MPI-IO when given a communicator of more than one
+// rank), inspect datasets, read a hyperslab selection into a host tensor, write one from a host
+// tensor. Errors name the file and the dataset. f16 and bf16 are 16-bit HDF5 floats (5 or 8
+// exponent bits), as h5py and ml_dtypes write them.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace ra {
+
+// One rectangular block of a dataset per dimension: start, count and stride (stride 1 is dense).
+struct Hyperslab {
+  std::vector<int64_t> start, count, stride;
+};
+
+// The union of hyperslabs; elements are read or written in the file's row-major order.
+using Selection = std::vector<Hyperslab>;
+
+// The whole of a dataset of shape `shape`.
+Selection whole(const Shape& shape);
+
+struct DatasetInfo {
+  DType dtype;
+  Shape shape;
+};
+
+class H5File {
+ public:
+  enum class Mode { kRead, kCreate };
+  // comm == MPI_COMM_NULL (or a single rank): the default POSIX driver. Otherwise collective MPI-IO;
+  // then every rank of comm must make the same calls in the same order.
+  H5File(const std::string& path, Mode mode, MPI_Comm comm = MPI_COMM_NULL);
+  ~H5File();
+  H5File(const H5File&) = delete;
+  H5File& operator=(const H5File&) = delete;
+
+  const std::string& path() const { return path_; }
+  bool has(const std::string& dataset) const;
+  DatasetInfo info(const std::string& dataset) const;
+  // Reads the selection (which covers `local_shape` elements) into a new host tensor of that shape.
+  HostTensor read(const std::string& dataset, const Selection& selection, const Shape& local_shape) const;
+  HostTensor read_all(const std::string& dataset) const;
+
+  void create_dataset(const std::string& dataset, DType dtype, const Shape& global_shape);
+  void write(const std::string& dataset, const Selection& selection, const TensorView& data);
+  void set_attribute(const std::string& name, const std::string& value);
+  void set_attribute(const std::string& name, double value);
+  std::string string_attribute(const std::string& name) const;  // "" when absent
+  void close();
+
+ private:
+  std::string path_;
+  int64_t file_ = -1;  // hid_t
+  bool collective_ = false;
+};
+
+}  // namespace ra

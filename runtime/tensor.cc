@@ -1,0 +1,104 @@
+// Shapes, strides, owning host tensors and numpy-style broadcasting of views.
+#include "runtime/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace ra {
+
+Shape::Shape(std::initializer_list<int64_t> list) {
+  RA_CHECK(list.size() <= kMaxRank, "tensor rank ", list.size(), " exceeds the maximum of ", kMaxRank);
+  for (int64_t d : list) dims[rank++] = d;
+}
+
+Shape Shape::of(const std::vector<int64_t>& list) {
+  RA_CHECK(list.size() <= kMaxRank, "tensor rank ", list.size(), " exceeds the maximum of ", kMaxRank);
+  Shape shape;
+  for (int64_t d : list) shape.dims[shape.rank++] = d;
+  return shape;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= dims[i];
+  return n;
+}
+
+std::string Shape::str() const {
+  std::ostringstream out;
+  out << "(";
+  for (int i = 0; i < rank; ++i) out << (i ? ", " : "") << dims[i];
+  out << ")";
+  return out.str();
+}
+
+bool Shape::operator==(const Shape& other) const {
+  if (rank != other.rank) return false;
+  for (int i = 0; i < rank; ++i)
+    if (dims[i] != other.dims[i]) return false;
+  return true;
+}
+
+std::array<int64_t, kMaxRank> contiguous_strides(const Shape& shape) {
+  std::array<int64_t, kMaxRank> strides{};
+  int64_t s = 1;
+  for (int i = shape.rank - 1; i >= 0; --i) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+TensorView::TensorView(void* data, DType dtype, Shape shape, MemoryKind memory)
+    : TensorView(data, dtype, shape, contiguous_strides(shape), memory) {}
+
+TensorView::TensorView(void* data, DType dtype, Shape shape, std::array<int64_t, kMaxRank> strides,
+                       MemoryKind memory)
+    : data_(data), dtype_(dtype), shape_(shape), strides_(strides), memory_(memory) {
+  for (int i = 0; i < shape.rank; ++i) RA_CHECK(shape[i] >= 0, "negative dimension ", i, " in shape ", shape.str());
+}
+
+bool TensorView::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+void HostTensor::FreeAligned::operator()(void* p) const { std::free(p); }
+
+HostTensor::HostTensor(DType dtype, Shape shape) {
+  size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  RA_CHECK(p != nullptr, "host allocation of ", bytes, " bytes for a tensor of shape ", shape.str(), " failed");
+  std::memset(p, 0, rounded ? rounded : 64);
+  storage_.reset(p);
+  view_ = TensorView(p, dtype, shape);
+}
+
+TensorView narrow(const TensorView& view, int dim, int64_t start, int64_t length) {
+  RA_CHECK(dim >= 0 && dim < view.rank() && start >= 0 && length >= 0 && start + length <= view.dim(dim),
+           "narrow: rows [", start, ", ", start + length, ") of dimension ", dim, " are outside shape ",
+           view.shape().str());
+  Shape shape = view.shape();
+  shape[dim] = length;
+  char* base = static_cast<char*>(view.data()) + start * view.stride(dim) * int64_t(dtype_size(view.dtype()));
+  return TensorView(base, view.dtype(), shape, view.strides(), view.memory());
+}
+
+TensorView broadcast_to(const TensorView& view, const Shape& target, const char* name) {
+  RA_CHECK(view.rank() <= target.rank, name, " has rank ", view.rank(), " (shape ", view.shape().str(),
+           "), expected at most ", target.rank, " to broadcast to ", target.str());
+  std::array<int64_t, kMaxRank> strides{};
+  int offset = target.rank - view.rank();
+  for (int i = 0; i < target.rank; ++i) {
+    int src = i - offset;
+    if (src < 0) continue;  // missing leading dims broadcast
+    int64_t d = view.dim(src);
+    RA_CHECK(d == 1 || d == target[i], name, " dimension ", src, " is ", d, " (shape ", view.shape().str(),
+             "), expected 1 or ", target[i], " to broadcast to ", target.str());
+    strides[i] = d == 1 ? 0 : view.stride(src);
+  }
+  return TensorView(view.data(), view.dtype(), target, strides, view.memory());
+}
+
+}  // namespace ra

@@ -1,0 +1,98 @@
+// Tensors: a non-owning view (pointer, dtype, shape, strides in elements, memory kind) and an owning
+// host tensor in an aligned RAII buffer. Views of caller-owned memory cost nothing.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+
+namespace ra {
+
+inline constexpr int kMaxRank = 4;
+
+enum class MemoryKind : uint8_t { kHost, kCuda };
+
+struct Shape {
+  std::array<int64_t, kMaxRank> dims{};
+  int rank = 0;
+
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> list);
+  static Shape of(const std::vector<int64_t>& list);
+  int64_t operator[](int i) const { return dims[i]; }
+  int64_t& operator[](int i) { return dims[i]; }
+  int64_t numel() const;
+  std::string str() const;  // "(2, 16, 4, 64)"
+  bool operator==(const Shape& other) const;
+};
+
+class TensorView {
+ public:
+  TensorView() = default;
+  // Contiguous row-major view.
+  TensorView(void* data, DType dtype, Shape shape, MemoryKind memory = MemoryKind::kHost);
+  TensorView(void* data, DType dtype, Shape shape, std::array<int64_t, kMaxRank> strides,
+             MemoryKind memory = MemoryKind::kHost);
+
+  bool defined() const { return data_ != nullptr; }
+  void* data() const { return data_; }
+  template <typename T>
+  T* data_as() const { return static_cast<T*>(data_); }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int64_t stride(int i) const { return strides_[i]; }
+  const std::array<int64_t, kMaxRank>& strides() const { return strides_; }
+  MemoryKind memory() const { return memory_; }
+  int64_t numel() const { return shape_.numel(); }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+  bool is_contiguous() const;
+
+ private:
+  void* data_ = nullptr;
+  DType dtype_ = DType::kF32;
+  Shape shape_;
+  std::array<int64_t, kMaxRank> strides_{};
+  MemoryKind memory_ = MemoryKind::kHost;
+};
+
+// Owning, contiguous, 64-byte aligned host tensor (zero-initialised).
+class HostTensor {
+ public:
+  HostTensor() = default;
+  HostTensor(DType dtype, Shape shape);
+
+  TensorView view() const { return view_; }
+  operator TensorView() const { return view_; }
+  template <typename T>
+  T* data() const { return view_.data_as<T>(); }
+  const Shape& shape() const { return view_.shape(); }
+  DType dtype() const { return view_.dtype(); }
+  int64_t numel() const { return view_.numel(); }
+  bool defined() const { return view_.defined(); }
+
+ private:
+  struct FreeAligned {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, FreeAligned> storage_;
+  TensorView view_;
+};
+
+// The sub-view of rows [start, start + length) along `dim` (no copy).
+TensorView narrow(const TensorView& view, int dim, int64_t start, int64_t length);
+
+// Row-major strides of a shape.
+std::array<int64_t, kMaxRank> contiguous_strides(const Shape& shape);
+
+// A broadcast view: `view` (rank <= target rank, dims 1 or equal, aligned right as in numpy)
+// seen with `target` shape and stride 0 on broadcast dims. Throws naming `name` and the dimension.
+TensorView broadcast_to(const TensorView& view, const Shape& target, const char* name);
+
+}  // namespace ra

@@ -1,0 +1,112 @@
+// Bad input throws before any work, with a message naming the tensor, the dimension and what was
+// expected.
+#include <gtest/gtest.h>
+
+#include "attention/registry.h"
+#include "runtime/error.h"
+#include "tests/support/problem.h"
+
+namespace ra::test {
+namespace {
+
+// Runs flash_attn2 on the inputs and returns the error message ("" if nothing was thrown).
+std::string error_of(const AttentionInputs& in, const AttentionParams& params) {
+  try {
+    AttentionRegistry::builtin().create("flash_attn2", Backend::kCpu)->forward(in, params);
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+class BadInput : public testing::Test {
+ protected:
+  Problem p{ProblemSpec{2, 16, 24, 4, 2, 32, 32}};
+};
+
+TEST_F(BadInput, MismatchedBatch) {
+  HostTensor k(DType::kF32, {3, 24, 2, 32});
+  AttentionInputs in = p.inputs();
+  in.k = k;
+  EXPECT_EQ(error_of(in, p.params()), "k dimension 0 (batch) is 3, expected 2 (q's batch) (shape (3, 24, 2, 32))");
+}
+
+TEST_F(BadInput, MismatchedHeadDim) {
+  HostTensor k(DType::kF32, {2, 24, 2, 16});
+  AttentionInputs in = p.inputs();
+  in.k = k;
+  EXPECT_NE(error_of(in, p.params()).find("k dimension 3 (head_dim) is 16, expected 32"), std::string::npos);
+}
+
+TEST_F(BadInput, ValueLengthDiffersFromKey) {
+  HostTensor v(DType::kF32, {2, 23, 2, 32});
+  AttentionInputs in = p.inputs();
+  in.v = v;
+  EXPECT_NE(error_of(in, p.params()).find("v dimension 1 (kv_len) is 23, expected 24"), std::string::npos);
+}
+
+TEST_F(BadInput, QueryHeadsNotAMultipleOfKvHeads) {
+  HostTensor k(DType::kF32, {2, 24, 3, 32}), v(DType::kF32, {2, 24, 3, 32});
+  AttentionInputs in = p.inputs();
+  in.k = k;
+  in.v = v;
+  EXPECT_NE(error_of(in, p.params()).find("q dimension 2 (q_heads) is 4, expected a multiple of k dimension 2 (kv_heads) = 3"),
+            std::string::npos);
+}
+
+TEST_F(BadInput, UnsupportedHeadDim) {
+  HostTensor q(DType::kF32, {2, 16, 4, 300}), k(DType::kF32, {2, 24, 2, 300});
+  AttentionInputs in = p.inputs();
+  in.q = q;
+  in.k = k;
+  EXPECT_NE(error_of(in, p.params()).find("q dimension 3 (head_dim) is 300: unsupported head dim"), std::string::npos);
+}
+
+TEST_F(BadInput, MaskOfWrongShape) {
+  HostTensor mask(DType::kU8, {2, 1, 15, 24});
+  AttentionInputs in = p.inputs();
+  in.mask = mask;
+  EXPECT_NE(error_of(in, p.params()).find("mask dimension 2 is 15"), std::string::npos) << error_of(in, p.params());
+}
+
+TEST_F(BadInput, BiasOfWrongDtype) {
+  HostTensor bias(DType::kF16, {2, 4, 16, 24});
+  AttentionInputs in = p.inputs();
+  in.bias = bias;
+  EXPECT_NE(error_of(in, p.params()).find("bias has dtype f16, expected f32"), std::string::npos);
+}
+
+TEST_F(BadInput, NegativeWindow) {
+  AttentionParams params = p.params();
+  params.window_left = -5;
+  EXPECT_NE(error_of(p.inputs(), params).find("sliding window (-5, -1) has a negative size"), std::string::npos);
+}
+
+TEST_F(BadInput, WrongRank) {
+  HostTensor q(DType::kF32, {16, 4, 32});
+  AttentionInputs in = p.inputs();
+  in.q = q;
+  EXPECT_NE(error_of(in, p.params()).find("q has rank 3"), std::string::npos);
+}
+
+TEST_F(BadInput, SegmentIdsOnOneSideOnly) {
+  HostTensor seg(DType::kI32, {2, 16});
+  AttentionInputs in = p.inputs();
+  in.q_segment_ids = seg;
+  EXPECT_NE(error_of(in, p.params()).find("segment ids need both"), std::string::npos);
+}
+
+TEST_F(BadInput, ErrorCarriesFileAndLine) {
+  HostTensor k(DType::kF32, {3, 24, 2, 32});
+  AttentionInputs in = p.inputs();
+  in.k = k;
+  try {
+    AttentionRegistry::builtin().create("sdpa", Backend::kCpu)->forward(in, p.params());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("validate.cc:"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ra::test

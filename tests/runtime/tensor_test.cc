@@ -1,0 +1,43 @@
+// Shapes, views, narrowing and numpy-style broadcasting.
+#include "runtime/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include "runtime/error.h"
+
+namespace ra {
+namespace {
+
+TEST(Tensor, ContiguousStridesAndNarrow) {
+  HostTensor t(DType::kF32, {2, 3, 4});
+  EXPECT_EQ(t.view().stride(0), 12);
+  EXPECT_TRUE(t.view().is_contiguous());
+  TensorView n = narrow(t, 1, 1, 2);
+  EXPECT_EQ(n.shape(), (Shape{2, 2, 4}));
+  EXPECT_EQ(n.data_as<float>(), t.data<float>() + 4);
+  EXPECT_FALSE(n.is_contiguous());
+  EXPECT_THROW(narrow(t, 1, 2, 2), Error);
+}
+
+TEST(Tensor, BroadcastGivesZeroStrides) {
+  HostTensor t(DType::kF32, {1, 4, 1, 5});
+  TensorView b = broadcast_to(t, Shape{2, 4, 3, 5}, "bias");
+  EXPECT_EQ(b.stride(0), 0);
+  EXPECT_EQ(b.stride(1), 5);
+  EXPECT_EQ(b.stride(2), 0);
+  HostTensor low(DType::kF32, {3, 5});
+  EXPECT_EQ(broadcast_to(low, Shape{2, 4, 3, 5}, "bias").stride(2), 5);
+}
+
+TEST(Tensor, BroadcastErrorNamesTensorAndDimension) {
+  HostTensor t(DType::kU8, {2, 1, 7, 5});
+  try {
+    broadcast_to(t, Shape{2, 4, 3, 5}, "mask");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), "mask dimension 2 is 7 (shape (2, 1, 7, 5)), expected 1 or 3 to broadcast to (2, 4, 3, 5)");
+  }
+}
+
+}  // namespace
+}  // namespace ra

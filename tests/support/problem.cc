@@ -1,0 +1,127 @@
+// Random problems and comparisons against the f64 reference.
+#include "tests/support/problem.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace ra::test {
+
+std::string Options::name() const {
+  std::string n;
+  auto add = [&](bool on, const char* s) {
+    if (on) n += (n.empty() ? "" : "_") + std::string(s);
+  };
+  add(causal, "causal");
+  add(window, "window");
+  add(softcap, "softcap");
+  add(sinks, "sinks");
+  add(bias, "bias");
+  add(mask, "mask");
+  add(segments, "segments");
+  add(dropout, "dropout");
+  return n.empty() ? "plain" : n;
+}
+
+namespace {
+HostTensor random_tensor(DType dtype, Shape shape, std::mt19937_64& rng, float stddev) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  HostTensor t(dtype, shape);
+  std::vector<float> values(size_t(shape.numel()));
+  for (float& x : values) x = dist(rng);
+  convert_from_f32(values.data(), t.view().data(), dtype, values.size());
+  return t;
+}
+}  // namespace
+
+Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
+  std::mt19937_64 rng(spec.seed);
+  const int64_t B = spec.batch, T = spec.q_len, S = spec.kv_len, Hq = spec.q_heads, Hkv = spec.kv_heads;
+  q = random_tensor(spec.dtype, {B, T, Hq, spec.head_dim}, rng, 1.0f);
+  k = random_tensor(spec.dtype, {B, S, Hkv, spec.head_dim}, rng, 1.0f);
+  v = random_tensor(spec.dtype, {B, S, Hkv, spec.v_head_dim}, rng, 1.0f);
+  const Options& o = spec.options;
+  params_.causal = o.causal;
+  if (o.window) {
+    params_.window_left = 1 + int64_t(rng() % uint64_t(std::max<int64_t>(S / 3, 1)));
+    params_.window_right = int64_t(rng() % 8);
+  }
+  if (o.softcap) params_.logits_soft_cap = 2.5f;
+  if (o.dropout) {
+    params_.dropout_prob = 0.2f;
+    params_.dropout_seed = spec.seed * 7919;
+  }
+  if (o.sinks) sinks = random_tensor(DType::kF32, {Hq}, rng, 1.0f);
+  if (o.bias) bias = random_tensor(DType::kF32, {1, Hq, T, S}, rng, 1.0f);  // broadcast over batch
+  if (o.mask) {
+    mask = HostTensor(DType::kU8, {B, 1, T, S});  // broadcast over heads
+    uint8_t* m = mask.data<uint8_t>();
+    for (int64_t i = 0; i < mask.numel(); ++i) m[i] = (rng() % 5) != 0;
+    // One fully masked query row per batch: it must come out as O = 0, LSE = -inf (or the sink).
+    for (int64_t b = 0; b < B; ++b) std::fill(m + (b * T + T / 2) * S, m + (b * T + T / 2 + 1) * S, uint8_t(0));
+  }
+  if (o.segments) {  // packed sequences: sorted ids with random lengths, aligned to the end for T != S
+    q_seg = HostTensor(DType::kI32, {B, T});
+    kv_seg = HostTensor(DType::kI32, {B, S});
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int64_t> cu{0};
+      while (cu.back() < S) cu.push_back(std::min<int64_t>(S, cu.back() + 1 + int64_t(rng() % uint64_t(S / 3 + 1))));
+      std::vector<int32_t> ids = segment_ids_from_cu_seqlens(cu);
+      std::copy(ids.begin(), ids.end(), kv_seg.data<int32_t>() + b * S);
+      for (int64_t t = 0; t < T; ++t) q_seg.data<int32_t>()[b * T + t] = ids[size_t(t + (S - T) > 0 ? t + (S - T) : t % S)];
+    }
+  }
+}
+
+AttentionInputs Problem::inputs() const {
+  AttentionInputs in;
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  if (bias.defined()) in.bias = bias;
+  if (mask.defined()) in.mask = mask;
+  if (sinks.defined()) in.sinks = sinks;
+  if (q_seg.defined()) {
+    in.q_segment_ids = q_seg;
+    in.kv_segment_ids = kv_seg;
+  }
+  return in;
+}
+
+double max_abs_value(const TensorView& v) {
+  double m = 0;
+  for (int64_t i = 0; i < v.numel(); ++i) m = std::max(m, double(std::fabs(load_as_f32(v.data(), v.dtype(), size_t(i)))));
+  return m;
+}
+
+double output_tolerance(DType dtype, double max_v) {
+  // Stored output rounding (u of the dtype, x2 for the value of the reference itself) plus f32
+  // accumulation over up to a few hundred keys with a ~1e-7 exp.
+  return (2.0 * dtype_unit_roundoff(dtype) + 2e-5) * std::max(1.0, max_v);
+}
+
+Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
+                   double lse_tolerance) {
+  Comparison c;
+  for (int64_t i = 0; i < o.numel(); ++i) {
+    double x = load_as_f32(o.data(), o.dtype(), size_t(i));
+    if (std::isnan(x)) ++c.nan;
+    double e = std::fabs(x - ref.o[size_t(i)]);
+    c.max_abs_error = std::max(c.max_abs_error, std::isnan(e) ? INFINITY : e);
+    if (!(e <= tolerance)) ++c.wrong;
+  }
+  for (int64_t i = 0; i < lse.numel(); ++i) {
+    double x = lse.data_as<float>()[i], r = ref.lse[size_t(i)];
+    if (std::isnan(x)) ++c.nan;
+    if (std::isinf(r) || std::isinf(x)) {
+      if (x != r) ++c.wrong;
+      continue;
+    }
+    double e = std::fabs(x - r);
+    c.max_lse_error = std::max(c.max_lse_error, e);
+    if (!(e <= lse_tolerance)) ++c.wrong;
+  }
+  return c;
+}
+
+}  // namespace ra::test

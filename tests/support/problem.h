@@ -1,0 +1,58 @@
+// Random attention problems for tests: shapes, dtypes and every option of AttentionParams, with
+// inputs generated in the problem's dtype so that the f64 reference sees exactly what the kernels see.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attention/inputs.h"
+#include "attention/params.h"
+#include "attention/sdpa_cpu.h"
+
+namespace ra::test {
+
+struct Options {
+  bool causal = false, window = false, softcap = false, sinks = false, bias = false, mask = false,
+       segments = false, dropout = false;
+  std::string name() const;
+};
+
+struct ProblemSpec {
+  int64_t batch = 1, q_len = 16, kv_len = 16, q_heads = 2, kv_heads = 2, head_dim = 32, v_head_dim = 32;
+  DType dtype = DType::kF32;
+  Options options;
+  uint64_t seed = 1;
+};
+
+class Problem {
+ public:
+  explicit Problem(const ProblemSpec& spec);
+  AttentionInputs inputs() const;
+  const AttentionParams& params() const { return params_; }
+  AttentionParams& params() { return params_; }
+  const ProblemSpec& spec() const { return spec_; }
+
+  HostTensor q, k, v, bias, mask, sinks, q_seg, kv_seg;
+
+ private:
+  ProblemSpec spec_;
+  AttentionParams params_;
+};
+
+// max |v| over the value tensor (outputs are convex combinations of value rows).
+double max_abs_value(const TensorView& v);
+
+struct Comparison {
+  double max_abs_error = 0, max_lse_error = 0;
+  int64_t wrong = 0, nan = 0;
+};
+// Compares an (o, lse) pair with the reference; an element is wrong past `tolerance` (absolute), and
+// -inf LSE must match -inf exactly.
+Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
+                   double lse_tolerance);
+
+// Tolerance for O in `dtype`: rounding of the stored output plus f32 accumulation, scaled by max |v|.
+double output_tolerance(DType dtype, double max_v);
+
+}  // namespace ra::test
