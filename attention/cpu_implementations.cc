@@ -3,6 +3,8 @@
 #include "attention/blockwise_cpu.h"
 #include "attention/flash_cpu.h"
 #include "attention/registry.h"
+#include "attention/ring.h"
+#include "runtime/error.h"
 #include "attention/sdpa_cpu.h"
 
 namespace ra {
@@ -54,7 +56,7 @@ class BlockwiseCpu final : public AttentionImpl {
 template <typename Impl>
 void register_cpu(AttentionRegistry& registry, const std::vector<std::string>& names) {
   for (Backend backend : {Backend::kCpu, Backend::kNative})
-    registry.register_impl(names, backend, [backend] { return std::make_unique<Impl>(backend); });
+    registry.register_impl(names, backend, [backend](const RingContext*) { return std::make_unique<Impl>(backend); });
 }
 
 }  // namespace
@@ -65,6 +67,11 @@ void register_builtin_implementations(AttentionRegistry& registry) {
   register_cpu<SdpaCpu>(registry, {"sdpa", "scaled_dot_product_attention", "vanilla"});
   register_cpu<FlashCpu>(registry, {"flash_attn2", "flash", "flash_attention"});
   register_cpu<BlockwiseCpu>(registry, {"blockwise", "blockwise_attn"});
+  for (Backend backend : {Backend::kCpu, Backend::kNative})
+    registry.register_impl({"ring", "ring_attention"}, backend, [backend](const RingContext* ctx) {
+      RA_CHECK(ctx != nullptr, "attention implementation 'ring' needs a RingContext (communicator, layout, lengths)");
+      return std::make_unique<RingAttention>(*ctx, backend);
+    });
 #ifdef RA_HAVE_CUDA
   register_cuda_implementations(registry);
 #endif

@@ -75,7 +75,8 @@ std::vector<Backend> AttentionRegistry::get(std::string_view name) const {
   return out;
 }
 
-std::unique_ptr<AttentionImpl> AttentionRegistry::create(std::string_view name, Backend backend) const {
+std::unique_ptr<AttentionImpl> AttentionRegistry::create(std::string_view name, Backend backend,
+                                                         const RingContext* ring) const {
   std::string canonical = canonical_name(name);
   auto it = factories_.find(std::make_pair(canonical, backend));
   if (it == factories_.end()) {
@@ -84,7 +85,7 @@ std::unique_ptr<AttentionImpl> AttentionRegistry::create(std::string_view name, 
     RA_FAIL("attention implementation '", canonical, "' has no ", backend_name(backend), " backend (it has: ", have,
             ")");
   }
-  return it->second();
+  return it->second(ring);
 }
 
 std::vector<std::string> AttentionRegistry::list_implementations() const {

@@ -13,13 +13,17 @@
 
 namespace ra {
 
+struct RingContext;  // attention/ring.h: what `ring` needs (communicator, layout, global lengths)
+
 class AttentionRegistry {
  public:
-  using Factory = std::function<std::unique_ptr<AttentionImpl>()>;
+  // Factories receive the ring context when the caller has one (nullptr otherwise).
+  using Factory = std::function<std::unique_ptr<AttentionImpl>(const RingContext*)>;
 
   // names: the canonical name first, then aliases. Registering a (name, backend) twice throws.
   void register_impl(const std::vector<std::string>& names, Backend backend, Factory factory);
-  std::unique_ptr<AttentionImpl> create(std::string_view name, Backend backend) const;
+  std::unique_ptr<AttentionImpl> create(std::string_view name, Backend backend,
+                                        const RingContext* ring = nullptr) const;
   std::vector<Backend> get(std::string_view name) const;  // the backends an implementation has
   std::string canonical_name(std::string_view name) const;
   std::vector<std::string> list_implementations() const;  // canonical names, sorted

@@ -32,7 +32,7 @@ TEST(Registry, UnknownNameListsWhatExists) {
 
 TEST(Registry, MissingBackendNamesImplementationAndBackend) {
   AttentionRegistry r;
-  r.register_impl({"only_cpu"}, Backend::kCpu, [] { return AttentionRegistry::builtin().create("sdpa", Backend::kCpu); });
+  r.register_impl({"only_cpu"}, Backend::kCpu, [](const RingContext*) { return AttentionRegistry::builtin().create("sdpa", Backend::kCpu); });
   try {
     r.create("only_cpu", Backend::kCuda);
     FAIL();
@@ -43,7 +43,7 @@ TEST(Registry, MissingBackendNamesImplementationAndBackend) {
 
 TEST(Registry, DuplicateRegistrationThrows) {
   AttentionRegistry r;
-  auto make = [] { return AttentionRegistry::builtin().create("sdpa", Backend::kCpu); };
+  auto make = [](const RingContext*) { return AttentionRegistry::builtin().create("sdpa", Backend::kCpu); };
   r.register_impl({"x"}, Backend::kCpu, make);
   EXPECT_THROW(r.register_impl({"x"}, Backend::kCpu, make), Error);
 }

@@ -94,12 +94,6 @@ double max_abs_value(const TensorView& v) {
   return m;
 }
 
-double output_tolerance(DType dtype, double max_v) {
-  // Stored output rounding (u of the dtype, x2 for the value of the reference itself) plus f32
-  // accumulation over up to a few hundred keys with a ~1e-7 exp.
-  return (2.0 * dtype_unit_roundoff(dtype) + 2e-5) * std::max(1.0, max_v);
-}
-
 Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
                    double lse_tolerance) {
   Comparison c;

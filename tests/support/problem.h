@@ -9,6 +9,7 @@
 #include "attention/inputs.h"
 #include "attention/params.h"
 #include "attention/sdpa_cpu.h"
+#include "attention/tolerance.h"
 
 namespace ra::test {
 
@@ -52,7 +53,5 @@ struct Comparison {
 Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
                    double lse_tolerance);
 
-// Tolerance for O in `dtype`: rounding of the stored output plus f32 accumulation, scaled by max |v|.
-double output_tolerance(DType dtype, double max_v);
 
 }  // namespace ra::test

@@ -1,0 +1,31 @@
+// The ring schedule and block classification as pure functions, shared by the ring, the CPU flash
+// kernel (internal linkage, see online_softmax.h) and the tests.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/online_softmax.h"
+
+namespace ra {
+
+// At step s of a ring of n ranks, rank r holds the K/V block that started on rank (r - s) mod n.
+RA_HD_INLINE int ring_source_rank(int rank, int step, int n) { return ((rank - step) % n + n) % n; }
+
+enum class BlockKind : uint8_t { kSkip, kFull, kPartial };
+
+// A (query block, key block) pair from the ranges of their positions [q_lo, q_hi] and [k_lo, k_hi]:
+// skipped when no pair can be visible (all keys in the future, or outside the window), full when
+// every pair is visible, partial (a diagonal or window edge) otherwise.
+RA_HD_INLINE BlockKind classify_block(int64_t q_lo, int64_t q_hi, int64_t k_lo, int64_t k_hi, bool causal,
+                                      int64_t left, int64_t right) {
+  if (causal && k_lo > q_hi) return BlockKind::kSkip;
+  if (right >= 0 && k_lo > q_hi + right) return BlockKind::kSkip;
+  if (left >= 0 && k_hi < q_lo - left) return BlockKind::kSkip;
+  bool full = true;
+  if (causal && k_hi > q_lo) full = false;
+  if (right >= 0 && k_hi > q_lo + right) full = false;
+  if (left >= 0 && k_lo < q_hi - left) full = false;
+  return full ? BlockKind::kFull : BlockKind::kPartial;
+}
+
+}  // namespace ra

@@ -1,0 +1,118 @@
+// Ring attention on host memory: pack the local K/V (and kv segment ids) into one buffer, then N
+// steps of { start the shift of the held block to the next rank; fold Q against it; wait }.
+#include "attention/ring.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "attention/block_schedule.h"
+#include "attention/registry.h"
+#include "runtime/error.h"
+
+namespace ra {
+namespace {
+
+// Copies a (B, S, H, D) view into contiguous bytes.
+void pack(const TensorView& t, char* dst) {
+  const size_t elem = dtype_size(t.dtype());
+  const size_t row = size_t(t.dim(3)) * elem;
+  for (int64_t b = 0; b < t.dim(0); ++b)
+    for (int64_t s = 0; s < t.dim(1); ++s)
+      for (int64_t h = 0; h < t.dim(2); ++h) {
+        const char* src = static_cast<const char*>(t.data()) + (b * t.stride(0) + s * t.stride(1) + h * t.stride(2)) * int64_t(elem);
+        if (t.stride(3) == 1) {
+          std::memcpy(dst, src, row);
+        } else {
+          for (int64_t d = 0; d < t.dim(3); ++d) std::memcpy(dst + d * int64_t(elem), src + d * t.stride(3) * int64_t(elem), elem);
+        }
+        dst += row;
+      }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TokenPositions ring_positions(const RingContext& ctx) {
+  const int n = ctx.comm->size(), r = ctx.comm->rank();
+  TokenPositions pos;
+  pos.q = layout_indices(ctx.layout, ctx.global_q_len, n, r);
+  for (int64_t& p : pos.q) p += ctx.global_kv_len - ctx.global_q_len;
+  pos.k = layout_indices(ctx.layout, ctx.global_kv_len, n, r);
+  pos.total_keys = ctx.global_kv_len;
+  return pos;
+}
+
+RingAttention::RingAttention(RingContext ctx, Backend backend) : ctx_(std::move(ctx)), backend_(backend) {
+  RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
+  RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
+  local_ = AttentionRegistry::builtin().create(ctx_.local_impl, backend);
+  check_layout_divides(ctx_.layout, ctx_.global_q_len, ctx_.comm->size(), "q dimension 1 (q_len)");
+  check_layout_divides(ctx_.layout, ctx_.global_kv_len, ctx_.comm->size(), "k dimension 1 (kv_len)");
+}
+
+void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                               Carry& carry) const {
+  Communicator& comm = *ctx_.comm;
+  const int n = comm.size(), rank = comm.rank();
+  const int64_t local_kv = ctx_.global_kv_len / n;
+  RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
+           ", expected the local shard of ", local_kv, " rows");
+  // One contiguous buffer per block: k, then v, then the kv segment ids.
+  const size_t k_bytes = in.k.nbytes(), v_bytes = in.v.nbytes();
+  const size_t seg_bytes = in.kv_segment_ids.defined() ? in.kv_segment_ids.nbytes() : 0;
+  const size_t bytes = k_bytes + v_bytes + seg_bytes;
+  std::vector<char> buffers[2] = {std::vector<char>(bytes), std::vector<char>(bytes)};
+  pack(in.k, buffers[0].data());
+  pack(in.v, buffers[0].data() + k_bytes);
+  if (seg_bytes) {
+    const TensorView& seg = in.kv_segment_ids;
+    for (int64_t b = 0; b < seg.dim(0); ++b)
+      for (int64_t s = 0; s < seg.dim(1); ++s)
+        std::memcpy(buffers[0].data() + k_bytes + v_bytes + size_t(b * seg.dim(1) + s) * 4,
+                    seg.data_as<int32_t>() + b * seg.stride(0) + s * seg.stride(1), 4);
+  }
+  const int64_t q_lo = *std::min_element(pos.q.begin(), pos.q.end());
+  const int64_t q_hi = *std::max_element(pos.q.begin(), pos.q.end());
+
+  stats_ = RingStats{};
+  int cur = 0;
+  for (int step = 0; step < n; ++step) {
+    // Phase 1: start moving the block we hold to the next rank (except on the last step).
+    std::unique_ptr<PendingExchange> pending;
+    if (step + 1 < n) pending = comm.ring_shift(buffers[cur].data(), buffers[1 - cur].data(), bytes, step);
+    // Phase 2: fold our queries against the held block, unless no pair in it can be visible.
+    const int src = ring_source_rank(rank, step, n);
+    TokenPositions block_pos;
+    block_pos.q = pos.q;
+    block_pos.k = layout_indices(ctx_.layout, ctx_.global_kv_len, n, src);
+    block_pos.total_keys = ctx_.global_kv_len;
+    const auto [k_lo, k_hi] = std::minmax_element(block_pos.k.begin(), block_pos.k.end());
+    const auto t0 = std::chrono::steady_clock::now();
+    if (classify_block(q_lo, q_hi, *k_lo, *k_hi, params.causal, params.window_left, params.window_right) ==
+        BlockKind::kSkip) {
+      ++stats_.skipped;
+    } else {
+      AttentionInputs block = in;
+      char* base = buffers[cur].data();
+      block.k = TensorView(base, in.k.dtype(), in.k.shape());
+      block.v = TensorView(base + k_bytes, in.v.dtype(), in.v.shape());
+      if (seg_bytes) block.kv_segment_ids = TensorView(base + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape());
+      local_->accumulate(block, block_pos, params, carry);
+    }
+    stats_.compute_seconds += seconds_since(t0);
+    // Phase 3: the next block must have arrived before the next step reads it.
+    if (pending) {
+      const auto t1 = std::chrono::steady_clock::now();
+      pending->wait(ctx_.step_timeout);
+      stats_.wait_seconds += seconds_since(t1);
+      cur = 1 - cur;
+    }
+    ++stats_.steps;
+  }
+}
+
+}  // namespace ra

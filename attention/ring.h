@@ -1,0 +1,50 @@
+// The `ring` implementation: sequence-parallel attention over the ranks of one communicator. Each
+// rank holds its Q shard and one K/V shard; for N steps it folds its Q against the K/V block it holds
+// into the f32 carry with a local kernel (flash_attn2 or sdpa, by name) while the next block is
+// already in flight (double-buffered). Blocks that the causal mask or the window leave empty are
+// skipped; only the Hkv heads travel; segment ids travel with their block.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "attention/attention_impl.h"
+#include "collectives/communicator.h"
+#include "mesh/sequence_layout.h"
+
+namespace ra {
+
+struct RingContext {
+  Communicator* comm = nullptr;                      // the sequence-parallel axis
+  SequenceLayout layout = SequenceLayout::kContiguous;
+  int64_t global_q_len = 0, global_kv_len = 0;       // T and S of the whole sequence
+  std::string local_impl = "flash_attn2";            // the kernel each step calls
+  std::chrono::milliseconds step_timeout{60000};     // per-step deadline on the exchange
+};
+
+// Positions of this rank's rows under the layout: queries aligned to the end of the keys.
+TokenPositions ring_positions(const RingContext& ctx);
+
+struct RingStats {
+  int steps = 0, skipped = 0;
+  double compute_seconds = 0, wait_seconds = 0;  // wait: time blocked on the exchange after compute
+};
+
+class RingAttention final : public AttentionImpl {
+ public:
+  RingAttention(RingContext ctx, Backend backend);
+  std::string_view name() const override { return "ring"; }
+  Backend backend() const override { return backend_; }
+  int64_t max_head_dim() const override { return local_->max_head_dim(); }
+  void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                  Carry& carry) const override;
+  const RingStats& last_stats() const { return stats_; }
+
+ private:
+  RingContext ctx_;
+  Backend backend_;
+  std::unique_ptr<AttentionImpl> local_;
+  mutable RingStats stats_;
+};
+
+}  // namespace ra

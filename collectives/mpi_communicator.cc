@@ -1,0 +1,140 @@
+// MPI back end: a duplicated communicator with MPI_ERRORS_RETURN, and the ring shift as
+// Isend/Irecv progressed on a helper thread with a deadline.
+#include "collectives/mpi_communicator.h"
+
+#include <atomic>
+#include <algorithm>
+#include <climits>
+#include <vector>
+#include <thread>
+
+#include "collectives/mpi_check.h"
+
+namespace ra {
+namespace {
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// Byte counts travel as MPI_BYTE in chunks below INT_MAX.
+constexpr size_t kMaxChunk = size_t(1) << 30;
+
+class MpiExchange final : public PendingExchange {
+ public:
+  MpiExchange(MPI_Comm comm, const void* send, void* recv, size_t bytes, int tag, int next, int previous)
+      : tag_(tag), next_(next), previous_(previous) {
+    for (size_t off = 0; off < bytes || off == 0; off += kMaxChunk) {
+      int n = int(std::min(kMaxChunk, bytes - off));
+      requests_.emplace_back();
+      RA_MPI_CHECK(MPI_Irecv(static_cast<char*>(recv) + off, n, MPI_BYTE, previous, tag, comm, &requests_.back()));
+      requests_.emplace_back();
+      RA_MPI_CHECK(MPI_Isend(static_cast<const char*>(send) + off, n, MPI_BYTE, next, tag, comm, &requests_.back()));
+      if (bytes == 0) break;
+    }
+  }
+  ~MpiExchange() override {
+    if (!waited_) {  // abandoned after an error: leave the requests to MPI_Abort
+      stop_ = true;
+      if (progress_.joinable()) progress_.join();
+    }
+  }
+  // With MPI_THREAD_SERIALIZED or better a helper thread polls, so the transfer moves during compute;
+  // otherwise wait() polls on the caller's thread.
+  void start_progress(bool threaded) {
+    if (threaded) progress_ = std::thread([this] { poll(std::chrono::steady_clock::time_point::max()); });
+  }
+  void wait(std::chrono::milliseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    if (!progress_.joinable()) poll(deadline);
+    while (!done_ && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (!done_) {
+      stop_ = true;
+      RA_FAIL("ring step ", tag_, ": no data from rank ", previous_, " (or rank ", next_,
+              " did not take ours) within ", timeout.count(), " ms; aborting");
+    }
+    if (progress_.joinable()) progress_.join();
+    waited_ = true;
+    RA_CHECK(status_ == MPI_SUCCESS, "ring step ", tag_, ": exchange with ranks ", previous_, "/", next_,
+             " failed: ", mpi_error_string(status_));
+  }
+
+ private:
+  void poll(std::chrono::steady_clock::time_point deadline) {
+    int flag = 0;
+    while (!stop_ && std::chrono::steady_clock::now() < deadline) {
+      status_ = MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
+      if (flag || status_ != MPI_SUCCESS) {
+        done_ = true;
+        return;
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  std::vector<MPI_Request> requests_;
+  std::thread progress_;
+  std::atomic<bool> done_{false}, stop_{false};
+  bool waited_ = false;
+  int status_ = MPI_SUCCESS;
+  int tag_, next_, previous_;
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+  RA_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  threaded_progress_ = provided >= MPI_THREAD_SERIALIZED;
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+std::unique_ptr<PendingExchange> MpiCommunicator::ring_shift(const void* send, void* recv, size_t bytes, int tag) {
+  auto exchange = std::make_unique<MpiExchange>(comm_, send, recv, bytes, tag, next(), previous());
+  exchange->start_progress(threaded_progress_);
+  return exchange;
+}
+
+void MpiCommunicator::all_reduce(double* data, size_t count, ReduceOp op) {
+  RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, mpi_op(op), comm_));
+}
+
+void MpiCommunicator::all_reduce(int64_t* data, size_t count, ReduceOp op) {
+  RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_INT64_T, mpi_op(op), comm_));
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
+  RA_CHECK(bytes_per_rank < size_t(INT_MAX), "all_gather of ", bytes_per_rank, " bytes per rank is too large");
+  RA_MPI_CHECK(MPI_Allgather(send, int(bytes_per_rank), MPI_BYTE, recv, int(bytes_per_rank), MPI_BYTE, comm_));
+}
+
+void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
+  RA_CHECK(bytes < size_t(INT_MAX), "broadcast of ", bytes, " bytes is too large");
+  RA_MPI_CHECK(MPI_Bcast(data, int(bytes), MPI_BYTE, root, comm_));
+}
+
+void MpiCommunicator::barrier() { RA_MPI_CHECK(MPI_Barrier(comm_)); }
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) const {
+  MPI_Comm sub;
+  RA_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+  auto out = std::make_unique<MpiCommunicator>(sub);
+  MPI_Comm_free(&sub);
+  return out;
+}
+
+}  // namespace ra

@@ -1,0 +1,41 @@
+// The MPI back end of Communicator over host memory. It duplicates the communicator it is given
+// (and frees its copy), so ringattn's traffic never mixes with the caller's; errors return codes.
+#pragma once
+
+#include <mpi.h>
+
+#include "collectives/communicator.h"
+
+namespace ra {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "mpi"; }
+  MPI_Comm comm() const { return comm_; }
+
+  // Non-blocking Isend / Irecv, progressed by a helper thread that polls them against the deadline
+  // so that the transfer moves while the caller computes.
+  std::unique_ptr<PendingExchange> ring_shift(const void* send, void* recv, size_t bytes, int tag) override;
+  void all_reduce(double* data, size_t count, ReduceOp op) override;
+  void all_reduce(int64_t* data, size_t count, ReduceOp op) override;
+  void all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void barrier() override;
+
+  // A communicator over the ranks that share `color`, ordered by `key`.
+  std::unique_ptr<MpiCommunicator> split(int color, int key) const;
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  bool threaded_progress_ = false;
+};
+
+}  // namespace ra

@@ -1,0 +1,128 @@
+// `ringattn bench`: synthetic shards on every rank, the chosen implementation timed over several
+// iterations (median of the slowest rank), an exchange-only ring for the same bytes, and one
+// nccl-tests style row: time, GFLOP/s per rank, and the share of communication hidden by compute.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "attention/ring.h"
+#include "launch/commands.h"
+#include "runtime/error.h"
+
+namespace ra::cli {
+namespace {
+
+HostTensor random_tensor(DType dtype, const Shape& shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> values(size_t(shape.numel()));
+  for (float& x : values) x = dist(rng);
+  HostTensor t(dtype, shape);
+  convert_from_f32(values.data(), t.view().data(), dtype, values.size());
+  return t;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
+  AttentionOptions opts;
+  int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, iters = 5, warmup = 1;
+  std::string dtype_text = "f32", json_path;
+  po::options_description desc("ringattn bench");
+  desc.add_options()("help", "this text")
+    ("batch", po::value(&batch)->default_value(1), "B")
+    ("seq", po::value(&seq)->required(), "T = S, the global sequence length")
+    ("heads", po::value(&heads)->required(), "Hq")
+    ("kv-heads", po::value(&kv_heads), "Hkv (default Hq)")
+    ("head-dim", po::value(&head_dim)->required(), "D = Dv")
+    ("dtype", po::value(&dtype_text)->default_value("f32"), "f32 | f16 | bf16")
+    ("iters", po::value(&iters)->default_value(5), "timed iterations (median reported)")
+    ("warmup", po::value(&warmup)->default_value(1), "untimed iterations first")
+    ("json", po::value(&json_path), "also write the row as JSON to this file");
+  add_attention_options(desc, opts);
+  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn bench --seq T --heads H --head-dim D [options]")) return kOk;
+  if (kv_heads == 0) kv_heads = heads;
+  for (auto [v, name] : {std::pair{batch, "batch"}, {seq, "seq"}, {heads, "heads"}, {kv_heads, "kv-heads"},
+                         {head_dim, "head-dim"}, {iters, "iters"}})
+    positive(v, name);
+  RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
+  const DType dtype = parse_dtype(dtype_text);
+  const AttentionParams params = to_params(opts);
+  Job job(opts);
+  const int rank = job.world.rank();
+  RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");
+  RingContext ctx;
+  auto impl = make_impl(opts, job, seq, seq, ctx);
+  const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(seq, seq);
+  const int n = ctx.comm->size();
+  const int64_t local = seq / n;
+  HostTensor q = random_tensor(dtype, {batch, local, heads, head_dim}, 1000 + uint64_t(rank));
+  HostTensor k = random_tensor(dtype, {batch, local, kv_heads, head_dim}, 2000 + uint64_t(rank));
+  HostTensor v = random_tensor(dtype, {batch, local, kv_heads, head_dim}, 3000 + uint64_t(rank));
+  AttentionInputs in;
+  in.q = q;
+  in.k = k;
+  in.v = v;
+
+  std::vector<double> times, waits;
+  for (int64_t it = 0; it < warmup + iters; ++it) {
+    job.world.barrier();
+    double t0 = now_seconds();
+    impl->forward(in, params, pos);
+    double t = now_seconds() - t0;
+    double w = impl->name() == "ring" ? static_cast<const RingAttention&>(*impl).last_stats().wait_seconds : 0.0;
+    job.world.all_reduce(&t, 1, ReduceOp::kMax);
+    job.world.all_reduce(&w, 1, ReduceOp::kMax);
+    if (it >= warmup) {
+      times.push_back(t);
+      waits.push_back(w);
+    }
+  }
+  // The same N-1 exchanges with nothing to hide them behind.
+  const size_t block_bytes = k.view().nbytes() + v.view().nbytes();
+  std::vector<char> a(block_bytes), b(block_bytes);
+  std::vector<double> comm_times;
+  for (int64_t it = 0; it < std::max<int64_t>(iters, 3); ++it) {
+    job.world.barrier();
+    double t0 = now_seconds();
+    for (int s = 0; s + 1 < n; ++s) ctx.comm->ring_shift(a.data(), b.data(), block_bytes, s)->wait(ctx.step_timeout);
+    double t = now_seconds() - t0;
+    job.world.all_reduce(&t, 1, ReduceOp::kMax);
+    comm_times.push_back(t);
+  }
+  const double time = median(times), wait = median(waits), comm = median(comm_times);
+  double flops = 4.0 * batch * heads * double(seq) * double(seq) * head_dim / n;
+  if (params.causal) flops /= 2;
+  const double hidden = comm > 0 ? std::clamp(1.0 - wait / comm, 0.0, 1.0) : 1.0;
+  if (rank == 0) {
+    std::printf("#%11s %8s %6s %5s %8s %4s %4s %4s %5s %6s %10s %11s %12s %10s %7s\n", "impl", "backend", "ranks", "B",
+                "T", "Hq", "Hkv", "D", "dtype", "causal", "layout", "time(ms)", "GFLOP/s/rank", "comm(ms)", "hidden");
+    std::printf(" %11s %8s %6d %5ld %8ld %4ld %4ld %4ld %5s %6d %10s %11.2f %12.2f %10.3f %6.0f%%\n",
+                std::string(impl->name()).c_str(), opts.backend.c_str(), n, long(batch), long(seq), long(heads),
+                long(kv_heads), long(head_dim), dtype_text.c_str(), int(params.causal), layout_name(ctx.layout),
+                time * 1e3, flops / time * 1e-9, comm * 1e3, hidden * 100);
+    if (!json_path.empty()) {
+      nlohmann::json row = {{"impl", impl->name()}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
+                            {"ranks", n}, {"batch", batch}, {"seq", seq}, {"heads", heads}, {"kv_heads", kv_heads},
+                            {"head_dim", head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
+                            {"layout", layout_name(ctx.layout)}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
+                            {"comm_s", comm}, {"hidden_fraction", hidden}, {"times_s", times}};
+      std::ofstream(json_path) << row.dump(2) << "\n";
+    }
+  }
+  return kOk;
+}
+
+}  // namespace ra::cli

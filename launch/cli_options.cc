@@ -1,0 +1,80 @@
+// Shared CLI options.
+#include "launch/cli_options.h"
+
+#include <cstdio>
+#include <iostream>
+
+#include "runtime/error.h"
+
+namespace ra::cli {
+
+void add_attention_options(po::options_description& desc, AttentionOptions& o) {
+  desc.add_options()
+    ("impl", po::value(&o.impl)->default_value("ring"), "implementation: ring | flash_attn2 | sdpa | blockwise")
+    ("local-impl", po::value(&o.local_impl)->default_value("flash_attn2"), "the ring's local kernel: flash_attn2 | sdpa")
+    ("backend", po::value(&o.backend)->default_value("cpu"), "cpu | cuda | native")
+    ("mesh", po::value(&o.mesh), "mesh axes, e.g. sp=4 or dp=2,sp=2 (default: all ranks on sp)")
+    ("layout", po::value(&o.layout), "sequence layout: contiguous | zigzag | striped (default: zigzag when causal)")
+    ("causal", po::bool_switch(&o.causal), "causal mask (queries aligned to the end of the keys)")
+    ("window", po::value(&o.window), "sliding window L,R (-1 for an unbounded side)")
+    ("softcap", po::value(&o.softcap)->default_value(0), "logits soft cap (0: off)")
+    ("scale", po::value(&o.scale)->default_value(0), "softmax scale (0: 1/sqrt(head_dim))")
+    ("dropout", po::value(&o.dropout)->default_value(0), "dropout probability")
+    ("dropout-seed", po::value(&o.seed)->default_value(0), "dropout seed")
+    ("block-q", po::value(&o.block_q)->default_value(64), "query chunk (blockwise)")
+    ("block-k", po::value(&o.block_k)->default_value(64), "key chunk (blockwise)")
+    ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer");
+}
+
+int64_t positive(int64_t value, const char* option) {
+  RA_CHECK(value > 0, "--", option, " is ", value, ", expected a positive integer");
+  return value;
+}
+
+AttentionParams to_params(const AttentionOptions& o) {
+  AttentionParams p;
+  p.causal = o.causal;
+  p.softmax_scale = float(o.scale);
+  p.logits_soft_cap = float(o.softcap);
+  p.dropout_prob = float(o.dropout);
+  p.dropout_seed = o.seed;
+  p.block_q = positive(o.block_q, "block-q");
+  p.block_k = positive(o.block_k, "block-k");
+  positive(o.timeout_s, "timeout");
+  if (!o.window.empty()) {
+    long long l = 0, r = 0;
+    char extra = 0;
+    RA_CHECK(std::sscanf(o.window.c_str(), "%lld,%lld%c", &l, &r, &extra) == 2, "--window '", o.window,
+             "' is not L,R (two integers, -1 for an unbounded side)");
+    RA_CHECK(l >= -1 && r >= -1, "--window ", o.window, " has a negative size: expected L,R >= 0 or -1");
+    p.window_left = l;
+    p.window_right = r;
+  }
+  return p;
+}
+
+SequenceLayout chosen_layout(const AttentionOptions& o) {
+  if (!o.layout.empty()) return parse_layout(o.layout);
+  return o.causal ? SequenceLayout::kZigzag : SequenceLayout::kContiguous;
+}
+
+std::string mesh_text(const AttentionOptions& o, int world_size) {
+  return o.mesh.empty() ? "sp=" + std::to_string(world_size) : o.mesh;
+}
+
+bool parse(int argc, char** argv, const po::options_description& desc, const char* usage) {
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << usage << "\n" << desc << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    RA_FAIL(e.what(), " (see --help)");
+  }
+  return true;
+}
+
+}  // namespace ra::cli

@@ -1,0 +1,34 @@
+// Command-line options shared by `run`, `verify` and `bench` (Boost.Program_options lives only in
+// launch/), and their conversion to AttentionParams with checks that name the option.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <string>
+
+#include "attention/params.h"
+#include "mesh/sequence_layout.h"
+
+namespace ra::cli {
+
+namespace po = boost::program_options;
+
+struct AttentionOptions {
+  std::string impl = "ring", backend = "cpu", mesh, layout, window, local_impl = "flash_attn2";
+  bool causal = false;
+  double softcap = 0, scale = 0, dropout = 0;
+  int64_t block_q = 64, block_k = 64, timeout_s = 60;
+  uint64_t seed = 0;
+};
+
+void add_attention_options(po::options_description& desc, AttentionOptions& opts);
+AttentionParams to_params(const AttentionOptions& opts);
+SequenceLayout chosen_layout(const AttentionOptions& opts);  // zigzag when causal, else contiguous
+std::string mesh_text(const AttentionOptions& opts, int world_size);  // default: all ranks on sp
+
+// Parses argv after the subcommand; prints help and returns false on --help.
+bool parse(int argc, char** argv, const po::options_description& desc, const char* usage);
+
+// Positive integers that must not wrap: "--heads -1" is an error naming the option.
+int64_t positive(int64_t value, const char* option);
+
+}  // namespace ra::cli

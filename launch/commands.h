@@ -1,0 +1,35 @@
+// The ringattn subcommands. Each returns the process exit code; errors are thrown as ra::Error.
+#pragma once
+
+#include <memory>
+
+#include "attention/ring.h"
+#include "collectives/mpi_communicator.h"
+#include "collectives/mpi_session.h"
+#include "launch/cli_options.h"
+#include "mesh/device_mesh.h"
+
+namespace ra::cli {
+
+enum ExitCode : int { kOk = 0, kWrongResults = 1, kBadInput = 2, kRuntimeFailure = 3 };
+
+int cmd_generate(int argc, char** argv, const MpiSession& mpi);
+int cmd_run(int argc, char** argv, const MpiSession& mpi);
+int cmd_verify(int argc, char** argv, const MpiSession& mpi);
+int cmd_bench(int argc, char** argv, const MpiSession& mpi);
+
+// The world, the mesh over it and the sequence axis (a ring of one when the mesh has no sp axis).
+struct Job {
+  explicit Job(const AttentionOptions& opts);
+  Communicator& sequence_axis() const;
+  MpiCommunicator world{MPI_COMM_WORLD};
+  MeshShape shape;
+  std::unique_ptr<DeviceMesh> mesh;
+  mutable SelfCommunicator self;
+};
+
+// The implementation the options name, with the ring context filled in for `ring`.
+std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job& job, int64_t q_len, int64_t kv_len,
+                                         RingContext& ctx);
+
+}  // namespace ra::cli

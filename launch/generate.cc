@@ -1,0 +1,92 @@
+// `ringattn generate`: random Q/K/V (and optionally mask, bias, segment ids) in an HDF5 file,
+// written by rank 0 through a temporary name.
+#include <filesystem>
+#include <random>
+
+#include "launch/commands.h"
+#include "runtime/error.h"
+#include "runtime/hdf5_file.h"
+
+namespace ra::cli {
+namespace {
+
+HostTensor random_normal(DType dtype, const Shape& shape, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> values(size_t(shape.numel()));
+  for (float& x : values) x = dist(rng);
+  HostTensor t(dtype, shape);
+  convert_from_f32(values.data(), t.view().data(), dtype, values.size());
+  return t;
+}
+
+void write(H5File& f, const char* name, const HostTensor& t) {
+  f.create_dataset(name, t.dtype(), t.shape());
+  f.write(name, whole(t.shape()), t);
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
+  std::string output, dtype_text = "f32";
+  int64_t batch = 1, seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, segments = 0;
+  uint64_t seed = 0;
+  bool with_mask = false, with_bias = false, overwrite = false;
+  po::options_description desc("ringattn generate");
+  desc.add_options()("help", "this text")
+    ("output", po::value(&output)->required(), "HDF5 file to write")
+    ("batch", po::value(&batch)->default_value(1), "B")
+    ("seq", po::value(&seq)->required(), "T: query length")
+    ("kv-seq", po::value(&kv_seq), "S: key length (default T)")
+    ("heads", po::value(&heads)->required(), "Hq: query heads")
+    ("kv-heads", po::value(&kv_heads), "Hkv: key/value heads (default Hq)")
+    ("head-dim", po::value(&head_dim)->required(), "D")
+    ("v-head-dim", po::value(&v_head_dim), "Dv (default D)")
+    ("dtype", po::value(&dtype_text)->default_value("f32"), "f32 | f16 | bf16")
+    ("seed", po::value(&seed)->default_value(0), "random seed")
+    ("with-mask", po::bool_switch(&with_mask), "add a random boolean mask (1, 1, T, S)")
+    ("with-bias", po::bool_switch(&with_bias), "add a random f32 bias (1, Hq, T, S)")
+    ("segments", po::value(&segments)->default_value(0), "pack N sequences: segment_ids (B, T) (needs S == T)")
+    ("overwrite", po::bool_switch(&overwrite), "replace an existing file");
+  if (!parse(argc, argv, desc, "Usage: ringattn generate --output F --seq T --heads H --head-dim D [options]")) return kOk;
+  const DType dtype = parse_dtype(dtype_text);
+  if (kv_seq == 0) kv_seq = seq;
+  if (kv_heads == 0) kv_heads = heads;
+  if (v_head_dim == 0) v_head_dim = head_dim;
+  for (auto [v, name] : {std::pair{batch, "batch"}, {seq, "seq"}, {kv_seq, "kv-seq"}, {heads, "heads"},
+                         {kv_heads, "kv-heads"}, {head_dim, "head-dim"}, {v_head_dim, "v-head-dim"}})
+    positive(v, name);
+  RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
+  RA_CHECK(segments == 0 || seq == kv_seq, "--segments needs --kv-seq equal to --seq");
+  RA_CHECK(overwrite || !std::filesystem::exists(output), "output '", output, "' exists; refusing to replace it (pass --overwrite)");
+  if (mpi.world_rank() == 0) {
+    std::mt19937_64 rng(seed);
+    const std::string temp = output + ".partial";
+    {
+      H5File f(temp, H5File::Mode::kCreate);
+      write(f, "q", random_normal(dtype, {batch, seq, heads, head_dim}, rng));
+      write(f, "k", random_normal(dtype, {batch, kv_seq, kv_heads, head_dim}, rng));
+      write(f, "v", random_normal(dtype, {batch, kv_seq, kv_heads, v_head_dim}, rng));
+      if (with_mask) {
+        HostTensor m(DType::kU8, {1, 1, seq, kv_seq});
+        for (int64_t i = 0; i < m.numel(); ++i) m.data<uint8_t>()[i] = (rng() % 8) != 0;
+        write(f, "mask", m);
+      }
+      if (with_bias) write(f, "bias", random_normal(DType::kF32, {1, heads, seq, kv_seq}, rng));
+      if (segments > 0) {
+        HostTensor s(DType::kI32, {batch, seq});
+        for (int64_t i = 0; i < s.numel(); ++i) s.data<int32_t>()[i] = int32_t((i % seq) * segments / seq);
+        write(f, "segment_ids", s);
+      }
+      f.set_attribute("generator", std::string("ringattn generate seed=") + std::to_string(seed));
+      f.close();
+    }
+    std::filesystem::rename(temp, output);
+    std::printf("wrote %s: q (%ld, %ld, %ld, %ld) k/v (%ld, %ld, %ld, %ld/%ld) %s\n", output.c_str(), long(batch),
+                long(seq), long(heads), long(head_dim), long(batch), long(kv_seq), long(kv_heads), long(head_dim),
+                long(v_head_dim), dtype_text.c_str());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return kOk;
+}
+
+}  // namespace ra::cli

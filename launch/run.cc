@@ -1,0 +1,60 @@
+// `ringattn run`: read this rank's slices, run the chosen implementation, write o and lse.
+#include <chrono>
+#include <cstdio>
+
+#include "attention/validate.h"
+#include "launch/commands.h"
+#include "launch/sharded_io.h"
+#include "runtime/error.h"
+
+namespace ra::cli {
+
+int cmd_run(int argc, char** argv, const MpiSession& mpi) {
+  AttentionOptions opts;
+  std::string input, output;
+  bool overwrite = false;
+  po::options_description desc("ringattn run");
+  desc.add_options()("help", "this text")
+    ("input", po::value(&input)->required(), "HDF5 file with q, k, v (and optional mask, bias, segment_ids)")
+    ("output", po::value(&output)->required(), "HDF5 file to write o and lse to")
+    ("overwrite", po::bool_switch(&overwrite), "replace an existing output file");
+  add_attention_options(desc, opts);
+  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]")) return kOk;
+  const AttentionParams params = to_params(opts);
+  Job job(opts);
+  const int rank = job.world.rank();
+
+  H5File file(input, H5File::Mode::kRead, job.world.comm());
+  ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts));
+  RingContext ctx;
+  auto impl = make_impl(opts, job, plan.q_len, plan.kv_len, ctx);
+  const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(plan.q_len, plan.kv_len);
+  LocalTensors local = read_local(file, plan);
+  const AttentionInputs in = local.inputs();
+  validate_attention(in, params, pos, impl->max_head_dim());  // before the first exchange
+  job.world.barrier();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  AttentionOutput out = impl->forward(in, params, pos);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  job.world.all_reduce(&seconds, 1, ReduceOp::kMax);
+
+  const std::map<std::string, std::string> attributes{
+      {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
+      {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", params.describe()},
+      {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
+  write_outputs(output, plan, out.o, out.lse, attributes, job.world.comm(), overwrite);
+  if (rank == 0) {
+    double flops = 4.0 * plan.batch * plan.q_heads * double(plan.q_len) * double(plan.kv_len) * plan.head_dim;
+    if (params.causal) flops /= 2;
+    std::printf("ringattn run: %s (%s) on mesh %s, layout %s: B=%ld T=%ld S=%ld Hq=%ld Hkv=%ld D=%ld %s, %.3f s, "
+                "%.2f GFLOP/s total -> %s\n",
+                std::string(impl->name()).c_str(), opts.backend.c_str(), job.shape.str().c_str(), layout_name(ctx.layout),
+                long(plan.batch), long(plan.q_len), long(plan.kv_len), long(plan.q_heads), long(plan.kv_heads),
+                long(plan.head_dim), std::string(dtype_name(plan.dtype)).c_str(), seconds, flops / seconds * 1e-9,
+                output.c_str());
+  }
+  return kOk;
+}
+
+}  // namespace ra::cli

@@ -1,0 +1,197 @@
+// Slices as HDF5 selections: one hyperslab per run of the layout, batch and head ranges from the
+// NamedSharding of the dp and tp axes.
+#include "launch/sharded_io.h"
+
+#include <filesystem>
+
+#include "mesh/sharding.h"
+#include "runtime/error.h"
+
+namespace ra::cli {
+namespace {
+
+std::string where(const H5File& f, const char* dataset) { return "dataset '" + std::string(dataset) + "' of '" + f.path() + "'"; }
+
+DatasetInfo required(const H5File& f, const char* name, int rank, const char* layout) {
+  RA_CHECK(f.has(name), "input '", f.path(), "' has no dataset '", name, "' ", layout);
+  DatasetInfo info = f.info(name);
+  RA_CHECK(info.shape.rank == rank, where(f, name), " has rank ", info.shape.rank, " (shape ", info.shape.str(),
+           "), expected ", rank, " ", layout);
+  return info;
+}
+
+void expect_dim(const H5File& f, const char* name, const DatasetInfo& info, int dim, const char* dim_name,
+                int64_t expected, const char* because) {
+  RA_CHECK(info.shape[dim] == expected, where(f, name), " dimension ", dim, " (", dim_name, ") is ", info.shape[dim],
+           ", expected ", expected, " ", because);
+}
+
+// A selection of a 4-d (B, L, H, X) dataset: batch and head ranges, the given runs along L.
+Selection select_bshx(const ShardPlan& p, const std::vector<IndexRun>& runs, int64_t h_off, int64_t h_count,
+                      int64_t x) {
+  Selection sel;
+  for (const IndexRun& r : runs)
+    sel.push_back({{p.b_offset, r.start, h_off, 0}, {p.b_count, r.count, h_count, x}, {1, r.stride, 1, 1}});
+  return sel;
+}
+
+// lse (B, Hq, T): batch and head ranges, the query runs along T.
+Selection select_lse(const ShardPlan& p) {
+  Selection sel;
+  for (const IndexRun& r : p.q_runs)
+    sel.push_back({{p.b_offset, p.hq_offset, r.start}, {p.b_count, p.hq_count, r.count}, {1, 1, r.stride}});
+  return sel;
+}
+
+int64_t run_rows(const std::vector<IndexRun>& runs) {
+  int64_t n = 0;
+  for (const IndexRun& r : runs) n += r.count;
+  return n;
+}
+
+// mask / bias: (B|1, H|1, T|1, S|1) with rows by the query runs; size-1 dims are read whole.
+HostTensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p) {
+  DatasetInfo info = f.info(name);
+  RA_CHECK(info.shape.rank == 4, where(f, name), " has rank ", info.shape.rank, ", expected 4 (batch, heads, q_len, kv_len)");
+  const int64_t full[4] = {p.batch, p.q_heads, p.q_len, p.kv_len};
+  for (int d = 0; d < 4; ++d)
+    RA_CHECK(info.shape[d] == 1 || info.shape[d] == full[d], where(f, name), " dimension ", d, " is ", info.shape[d],
+             ", expected 1 or ", full[d], " to broadcast to (B, Hq, T, S)");
+  const bool b1 = info.shape[0] == 1, h1 = info.shape[1] == 1, t1 = info.shape[2] == 1;
+  Selection sel;
+  std::vector<IndexRun> runs = t1 ? std::vector<IndexRun>{{0, 1, 1}} : p.q_runs;
+  for (const IndexRun& r : runs)
+    sel.push_back({{b1 ? 0 : p.b_offset, h1 ? 0 : p.hq_offset, r.start, 0},
+                   {b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, r.count, info.shape[3]},
+                   {1, 1, r.stride, 1}});
+  Shape local{b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, run_rows(runs), info.shape[3]};
+  return f.read(name, sel, local);
+}
+
+HostTensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs) {
+  Selection sel;
+  for (const IndexRun& r : runs) sel.push_back({{p.b_offset, r.start}, {p.b_count, r.count}, {1, r.stride}});
+  return f.read("segment_ids", sel, {p.b_count, run_rows(runs)});
+}
+
+}  // namespace
+
+int64_t ShardPlan::local_q() const { return run_rows(q_runs); }
+int64_t ShardPlan::local_kv() const { return run_rows(kv_runs); }
+
+ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, SequenceLayout layout) {
+  DatasetInfo q = required(f, "q", 4, "(batch, q_len, q_heads, head_dim)");
+  DatasetInfo k = required(f, "k", 4, "(batch, kv_len, kv_heads, head_dim)");
+  DatasetInfo v = required(f, "v", 4, "(batch, kv_len, kv_heads, v_head_dim)");
+  for (auto [name, info] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}})
+    RA_CHECK(info->dtype == DType::kF32 || info->dtype == DType::kF16 || info->dtype == DType::kBF16, where(f, name),
+             " has dtype ", dtype_name(info->dtype), ", expected f32, f16 or bf16");
+  RA_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, "q, k and v of '", f.path(), "' must share a dtype (q is ",
+           dtype_name(q.dtype), ", k ", dtype_name(k.dtype), ", v ", dtype_name(v.dtype), ")");
+  expect_dim(f, "k", k, 0, "batch", q.shape[0], "(q's batch)");
+  expect_dim(f, "v", v, 0, "batch", q.shape[0], "(q's batch)");
+  expect_dim(f, "k", k, 3, "head_dim", q.shape[3], "(q's head_dim)");
+  expect_dim(f, "v", v, 1, "kv_len", k.shape[1], "(k's kv_len)");
+  expect_dim(f, "v", v, 2, "kv_heads", k.shape[2], "(k's kv_heads)");
+  RA_CHECK(k.shape[2] > 0 && q.shape[2] % k.shape[2] == 0, where(f, "q"), " dimension 2 (q_heads) is ", q.shape[2],
+           ", expected a multiple of k's kv_heads = ", k.shape[2]);
+
+  ShardPlan p{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.dtype};
+  auto spec_for = [&](const char* axis) { return mesh.has_axis(axis) ? std::vector<std::string>{axis} : std::vector<std::string>{}; };
+  NamedSharding sharding(mesh, PartitionSpec{spec_for("dp"), {}, spec_for("tp"), {}});
+  LocalSlice qs = sharding.local_slice(q.shape, rank, "q");
+  LocalSlice ks = sharding.local_slice(k.shape, rank, "k");
+  p.b_offset = qs.offset[0];
+  p.b_count = qs.extent[0];
+  p.hq_offset = qs.offset[2];
+  p.hq_count = qs.extent[2];
+  p.hkv_offset = ks.offset[2];
+  p.hkv_count = ks.extent[2];
+  if (mesh.has_axis("sp")) {
+    p.sp_size = mesh.axis_size("sp");
+    p.sp_index = mesh.coords(rank)[size_t(mesh.axis_index("sp"))];
+  }
+  p.layout = layout;
+  check_layout_divides(layout, p.q_len, p.sp_size, ("q dimension 1 (q_len) of '" + f.path() + "'").c_str());
+  check_layout_divides(layout, p.kv_len, p.sp_size, ("k dimension 1 (kv_len) of '" + f.path() + "'").c_str());
+  p.q_runs = layout_runs(layout, p.q_len, p.sp_size, p.sp_index);
+  p.kv_runs = layout_runs(layout, p.kv_len, p.sp_size, p.sp_index);
+  if (f.has("segment_ids")) {
+    DatasetInfo seg = required(f, "segment_ids", 2, "(batch, seq_len)");
+    RA_CHECK(seg.dtype == DType::kI32, where(f, "segment_ids"), " has dtype ", dtype_name(seg.dtype), ", expected int32");
+    RA_CHECK(p.q_len == p.kv_len, where(f, "segment_ids"), " needs q_len == kv_len (", p.q_len, " vs ", p.kv_len, ")");
+    expect_dim(f, "segment_ids", seg, 0, "batch", p.batch, "(q's batch)");
+    expect_dim(f, "segment_ids", seg, 1, "seq_len", p.q_len, "(q's q_len)");
+  }
+  return p;
+}
+
+AttentionInputs LocalTensors::inputs() const {
+  AttentionInputs in;
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  if (mask.defined()) in.mask = mask;
+  if (bias.defined()) in.bias = bias;
+  if (q_segment_ids.defined()) {
+    in.q_segment_ids = q_segment_ids;
+    in.kv_segment_ids = kv_segment_ids;
+  }
+  return in;
+}
+
+LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv) {
+  const std::vector<IndexRun> kv_runs = whole_kv ? std::vector<IndexRun>{{0, p.kv_len, 1}} : p.kv_runs;
+  const int64_t kv_rows = run_rows(kv_runs);
+  LocalTensors t;
+  t.q = f.read("q", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim), {p.b_count, p.local_q(), p.hq_count, p.head_dim});
+  t.k = f.read("k", select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.head_dim), {p.b_count, kv_rows, p.hkv_count, p.head_dim});
+  t.v = f.read("v", select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim), {p.b_count, kv_rows, p.hkv_count, p.v_head_dim});
+  if (f.has("mask")) {
+    t.mask = read_pairwise(f, "mask", p);
+    RA_CHECK(t.mask.dtype() == DType::kU8, where(f, "mask"), " has dtype ", dtype_name(t.mask.dtype()), ", expected bool or uint8");
+  }
+  if (f.has("bias")) {
+    t.bias = read_pairwise(f, "bias", p);
+    RA_CHECK(t.bias.dtype() == DType::kF32, where(f, "bias"), " has dtype ", dtype_name(t.bias.dtype()), ", expected f32");
+  }
+  if (f.has("segment_ids")) {
+    t.q_segment_ids = read_segments(f, p, p.q_runs);
+    t.kv_segment_ids = read_segments(f, p, kv_runs);
+  }
+  return t;
+}
+
+void write_outputs(const std::string& path, const ShardPlan& p, const TensorView& o, const TensorView& lse,
+                   const std::map<std::string, std::string>& attributes, MPI_Comm comm, bool overwrite) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  RA_CHECK(overwrite || !std::filesystem::exists(path), "output '", path,
+           "' exists; refusing to replace it (pass --overwrite)");
+  const std::string temp = path + ".partial";
+  {
+    H5File f(temp, H5File::Mode::kCreate, comm);
+    f.create_dataset("o", o.dtype(), {p.batch, p.q_len, p.q_heads, p.v_head_dim});
+    f.create_dataset("lse", DType::kF32, {p.batch, p.q_heads, p.q_len});
+    f.write("o", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim), o);
+    f.write("lse", select_lse(p), lse);
+    for (const auto& [name, value] : attributes) f.set_attribute(name, value);
+    f.close();
+  }
+  MPI_Barrier(comm);
+  if (rank == 0) std::filesystem::rename(temp, path);
+  MPI_Barrier(comm);
+}
+
+void read_outputs(const H5File& f, const ShardPlan& p, HostTensor& o, HostTensor& lse) {
+  DatasetInfo oi = required(f, "o", 4, "(batch, q_len, q_heads, v_head_dim)");
+  const Shape expect{p.batch, p.q_len, p.q_heads, p.v_head_dim};
+  RA_CHECK(oi.shape == expect, where(f, "o"), " has shape ", oi.shape.str(), ", expected ", expect.str());
+  DatasetInfo li = required(f, "lse", 3, "(batch, q_heads, q_len)");
+  RA_CHECK(li.shape == (Shape{p.batch, p.q_heads, p.q_len}), where(f, "lse"), " has shape ", li.shape.str(),
+           ", expected (", p.batch, ", ", p.q_heads, ", ", p.q_len, ")");
+  o = f.read("o", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim), {p.b_count, p.local_q(), p.hq_count, p.v_head_dim});
+  lse = f.read("lse", select_lse(p), {p.b_count, p.hq_count, p.local_q()});
+}
+
+}  // namespace ra::cli

@@ -1,0 +1,49 @@
+// Sharded HDF5 I/O for the CLI: which slice of q, k, v (and mask, bias, segment_ids) this rank holds
+// under the mesh (batch over dp, heads over tp, sequence over sp by the layout), reading exactly
+// that slice, and writing o / lse slices into a file that appears under its name only when complete.
+#pragma once
+
+#include <mpi.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "attention/inputs.h"
+#include "mesh/mesh_shape.h"
+#include "mesh/sequence_layout.h"
+#include "runtime/hdf5_file.h"
+
+namespace ra::cli {
+
+struct ShardPlan {
+  int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim;
+  DType dtype;
+  int64_t b_offset, b_count, hq_offset, hq_count, hkv_offset, hkv_count;
+  int sp_size = 1, sp_index = 0;
+  SequenceLayout layout = SequenceLayout::kContiguous;
+  std::vector<IndexRun> q_runs, kv_runs;  // this rank's rows along T and S
+  int64_t local_q() const;
+  int64_t local_kv() const;
+};
+
+// Reads the shapes of q / k / v, checks them (naming file, dataset, dimension) and plans this rank's
+// slice. Every rank computes the same checks, so a bad file fails everywhere before any exchange.
+ShardPlan plan_shards(const H5File& file, const MeshShape& mesh, int rank, SequenceLayout layout);
+
+struct LocalTensors {
+  HostTensor q, k, v, mask, bias, q_segment_ids, kv_segment_ids;
+  AttentionInputs inputs() const;
+};
+// Reads this rank's slices; `whole_kv` reads all S rows of k / v instead (the verifier's reference).
+LocalTensors read_local(const H5File& file, const ShardPlan& plan, bool whole_kv = false);
+
+// Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices collectively to `path` through a temporary name,
+// renamed by rank 0 after every rank has closed the file. Refuses an existing file unless overwrite.
+void write_outputs(const std::string& path, const ShardPlan& plan, const TensorView& o, const TensorView& lse,
+                   const std::map<std::string, std::string>& attributes, MPI_Comm comm, bool overwrite);
+
+// Reads this rank's slices of o and lse from an output file.
+void read_outputs(const H5File& file, const ShardPlan& plan, HostTensor& o, HostTensor& lse);
+
+}  // namespace ra::cli

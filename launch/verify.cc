@@ -1,0 +1,75 @@
+// `ringattn verify`: recompute each rank's rows with the f64 reference against the whole K/V, compare
+// with the output file, count wrong elements over all ranks (nccl-tests style) and fail on any.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "attention/sdpa_cpu.h"
+#include "attention/tolerance.h"
+#include "launch/commands.h"
+#include "launch/sharded_io.h"
+
+namespace ra::cli {
+
+int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
+  AttentionOptions opts;
+  std::string input, output;
+  po::options_description desc("ringattn verify");
+  desc.add_options()("help", "this text")
+    ("input", po::value(&input)->required(), "the input HDF5 file")
+    ("output", po::value(&output)->required(), "the output HDF5 file of ringattn run");
+  add_attention_options(desc, opts);
+  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]"))
+    return kOk;
+  const AttentionParams params = to_params(opts);
+  Job job(opts);
+  const int rank = job.world.rank();
+  H5File in_file(input, H5File::Mode::kRead, job.world.comm());
+  H5File out_file(output, H5File::Mode::kRead, job.world.comm());
+  ShardPlan plan = plan_shards(in_file, job.shape, rank, chosen_layout(opts));
+  LocalTensors local = read_local(in_file, plan, /*whole_kv=*/true);
+  HostTensor o, lse;
+  read_outputs(out_file, plan, o, lse);
+
+  TokenPositions pos;
+  pos.q = layout_indices(plan.layout, plan.q_len, plan.sp_size, plan.sp_index);
+  for (int64_t& p : pos.q) p += plan.kv_len - plan.q_len;
+  pos.k.resize(size_t(plan.kv_len));
+  for (int64_t j = 0; j < plan.kv_len; ++j) pos.k[size_t(j)] = j;
+  pos.total_keys = plan.kv_len;
+  ReferenceOutput ref = reference_attention_f64(local.inputs(), params, pos);
+
+  double max_v = 0;
+  for (int64_t i = 0; i < local.v.numel(); ++i)
+    max_v = std::max(max_v, double(std::fabs(load_as_f32(local.v.view().data(), local.v.dtype(), size_t(i)))));
+  job.world.all_reduce(&max_v, 1, ReduceOp::kMax);
+  if (params.dropout_prob > 0) max_v /= 1.0 - params.dropout_prob;
+  const double tol = output_tolerance(plan.dtype, max_v);
+  double err[3] = {0, 0, 0};  // max abs error of o, max relative error of o, max abs error of lse
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < o.numel(); ++i) {
+    const double x = load_as_f32(o.view().data(), o.dtype(), size_t(i)), r = ref.o[size_t(i)];
+    const double e = std::fabs(x - r);
+    if (!(e <= tol)) ++wrong;  // NaN counts as wrong
+    err[0] = std::max(err[0], std::isnan(e) ? INFINITY : e);
+    err[1] = std::max(err[1], e / std::max(std::fabs(r), 1e-3));
+  }
+  for (int64_t i = 0; i < lse.numel(); ++i) {
+    const double x = lse.data<float>()[i], r = ref.lse[size_t(i)];
+    if (std::isinf(r) || std::isinf(x)) {
+      wrong += x != r;
+      continue;
+    }
+    const double e = std::fabs(x - r);
+    wrong += !(e <= kLseTolerance);
+    err[2] = std::max(err[2], std::isnan(e) ? INFINITY : e);
+  }
+  job.world.all_reduce(err, 3, ReduceOp::kMax);
+  job.world.all_reduce(&wrong, 1, ReduceOp::kSum);
+  if (rank == 0)
+    std::printf("ringattn verify: %s vs f64 reference: max |err| o %.3e (rel %.3e, tolerance %.3e), lse %.3e, #wrong %ld  %s\n",
+                output.c_str(), err[0], err[1], tol, err[2], long(wrong), wrong ? "FAILED" : "OK");
+  return wrong ? kWrongResults : kOk;
+}
+
+}  // namespace ra::cli
