@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# CLI round trip and bad-input checks: generate -> run (mpirun, 2 ranks) -> verify, then errors that
+# must exit non-zero with a message naming the problem and leave no output file.
+# Usage: cli_test.sh RINGATTN MPIEXEC
+set -u
+ra=$1; mpiexec=$2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+fails=0; passes=0
+check() {  # check NAME EXPECTED_CODE PATTERN -- command...
+  local name=$1 want=$2 pattern=$3; shift 4
+  local out code
+  out=$("$@" 2>&1); code=$?
+  if [ "$code" -eq "$want" ] && grep -q -- "$pattern" <<<"$out"; then passes=$((passes+1)); echo "ok   $name";
+  else fails=$((fails+1)); echo "FAIL $name (exit $code, wanted $want; pattern '$pattern')"; echo "$out" | tail -5; fi
+}
+mpi() { "$mpiexec" --oversubscribe -np "$@"; }
+
+check generate 0 "wrote" -- "$ra" generate --output "$dir/in.h5" --batch 1 --seq 128 --heads 4 --kv-heads 2 --head-dim 64 --dtype bf16 --with-mask --segments 2
+check run-ring-2 0 "ring (cpu) on mesh sp=2, layout zigzag" -- mpi 2 "$ra" run --input "$dir/in.h5" --output "$dir/out.h5" --causal
+check verify-ring-2 0 "#wrong 0  OK" -- mpi 2 "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5" --causal
+check verify-wrong-options 1 "FAILED" -- "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5"
+check refuses-existing-output 2 "exists; refusing to replace it" -- "$ra" run --input "$dir/in.h5" --output "$dir/out.h5"
+check negative-heads 2 "--heads is -1, expected a positive integer" -- "$ra" generate --output "$dir/x.h5" --seq 8 --heads -1 --head-dim 8
+check malformed-window 2 "--window '5' is not L,R" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --window 5
+check zero-mesh-axis 2 "mesh axis 'sp' has size 0" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --mesh sp=0
+check mesh-size-mismatch 2 "has 4 ranks but the job has 2" -- mpi 2 "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --mesh sp=4
+check missing-file 2 "cannot open HDF5 file '$dir/none.h5'" -- "$ra" run --input "$dir/none.h5" --output "$dir/x.h5"
+check unknown-option 2 "unrecognised option '--bogus'" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --bogus
+check layout-does-not-divide 2 "expected a multiple of 6" -- mpi 3 "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --causal
+if [ -e "$dir/x.h5" ] || [ -e "$dir/x.h5.partial" ]; then fails=$((fails+1)); echo "FAIL an output file was left behind"; fi
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]

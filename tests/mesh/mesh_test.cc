@@ -1,0 +1,120 @@
+// Pure functions of the mesh: axes and coordinates, PartitionSpec / NamedSharding slices, sequence
+// layouts, and the ring schedule (source rank per step, skipped / full / partial blocks).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "attention/block_schedule.h"
+#include "mesh/mesh_shape.h"
+#include "mesh/sequence_layout.h"
+#include "mesh/sharding.h"
+#include "runtime/error.h"
+
+namespace ra {
+namespace {
+
+TEST(MeshShape, ParsesAxesAndMapsCoordinates) {
+  MeshShape m = MeshShape::parse("dp=2,sp=3");
+  EXPECT_EQ(m.size(), 6);
+  EXPECT_EQ(m.axis_size("sp"), 3);
+  EXPECT_EQ(m.coords(4), (std::vector<int>{1, 1}));
+  for (int r = 0; r < 6; ++r) EXPECT_EQ(m.rank_of(m.coords(r)), r);
+  EXPECT_EQ(m.str(), "dp=2,sp=3");
+}
+
+TEST(MeshShape, RejectsBadText) {
+  EXPECT_THROW(MeshShape::parse("sp=0"), Error);
+  EXPECT_THROW(MeshShape::parse("sp=-1"), Error);
+  EXPECT_THROW(MeshShape::parse("sp"), Error);
+  EXPECT_THROW(MeshShape::parse("sp=2,sp=2"), Error);
+  EXPECT_THROW(MeshShape::parse("sp=4x"), Error);
+}
+
+TEST(Sharding, SlicesByAxes) {
+  MeshShape m = MeshShape::parse("dp=2,tp=2");
+  NamedSharding s(m, PartitionSpec::parse("dp,_,tp,_"));
+  LocalSlice slice = s.local_slice(Shape{4, 10, 8, 64}, 3, "q");
+  EXPECT_EQ(slice.offset, (std::vector<int64_t>{2, 0, 4, 0}));
+  EXPECT_EQ(slice.extent, (std::vector<int64_t>{2, 10, 4, 64}));
+  NamedSharding both(m, PartitionSpec{{"dp", "tp"}, {}, {}, {}});
+  EXPECT_EQ(both.local_slice(Shape{8, 1, 1, 1}, 3, "x").offset[0], 6);
+}
+
+TEST(Sharding, RejectsShapesThatDoNotDivide) {
+  NamedSharding s(MeshShape::parse("tp=3"), PartitionSpec::parse("_,_,tp,_"));
+  try {
+    s.local_slice(Shape{1, 8, 8, 64}, 0, "k");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), "k dimension 2 has size 8, which does not divide over mesh axis 'tp' of size 3");
+  }
+  EXPECT_THROW(NamedSharding(MeshShape::parse("sp=2"), PartitionSpec::parse("dp")), Error);
+}
+
+class Layouts : public testing::TestWithParam<SequenceLayout> {};
+
+TEST_P(Layouts, PartitionEveryTokenExactlyOnce) {
+  for (int n : {1, 2, 3, 4}) {
+    const int64_t length = 24 * n;
+    std::vector<int64_t> all;
+    for (int r = 0; r < n; ++r) {
+      auto idx = layout_indices(GetParam(), length, n, r);
+      EXPECT_EQ(int64_t(idx.size()), length / n);
+      all.insert(all.end(), idx.begin(), idx.end());
+    }
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> expect(static_cast<size_t>(length));
+    std::iota(expect.begin(), expect.end(), 0);
+    EXPECT_EQ(all, expect);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Layouts,
+                         testing::Values(SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped),
+                         [](const auto& info) { return std::string(layout_name(info.param)); });
+
+TEST(Layouts, ZigzagHoldsChunksRAndMirror) {
+  EXPECT_EQ(layout_indices(SequenceLayout::kZigzag, 8, 2, 0), (std::vector<int64_t>{0, 1, 6, 7}));
+  EXPECT_EQ(layout_indices(SequenceLayout::kZigzag, 8, 2, 1), (std::vector<int64_t>{2, 3, 4, 5}));
+  EXPECT_EQ(layout_indices(SequenceLayout::kStriped, 8, 4, 1), (std::vector<int64_t>{1, 5}));
+  EXPECT_THROW(layout_runs(SequenceLayout::kZigzag, 12, 4, 0), Error);
+}
+
+TEST(RingSchedule, SourceRankWalksBackwards) {
+  EXPECT_EQ(ring_source_rank(0, 0, 4), 0);
+  EXPECT_EQ(ring_source_rank(0, 1, 4), 3);
+  EXPECT_EQ(ring_source_rank(2, 3, 4), 3);
+  for (int r = 0; r < 5; ++r) {  // every rank sees every block exactly once
+    std::vector<int> seen;
+    for (int s = 0; s < 5; ++s) seen.push_back(ring_source_rank(r, s, 5));
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3, 4}));
+  }
+}
+
+TEST(RingSchedule, ClassifiesCausalAndWindowBlocks) {
+  EXPECT_EQ(classify_block(0, 63, 64, 127, true, -1, -1), BlockKind::kSkip);     // future
+  EXPECT_EQ(classify_block(64, 127, 0, 63, true, -1, -1), BlockKind::kFull);     // past
+  EXPECT_EQ(classify_block(0, 63, 0, 63, true, -1, -1), BlockKind::kPartial);    // diagonal
+  EXPECT_EQ(classify_block(0, 63, 64, 127, false, -1, -1), BlockKind::kFull);
+  EXPECT_EQ(classify_block(200, 263, 0, 63, false, 100, -1), BlockKind::kSkip);  // left of the window
+  EXPECT_EQ(classify_block(100, 110, 90, 95, true, 50, 0), BlockKind::kFull);
+  EXPECT_EQ(classify_block(100, 110, 40, 95, true, 50, 0), BlockKind::kPartial);
+}
+
+TEST(RingSchedule, ZigzagBalancesCausalWork) {
+  // Visible (query, key) pairs per rank under a causal mask: equal for zigzag, not for contiguous.
+  const int n = 4;
+  const int64_t length = 64;
+  auto work = [&](SequenceLayout layout, int r) {
+    int64_t pairs = 0;
+    for (int64_t q : layout_indices(layout, length, n, r)) pairs += q + 1;
+    return pairs;
+  };
+  for (int r = 1; r < n; ++r) EXPECT_EQ(work(SequenceLayout::kZigzag, r), work(SequenceLayout::kZigzag, 0));
+  EXPECT_GT(work(SequenceLayout::kContiguous, 3), 3 * work(SequenceLayout::kContiguous, 0));
+}
+
+}  // namespace
+}  // namespace ra
