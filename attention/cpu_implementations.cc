@@ -61,8 +61,6 @@ void register_cpu(AttentionRegistry& registry, const std::vector<std::string>& n
 
 }  // namespace
 
-void register_cuda_implementations(AttentionRegistry& registry);  // cuda_implementations.cc, when built
-
 void register_builtin_implementations(AttentionRegistry& registry) {
   register_cpu<SdpaCpu>(registry, {"sdpa", "scaled_dot_product_attention", "vanilla"});
   register_cpu<FlashCpu>(registry, {"flash_attn2", "flash", "flash_attention"});
@@ -72,9 +70,6 @@ void register_builtin_implementations(AttentionRegistry& registry) {
       RA_CHECK(ctx != nullptr, "attention implementation 'ring' needs a RingContext (communicator, layout, lengths)");
       return std::make_unique<RingAttention>(*ctx, backend);
     });
-#ifdef RA_HAVE_CUDA
-  register_cuda_implementations(registry);
-#endif
 }
 
 }  // namespace ra

@@ -35,7 +35,7 @@ class AttentionRegistry {
   std::map<std::pair<std::string, Backend>, Factory> factories_;
 };
 
-// Adds the CPU implementations (and the CUDA ones when built with CUDA) to a registry.
+// Adds ringattn's implementations (sdpa, flash_attn2, blockwise, ring on cpu / native) to a registry.
 void register_builtin_implementations(AttentionRegistry& registry);
 
 }  // namespace ra
