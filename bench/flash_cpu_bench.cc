@@ -15,6 +15,7 @@
 
 #include "attention/flash_cpu.h"
 #include "attention/registry.h"
+#include "runtime/random.h"
 
 extern "C" void openblas_set_num_threads(int);
 extern "C" char* openblas_get_config(void);
@@ -32,14 +33,6 @@ double median_seconds(int reps, F&& f) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
-}
-
-ra::HostTensor random_tensor(const ra::Shape& shape, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist;
-  ra::HostTensor t(ra::DType::kF32, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
 }
 
 }  // namespace
@@ -66,7 +59,10 @@ int main(int argc, char** argv) {
   });
   const double gemm_gflops = 2.0 * n * n * double(n) / gemm_s * 1e-9;
 
-  ra::HostTensor q = random_tensor({1, T, H, D}, 1), k = random_tensor({1, T, H, D}, 2), v = random_tensor({1, T, H, D}, 3);
+  std::mt19937_64 rng(1);
+  ra::HostTensor q = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
+  ra::HostTensor k = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
+  ra::HostTensor v = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
   ra::AttentionInputs in;
   in.q = q;
   in.k = k;

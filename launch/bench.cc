@@ -11,19 +11,10 @@
 #include "attention/ring.h"
 #include "launch/commands.h"
 #include "runtime/error.h"
+#include "runtime/random.h"
 
 namespace ra::cli {
 namespace {
-
-HostTensor random_tensor(DType dtype, const Shape& shape, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> values(size_t(shape.numel()));
-  for (float& x : values) x = dist(rng);
-  HostTensor t(dtype, shape);
-  convert_from_f32(values.data(), t.view().data(), dtype, values.size());
-  return t;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -68,9 +59,10 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(seq, seq);
   const int n = ctx.comm->size();
   const int64_t local = seq / n;
-  HostTensor q = random_tensor(dtype, {batch, local, heads, head_dim}, 1000 + uint64_t(rank));
-  HostTensor k = random_tensor(dtype, {batch, local, kv_heads, head_dim}, 2000 + uint64_t(rank));
-  HostTensor v = random_tensor(dtype, {batch, local, kv_heads, head_dim}, 3000 + uint64_t(rank));
+  std::mt19937_64 rng(1000 + uint64_t(rank));
+  HostTensor q = random_normal(dtype, {batch, local, heads, head_dim}, rng);
+  HostTensor k = random_normal(dtype, {batch, local, kv_heads, head_dim}, rng);
+  HostTensor v = random_normal(dtype, {batch, local, kv_heads, head_dim}, rng);
   AttentionInputs in;
   in.q = q;
   in.k = k;

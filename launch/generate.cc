@@ -6,18 +6,10 @@
 #include "launch/commands.h"
 #include "runtime/error.h"
 #include "runtime/hdf5_file.h"
+#include "runtime/random.h"
 
 namespace ra::cli {
 namespace {
-
-HostTensor random_normal(DType dtype, const Shape& shape, std::mt19937_64& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> values(size_t(shape.numel()));
-  for (float& x : values) x = dist(rng);
-  HostTensor t(dtype, shape);
-  convert_from_f32(values.data(), t.view().data(), dtype, values.size());
-  return t;
-}
 
 void write(H5File& f, const char* name, const HostTensor& t) {
   f.create_dataset(name, t.dtype(), t.shape());

@@ -2,6 +2,7 @@
 // D in {32, 64, 80, 128}, GQA 1/2/4/8), each dtype, every option alone and all combined.
 #include <gtest/gtest.h>
 
+#include "attention/flash_cpu.h"
 #include "attention/registry.h"
 #include "tests/support/problem.h"
 
@@ -80,6 +81,38 @@ TEST_P(KernelVsReference, MatchesF64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, KernelVsReference, testing::ValuesIn(all_cases()), case_name);
+
+}  // namespace
+}  // namespace ra::test
+
+namespace ra::test {
+namespace {
+
+// Each SIMD variant of the CPU flash kernel on its own (the registry picks only the best one).
+class FlashIsa : public testing::TestWithParam<CpuIsa> {};
+
+TEST_P(FlashIsa, MatchesF64Reference) {
+  const CpuIsa isa = GetParam();
+  if (isa == CpuIsa::kAvx512 && best_cpu_isa() != CpuIsa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+  if (isa == CpuIsa::kAvx2 && best_cpu_isa() == CpuIsa::kGeneric) GTEST_SKIP() << "no AVX2 here";
+  for (uint64_t seed : {11, 12}) {
+    ProblemSpec spec{2, 97, 130, 8, 2, 80, 72, DType::kF32, Options{true, true, true, true, true, true, true, false}, seed};
+    Problem p(spec);
+    AttentionInputs in = p.inputs();
+    TokenPositions pos = TokenPositions::dense(97, 130);
+    Carry carry = Carry::empty(2, 8, 97, 72);
+    flash_accumulate_cpu(in, pos, p.params(), carry, isa);
+    HostTensor o(DType::kF32, {2, 97, 8, 72}), lse(DType::kF32, {2, 8, 97});
+    finalize(carry, in.sinks, o, lse);
+    Comparison cmp = compare(o, lse, reference_attention_f64(in, p.params(), pos),
+                             output_tolerance(DType::kF32, max_abs_value(in.v)), kLseTolerance);
+    EXPECT_EQ(cmp.wrong, 0) << cpu_isa_name(isa) << " max |error| " << cmp.max_abs_error;
+    EXPECT_EQ(cmp.nan, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, FlashIsa, testing::Values(CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512),
+                         [](const auto& info) { return std::string(cpu_isa_name(info.param)); });
 
 }  // namespace
 }  // namespace ra::test

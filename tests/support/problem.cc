@@ -1,6 +1,8 @@
 // Random problems and comparisons against the f64 reference.
 #include "tests/support/problem.h"
 
+#include "runtime/random.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -23,23 +25,13 @@ std::string Options::name() const {
   return n.empty() ? "plain" : n;
 }
 
-namespace {
-HostTensor random_tensor(DType dtype, Shape shape, std::mt19937_64& rng, float stddev) {
-  std::normal_distribution<float> dist(0.0f, stddev);
-  HostTensor t(dtype, shape);
-  std::vector<float> values(size_t(shape.numel()));
-  for (float& x : values) x = dist(rng);
-  convert_from_f32(values.data(), t.view().data(), dtype, values.size());
-  return t;
-}
-}  // namespace
 
 Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
   std::mt19937_64 rng(spec.seed);
   const int64_t B = spec.batch, T = spec.q_len, S = spec.kv_len, Hq = spec.q_heads, Hkv = spec.kv_heads;
-  q = random_tensor(spec.dtype, {B, T, Hq, spec.head_dim}, rng, 1.0f);
-  k = random_tensor(spec.dtype, {B, S, Hkv, spec.head_dim}, rng, 1.0f);
-  v = random_tensor(spec.dtype, {B, S, Hkv, spec.v_head_dim}, rng, 1.0f);
+  q = random_normal(spec.dtype, {B, T, Hq, spec.head_dim}, rng, 1.0f);
+  k = random_normal(spec.dtype, {B, S, Hkv, spec.head_dim}, rng, 1.0f);
+  v = random_normal(spec.dtype, {B, S, Hkv, spec.v_head_dim}, rng, 1.0f);
   const Options& o = spec.options;
   params_.causal = o.causal;
   if (o.window) {
@@ -51,8 +43,8 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
     params_.dropout_prob = 0.2f;
     params_.dropout_seed = spec.seed * 7919;
   }
-  if (o.sinks) sinks = random_tensor(DType::kF32, {Hq}, rng, 1.0f);
-  if (o.bias) bias = random_tensor(DType::kF32, {1, Hq, T, S}, rng, 1.0f);  // broadcast over batch
+  if (o.sinks) sinks = random_normal(DType::kF32, {Hq}, rng, 1.0f);
+  if (o.bias) bias = random_normal(DType::kF32, {1, Hq, T, S}, rng, 1.0f);  // broadcast over batch
   if (o.mask) {
     mask = HostTensor(DType::kU8, {B, 1, T, S});  // broadcast over heads
     uint8_t* m = mask.data<uint8_t>();
