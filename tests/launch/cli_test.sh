@@ -17,8 +17,13 @@ check() {  # check NAME EXPECTED_CODE PATTERN -- command...
 mpi() { "$mpiexec" --oversubscribe -np "$@"; }
 
 check generate 0 "wrote" -- "$ra" generate --output "$dir/in.h5" --batch 1 --seq 128 --heads 4 --kv-heads 2 --head-dim 64 --dtype bf16 --with-mask --segments 2
+check generate-batch2 0 "wrote" -- "$ra" generate --output "$dir/b2.h5" --batch 2 --seq 96 --heads 4 --kv-heads 2 --head-dim 32 --dtype f16 --with-bias
 check run-ring-2 0 "ring (cpu) on mesh sp=2, layout zigzag" -- mpi 2 "$ra" run --input "$dir/in.h5" --output "$dir/out.h5" --causal
 check verify-ring-2 0 "#wrong 0  OK" -- mpi 2 "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5" --causal
+check run-dp2-sp2 0 "on mesh dp=2,sp=2" -- mpi 4 "$ra" run --input "$dir/b2.h5" --output "$dir/dp.h5" --mesh dp=2,sp=2 --layout striped
+check verify-dp2-sp2 0 "#wrong 0  OK" -- mpi 4 "$ra" verify --input "$dir/b2.h5" --output "$dir/dp.h5" --mesh dp=2,sp=2 --layout striped
+check run-tp2-sp2 0 "on mesh tp=2,sp=2" -- mpi 4 "$ra" run --input "$dir/b2.h5" --output "$dir/tp.h5" --mesh tp=2,sp=2 --causal --window 40,0
+check verify-tp2-sp2 0 "#wrong 0  OK" -- "$ra" verify --input "$dir/b2.h5" --output "$dir/tp.h5" --causal --window 40,0
 check verify-wrong-options 1 "FAILED" -- "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5"
 check refuses-existing-output 2 "exists; refusing to replace it" -- "$ra" run --input "$dir/in.h5" --output "$dir/out.h5"
 check negative-heads 2 "--heads is -1, expected a positive integer" -- "$ra" generate --output "$dir/x.h5" --seq 8 --heads -1 --head-dim 8
