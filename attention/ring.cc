@@ -36,11 +36,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+std::vector<int64_t> layout_query_positions(SequenceLayout layout, int64_t q_len, int64_t kv_len, int parts, int index) {
+  std::vector<int64_t> positions = layout_indices(layout, q_len, parts, index);
+  for (int64_t& p : positions) p += kv_len - q_len;
+  return positions;
+}
+
 TokenPositions ring_positions(const RingContext& ctx) {
   const int n = ctx.comm->size(), r = ctx.comm->rank();
   TokenPositions pos;
-  pos.q = layout_indices(ctx.layout, ctx.global_q_len, n, r);
-  for (int64_t& p : pos.q) p += ctx.global_kv_len - ctx.global_q_len;
+  pos.q = layout_query_positions(ctx.layout, ctx.global_q_len, ctx.global_kv_len, n, r);
   pos.k = layout_indices(ctx.layout, ctx.global_kv_len, n, r);
   pos.total_keys = ctx.global_kv_len;
   return pos;

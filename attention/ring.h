@@ -22,7 +22,11 @@ struct RingContext {
   std::chrono::milliseconds step_timeout{60000};     // per-step deadline on the exchange
 };
 
-// Positions of this rank's rows under the layout: queries aligned to the end of the keys.
+// Key-axis positions of the query rows that part `index` of `parts` holds under the layout: global
+// query index + (S - T), queries aligned to the end of the keys.
+std::vector<int64_t> layout_query_positions(SequenceLayout layout, int64_t q_len, int64_t kv_len, int parts, int index);
+
+// Positions of this rank's rows under the layout: its queries, and its own K/V rows.
 TokenPositions ring_positions(const RingContext& ctx);
 
 struct RingStats {

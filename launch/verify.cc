@@ -31,12 +31,9 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   HostTensor o, lse;
   read_outputs(out_file, plan, o, lse);
 
-  TokenPositions pos;
-  pos.q = layout_indices(plan.layout, plan.q_len, plan.sp_size, plan.sp_index);
-  for (int64_t& p : pos.q) p += plan.kv_len - plan.q_len;
-  pos.k.resize(size_t(plan.kv_len));
-  for (int64_t j = 0; j < plan.kv_len; ++j) pos.k[size_t(j)] = j;
-  pos.total_keys = plan.kv_len;
+  // This rank's queries against every key.
+  TokenPositions pos = TokenPositions::dense(plan.q_len, plan.kv_len);
+  pos.q = layout_query_positions(plan.layout, plan.q_len, plan.kv_len, plan.sp_size, plan.sp_index);
   ReferenceOutput ref = reference_attention_f64(local.inputs(), params, pos);
 
   double max_v = 0;
