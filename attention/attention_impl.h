@@ -18,8 +18,8 @@ std::string_view backend_name(Backend backend);
 Backend parse_backend(std::string_view name);  // "cpu" | "cuda" | "native"
 
 struct AttentionOutput {
-  HostTensor o;    // (B, T, Hq, Dv) in q's dtype
-  HostTensor lse;  // (B, Hq, T) f32, natural log; -inf for rows that see no key
+  Tensor o;    // (B, T, Hq, Dv) in q's dtype, in q's memory (host or device)
+  Tensor lse;  // (B, Hq, T) f32, natural log; -inf for rows that see no key
 };
 
 class AttentionImpl {
@@ -29,11 +29,17 @@ class AttentionImpl {
   virtual Backend backend() const = 0;
   virtual int64_t max_head_dim() const { return 256; }
 
+  // The CUDA stream (a cudaStream_t) device work is queued on; nullptr is the legacy default stream.
+  // Host implementations ignore it.
+  virtual void set_cuda_stream(void* stream) {}
+  virtual void* cuda_stream() const { return nullptr; }
+
   // carry (B, Hq, T, Dv) <- carry (+) attention of in.q against in.k / in.v. Validated inputs.
   virtual void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                           Carry& carry) const = 0;
 
-  // Validates, runs one accumulate from an empty carry and finalizes O and LSE.
+  // Validates, runs one accumulate from an empty carry and finalizes O and LSE (in q's memory; on a
+  // device the result is ready once cuda_stream() has reached this point).
   AttentionOutput forward(const AttentionInputs& in, const AttentionParams& params) const;
   AttentionOutput forward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos) const;
 };

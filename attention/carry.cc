@@ -5,28 +5,51 @@
 
 #include "attention/online_softmax.h"
 #include "runtime/error.h"
+#include "runtime/memory.h"
+
+#if RA_HAVE_CUDA
+#include "attention/cuda/carry_cuda.h"
+#endif
 
 namespace ra {
 
-Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim) {
+Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, MemoryKind memory) {
   Carry c;
   c.batch = batch;
   c.heads = heads;
   c.rows = rows;
   c.value_dim = value_dim;
-  c.numerator = HostTensor(DType::kF32, {batch, heads, rows, value_dim});
-  c.denominator = HostTensor(DType::kF32, {batch, heads, rows});
-  c.max = HostTensor(DType::kF32, {batch, heads, rows});
-  float* m = c.max.data<float>();
-  for (int64_t i = 0; i < c.row_count(); ++i) m[i] = -INFINITY;
+  c.numerator = Tensor(DType::kF32, {batch, heads, rows, value_dim}, memory);
+  c.denominator = Tensor(DType::kF32, {batch, heads, rows}, memory);
+  c.max = Tensor(DType::kF32, {batch, heads, rows}, memory);
+  fill_f32(c.max.view(), -INFINITY);
   return c;
 }
 
-void merge(Carry& into, const Carry& other, int64_t row_offset) {
+void reset(Carry& carry, void* cuda_stream) {
+  if (carry.memory() == MemoryKind::kCuda) {
+#if RA_HAVE_CUDA
+    reset_carry_cuda(carry, static_cast<cudaStream_t>(cuda_stream));
+#endif
+    return;
+  }
+  fill_f32(carry.numerator.view(), 0.0f);
+  fill_f32(carry.denominator.view(), 0.0f);
+  fill_f32(carry.max.view(), -INFINITY);
+}
+
+void merge(Carry& into, const Carry& other, int64_t row_offset, void* cuda_stream) {
   RA_CHECK(into.batch == other.batch && into.heads == other.heads && into.value_dim == other.value_dim &&
                row_offset >= 0 && row_offset + other.rows <= into.rows,
            "carry merge: shapes differ (", into.numerator.shape().str(), " vs ", other.numerator.shape().str(),
            " at row ", row_offset, ")");
+  RA_CHECK(into.memory() == other.memory(), "carry merge: one carry is on the host, the other on the device");
+  if (into.memory() == MemoryKind::kCuda) {
+#if RA_HAVE_CUDA
+    merge_carry_cuda(into, other, row_offset, static_cast<cudaStream_t>(cuda_stream));
+#endif
+    return;
+  }
   const int64_t dv = into.value_dim;
   float* num = into.numerator.data<float>();
   float* den = into.denominator.data<float>();
@@ -46,7 +69,14 @@ void merge(Carry& into, const Carry& other, int64_t row_offset) {
     }
 }
 
-void finalize(const Carry& carry, const TensorView& sinks, const TensorView& o, const TensorView& lse) {
+void finalize(const Carry& carry, const TensorView& sinks, const TensorView& o, const TensorView& lse,
+              void* cuda_stream) {
+  if (carry.memory() == MemoryKind::kCuda) {
+#if RA_HAVE_CUDA
+    finalize_cuda(carry, sinks, o, lse, static_cast<cudaStream_t>(cuda_stream));
+#endif
+    return;
+  }
   const int64_t B = carry.batch, H = carry.heads, T = carry.rows, dv = carry.value_dim;
   RA_CHECK(o.rank() == 4 && o.dim(0) == B && o.dim(1) == T && o.dim(2) == H && o.dim(3) == dv,
            "output o has shape ", o.shape().str(), ", expected (", B, ", ", T, ", ", H, ", ", dv, ")");

@@ -15,20 +15,28 @@ namespace ra {
 
 struct Carry {
   int64_t batch = 0, heads = 0, rows = 0, value_dim = 0;
-  HostTensor numerator;    // (B, Hq, T, Dv) f32
-  HostTensor denominator;  // (B, Hq, T) f32
-  HostTensor max;          // (B, Hq, T) f32
+  Tensor numerator;    // (B, Hq, T, Dv) f32
+  Tensor denominator;  // (B, Hq, T) f32
+  Tensor max;          // (B, Hq, T) f32
 
-  static Carry empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim);
+  static Carry empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim,
+                     MemoryKind memory = MemoryKind::kHost);
+  MemoryKind memory() const { return numerator.view().memory(); }
   int64_t row_count() const { return batch * heads * rows; }
 };
 
+// Back to the empty carry (numerator 0, denominator 0, max -inf) without reallocating.
+void reset(Carry& carry, void* cuda_stream = nullptr);
+
 // into <- into (+) other: the carry of the union of both key sets. Exact when either side is empty.
 // other's rows land at rows [row_offset, row_offset + other.rows) of into (blockwise query chunks).
-void merge(Carry& into, const Carry& other, int64_t row_offset = 0);
+// Device carries are merged on `cuda_stream` (a cudaStream_t; nullptr: the legacy default stream).
+void merge(Carry& into, const Carry& other, int64_t row_offset = 0, void* cuda_stream = nullptr);
 
 // O (B, T, Hq, Dv) in o's dtype and LSE (B, Hq, T) f32 from a carry. `sinks` (Hq f32, optional): one
 // extra logit per head that joins the denominator only (attention sinks), counted once here.
-void finalize(const Carry& carry, const TensorView& sinks, const TensorView& o, const TensorView& lse);
+// A device carry needs o, lse and sinks in device memory and runs on `cuda_stream`.
+void finalize(const Carry& carry, const TensorView& sinks, const TensorView& o, const TensorView& lse,
+              void* cuda_stream = nullptr);
 
 }  // namespace ra

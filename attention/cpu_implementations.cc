@@ -70,6 +70,9 @@ void register_builtin_implementations(AttentionRegistry& registry) {
       RA_CHECK(ctx != nullptr, "attention implementation 'ring' needs a RingContext (communicator, layout, lengths)");
       return std::make_unique<RingAttention>(*ctx, backend);
     });
+#if RA_HAVE_CUDA
+  register_cuda_implementations(registry);
+#endif
 }
 
 }  // namespace ra

@@ -30,6 +30,14 @@ struct TokenPositions {
   static TokenPositions dense(int64_t t, int64_t s);
 };
 
+// Contiguous copies of every defined tensor of `in` in `memory` (e.g. host inputs staged to the
+// device for the cuda backend), and the inputs viewing them.
+struct InputsCopy {
+  AttentionInputs inputs;
+  std::vector<Tensor> storage;
+};
+InputsCopy copy_inputs(const AttentionInputs& in, MemoryKind memory);
+
 // Segment ids for a packed variable-length batch from cumulative sequence lengths
 // [0, l0, l0 + l1, ...]: token n gets the index of the sequence it falls in. Shape (1, total).
 std::vector<int32_t> segment_ids_from_cu_seqlens(const std::vector<int64_t>& cu_seqlens);

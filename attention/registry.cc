@@ -37,10 +37,11 @@ AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const Attentio
                                        const TokenPositions& pos) const {
   validate_attention(in, params, pos, max_head_dim());
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
-  Carry carry = Carry::empty(B, Hq, T, Dv);
+  const MemoryKind memory = in.q.memory();
+  Carry carry = Carry::empty(B, Hq, T, Dv, memory);
   accumulate(in, pos, params, carry);
-  AttentionOutput out{HostTensor(in.q.dtype(), {B, T, Hq, Dv}), HostTensor(DType::kF32, {B, Hq, T})};
-  finalize(carry, in.sinks, out.o, out.lse);
+  AttentionOutput out{Tensor(in.q.dtype(), {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
+  finalize(carry, in.sinks, out.o, out.lse, cuda_stream());
   return out;
 }
 

@@ -35,7 +35,9 @@ class AttentionRegistry {
   std::map<std::pair<std::string, Backend>, Factory> factories_;
 };
 
-// Adds ringattn's implementations (sdpa, flash_attn2, blockwise, ring on cpu / native) to a registry.
+// Adds ringattn's implementations (sdpa, flash_attn2, blockwise, ring on cpu / native; and sdpa,
+// flash_attn2, ring on cuda when built with CUDA) to a registry.
 void register_builtin_implementations(AttentionRegistry& registry);
+void register_cuda_implementations(AttentionRegistry& registry);  // attention/cuda/, CUDA builds only
 
 }  // namespace ra

@@ -25,8 +25,8 @@ void check_dim(const TensorView& t, const char* name, int dim, const char* dim_n
            expected, " ", what, " (shape ", t.shape().str(), ")");
 }
 
-HostTensor f32_copy(const TensorView& t) {
-  HostTensor out(DType::kF32, t.shape());
+Tensor f32_copy(const TensorView& t) {
+  Tensor out(DType::kF32, t.shape());
   float* dst = out.data<float>();
   const size_t elem = dtype_size(t.dtype());
   const Shape& s = t.shape();
@@ -109,7 +109,7 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
 
 F32Inputs as_f32_inputs(const AttentionInputs& in, const TokenPositions& pos) {
   F32Inputs out;
-  auto view = [](const TensorView& t, HostTensor& copy) {
+  auto view = [](const TensorView& t, Tensor& copy) {
     if (t.dtype() == DType::kF32 && t.stride(3) == 1) return t;
     copy = f32_copy(t);
     return copy.view();

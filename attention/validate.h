@@ -15,7 +15,7 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& params
 // copies of f16 / bf16 inputs are kept here), bias and mask broadcast to (B, Hq, T, S_total).
 struct F32Inputs {
   TensorView q, k, v, bias, mask, sinks, q_segment_ids, kv_segment_ids;
-  HostTensor q_copy, k_copy, v_copy;
+  Tensor q_copy, k_copy, v_copy;
 };
 F32Inputs as_f32_inputs(const AttentionInputs& in, const TokenPositions& pos);
 

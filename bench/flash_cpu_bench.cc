@@ -60,9 +60,9 @@ int main(int argc, char** argv) {
   const double gemm_gflops = 2.0 * n * n * double(n) / gemm_s * 1e-9;
 
   std::mt19937_64 rng(1);
-  ra::HostTensor q = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
-  ra::HostTensor k = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
-  ra::HostTensor v = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
+  ra::Tensor q = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
+  ra::Tensor k = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
+  ra::Tensor v = ra::random_normal(ra::DType::kF32, {1, T, H, D}, rng);
   ra::AttentionInputs in;
   in.q = q;
   in.k = k;

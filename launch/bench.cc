@@ -2,6 +2,7 @@
 // iterations (median of the slowest rank), an exchange-only ring for the same bytes, and one
 // nccl-tests style row: time, GFLOP/s per rank, and the share of communication hidden by compute.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -9,6 +10,10 @@
 #include <random>
 
 #include "attention/ring.h"
+#include "attention/validate.h"
+#if RA_HAVE_CUDA
+#include "attention/cuda/ring_cuda.h"
+#endif
 #include "launch/commands.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
@@ -23,6 +28,45 @@ double median(std::vector<double> v) {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Wall time on the host; with --backend cuda, CUDA events on the compute stream around the iteration
+// (the GPU's own timeline, waits for the ring's transfers included).
+class IterationTimer {
+ public:
+  explicit IterationTimer(const Job& job) : job_(job) {}
+  void start() {
+#if RA_HAVE_CUDA
+    if (job_.on_device) return begin_.record(static_cast<cudaStream_t>(job_.stream()));
+#endif
+    t0_ = now_seconds();
+  }
+  double stop_seconds() {
+#if RA_HAVE_CUDA
+    if (job_.on_device) {
+      end_.record(static_cast<cudaStream_t>(job_.stream()));
+      job_.synchronize();
+      return end_.milliseconds_since(begin_) * 1e-3;
+    }
+#endif
+    return now_seconds() - t0_;
+  }
+
+ private:
+  const Job& job_;
+  double t0_ = 0;
+#if RA_HAVE_CUDA
+  CudaEvent begin_{true}, end_{true};
+#endif
+};
+
+// Host time the ring spent blocked on its exchanges in the last call (0 for other implementations).
+double ring_wait_seconds(const AttentionImpl& impl) {
+  if (const auto* ring = dynamic_cast<const RingAttention*>(&impl)) return ring->last_stats().wait_seconds;
+#if RA_HAVE_CUDA
+  if (const auto* ring = dynamic_cast<const RingAttentionCuda*>(&impl)) return ring->last_stats().wait_seconds;
+#endif
+  return 0.0;
 }
 
 }  // namespace
@@ -51,7 +95,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
-  Job job(opts);
+  Job job(opts, mpi);
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");
   RingContext ctx;
@@ -60,21 +104,31 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const int n = ctx.comm->size();
   const int64_t local = seq / n;
   std::mt19937_64 rng(1000 + uint64_t(rank));
-  HostTensor q = random_normal(dtype, {batch, local, heads, head_dim}, rng);
-  HostTensor k = random_normal(dtype, {batch, local, kv_heads, head_dim}, rng);
-  HostTensor v = random_normal(dtype, {batch, local, kv_heads, head_dim}, rng);
+  Tensor q = random_normal(dtype, {batch, local, heads, head_dim}, rng);
+  Tensor k = random_normal(dtype, {batch, local, kv_heads, head_dim}, rng);
+  Tensor v = random_normal(dtype, {batch, local, kv_heads, head_dim}, rng);
   AttentionInputs in;
   in.q = q;
   in.k = k;
   in.v = v;
 
+  // Everything the timed loop touches is allocated once: inputs (on the device for cuda), the carry
+  // and the outputs. One iteration = reset the carry, accumulate, finalize O and LSE.
+  const InputsCopy staged = job.on_device ? copy_inputs(in, MemoryKind::kCuda) : InputsCopy{};
+  const AttentionInputs& run_in = job.on_device ? staged.inputs : in;
+  validate_attention(run_in, params, pos, impl->max_head_dim());
+  Carry carry = Carry::empty(batch, heads, local, head_dim, job.memory());
+  Tensor o(dtype, {batch, local, heads, head_dim}, job.memory()), lse(DType::kF32, {batch, heads, local}, job.memory());
+  IterationTimer timer(job);
   std::vector<double> times, waits;
   for (int64_t it = 0; it < warmup + iters; ++it) {
     job.world.barrier();
-    double t0 = now_seconds();
-    impl->forward(in, params, pos);
-    double t = now_seconds() - t0;
-    double w = impl->name() == "ring" ? static_cast<const RingAttention&>(*impl).last_stats().wait_seconds : 0.0;
+    timer.start();
+    reset(carry, job.stream());
+    impl->accumulate(run_in, pos, params, carry);
+    finalize(carry, TensorView(), o, lse, job.stream());
+    double t = timer.stop_seconds();
+    double w = ring_wait_seconds(*impl);
     job.world.all_reduce(&t, 1, ReduceOp::kMax);
     job.world.all_reduce(&w, 1, ReduceOp::kMax);
     if (it >= warmup) {
@@ -83,13 +137,13 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     }
   }
   // The same N-1 exchanges with nothing to hide them behind.
-  const size_t block_bytes = k.view().nbytes() + v.view().nbytes();
-  std::vector<char> a(block_bytes), b(block_bytes);
+  const int64_t block_bytes = int64_t(k.view().nbytes() + v.view().nbytes());
+  Tensor a(DType::kU8, {block_bytes}, job.memory()), b(DType::kU8, {block_bytes}, job.memory());
   std::vector<double> comm_times;
   for (int64_t it = 0; it < std::max<int64_t>(iters, 3); ++it) {
     job.world.barrier();
     double t0 = now_seconds();
-    for (int s = 0; s + 1 < n; ++s) ctx.comm->ring_shift(a.data(), b.data(), block_bytes, s)->wait(ctx.step_timeout);
+    for (int s = 0; s + 1 < n; ++s) ctx.comm->ring_shift(a.data<char>(), b.data<char>(), size_t(block_bytes), s)->wait(ctx.step_timeout);
     double t = now_seconds() - t0;
     job.world.all_reduce(&t, 1, ReduceOp::kMax);
     comm_times.push_back(t);
@@ -97,7 +151,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const double time = median(times), wait = median(waits), comm = median(comm_times);
   double flops = 4.0 * batch * heads * double(seq) * double(seq) * head_dim / n;
   if (params.causal) flops /= 2;
-  const double hidden = comm > 0 ? std::clamp(1.0 - wait / comm, 0.0, 1.0) : 1.0;
+  // On the host, the exchange time the ring did not spend blocked was hidden behind compute. On GPUs the
+  // host waits while the device computes, so this measure does not apply (compare with one GPU instead).
+  const double hidden = job.on_device ? NAN : comm > 0 ? std::clamp(1.0 - wait / comm, 0.0, 1.0) : 1.0;
   if (rank == 0) {
     std::printf("#%11s %8s %6s %5s %8s %4s %4s %4s %5s %6s %10s %11s %12s %10s %7s\n", "impl", "backend", "ranks", "B",
                 "T", "Hq", "Hkv", "D", "dtype", "causal", "layout", "time(ms)", "GFLOP/s/rank", "comm(ms)", "hidden");
@@ -110,7 +166,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                             {"ranks", n}, {"batch", batch}, {"seq", seq}, {"heads", heads}, {"kv_heads", kv_heads},
                             {"head_dim", head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
                             {"layout", layout_name(ctx.layout)}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
-                            {"comm_s", comm}, {"hidden_fraction", hidden}, {"times_s", times}};
+                            {"comm_s", comm}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)}, {"times_s", times}};
       std::ofstream(json_path) << row.dump(2) << "\n";
     }
   }

@@ -9,6 +9,11 @@
 #include "launch/cli_options.h"
 #include "mesh/device_mesh.h"
 
+#if RA_HAVE_CUDA
+#include "collectives/nccl_communicator.h"
+#include "runtime/cuda_device.h"
+#endif
+
 namespace ra::cli {
 
 enum ExitCode : int { kOk = 0, kWrongResults = 1, kBadInput = 2, kRuntimeFailure = 3 };
@@ -19,13 +24,23 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi);
 int cmd_bench(int argc, char** argv, const MpiSession& mpi);
 
 // The world, the mesh over it and the sequence axis (a ring of one when the mesh has no sp axis).
+// With --backend cuda: one GPU per rank (local rank modulo the GPUs of the node), a compute stream,
+// and an NCCL communicator for the sequence axis bootstrapped over that axis' MPI communicator.
 struct Job {
-  explicit Job(const AttentionOptions& opts);
+  Job(const AttentionOptions& opts, const MpiSession& mpi);
   Communicator& sequence_axis() const;
+  MemoryKind memory() const { return on_device ? MemoryKind::kCuda : MemoryKind::kHost; }
+  void* stream() const;    // the compute stream (a cudaStream_t), nullptr on the host
+  void synchronize() const;  // waits for the compute stream
   MpiCommunicator world{MPI_COMM_WORLD};
   MeshShape shape;
   std::unique_ptr<DeviceMesh> mesh;
   mutable SelfCommunicator self;
+  bool on_device = false;
+#if RA_HAVE_CUDA
+  std::unique_ptr<CudaStream> compute;
+  std::unique_ptr<NcclCommunicator> nccl_sequence;
+#endif
 };
 
 // The implementation the options name, with the ring context filled in for `ring`.

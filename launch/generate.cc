@@ -11,7 +11,7 @@
 namespace ra::cli {
 namespace {
 
-void write(H5File& f, const char* name, const HostTensor& t) {
+void write(H5File& f, const char* name, const Tensor& t) {
   f.create_dataset(name, t.dtype(), t.shape());
   f.write(name, whole(t.shape()), t);
 }
@@ -59,13 +59,13 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
       write(f, "k", random_normal(dtype, {batch, kv_seq, kv_heads, head_dim}, rng));
       write(f, "v", random_normal(dtype, {batch, kv_seq, kv_heads, v_head_dim}, rng));
       if (with_mask) {
-        HostTensor m(DType::kU8, {1, 1, seq, kv_seq});
+        Tensor m(DType::kU8, {1, 1, seq, kv_seq});
         for (int64_t i = 0; i < m.numel(); ++i) m.data<uint8_t>()[i] = (rng() % 8) != 0;
         write(f, "mask", m);
       }
       if (with_bias) write(f, "bias", random_normal(DType::kF32, {1, heads, seq, kv_seq}, rng));
       if (segments > 0) {
-        HostTensor s(DType::kI32, {batch, seq});
+        Tensor s(DType::kI32, {batch, seq});
         for (int64_t i = 0; i < s.numel(); ++i) s.data<int32_t>()[i] = int32_t((i % seq) * segments / seq);
         write(f, "segment_ids", s);
       }

@@ -6,13 +6,41 @@
 namespace ra::cli {
 
 // `world` is declared before `shape`, so it exists here.
-Job::Job(const AttentionOptions& opts) : shape(MeshShape::parse(mesh_text(opts, world.size()))) {
+Job::Job(const AttentionOptions& opts, const MpiSession& mpi) : shape(MeshShape::parse(mesh_text(opts, world.size()))) {
   RA_CHECK(shape.size() == world.size(), "--mesh ", shape.str(), " has ", shape.size(), " ranks but the job has ",
            world.size(), " (mpirun -np ", world.size(), ")");
   mesh = std::make_unique<DeviceMesh>(shape, world);
+  on_device = parse_backend(opts.backend) == Backend::kCuda;
+  if (!on_device) return;
+#if RA_HAVE_CUDA
+  cuda_select_device(mpi.local_rank());
+  compute = std::make_unique<CudaStream>();
+  if (shape.has_axis("sp"))
+    nccl_sequence = std::make_unique<NcclCommunicator>(dynamic_cast<const MpiCommunicator&>(mesh->axis("sp")));
+#else
+  RA_FAIL("--backend cuda: this build of ringattn has no CUDA back end (configure with -DRA_ENABLE_CUDA=ON where nvcc is)");
+#endif
 }
 
-Communicator& Job::sequence_axis() const { return shape.has_axis("sp") ? mesh->axis("sp") : self; }
+Communicator& Job::sequence_axis() const {
+#if RA_HAVE_CUDA
+  if (nccl_sequence) return *nccl_sequence;
+#endif
+  return shape.has_axis("sp") ? mesh->axis("sp") : self;
+}
+
+void* Job::stream() const {
+#if RA_HAVE_CUDA
+  if (compute) return compute->get();
+#endif
+  return nullptr;
+}
+
+void Job::synchronize() const {
+#if RA_HAVE_CUDA
+  if (compute) compute->synchronize();
+#endif
+}
 
 std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job& job, int64_t q_len, int64_t kv_len,
                                          RingContext& ctx) {
@@ -26,7 +54,9 @@ std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job
   ctx.step_timeout = std::chrono::seconds(opts.timeout_s);
   RA_CHECK(name == "ring" || ctx.comm->size() == 1, "--impl ", name, " runs on one rank's whole sequence; the mesh's sp axis has ",
            ctx.comm->size(), " ranks: use --impl ring (or a mesh without sp)");
-  return registry.create(name, parse_backend(opts.backend), &ctx);
+  std::unique_ptr<AttentionImpl> impl = registry.create(name, parse_backend(opts.backend), &ctx);
+  impl->set_cuda_stream(job.stream());
+  return impl;
 }
 
 }  // namespace ra::cli

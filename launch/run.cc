@@ -6,6 +6,7 @@
 #include "launch/commands.h"
 #include "launch/sharded_io.h"
 #include "runtime/error.h"
+#include "runtime/memory.h"
 
 namespace ra::cli {
 
@@ -21,7 +22,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   add_attention_options(desc, opts);
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]")) return kOk;
   const AttentionParams params = to_params(opts);
-  Job job(opts);
+  Job job(opts, mpi);
   const int rank = job.world.rank();
 
   H5File file(input, H5File::Mode::kRead, job.world.comm());
@@ -34,8 +35,13 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   validate_attention(in, params, pos, impl->max_head_dim());  // before the first exchange
   job.world.barrier();
 
+  // The cuda backend reads device copies (through pinned staging by the CUDA runtime) and hands back
+  // host copies of O and LSE for the collective write.
   const auto t0 = std::chrono::steady_clock::now();
-  AttentionOutput out = impl->forward(in, params, pos);
+  const InputsCopy staged = job.on_device ? copy_inputs(in, MemoryKind::kCuda) : InputsCopy{};
+  AttentionOutput out = impl->forward(job.on_device ? staged.inputs : in, params, pos);
+  job.synchronize();
+  if (job.on_device) out = AttentionOutput{to_memory(out.o, MemoryKind::kHost), to_memory(out.lse, MemoryKind::kHost)};
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   job.world.all_reduce(&seconds, 1, ReduceOp::kMax);
 

@@ -50,7 +50,7 @@ int64_t run_rows(const std::vector<IndexRun>& runs) {
 }
 
 // mask / bias: (B|1, H|1, T|1, S|1) with rows by the query runs; size-1 dims are read whole.
-HostTensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p) {
+Tensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p) {
   DatasetInfo info = f.info(name);
   RA_CHECK(info.shape.rank == 4, where(f, name), " has rank ", info.shape.rank, ", expected 4 (batch, heads, q_len, kv_len)");
   const int64_t full[4] = {p.batch, p.q_heads, p.q_len, p.kv_len};
@@ -68,7 +68,7 @@ HostTensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p) 
   return f.read(name, sel, local);
 }
 
-HostTensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs) {
+Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs) {
   Selection sel;
   for (const IndexRun& r : runs) sel.push_back({{p.b_offset, r.start}, {p.b_count, r.count}, {1, r.stride}});
   return f.read("segment_ids", sel, {p.b_count, run_rows(runs)});
@@ -183,7 +183,7 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
   MPI_Barrier(comm);
 }
 
-void read_outputs(const H5File& f, const ShardPlan& p, HostTensor& o, HostTensor& lse) {
+void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse) {
   DatasetInfo oi = required(f, "o", 4, "(batch, q_len, q_heads, v_head_dim)");
   const Shape expect{p.batch, p.q_len, p.q_heads, p.v_head_dim};
   RA_CHECK(oi.shape == expect, where(f, "o"), " has shape ", oi.shape.str(), ", expected ", expect.str());

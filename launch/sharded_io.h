@@ -32,7 +32,7 @@ struct ShardPlan {
 ShardPlan plan_shards(const H5File& file, const MeshShape& mesh, int rank, SequenceLayout layout);
 
 struct LocalTensors {
-  HostTensor q, k, v, mask, bias, q_segment_ids, kv_segment_ids;
+  Tensor q, k, v, mask, bias, q_segment_ids, kv_segment_ids;
   AttentionInputs inputs() const;
 };
 // Reads this rank's slices; `whole_kv` reads all S rows of k / v instead (the verifier's reference).
@@ -44,6 +44,6 @@ void write_outputs(const std::string& path, const ShardPlan& plan, const TensorV
                    const std::map<std::string, std::string>& attributes, MPI_Comm comm, bool overwrite);
 
 // Reads this rank's slices of o and lse from an output file.
-void read_outputs(const H5File& file, const ShardPlan& plan, HostTensor& o, HostTensor& lse);
+void read_outputs(const H5File& file, const ShardPlan& plan, Tensor& o, Tensor& lse);
 
 }  // namespace ra::cli

@@ -22,13 +22,13 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]"))
     return kOk;
   const AttentionParams params = to_params(opts);
-  Job job(opts);
+  Job job(opts, mpi);
   const int rank = job.world.rank();
   H5File in_file(input, H5File::Mode::kRead, job.world.comm());
   H5File out_file(output, H5File::Mode::kRead, job.world.comm());
   ShardPlan plan = plan_shards(in_file, job.shape, rank, chosen_layout(opts));
   LocalTensors local = read_local(in_file, plan, /*whole_kv=*/true);
-  HostTensor o, lse;
+  Tensor o, lse;
   read_outputs(out_file, plan, o, lse);
 
   // This rank's queries against every key.

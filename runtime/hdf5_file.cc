@@ -154,7 +154,7 @@ DatasetInfo H5File::info(const std::string& dataset) const {
   return out;
 }
 
-HostTensor H5File::read(const std::string& dataset, const Selection& selection, const Shape& local_shape) const {
+Tensor H5File::read(const std::string& dataset, const Selection& selection, const Shape& local_shape) const {
   std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
   DatasetInfo meta = info(dataset);
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
@@ -169,13 +169,13 @@ HostTensor H5File::read(const std::string& dataset, const Selection& selection, 
 #ifdef H5_HAVE_PARALLEL
   if (collective_) H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
 #endif
-  HostTensor out(meta.dtype, local_shape);
+  Tensor out(meta.dtype, local_shape);
   RA_CHECK(H5Dread(ds, mem_type, mem_space, selected, dxpl, out.view().data()) >= 0, where,
            ": read failed (truncated or corrupted file?)");
   return out;
 }
 
-HostTensor H5File::read_all(const std::string& dataset) const {
+Tensor H5File::read_all(const std::string& dataset) const {
   Shape shape = info(dataset).shape;
   return read(dataset, whole(shape), shape);
 }

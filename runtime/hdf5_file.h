@@ -44,8 +44,8 @@ class H5File {
   bool has(const std::string& dataset) const;
   DatasetInfo info(const std::string& dataset) const;
   // Reads the selection (which covers `local_shape` elements) into a new host tensor of that shape.
-  HostTensor read(const std::string& dataset, const Selection& selection, const Shape& local_shape) const;
-  HostTensor read_all(const std::string& dataset) const;
+  Tensor read(const std::string& dataset, const Selection& selection, const Shape& local_shape) const;
+  Tensor read_all(const std::string& dataset) const;
 
   void create_dataset(const std::string& dataset, DType dtype, const Shape& global_shape);
   void write(const std::string& dataset, const Selection& selection, const TensorView& data);

@@ -8,6 +8,6 @@
 
 namespace ra {
 
-HostTensor random_normal(DType dtype, const Shape& shape, std::mt19937_64& rng, float stddev = 1.0f);
+Tensor random_normal(DType dtype, const Shape& shape, std::mt19937_64& rng, float stddev = 1.0f);
 
 }  // namespace ra

@@ -1,4 +1,4 @@
-// Shapes, strides, owning host tensors and numpy-style broadcasting of views.
+// Shapes, strides, owning tensors and numpy-style broadcasting of views.
 #include "runtime/tensor.h"
 
 #include <cstdlib>
@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/memory.h"
 
 namespace ra {
 
@@ -63,16 +64,14 @@ TensorView::TensorView(void* data, DType dtype, Shape shape, std::array<int64_t,
 
 bool TensorView::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
 
-void HostTensor::FreeAligned::operator()(void* p) const { std::free(p); }
+void Tensor::Release::operator()(void* p) const { release_bytes(p, memory); }
 
-HostTensor::HostTensor(DType dtype, Shape shape) {
-  size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-  RA_CHECK(p != nullptr, "host allocation of ", bytes, " bytes for a tensor of shape ", shape.str(), " failed");
-  std::memset(p, 0, rounded ? rounded : 64);
-  storage_.reset(p);
-  view_ = TensorView(p, dtype, shape);
+Tensor::Tensor(DType dtype, Shape shape, MemoryKind memory) {
+  const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+  void* p = allocate_bytes(bytes, memory, shape.str().c_str());
+  fill_zero_bytes(p, bytes, memory);
+  storage_ = std::unique_ptr<void, Release>(p, Release{memory});
+  view_ = TensorView(p, dtype, shape, memory);
 }
 
 TensorView narrow(const TensorView& view, int dim, int64_t start, int64_t length) {

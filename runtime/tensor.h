@@ -62,11 +62,12 @@ class TensorView {
   MemoryKind memory_ = MemoryKind::kHost;
 };
 
-// Owning, contiguous, 64-byte aligned host tensor (zero-initialised).
-class HostTensor {
+// Owning, contiguous, zero-initialised tensor in host memory (64-byte aligned) or CUDA device memory
+// (runtime/memory.h allocates; kCuda throws in a build without CUDA).
+class Tensor {
  public:
-  HostTensor() = default;
-  HostTensor(DType dtype, Shape shape);
+  Tensor() = default;
+  Tensor(DType dtype, Shape shape, MemoryKind memory = MemoryKind::kHost);
 
   TensorView view() const { return view_; }
   operator TensorView() const { return view_; }
@@ -78,10 +79,13 @@ class HostTensor {
   bool defined() const { return view_.defined(); }
 
  private:
-  struct FreeAligned {
+  struct Release {
+    Release() : memory(MemoryKind::kHost) {}
+    explicit Release(MemoryKind kind) : memory(kind) {}
+    MemoryKind memory;
     void operator()(void* p) const;
   };
-  std::unique_ptr<void, FreeAligned> storage_;
+  std::unique_ptr<void, Release> storage_;
   TensorView view_;
 };
 

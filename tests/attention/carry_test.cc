@@ -47,7 +47,7 @@ TEST(Carry, MergeWithEmptyIsExactBothWays) {
 TEST(Carry, MergeOfTwoEmptiesStaysEmptyWithoutNan) {
   Carry a = Carry::empty(1, 1, 3, 2);
   merge(a, Carry::empty(1, 1, 3, 2));
-  HostTensor o(DType::kF32, {1, 3, 1, 2}), lse(DType::kF32, {1, 1, 3});
+  Tensor o(DType::kF32, {1, 3, 1, 2}), lse(DType::kF32, {1, 1, 3});
   finalize(a, TensorView(), o, lse);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(o.data<float>()[i], 0.0f);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(lse.data<float>()[i], -INFINITY);
@@ -82,8 +82,8 @@ TEST_P(SplitMerge, BlocksMergedEqualSingleBlock) {
     impl->accumulate(slice_inputs(in, 0, 90, k0, nk, 141), slice_positions(pos, 0, 90, k0, nk), p.params(), part);
     merge(merged, part);
   }
-  HostTensor o1(DType::kF32, {1, 90, 4, 64}), o2(DType::kF32, {1, 90, 4, 64});
-  HostTensor l1(DType::kF32, {1, 4, 90}), l2(DType::kF32, {1, 4, 90});
+  Tensor o1(DType::kF32, {1, 90, 4, 64}), o2(DType::kF32, {1, 90, 4, 64});
+  Tensor l1(DType::kF32, {1, 4, 90}), l2(DType::kF32, {1, 4, 90});
   finalize(whole, in.sinks, o1, l1);
   finalize(merged, in.sinks, o2, l2);
   for (int64_t i = 0; i < o1.numel(); ++i) ASSERT_NEAR(o1.data<float>()[i], o2.data<float>()[i], 2e-6) << i;

@@ -56,7 +56,7 @@ TEST_P(ClosedForm, FirstCausalRowIsFirstValue) {
 
 TEST_P(ClosedForm, FullyMaskedRowIsZeroWithMinusInfLse) {
   Problem p(ProblemSpec{1, 20, 100, 2, 2, 32, 32});
-  HostTensor mask(DType::kU8, {1, 1, 20, 100});
+  Tensor mask(DType::kU8, {1, 1, 20, 100});
   std::fill(mask.data<uint8_t>(), mask.data<uint8_t>() + mask.numel(), uint8_t(1));
   std::fill(mask.data<uint8_t>() + 7 * 100, mask.data<uint8_t>() + 8 * 100, uint8_t(0));
   AttentionInputs in = p.inputs();

@@ -102,7 +102,7 @@ TEST_P(FlashIsa, MatchesF64Reference) {
     TokenPositions pos = TokenPositions::dense(97, 130);
     Carry carry = Carry::empty(2, 8, 97, 72);
     flash_accumulate_cpu(in, pos, p.params(), carry, isa);
-    HostTensor o(DType::kF32, {2, 97, 8, 72}), lse(DType::kF32, {2, 8, 97});
+    Tensor o(DType::kF32, {2, 97, 8, 72}), lse(DType::kF32, {2, 8, 97});
     finalize(carry, in.sinks, o, lse);
     Comparison cmp = compare(o, lse, reference_attention_f64(in, p.params(), pos),
                              output_tolerance(DType::kF32, max_abs_value(in.v)), kLseTolerance);

@@ -1,6 +1,9 @@
 // Ring attention under mpirun (run at 1, 2, 3 and 4 ranks): every rank builds the same global
 // problem, keeps its rows by the layout, runs `ring`, and compares its rows with the f64 reference
 // and with the single-process flash result. Pass / fail is agreed over all ranks.
+// With --backend=cuda (label gpu): one GPU per rank, the ring over NCCL, inputs and outputs staged
+// through device memory; the same cases, with v_head_dim = head_dim and 16-bit inputs for the
+// tensor-core kernel. Exits 77 (skipped) when no GPU is visible.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -10,24 +13,32 @@
 #include "attention/ring.h"
 #include "collectives/mpi_communicator.h"
 #include "collectives/mpi_session.h"
+#include "runtime/memory.h"
 #include "tests/support/problem.h"
+
+#if RA_HAVE_CUDA
+#include "collectives/nccl_communicator.h"
+#include "runtime/cuda_device.h"
+#endif
 
 namespace ra::test {
 namespace {
 
 MpiCommunicator* g_world = nullptr;
+Communicator* g_ring_comm = nullptr;  // the world over MPI, or over NCCL with --backend=cuda
+bool g_cuda = false;
 
 // Rows `idx` of dimension `dim` of a contiguous tensor, as a new contiguous tensor.
-HostTensor take(const HostTensor& t, int dim, const std::vector<int64_t>& idx) {
+Tensor take(const Tensor& t, int dim, const std::vector<int64_t>& idx) {
   if (!t.defined()) return {};
   Shape shape = t.shape();
   if (shape[dim] == 1) {  // broadcast dimension: keep it whole
-    HostTensor copy(t.dtype(), shape);
+    Tensor copy(t.dtype(), shape);
     std::memcpy(copy.view().data(), t.view().data(), t.view().nbytes());
     return copy;
   }
   shape[dim] = int64_t(idx.size());
-  HostTensor out(t.dtype(), shape);
+  Tensor out(t.dtype(), shape);
   const auto in_strides = contiguous_strides(t.shape());
   int64_t outer = 1, inner = in_strides[dim];
   for (int d = 0; d < dim; ++d) outer *= t.shape()[d];
@@ -55,15 +66,20 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   const RingCase& c = GetParam();
   const int n = g_world->size(), r = g_world->rank();
   ProblemSpec spec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, 64, 32, c.dtype, c.options, 42};
+  if (g_cuda) {
+    spec.v_head_dim = 64;
+    if (c.dtype == DType::kF32 && c.local_impl == "flash_attn2") spec.dtype = DType::kBF16;
+  }
+  const DType dtype = spec.dtype;
   Problem global(spec);
   const AttentionInputs g = global.inputs();
 
-  RingContext ctx{g_world, c.layout, c.q_len, c.kv_len, c.local_impl, std::chrono::milliseconds(30000)};
+  RingContext ctx{g_ring_comm, c.layout, c.q_len, c.kv_len, c.local_impl, std::chrono::milliseconds(30000)};
   const TokenPositions pos = ring_positions(ctx);
   std::vector<int64_t> q_rows = layout_indices(c.layout, c.q_len, n, r);
-  HostTensor q = take(global.q, 1, q_rows), k = take(global.k, 1, pos.k), v = take(global.v, 1, pos.k);
-  HostTensor bias = take(global.bias, 2, q_rows), mask = take(global.mask, 2, q_rows);
-  HostTensor qs = take(global.q_seg, 1, q_rows), ks = take(global.kv_seg, 1, pos.k);
+  Tensor q = take(global.q, 1, q_rows), k = take(global.k, 1, pos.k), v = take(global.v, 1, pos.k);
+  Tensor bias = take(global.bias, 2, q_rows), mask = take(global.mask, 2, q_rows);
+  Tensor qs = take(global.q_seg, 1, q_rows), ks = take(global.kv_seg, 1, pos.k);
   AttentionInputs in = g;
   in.q = q;
   in.k = k;
@@ -74,8 +90,15 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
     in.q_segment_ids = qs;
     in.kv_segment_ids = ks;
   }
-  auto ring = AttentionRegistry::builtin().create("ring", Backend::kCpu, &ctx);
-  AttentionOutput out = ring->forward(in, global.params(), pos);
+  AttentionOutput out;
+  if (g_cuda) {
+    const InputsCopy device_in = copy_inputs(in, MemoryKind::kCuda);
+    auto ring = AttentionRegistry::builtin().create("ring", Backend::kCuda, &ctx);
+    AttentionOutput device_out = ring->forward(device_in.inputs, global.params(), pos);
+    out = AttentionOutput{to_memory(device_out.o, MemoryKind::kHost), to_memory(device_out.lse, MemoryKind::kHost)};
+  } else {
+    out = AttentionRegistry::builtin().create("ring", Backend::kCpu, &ctx)->forward(in, global.params(), pos);
+  }
 
   // The reference for this rank's rows against every key.
   TokenPositions ref_pos = TokenPositions::dense(c.q_len, c.kv_len);
@@ -87,14 +110,14 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   ref_pos.q = pos.q;
   ReferenceOutput ref = reference_attention_f64(ref_in, global.params(), ref_pos);
   double scale = c.options.dropout ? 1.0 / (1.0 - global.params().dropout_prob) : 1.0;
-  Comparison cmp = compare(out.o, out.lse, ref, output_tolerance(c.dtype, max_abs_value(g.v) * scale), kLseTolerance);
+  Comparison cmp = compare(out.o, out.lse, ref, output_tolerance(dtype, max_abs_value(g.v) * scale), kLseTolerance);
 
   // Independence from the ring size: the single-process flash result on the same rows.
   AttentionOutput single = AttentionRegistry::builtin().create(c.local_impl, Backend::kCpu)->forward(ref_in, global.params(), ref_pos);
   double drift = 0;
   for (int64_t i = 0; i < out.o.numel(); ++i)
-    drift = std::max(drift, double(std::fabs(load_as_f32(out.o.view().data(), c.dtype, size_t(i)) -
-                                             load_as_f32(single.o.view().data(), c.dtype, size_t(i)))));
+    drift = std::max(drift, double(std::fabs(load_as_f32(out.o.view().data(), dtype, size_t(i)) -
+                                             load_as_f32(single.o.view().data(), dtype, size_t(i)))));
   int64_t counts[2] = {cmp.wrong, cmp.nan};
   g_world->all_reduce(counts, 2, ReduceOp::kSum);
   g_world->all_reduce(&drift, 1, ReduceOp::kMax);
@@ -102,7 +125,7 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   EXPECT_EQ(counts[0], 0) << "wrong elements summed over " << n << " ranks (rank " << r << ": max |err| "
                           << cmp.max_abs_error << ")";
   // Same inputs, different merge order: f32 rounding only (plus one rounding of a 16-bit output).
-  EXPECT_LE(drift, 4e-6 + 2 * dtype_unit_roundoff(c.dtype) * 8);
+  EXPECT_LE(drift, 4e-6 + 2 * dtype_unit_roundoff(dtype) * 8);
 }
 
 std::vector<RingCase> ring_cases() {
@@ -147,6 +170,23 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   ra::MpiCommunicator world(MPI_COMM_WORLD);
   ra::test::g_world = &world;
+  ra::test::g_ring_comm = &world;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--backend=cuda") ra::test::g_cuda = true;
+#if RA_HAVE_CUDA
+  std::unique_ptr<ra::NcclCommunicator> nccl;
+  if (ra::test::g_cuda) {
+    if (ra::cuda_device_count() == 0) {
+      if (world.rank() == 0) std::printf("ring_mpi_test --backend=cuda: no CUDA device, skipped\n");
+      return 77;
+    }
+    ra::cuda_select_device(mpi.local_rank());
+    nccl = std::make_unique<ra::NcclCommunicator>(world);
+    ra::test::g_ring_comm = nccl.get();
+  }
+#else
+  if (ra::test::g_cuda) return 77;
+#endif
   if (world.rank() != 0) {  // one rank prints; all ranks assert
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

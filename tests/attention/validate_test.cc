@@ -25,28 +25,28 @@ class BadInput : public testing::Test {
 };
 
 TEST_F(BadInput, MismatchedBatch) {
-  HostTensor k(DType::kF32, {3, 24, 2, 32});
+  Tensor k(DType::kF32, {3, 24, 2, 32});
   AttentionInputs in = p.inputs();
   in.k = k;
   EXPECT_EQ(error_of(in, p.params()), "k dimension 0 (batch) is 3, expected 2 (q's batch) (shape (3, 24, 2, 32))");
 }
 
 TEST_F(BadInput, MismatchedHeadDim) {
-  HostTensor k(DType::kF32, {2, 24, 2, 16});
+  Tensor k(DType::kF32, {2, 24, 2, 16});
   AttentionInputs in = p.inputs();
   in.k = k;
   EXPECT_NE(error_of(in, p.params()).find("k dimension 3 (head_dim) is 16, expected 32"), std::string::npos);
 }
 
 TEST_F(BadInput, ValueLengthDiffersFromKey) {
-  HostTensor v(DType::kF32, {2, 23, 2, 32});
+  Tensor v(DType::kF32, {2, 23, 2, 32});
   AttentionInputs in = p.inputs();
   in.v = v;
   EXPECT_NE(error_of(in, p.params()).find("v dimension 1 (kv_len) is 23, expected 24"), std::string::npos);
 }
 
 TEST_F(BadInput, QueryHeadsNotAMultipleOfKvHeads) {
-  HostTensor k(DType::kF32, {2, 24, 3, 32}), v(DType::kF32, {2, 24, 3, 32});
+  Tensor k(DType::kF32, {2, 24, 3, 32}), v(DType::kF32, {2, 24, 3, 32});
   AttentionInputs in = p.inputs();
   in.k = k;
   in.v = v;
@@ -55,7 +55,7 @@ TEST_F(BadInput, QueryHeadsNotAMultipleOfKvHeads) {
 }
 
 TEST_F(BadInput, UnsupportedHeadDim) {
-  HostTensor q(DType::kF32, {2, 16, 4, 300}), k(DType::kF32, {2, 24, 2, 300});
+  Tensor q(DType::kF32, {2, 16, 4, 300}), k(DType::kF32, {2, 24, 2, 300});
   AttentionInputs in = p.inputs();
   in.q = q;
   in.k = k;
@@ -63,14 +63,14 @@ TEST_F(BadInput, UnsupportedHeadDim) {
 }
 
 TEST_F(BadInput, MaskOfWrongShape) {
-  HostTensor mask(DType::kU8, {2, 1, 15, 24});
+  Tensor mask(DType::kU8, {2, 1, 15, 24});
   AttentionInputs in = p.inputs();
   in.mask = mask;
   EXPECT_NE(error_of(in, p.params()).find("mask dimension 2 is 15"), std::string::npos) << error_of(in, p.params());
 }
 
 TEST_F(BadInput, BiasOfWrongDtype) {
-  HostTensor bias(DType::kF16, {2, 4, 16, 24});
+  Tensor bias(DType::kF16, {2, 4, 16, 24});
   AttentionInputs in = p.inputs();
   in.bias = bias;
   EXPECT_NE(error_of(in, p.params()).find("bias has dtype f16, expected f32"), std::string::npos);
@@ -83,21 +83,21 @@ TEST_F(BadInput, NegativeWindow) {
 }
 
 TEST_F(BadInput, WrongRank) {
-  HostTensor q(DType::kF32, {16, 4, 32});
+  Tensor q(DType::kF32, {16, 4, 32});
   AttentionInputs in = p.inputs();
   in.q = q;
   EXPECT_NE(error_of(in, p.params()).find("q has rank 3"), std::string::npos);
 }
 
 TEST_F(BadInput, SegmentIdsOnOneSideOnly) {
-  HostTensor seg(DType::kI32, {2, 16});
+  Tensor seg(DType::kI32, {2, 16});
   AttentionInputs in = p.inputs();
   in.q_segment_ids = seg;
   EXPECT_NE(error_of(in, p.params()).find("segment ids need both"), std::string::npos);
 }
 
 TEST_F(BadInput, ErrorCarriesFileAndLine) {
-  HostTensor k(DType::kF32, {3, 24, 2, 32});
+  Tensor k(DType::kF32, {3, 24, 2, 32});
   AttentionInputs in = p.inputs();
   in.k = k;
   try {

@@ -17,7 +17,7 @@ TEST(Hdf5, RoundTripsEachDtype) {
   std::string path = temp_path("ra_hdf5_roundtrip.h5");
   std::vector<float> values{1.0f, -2.5f, 0.333f, 65504.0f, 1e-3f, -0.0f};
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    HostTensor t(dtype, {2, 3});
+    Tensor t(dtype, {2, 3});
     convert_from_f32(values.data(), t.view().data(), dtype, 6);
     {
       H5File f(path, H5File::Mode::kCreate);
@@ -30,7 +30,7 @@ TEST(Hdf5, RoundTripsEachDtype) {
     DatasetInfo info = f.info("x");
     EXPECT_EQ(info.dtype, dtype);
     EXPECT_EQ(info.shape, (Shape{2, 3}));
-    HostTensor back = f.read_all("x");
+    Tensor back = f.read_all("x");
     for (int i = 0; i < 6; ++i)
       EXPECT_EQ(load_as_f32(back.view().data(), dtype, size_t(i)), load_as_f32(t.view().data(), dtype, size_t(i)));
     EXPECT_EQ(f.string_attribute("note"), "hello");
@@ -40,7 +40,7 @@ TEST(Hdf5, RoundTripsEachDtype) {
 
 TEST(Hdf5, UnionOfHyperslabsReadsInFileOrder) {
   std::string path = temp_path("ra_hdf5_slabs.h5");
-  HostTensor t(DType::kI32, {2, 8});
+  Tensor t(DType::kI32, {2, 8});
   for (int i = 0; i < 16; ++i) t.data<int32_t>()[i] = i;
   {
     H5File f(path, H5File::Mode::kCreate);
@@ -50,10 +50,10 @@ TEST(Hdf5, UnionOfHyperslabsReadsInFileOrder) {
   H5File f(path, H5File::Mode::kRead);
   // Rows 1..2 and 6..7 of each batch (a zigzag pair of chunks), then a stride-4 selection (striped).
   Selection zigzag{{{0, 1}, {2, 2}, {1, 1}}, {{0, 6}, {2, 2}, {1, 1}}};
-  HostTensor z = f.read("x", zigzag, {2, 4});
+  Tensor z = f.read("x", zigzag, {2, 4});
   std::vector<int32_t> expect{1, 2, 6, 7, 9, 10, 14, 15};
   for (int i = 0; i < 8; ++i) EXPECT_EQ(z.data<int32_t>()[i], expect[size_t(i)]);
-  HostTensor s = f.read("x", {{{0, 3}, {2, 2}, {1, 4}}}, {2, 2});
+  Tensor s = f.read("x", {{{0, 3}, {2, 2}, {1, 4}}}, {2, 2});
   std::vector<int32_t> expect_s{3, 7, 11, 15};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(s.data<int32_t>()[i], expect_s[size_t(i)]);
   std::filesystem::remove(path);

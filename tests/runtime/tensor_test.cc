@@ -9,7 +9,7 @@ namespace ra {
 namespace {
 
 TEST(Tensor, ContiguousStridesAndNarrow) {
-  HostTensor t(DType::kF32, {2, 3, 4});
+  Tensor t(DType::kF32, {2, 3, 4});
   EXPECT_EQ(t.view().stride(0), 12);
   EXPECT_TRUE(t.view().is_contiguous());
   TensorView n = narrow(t, 1, 1, 2);
@@ -20,17 +20,17 @@ TEST(Tensor, ContiguousStridesAndNarrow) {
 }
 
 TEST(Tensor, BroadcastGivesZeroStrides) {
-  HostTensor t(DType::kF32, {1, 4, 1, 5});
+  Tensor t(DType::kF32, {1, 4, 1, 5});
   TensorView b = broadcast_to(t, Shape{2, 4, 3, 5}, "bias");
   EXPECT_EQ(b.stride(0), 0);
   EXPECT_EQ(b.stride(1), 5);
   EXPECT_EQ(b.stride(2), 0);
-  HostTensor low(DType::kF32, {3, 5});
+  Tensor low(DType::kF32, {3, 5});
   EXPECT_EQ(broadcast_to(low, Shape{2, 4, 3, 5}, "bias").stride(2), 5);
 }
 
 TEST(Tensor, BroadcastErrorNamesTensorAndDimension) {
-  HostTensor t(DType::kU8, {2, 1, 7, 5});
+  Tensor t(DType::kU8, {2, 1, 7, 5});
   try {
     broadcast_to(t, Shape{2, 4, 3, 5}, "mask");
     FAIL();

@@ -46,15 +46,15 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
   if (o.sinks) sinks = random_normal(DType::kF32, {Hq}, rng, 1.0f);
   if (o.bias) bias = random_normal(DType::kF32, {1, Hq, T, S}, rng, 1.0f);  // broadcast over batch
   if (o.mask) {
-    mask = HostTensor(DType::kU8, {B, 1, T, S});  // broadcast over heads
+    mask = Tensor(DType::kU8, {B, 1, T, S});  // broadcast over heads
     uint8_t* m = mask.data<uint8_t>();
     for (int64_t i = 0; i < mask.numel(); ++i) m[i] = (rng() % 5) != 0;
     // One fully masked query row per batch: it must come out as O = 0, LSE = -inf (or the sink).
     for (int64_t b = 0; b < B; ++b) std::fill(m + (b * T + T / 2) * S, m + (b * T + T / 2 + 1) * S, uint8_t(0));
   }
   if (o.segments) {  // packed sequences: sorted ids with random lengths, aligned to the end for T != S
-    q_seg = HostTensor(DType::kI32, {B, T});
-    kv_seg = HostTensor(DType::kI32, {B, S});
+    q_seg = Tensor(DType::kI32, {B, T});
+    kv_seg = Tensor(DType::kI32, {B, S});
     for (int64_t b = 0; b < B; ++b) {
       std::vector<int64_t> cu{0};
       while (cu.back() < S) cu.push_back(std::min<int64_t>(S, cu.back() + 1 + int64_t(rng() % uint64_t(S / 3 + 1))));

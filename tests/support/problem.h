@@ -34,7 +34,7 @@ class Problem {
   AttentionParams& params() { return params_; }
   const ProblemSpec& spec() const { return spec_; }
 
-  HostTensor q, k, v, bias, mask, sinks, q_seg, kv_seg;
+  Tensor q, k, v, bias, mask, sinks, q_seg, kv_seg;
 
  private:
   ProblemSpec spec_;

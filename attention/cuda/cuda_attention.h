@@ -1,0 +1,34 @@
+// The base of the CUDA implementations: work runs on one stream (the caller's, or the legacy default
+// stream), and a second entry point takes token positions already on the device, which the GPU ring
+// uses to avoid a host round trip per step.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "attention/attention_impl.h"
+#include "attention/cuda/cuda_inputs.h"
+
+namespace ra {
+
+class CudaAttentionImpl : public AttentionImpl {
+ public:
+  Backend backend() const override { return Backend::kCuda; }
+  void set_cuda_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  void* cuda_stream() const override { return stream_; }
+
+  // Uploads the positions, then accumulate_device.
+  void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                  Carry& carry) const override;
+
+  // Throws (naming the tensor, the dimension and an implementation that can) when these inputs are
+  // beyond this kernel; cheap, host-only, and called before any device work.
+  virtual void check_supported(const AttentionInputs& in, const AttentionParams& params) const {}
+  virtual void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                                 Carry& carry) const = 0;
+
+ protected:
+  cudaStream_t stream_ = nullptr;
+  mutable DevicePositionBuffer positions_;
+};
+
+}  // namespace ra

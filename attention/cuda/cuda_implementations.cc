@@ -1,0 +1,57 @@
+// The CUDA implementations as registry entries: flash_attn2 (tensor cores) and sdpa (cuBLAS).
+#include "attention/cuda/cuda_attention.h"
+#include "attention/cuda/flash_cuda.h"
+#include "attention/cuda/ring_cuda.h"
+#include "attention/cuda/sdpa_cuda.h"
+#include "attention/registry.h"
+#include "runtime/error.h"
+
+namespace ra {
+
+void CudaAttentionImpl::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                                   Carry& carry) const {
+  check_supported(in, params);
+  accumulate_device(in, positions_.upload(pos, stream_), params, carry);
+}
+
+namespace {
+
+class FlashCuda final : public CudaAttentionImpl {
+ public:
+  std::string_view name() const override { return "flash_attn2"; }
+  int64_t max_head_dim() const override { return 128; }
+  void check_supported(const AttentionInputs& in, const AttentionParams&) const override {
+    check_flash_cuda_supported(in);
+  }
+  void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                         Carry& carry) const override {
+    flash_accumulate_cuda(make_cuda_args(in, pos, params, carry), in.q.dtype(), stream_);
+  }
+};
+
+class SdpaCuda final : public CudaAttentionImpl {
+ public:
+  std::string_view name() const override { return "sdpa"; }
+  void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                         Carry& carry) const override {
+    runner_.accumulate(in, make_cuda_args(in, pos, params, carry), stream_);
+  }
+
+ private:
+  SdpaCudaRunner runner_;
+};
+
+}  // namespace
+
+void register_cuda_implementations(AttentionRegistry& registry) {
+  registry.register_impl({"flash_attn2", "flash", "flash_attention"}, Backend::kCuda,
+                         [](const RingContext*) { return std::make_unique<FlashCuda>(); });
+  registry.register_impl({"sdpa", "scaled_dot_product_attention", "vanilla"}, Backend::kCuda,
+                         [](const RingContext*) { return std::make_unique<SdpaCuda>(); });
+  registry.register_impl({"ring", "ring_attention"}, Backend::kCuda, [](const RingContext* ctx) {
+    RA_CHECK(ctx != nullptr, "attention implementation 'ring' needs a RingContext (communicator, layout, lengths)");
+    return std::make_unique<RingAttentionCuda>(*ctx);
+  });
+}
+
+}  // namespace ra

@@ -1,0 +1,84 @@
+// Host side of the CUDA kernels' arguments.
+#include "attention/cuda/cuda_inputs.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "attention/attention_impl.h"
+#include "runtime/cuda_device.h"
+
+namespace ra {
+namespace {
+
+DeviceView4 device_view(const TensorView& t, const char* name) {
+  DeviceView4 out;
+  if (!t.defined()) return out;
+  RA_CHECK(t.memory() == MemoryKind::kCuda, name, " is in host memory; the cuda backend needs every tensor in "
+           "device memory (copy it with ra::to_memory(view, MemoryKind::kCuda))");
+  out.data = t.data();
+  for (int i = 0; i < t.rank(); ++i) out.stride[i] = t.stride(i);
+  return out;
+}
+
+}  // namespace
+
+CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
+                                 Carry& carry) {
+  CudaAttentionArgs a;
+  a.q = device_view(in.q, "q");
+  a.k = device_view(in.k, "k");
+  a.v = device_view(in.v, "v");
+  const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
+  if (in.bias.defined()) a.bias = device_view(broadcast_to(in.bias, full, "bias"), "bias");
+  if (in.mask.defined()) a.mask = device_view(broadcast_to(in.mask, full, "mask"), "mask");
+  a.q_segment_ids = device_view(in.q_segment_ids, "q_segment_ids");
+  a.kv_segment_ids = device_view(in.kv_segment_ids, "kv_segment_ids");
+  RA_CHECK(carry.numerator.view().memory() == MemoryKind::kCuda, "the carry is in host memory; the cuda backend "
+           "needs Carry::empty(..., MemoryKind::kCuda)");
+  a.pos = pos;
+  a.batch = int(in.q.dim(0));
+  a.q_len = int(in.q.dim(1));
+  a.q_heads = int(in.q.dim(2));
+  a.head_dim = int(in.q.dim(3));
+  a.kv_len = int(in.k.dim(1));
+  a.kv_heads = int(in.k.dim(2));
+  a.value_dim = int(in.v.dim(3));
+  a.scale = effective_scale(p, in.q.dim(3));
+  a.soft_cap = p.logits_soft_cap;
+  a.dropout_prob = p.dropout_prob;
+  a.dropout_seed = p.dropout_seed;
+  a.causal = p.causal;
+  a.window_left = p.window_left;
+  a.window_right = p.window_right;
+  a.numerator = carry.numerator.data<float>();
+  a.denominator = carry.denominator.data<float>();
+  a.max = carry.max.data<float>();
+  return a;
+}
+
+DevicePositionBuffer::~DevicePositionBuffer() {
+  if (device_) (void)cudaFree(device_);
+  if (staging_) (void)cudaFreeHost(staging_);
+}
+
+DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStream_t stream) {
+  const size_t count = pos.q.size() + pos.k.size();
+  if (count > capacity_) {
+    // The previous contents may still be read by queued work: wait for it before freeing.
+    RA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (device_) RA_CUDA_CHECK(cudaFree(device_));
+    if (staging_) RA_CUDA_CHECK(cudaFreeHost(staging_));
+    capacity_ = std::max<size_t>(count, 1024);
+    device_ = static_cast<int64_t*>(cuda_allocate(capacity_ * sizeof(int64_t), "token positions"));
+    RA_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), capacity_ * sizeof(int64_t)));
+  } else {
+    // The staging area may still be the source of the previous call's copy.
+    RA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  std::memcpy(staging_, pos.q.data(), pos.q.size() * sizeof(int64_t));
+  std::memcpy(staging_ + pos.q.size(), pos.k.data(), pos.k.size() * sizeof(int64_t));
+  RA_CUDA_CHECK(cudaMemcpyAsync(device_, staging_, count * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+  return DevicePositions{device_, device_ + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end())};
+}
+
+}  // namespace ra

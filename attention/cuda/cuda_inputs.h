@@ -1,0 +1,65 @@
+// What the CUDA kernels read: raw device pointers with element strides, and token positions already
+// on the device. Built once per call on the host (cuda_inputs.cc) from validated AttentionInputs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "attention/carry.h"
+#include "attention/inputs.h"
+#include "attention/params.h"
+
+namespace ra {
+
+// Token positions in device memory (int64, as in TokenPositions).
+struct DevicePositions {
+  const int64_t* q = nullptr;  // T entries: key-axis position of each local query row
+  const int64_t* k = nullptr;  // S entries: global index of each local key row
+  int64_t total_keys = 0;
+  bool keys_sorted = false;    // k ascending: a tile's key range is its first and last entry
+};
+
+// A strided 4-D device view (unused dims have stride 0).
+struct DeviceView4 {
+  const void* data = nullptr;
+  int64_t stride[4] = {0, 0, 0, 0};
+};
+
+struct CudaAttentionArgs {
+  DeviceView4 q, k, v;             // (B, T, Hq, D), (B, S, Hkv, D), (B, S, Hkv, Dv); last stride 1
+  DeviceView4 bias, mask;          // broadcast to (B, Hq, T, S_total); data null when absent
+  DeviceView4 q_segment_ids, kv_segment_ids;  // (B, T), (B, S) in dims 0 and 1
+  DevicePositions pos;
+  int batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
+  float scale = 1.0f, soft_cap = 0.0f, dropout_prob = 0.0f;
+  uint64_t dropout_seed = 0;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  float* numerator = nullptr;      // the carry, (B, Hq, T, Dv) and (B, Hq, T) f32
+  float* denominator = nullptr;
+  float* max = nullptr;
+};
+
+// Checks that every tensor of `in` and the carry live in CUDA memory (naming the first that does not)
+// and fills the arguments. `pos` must already be on the device.
+CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                                 Carry& carry);
+
+// Device copies of host positions, reused across calls (grows as needed).
+class DevicePositionBuffer {
+ public:
+  DevicePositionBuffer() = default;
+  ~DevicePositionBuffer();
+  DevicePositionBuffer(const DevicePositionBuffer&) = delete;
+  DevicePositionBuffer& operator=(const DevicePositionBuffer&) = delete;
+  // Copies on `stream` from a pinned staging area; the result is valid for work queued on `stream`.
+  DevicePositions upload(const TokenPositions& pos, cudaStream_t stream);
+
+ private:
+  int64_t* device_ = nullptr;
+  int64_t* staging_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+}  // namespace ra

@@ -1,0 +1,474 @@
+// FlashAttention-2 style forward on tensor cores. One block of 4 warps owns 128 query rows of one
+// (batch, head); each warp owns 32 rows (two 16-row MMA tiles that share every K and V fragment). K/V tiles of 64 keys stream through double-buffered shared
+// memory (cp.async), S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, and P
+// never leaves registers (the accumulator layout of S is the operand layout of P). With sorted key
+// positions (every layout) the visible tiles are one interval found by binary search, so tiles no
+// query can see are never loaded; tiles that every query of a warp sees take a path without
+// per-element masking.
+#include "attention/cuda/flash_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attention/block_schedule.h"
+#include "attention/online_softmax.h"
+#include "runtime/cuda_device.h"
+
+namespace ra {
+namespace {
+
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kMTiles = 2;                      // 16-row MMA tiles per warp: 32 rows per warp
+constexpr int kBlockM = kWarps * 16 * kMTiles;  // 128 query rows per block
+constexpr int kBlockN = 64;                     // keys per K/V tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared-memory tiles are rows of D 16-bit values cut into 16-byte chunks; chunk c of row r is stored
+// at c ^ (r % 8) so that the 8 row addresses of one ldmatrix land in 8 different bank groups.
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, zero-filled when `valid` is false (rows past the end).
+__device__ __forceinline__ void copy_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ int64_t warp_min(int64_t x) {
+  for (int o = 16; o > 0; o >>= 1) x = min(x, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, x, o)));
+  return x;
+}
+__device__ __forceinline__ int64_t warp_max(int64_t x) {
+  for (int o = 16; o > 0; o >>= 1) x = max(x, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, x, o)));
+  return x;
+}
+
+// The range of key positions of tile `t`: its first and last entry when keys are sorted, else a
+// scan by the warp (every warp computes the same, so no synchronisation is needed).
+__device__ __forceinline__ void tile_key_range(const CudaAttentionArgs& a, int t, int lane, int64_t& lo, int64_t& hi) {
+  const int n0 = t * kBlockN;
+  if (a.pos.keys_sorted) {
+    lo = a.pos.k[n0];
+    hi = a.pos.k[min(n0 + kBlockN, a.kv_len) - 1];
+    return;
+  }
+  lo = INT64_MAX;
+  hi = INT64_MIN;
+  for (int j = lane; j < kBlockN; j += 32)
+    if (n0 + j < a.kv_len) {
+      const int64_t p = a.pos.k[n0 + j];
+      lo = min(lo, p);
+      hi = max(hi, p);
+    }
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+}
+
+// The tiles [first, last] that can hold a key visible to a query in [q_lo, q_hi]. With sorted keys
+// the visible tiles are one interval (the mask is monotone in the key position): two binary searches.
+__device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t q_hi, int& first, int& last) {
+  const int num_tiles = (a.kv_len + kBlockN - 1) / kBlockN;
+  first = 0;
+  last = num_tiles - 1;
+  if (!a.pos.keys_sorted) return;
+  if (a.window_left >= 0) {  // first tile whose last key >= q_lo - left
+    const int64_t bound = q_lo - a.window_left;
+    int lo = 0, hi = num_tiles;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (a.pos.k[min((mid + 1) * kBlockN, a.kv_len) - 1] >= bound) hi = mid;
+      else lo = mid + 1;
+    }
+    first = lo;
+  }
+  int64_t limit = INT64_MAX;
+  if (a.causal) limit = q_hi;
+  if (a.window_right >= 0) limit = min(limit, q_hi + a.window_right);
+  if (limit != INT64_MAX) {  // last tile whose first key <= limit
+    int lo = -1, hi = num_tiles - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (a.pos.k[mid * kBlockN] <= limit) lo = mid;
+      else hi = mid - 1;
+    }
+    last = lo;
+  }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b, int kh, int row0, int rows_total,
+                                          int tid) {
+  constexpr int kChunks = D / 8;
+  const T* base = static_cast<const T*>(src.data) + b * src.stride[0] + kh * src.stride[2];
+#pragma unroll
+  for (int i = tid; i < kBlockN * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = row0 + r < rows_total;
+    const T* g = base + int64_t(valid ? row0 + r : 0) * src.stride[1] + c * 8;
+    copy_16(dst + swizzled<D>(r, c), g, valid);
+  }
+}
+
+// The logits of one 16 x 64 S tile with every option applied, in log2 units; -inf where not visible.
+// Without kExtras only positions (causal, window) and the sequence ends mask; kExtras adds segment
+// ids, the mask and bias tensors and the soft cap (a separate kernel, to keep the plain one lean).
+template <bool kExtras>
+__device__ __forceinline__ void mask_tile(const CudaAttentionArgs& a, float (&s)[kBlockN / 8][4], int n0, int lane,
+                                          int b, int h, int row0, float scale_log2) {
+  const int64_t qpos0 = row0 < a.q_len ? a.pos.q[row0] : 0, qpos1 = row0 + 8 < a.q_len ? a.pos.q[row0 + 8] : 0;
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
+      const int row = row0 + (e < 2 ? 0 : 8);
+      const int64_t qpos = e < 2 ? qpos0 : qpos1;
+      float x = -INFINITY;
+      if (col < a.kv_len && row < a.q_len) {
+        const int64_t kpos = a.pos.k[col];
+        bool visible = position_visible(qpos, kpos, a.causal, a.window_left, a.window_right);
+        if (!kExtras) {
+          s[j][e] = visible ? s[j][e] * scale_log2 : -INFINITY;
+          continue;
+        }
+        if (visible && a.q_segment_ids.data)
+          visible = static_cast<const int32_t*>(a.q_segment_ids.data)[b * a.q_segment_ids.stride[0] + row * a.q_segment_ids.stride[1]] ==
+                    static_cast<const int32_t*>(a.kv_segment_ids.data)[b * a.kv_segment_ids.stride[0] + col * a.kv_segment_ids.stride[1]];
+        if (visible && a.mask.data)
+          visible = static_cast<const uint8_t*>(a.mask.data)[b * a.mask.stride[0] + h * a.mask.stride[1] +
+                                                              row * a.mask.stride[2] + kpos * a.mask.stride[3]] != 0;
+        if (visible) {
+          float logit = s[j][e] * a.scale;
+          if (a.soft_cap > 0.0f) logit = a.soft_cap * tanhf(logit / a.soft_cap);
+          if (a.bias.data)
+            logit += static_cast<const float*>(a.bias.data)[b * a.bias.stride[0] + h * a.bias.stride[1] +
+                                                             row * a.bias.stride[2] + kpos * a.bias.stride[3]];
+          x = logit * kLog2e;
+        }
+      }
+      s[j][e] = x;
+    }
+}
+
+// Dropout on the probabilities of one 16 x 64 tile (kept ones scaled by 1 / (1 - p)); out of line.
+__device__ __forceinline__ void drop_tile(const CudaAttentionArgs& a, float (&s)[kBlockN / 8][4], int n0, int lane, int b,
+                                       int h, int row0, float keep_scale) {
+  for (int j = 0; j < kBlockN / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1), row = row0 + (e < 2 ? 0 : 8);
+      if (col >= a.kv_len || row >= a.q_len) continue;
+      const float u = dropout_uniform(a.dropout_seed, b, h, a.pos.q[row], a.pos.k[col]);
+      s[j][e] = u < a.dropout_prob ? 0.0f : s[j][e] * keep_scale;
+    }
+}
+
+template <typename T, int D, bool kExtras>
+__global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAttentionArgs a) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* q_smem = reinterpret_cast<T*>(smem_raw);
+  T* k_smem = q_smem + kBlockM * D;      // two buffers of kBlockN x D
+  T* v_smem = k_smem + 2 * kBlockN * D;  // two buffers of kBlockN x D
+  __shared__ int64_t warp_q_lo[kWarps], warp_q_hi[kWarps];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int m0 = blockIdx.x * kBlockM, h = blockIdx.y, b = blockIdx.z;
+  const int kh = h / (a.q_heads / a.kv_heads);
+  constexpr int kTilesD = D / 8;
+
+  // Q tile -> shared memory (read back as MMA operands on every K tile: registers are for O and S).
+  {
+    constexpr int kChunks = D / 8;
+    const T* base = static_cast<const T*>(a.q.data) + b * a.q.stride[0] + h * a.q.stride[2];
+    for (int i = tid; i < kBlockM * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const bool valid = m0 + r < a.q_len;
+      copy_16(q_smem + swizzled<D>(r, c), base + int64_t(valid ? m0 + r : 0) * a.q.stride[1] + c * 8, valid);
+    }
+    copy_commit();
+  }
+  // This thread's rows: m-tile t, half i -> row m0 + warp * 32 + t * 16 + i * 8 + lane / 4.
+  const int warp_row0 = m0 + warp * 16 * kMTiles;
+  {
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = warp_row0 + t * 16 + i * 8 + lane / 4;
+        if (row < a.q_len) lo = min(lo, a.pos.q[row]), hi = max(hi, a.pos.q[row]);
+      }
+    lo = warp_min(lo);
+    hi = warp_max(hi);
+    if (lane == 0) warp_q_lo[warp] = lo, warp_q_hi[warp] = hi;
+  }
+  __syncthreads();
+  int64_t block_q_lo = INT64_MAX, block_q_hi = INT64_MIN;
+  for (int w = 0; w < kWarps; ++w) block_q_lo = min(block_q_lo, warp_q_lo[w]), block_q_hi = max(block_q_hi, warp_q_hi[w]);
+  const int64_t my_q_lo = warp_q_lo[warp], my_q_hi = warp_q_hi[warp];
+  const bool warp_active = my_q_lo <= my_q_hi;  // false for warps wholly past q_len
+
+  // The carry in. The denominator sits on the quad's first lane only (partial sums are added at the end).
+  float o_acc[kMTiles][kTilesD][4];
+  float m_row[kMTiles][2], l_row[kMTiles][2];
+  const int64_t carry_row0 = (int64_t(b) * a.q_heads + h) * a.q_len;
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = warp_row0 + t * 16 + i * 8 + lane / 4;
+      const bool valid = row < a.q_len;
+      const float m = valid ? a.max[carry_row0 + row] : -INFINITY;
+      m_row[t][i] = m == -INFINITY ? -INFINITY : m * kLog2e;  // log2 units inside the kernel
+      l_row[t][i] = valid && lane % 4 == 0 ? a.denominator[carry_row0 + row] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kTilesD; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        const float2 v = valid ? *reinterpret_cast<const float2*>(a.numerator + (carry_row0 + row) * D + col) : float2{0, 0};
+        o_acc[t][j][2 * i] = v.x;
+        o_acc[t][j][2 * i + 1] = v.y;
+      }
+    }
+
+  const float scale_log2 = a.scale * kLog2e;
+  const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
+
+  int first, last;
+  visible_tiles(a, block_q_lo, block_q_hi, first, last);
+  if (first <= last) {
+    load_tile<T, D>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
+    load_tile<T, D>(v_smem, a.v, b, kh, first * kBlockN, a.kv_len, tid);
+  }
+  copy_commit();
+  int64_t k_lo = 0, k_hi = 0;
+  if (first <= last) tile_key_range(a, first, lane, k_lo, k_hi);
+
+  int buffer = 0;
+  for (int tile = first; tile <= last; ++tile) {
+    // The next tile's key range, loaded now and used on the next iteration (its latency hides here).
+    int64_t next_lo = 0, next_hi = 0;
+    if (tile < last && a.pos.keys_sorted) tile_key_range(a, tile + 1, lane, next_lo, next_hi);
+    copy_wait_all();
+    __syncthreads();  // this tile (and Q) visible to all; everyone is done with the other buffer
+    if (tile < last) {
+      load_tile<T, D>(k_smem + (1 - buffer) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
+      load_tile<T, D>(v_smem + (1 - buffer) * kBlockN * D, a.v, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
+    }
+    copy_commit();
+
+    const int n0 = tile * kBlockN;
+    const T* k_tile = k_smem + buffer * kBlockN * D;
+    const T* v_tile = v_smem + buffer * kBlockN * D;
+    const BlockKind kind = warp_active ? classify_block(my_q_lo, my_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right)
+                                       : BlockKind::kSkip;
+    if (kind != BlockKind::kSkip) {
+      // S = Q K^T for this warp's 32 rows x 64 keys; each K fragment feeds both m-tiles.
+      float s[kMTiles][kBlockN / 8][4];
+#pragma unroll
+      for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) s[t][j][0] = s[t][j][1] = s[t][j][2] = s[t][j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qf[kMTiles][4];
+#pragma unroll
+        for (int t = 0; t < kMTiles; ++t) {
+          const int mi = lane / 8, r = warp * 16 * kMTiles + t * 16 + (mi % 2) * 8 + lane % 8, c = kk * 2 + mi / 2;
+          ldmatrix_x4(qf[t], q_smem + swizzled<D>(r, c));
+        }
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; j += 2) {
+          uint32_t kf[4];
+          const int mi = lane / 8, r = (j + mi / 2) * 8 + lane % 8, c = kk * 2 + mi % 2;
+          ldmatrix_x4(kf, k_tile + swizzled<D>(r, c));
+#pragma unroll
+          for (int t = 0; t < kMTiles; ++t) {
+            mma_16816<T>(s[t][j], qf[t], kf[0], kf[1]);
+            mma_16816<T>(s[t][j + 1], qf[t], kf[2], kf[3]);
+          }
+        }
+      }
+      const bool masked = kind == BlockKind::kPartial || kExtras || n0 + kBlockN > a.kv_len;
+#pragma unroll
+      for (int t = 0; t < kMTiles; ++t) {
+        if (!masked) {
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[t][j][e] *= scale_log2;
+        } else {
+          mask_tile<kExtras>(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4, scale_log2);
+        }
+        // Online softmax per row: new running max, rescale, exponentiate.
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float tile_max = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[t][j][2 * i], s[t][j][2 * i + 1]));
+          tile_max = quad_max(tile_max);
+          const float m_new = fmaxf(m_row[t][i], tile_max);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: exp2(-inf - 0) = 0
+          const float alpha = exp2f(m_row[t][i] - m_use);
+          m_row[t][i] = m_new;
+          float sum = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+            for (int e = 2 * i; e < 2 * i + 2; ++e) {
+              const float p = exp2f(s[t][j][e] - m_use);
+              sum += p;
+              s[t][j][e] = p;
+            }
+          l_row[t][i] = l_row[t][i] * alpha + sum;
+#pragma unroll
+          for (int j = 0; j < kTilesD; ++j) {
+            o_acc[t][j][2 * i] *= alpha;
+            o_acc[t][j][2 * i + 1] *= alpha;
+          }
+        }
+        if (kExtras && a.dropout_prob > 0.0f) drop_tile(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4, keep_scale);
+      }
+      // O += P V: P from the S accumulators, V through a transposing ldmatrix that feeds both m-tiles.
+#pragma unroll
+      for (int kc = 0; kc < kBlockN / 16; ++kc) {
+        uint32_t pf[kMTiles][4];
+#pragma unroll
+        for (int t = 0; t < kMTiles; ++t) {
+          pf[t][0] = pack2<T>(s[t][2 * kc][0], s[t][2 * kc][1]);
+          pf[t][1] = pack2<T>(s[t][2 * kc][2], s[t][2 * kc][3]);
+          pf[t][2] = pack2<T>(s[t][2 * kc + 1][0], s[t][2 * kc + 1][1]);
+          pf[t][3] = pack2<T>(s[t][2 * kc + 1][2], s[t][2 * kc + 1][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < kTilesD; j += 2) {
+          uint32_t vf[4];
+          const int mi = lane / 8, r = kc * 16 + (mi % 2) * 8 + lane % 8, c = j + mi / 2;
+          ldmatrix_x4_trans(vf, v_tile + swizzled<D>(r, c));
+#pragma unroll
+          for (int t = 0; t < kMTiles; ++t) {
+            mma_16816<T>(o_acc[t][j], pf[t], vf[0], vf[1]);
+            mma_16816<T>(o_acc[t][j + 1], pf[t], vf[2], vf[3]);
+          }
+        }
+      }
+    }
+    if (tile < last) {
+      if (a.pos.keys_sorted) k_lo = next_lo, k_hi = next_hi;
+      else tile_key_range(a, tile + 1, lane, k_lo, k_hi);
+    }
+    buffer = 1 - buffer;
+  }
+  copy_wait_all();
+
+  // The carry out.
+#pragma unroll
+  for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = warp_row0 + t * 16 + i * 8 + lane / 4;
+      const float l = quad_sum(l_row[t][i]);
+      if (row >= a.q_len) continue;
+      if (lane % 4 == 0) {
+        a.denominator[carry_row0 + row] = l;
+        a.max[carry_row0 + row] = m_row[t][i] == -INFINITY ? -INFINITY : m_row[t][i] / kLog2e;
+      }
+#pragma unroll
+      for (int j = 0; j < kTilesD; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(a.numerator + (carry_row0 + row) * D + col) = float2{o_acc[t][j][2 * i], o_acc[t][j][2 * i + 1]};
+      }
+    }
+}
+
+template <typename T, int D>
+void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
+  const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
+  const bool extras = a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
+  auto kernel = extras ? flash_forward_kernel<T, D, true> : flash_forward_kernel<T, D, false>;
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
+  kernel<<<grid, kThreads, smem, stream>>>(a);
+  RA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void check_flash_cuda_supported(const AttentionInputs& in) {
+  const DType dt = in.q.dtype();
+  RA_CHECK(dt == DType::kF16 || dt == DType::kBF16, "q has dtype ", dtype_name(dt),
+           ": the cuda flash_attn2 kernel takes f16 or bf16 (tensor cores); use --impl sdpa for f32 on cuda");
+  for (auto [t, name] : {std::pair{&in.k, "k"}, std::pair{&in.v, "v"}})
+    RA_CHECK(t->dtype() == dt, name, " has dtype ", dtype_name(t->dtype()), ", expected q's ", dtype_name(dt));
+  const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
+  RA_CHECK((D == 64 || D == 128) && Dv == D, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ", Dv,
+           ": the cuda flash_attn2 kernel supports head_dim 64 or 128 with v_head_dim equal to it; use --impl sdpa");
+  for (auto [t, name] : {std::pair{&in.q, "q"}, std::pair{&in.k, "k"}, std::pair{&in.v, "v"}}) {
+    const bool aligned = t->stride(3) == 1 && t->stride(1) % 8 == 0 && t->stride(0) % 8 == 0 && t->stride(2) % 8 == 0 &&
+                         reinterpret_cast<uintptr_t>(t->data()) % 16 == 0;
+    RA_CHECK(aligned, name, " must have a contiguous last dimension and 16-byte aligned rows for the cuda "
+             "flash_attn2 kernel (strides ", t->stride(0), ", ", t->stride(1), ", ", t->stride(2), ", ", t->stride(3), ")");
+  }
+}
+
+void flash_accumulate_cuda(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
+  if (a.q_len == 0 || a.kv_len == 0) return;
+  const bool bf16 = dtype == DType::kBF16;
+  if (a.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(a, stream) : launch<__half, 64>(a, stream);
+  else bf16 ? launch<__nv_bfloat16, 128>(a, stream) : launch<__half, 128>(a, stream);
+}
+
+}  // namespace ra

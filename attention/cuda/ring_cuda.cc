@@ -1,0 +1,129 @@
+// The GPU ring. Per step: the communicator's stream waits until the buffer it receives into is no
+// longer read (the previous step's compute), then shifts the held block; the compute stream folds
+// the held block into the carry; the host waits for the shift with a deadline (NCCL errors are
+// polled meanwhile) and makes the compute stream wait for it before the next step.
+#include "attention/cuda/ring_cuda.h"
+
+#include <algorithm>
+
+#include "attention/block_schedule.h"
+#include "attention/registry.h"
+#include "collectives/nccl_communicator.h"
+#include "runtime/cuda_device.h"
+
+namespace ra {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)) {
+  RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
+  RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
+  RA_CHECK(ctx_.comm->size() == 1 || dynamic_cast<NcclCommunicator*>(ctx_.comm) != nullptr,
+           "ring on cuda needs an NCCL communicator for its sequence axis (got '", ctx_.comm->backend_name(), "')");
+  std::unique_ptr<AttentionImpl> local = AttentionRegistry::builtin().create(ctx_.local_impl, Backend::kCuda);
+  local_.reset(dynamic_cast<CudaAttentionImpl*>(local.release()));
+  RA_CHECK(local_ != nullptr, "local kernel '", ctx_.local_impl, "' has no device implementation");
+  check_layout_divides(ctx_.layout, ctx_.global_q_len, ctx_.comm->size(), "q dimension 1 (q_len)");
+  check_layout_divides(ctx_.layout, ctx_.global_kv_len, ctx_.comm->size(), "k dimension 1 (kv_len)");
+}
+
+void RingAttentionCuda::set_cuda_stream(void* stream) {
+  CudaAttentionImpl::set_cuda_stream(stream);
+  local_->set_cuda_stream(stream);
+}
+
+void RingAttentionCuda::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                                   Carry& carry) const {
+  check_supported(in, params);
+  // One upload for the whole call: this rank's query positions, then every rank's key positions.
+  const int n = ctx_.comm->size();
+  TokenPositions all = pos;
+  all.k.clear();
+  for (int r = 0; r < n; ++r) {
+    const std::vector<int64_t> k = layout_indices(ctx_.layout, ctx_.global_kv_len, n, r);
+    all.k.insert(all.k.end(), k.begin(), k.end());
+  }
+  DevicePositions device_pos = positions_.upload(all, stream_);
+  // Each rank's block is ascending under every layout, though their concatenation is not.
+  device_pos.keys_sorted = true;
+  for (int r = 0; r < n; ++r) {
+    const auto first = all.k.begin() + r * (ctx_.global_kv_len / n), last = first + ctx_.global_kv_len / n;
+    device_pos.keys_sorted = device_pos.keys_sorted && std::is_sorted(first, last);
+  }
+  accumulate_device(in, device_pos, params, carry);
+}
+
+void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const DevicePositions& pos,
+                                          const AttentionParams& params, Carry& carry) const {
+  Communicator& comm = *ctx_.comm;
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  const int n = comm.size(), rank = comm.rank();
+  const int64_t local_kv = ctx_.global_kv_len / n;
+  RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
+           ", expected the local shard of ", local_kv, " rows");
+  for (auto [t, name] : {std::pair{&in.k, "k"}, std::pair{&in.v, "v"}, std::pair{&in.kv_segment_ids, "kv_segment_ids"}})
+    RA_CHECK(!t->defined() || t->is_contiguous(), name, " must be contiguous for ring on cuda (it travels as one block)");
+
+  // Block layout: k, v, then the kv segment ids, each 16-byte aligned.
+  auto align = [](size_t x) { return (x + 15) / 16 * 16; };
+  const size_t k_bytes = align(in.k.nbytes()), v_bytes = align(in.v.nbytes());
+  const size_t seg_bytes = in.kv_segment_ids.defined() ? align(in.kv_segment_ids.nbytes()) : 0;
+  const size_t bytes = k_bytes + v_bytes + seg_bytes;
+  const Tensor buffers(DType::kU8, {2, int64_t(bytes)}, MemoryKind::kCuda);
+  char* base[2] = {buffers.data<char>(), buffers.data<char>() + bytes};
+  RA_CUDA_CHECK(cudaMemcpyAsync(base[0], in.k.data(), in.k.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  if (seg_bytes)
+    RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes + v_bytes, in.kv_segment_ids.data(), in.kv_segment_ids.nbytes(),
+                                  cudaMemcpyDeviceToDevice, stream_));
+  CudaEvent compute_done;  // the last compute (or the packing) queued on the compute stream
+  compute_done.record(stream_);
+
+  // Host copies of positions for block skipping (the kernels read the device copies).
+  const std::vector<int64_t> q_host = layout_query_positions(ctx_.layout, ctx_.global_q_len, ctx_.global_kv_len, n, rank);
+  const int64_t q_lo = *std::min_element(q_host.begin(), q_host.end());
+  const int64_t q_hi = *std::max_element(q_host.begin(), q_host.end());
+
+  stats_ = RingStats{};
+  int cur = 0;
+  for (int step = 0; step < n; ++step) {
+    std::unique_ptr<PendingExchange> pending;
+    if (step + 1 < n) {
+      nccl->stream_wait(compute_done.get());  // the receive buffer was read by the previous compute
+      pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
+    }
+    const int src = ring_source_rank(rank, step, n);
+    const std::vector<int64_t> k_host = layout_indices(ctx_.layout, ctx_.global_kv_len, n, src);
+    const auto [k_lo, k_hi] = std::minmax_element(k_host.begin(), k_host.end());
+    const auto t0 = std::chrono::steady_clock::now();
+    if (classify_block(q_lo, q_hi, *k_lo, *k_hi, params.causal, params.window_left, params.window_right) ==
+        BlockKind::kSkip) {
+      ++stats_.skipped;
+    } else {
+      AttentionInputs block = in;
+      block.k = TensorView(base[cur], in.k.dtype(), in.k.shape(), MemoryKind::kCuda);
+      block.v = TensorView(base[cur] + k_bytes, in.v.dtype(), in.v.shape(), MemoryKind::kCuda);
+      if (seg_bytes)
+        block.kv_segment_ids = TensorView(base[cur] + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape(), MemoryKind::kCuda);
+      const DevicePositions block_pos{pos.q, pos.k + int64_t(src) * local_kv, pos.total_keys, pos.keys_sorted};
+      local_->accumulate_device(block, block_pos, params, carry);
+    }
+    compute_done.record(stream_);
+    stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
+    if (pending) {
+      const auto t1 = std::chrono::steady_clock::now();
+      pending->wait(ctx_.step_timeout);
+      stats_.wait_seconds += seconds_since(t1);
+      cur = 1 - cur;
+    }
+    ++stats_.steps;
+  }
+  // `buffers` is freed on return: cudaFree waits for the queued kernels that read it.
+}
+
+}  // namespace ra

@@ -1,0 +1,33 @@
+// `ring` on GPUs: the same schedule as the host ring (attention/ring.h), with K/V double-buffered in
+// device memory, the local kernel on the compute stream and the NCCL send/recv on the communicator's
+// stream, ordered by events, so that step i's compute overlaps step i+1's transfer. Device memory
+// per rank is the rank's Q, the carry, and two K/V blocks: O(T / N).
+#pragma once
+
+#include "attention/cuda/cuda_attention.h"
+#include "attention/ring.h"
+
+namespace ra {
+
+class RingAttentionCuda final : public CudaAttentionImpl {
+ public:
+  explicit RingAttentionCuda(RingContext ctx);
+  std::string_view name() const override { return "ring"; }
+  int64_t max_head_dim() const override { return local_->max_head_dim(); }
+  void set_cuda_stream(void* stream) override;
+  void check_supported(const AttentionInputs& in, const AttentionParams& params) const override {
+    local_->check_supported(in, params);
+  }
+  void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                  Carry& carry) const override;
+  void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                         Carry& carry) const override;
+  const RingStats& last_stats() const { return stats_; }
+
+ private:
+  RingContext ctx_;
+  std::unique_ptr<CudaAttentionImpl> local_;
+  mutable RingStats stats_;
+};
+
+}  // namespace ra

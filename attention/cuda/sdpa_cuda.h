@@ -1,0 +1,28 @@
+// The CUDA sdpa: scores materialised by cuBLAS f32 GEMMs (no TF32), a softmax kernel that applies
+// every option and folds the rows into the carry, and a second GEMM for P V. Slow on purpose and
+// simple: it is the seeds' SDPA and the GPU tests' second, independent reference.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "attention/cuda/cuda_inputs.h"
+
+namespace ra {
+
+class SdpaCudaRunner {
+ public:
+  SdpaCudaRunner();
+  ~SdpaCudaRunner();
+  SdpaCudaRunner(const SdpaCudaRunner&) = delete;
+  SdpaCudaRunner& operator=(const SdpaCudaRunner&) = delete;
+  // `in` gives the dtypes (any float dtype) of the tensors that `args` points to.
+  void accumulate(const AttentionInputs& in, const CudaAttentionArgs& args, cudaStream_t stream) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ra

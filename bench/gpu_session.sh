@@ -1,0 +1,41 @@
+#!/bin/bash
+# What one device-machine call runs (see ../shared/device/README.md), from the repository root, after
+# `bash .device/on-device.sh`. Stages: `check` (GPU unit tests, ring on 2 GPUs, CLI round trip) and
+# `bench` (the tables of bench/RESULTS.md). Logs go to $OUT.
+#   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE [GPUS]
+set -u -o pipefail
+build=${1:?build folder}; stage=${2:?check|bench|ring}; gpus=${3:-2}
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+bin=$build/bin/ringattn
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | head -n "$gpus"
+if [ "$stage" = check ]; then
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 25
+  for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
+    mpirun -np $n $build/tests/ring_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_cuda_$n.log" | tail -n 15
+  done
+  d=$(mktemp -d)
+  $bin generate --output $d/in.h5 --batch 1 --seq 1024 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 >/dev/null &&
+  mpirun -np 2 $bin run --backend cuda --input $d/in.h5 --output $d/out.h5 --causal --layout zigzag &&
+  $bin verify --input $d/in.h5 --output $d/out.h5 --causal; echo "cli round trip exit $?"
+fi
+bench() {  # ranks, then bench options
+  local n=$1; shift
+  mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim 128 --dtype bf16 --warmup 2 "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
+}
+if [ "$stage" = bench ]; then
+  for t in 8192 32768 131072; do
+    for causal in "" "--causal"; do
+      bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
+    done
+  done
+  bench 1 --impl sdpa --seq 8192 --iters 3
+  bench 1 --impl sdpa --seq 8192 --iters 3 --causal
+fi
+if [ "$stage" = ring ]; then
+  for t in 8192 32768 131072; do
+    for causal in "" "--causal --layout zigzag"; do
+      bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
+      for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do bench $n --impl ring --seq $t --iters 10 $causal; done
+    done
+  done
+fi

@@ -1,0 +1,217 @@
+// NCCL communicator: non-blocking init and group calls, completion through a CUDA event polled
+// together with ncclCommGetAsyncError, abort on error or deadline.
+#include "collectives/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <thread>
+#include <vector>
+
+#include "runtime/cuda_device.h"
+
+namespace ra {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string nccl_error_text(ncclResult_t r, ncclComm_t comm) {
+  std::string text = ncclGetErrorString(r);
+  if (comm != nullptr) {
+    const char* last = ncclGetLastError(comm);
+    if (last != nullptr && *last) text += std::string(": ") + last;
+  }
+  return text;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+
+class NcclExchange final : public PendingExchange {
+ public:
+  NcclExchange(NcclCommunicator& comm, cudaEvent_t event, int tag) : comm_(comm), event_(event), tag_(tag) {}
+  void wait(std::chrono::milliseconds timeout) override {
+    comm_.wait_event(event_, timeout,
+                     detail::concat("ring step ", tag_, " (NCCL): rank ", comm_.rank(), " waited for the block from rank ",
+                                    comm_.previous(), " and its send to rank ", comm_.next()));
+  }
+
+ private:
+  NcclCommunicator& comm_;
+  cudaEvent_t event_;
+  int tag_;
+};
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, std::chrono::milliseconds init_timeout)
+    : rank_(bootstrap.rank()), size_(bootstrap.size()) {
+  ncclUniqueId id{};
+  if (rank_ == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    RA_CHECK(r == ncclSuccess, "ncclGetUniqueId failed: ", ncclGetErrorString(r));
+  }
+  const int mpi_status = MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, bootstrap.comm());
+  RA_CHECK(mpi_status == MPI_SUCCESS, "broadcasting the NCCL unique id over MPI failed");
+  RA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  RA_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every call returns; progress and errors are polled with a deadline
+  ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+  if (r != ncclSuccess && r != ncclInProgress) RA_FAIL("ncclCommInitRankConfig failed on rank ", rank_, ": ", ncclGetErrorString(r));
+  const auto deadline = Clock::now() + init_timeout;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state == ncclSuccess) break;
+    if (state != ncclInProgress) {
+      const std::string text = nccl_error_text(state, comm_);
+      abort();
+      RA_FAIL("NCCL communicator set-up failed on rank ", rank_, " of ", size_, ": ", text);
+    }
+    if (Clock::now() > deadline) {
+      abort();
+      RA_FAIL("NCCL communicator set-up on rank ", rank_, " of ", size_, " did not finish within ",
+              init_timeout.count(), " ms (a peer rank is missing or stuck)");
+    }
+    std::this_thread::yield();
+  }
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ != nullptr && !aborted_) {
+    // Finalize flushes outstanding work; bounded, and an abort when it does not finish.
+    (void)cudaStreamSynchronize(stream_);
+    ncclCommFinalize(comm_);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress && Clock::now() < deadline) ncclCommGetAsyncError(comm_, &state);
+    if (state == ncclSuccess) ncclCommDestroy(comm_);
+    else ncclCommAbort(comm_);
+  }
+  if (done_) (void)cudaEventDestroy(done_);
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+void NcclCommunicator::abort() {
+  if (comm_ != nullptr && !aborted_) ncclCommAbort(comm_);
+  aborted_ = true;
+}
+
+void NcclCommunicator::check_state(const char* where) {
+  RA_CHECK(!aborted_, "the NCCL communicator of rank ", rank_, " was aborted after an earlier failure (", where, ")");
+  ncclResult_t state = ncclSuccess;
+  ncclCommGetAsyncError(comm_, &state);
+  if (state != ncclSuccess && state != ncclInProgress) {
+    const std::string text = nccl_error_text(state, comm_);
+    abort();
+    RA_FAIL("NCCL error on rank ", rank_, " in ", where, ": ", text);
+  }
+}
+
+void NcclCommunicator::wait_enqueued(const char* where) {
+  const auto deadline = Clock::now() + op_timeout_;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      const std::string text = nccl_error_text(state, comm_);
+      abort();
+      RA_FAIL("NCCL error on rank ", rank_, " in ", where, ": ", text);
+    }
+    if (Clock::now() > deadline) {
+      abort();
+      RA_FAIL("NCCL ", where, " on rank ", rank_, " could not be queued within ", op_timeout_.count(), " ms");
+    }
+    std::this_thread::yield();
+  }
+}
+
+void NcclCommunicator::wait_event(cudaEvent_t event, std::chrono::milliseconds timeout, const std::string& what) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) {
+      abort();
+      RA_FAIL(what, ": CUDA error ", cudaGetErrorName(status));
+    }
+    check_state(what.c_str());
+    if (Clock::now() > deadline) {
+      abort();
+      RA_FAIL(what, ": not done within ", timeout.count(), " ms; the NCCL communicator was aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void NcclCommunicator::stream_wait(cudaEvent_t event) { RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, event, 0)); }
+
+std::unique_ptr<PendingExchange> NcclCommunicator::ring_shift(const void* send, void* recv, size_t bytes, int tag) {
+  check_state("ring_shift");
+  if (size_ == 1) {
+    if (send != recv) RA_CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream_));
+  } else {
+    ncclGroupStart();
+    ncclSend(send, bytes, ncclUint8, next(), comm_, stream_);
+    ncclRecv(recv, bytes, ncclUint8, previous(), comm_, stream_);
+    const ncclResult_t r = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) {
+      abort();
+      RA_FAIL("ring step ", tag, " (NCCL): queuing the send to rank ", next(), " and the receive from rank ", previous(),
+              " failed: ", ncclGetErrorString(r));
+    }
+    wait_enqueued("ring_shift");
+  }
+  RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  return std::make_unique<NcclExchange>(*this, done_, tag);
+}
+
+void NcclCommunicator::all_reduce(double* data, size_t count, ReduceOp op) {
+  staged_all_reduce(data, count * sizeof(double), count, op, ncclFloat64);
+}
+
+void NcclCommunicator::all_reduce(int64_t* data, size_t count, ReduceOp op) {
+  staged_all_reduce(data, count * sizeof(int64_t), count, op, ncclInt64);
+}
+
+void NcclCommunicator::staged_all_reduce(void* data, size_t bytes, size_t count, ReduceOp op, int nccl_type) {
+  check_state("all_reduce");
+  void* device = cuda_allocate(bytes, "an all-reduce buffer");
+  RA_CUDA_CHECK(cudaMemcpyAsync(device, data, bytes, cudaMemcpyHostToDevice, stream_));
+  ncclAllReduce(device, device, count, static_cast<ncclDataType_t>(nccl_type), nccl_op(op), comm_, stream_);
+  wait_enqueued("all_reduce");
+  RA_CUDA_CHECK(cudaMemcpyAsync(data, device, bytes, cudaMemcpyDeviceToHost, stream_));
+  RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  wait_event(done_, op_timeout_, "NCCL all_reduce");
+  cuda_release(device);
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
+  check_state("all_gather");
+  ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_);
+  wait_enqueued("all_gather");
+  RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  wait_event(done_, op_timeout_, "NCCL all_gather");
+}
+
+void NcclCommunicator::broadcast(void* data, size_t bytes, int root) {
+  check_state("broadcast");
+  ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_);
+  wait_enqueued("broadcast");
+  RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  wait_event(done_, op_timeout_, "NCCL broadcast");
+}
+
+void NcclCommunicator::barrier() {
+  int64_t token = 0;
+  all_reduce(&token, 1, ReduceOp::kSum);
+}
+
+}  // namespace ra

@@ -1,0 +1,65 @@
+// The NCCL back end of Communicator over device memory, bootstrapped from an MPI communicator (rank
+// 0's ncclUniqueId is broadcast over it). The NCCL communicator is non-blocking: every wait polls
+// ncclCommGetAsyncError against a deadline, and on an error or a timeout the communicator is aborted
+// and an ra::Error names the step and the peers, so that no rank hangs in a dead collective.
+//
+// ring_shift, all_gather and broadcast take device pointers and are queued on this communicator's
+// own stream; all_reduce and barrier take host values (small, staged through the device).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+
+#include "collectives/communicator.h"
+#include "collectives/mpi_communicator.h"
+
+struct ncclComm;  // nccl.h stays out of this header: attention/ includes it
+
+namespace ra {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `bootstrap`. The calling thread's current CUDA device is the one used.
+  explicit NcclCommunicator(const MpiCommunicator& bootstrap,
+                            std::chrono::milliseconds init_timeout = std::chrono::seconds(120));
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "nccl"; }
+  cudaStream_t stream() const { return stream_; }
+
+  // The next operation queued on stream() starts only after `event` (recorded by the caller).
+  void stream_wait(cudaEvent_t event);
+
+  std::unique_ptr<PendingExchange> ring_shift(const void* send, void* recv, size_t bytes, int tag) override;
+  void all_reduce(double* data, size_t count, ReduceOp op) override;
+  void all_reduce(int64_t* data, size_t count, ReduceOp op) override;
+  void all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void barrier() override;
+
+  // Aborts the NCCL communicator (idempotent); later calls throw.
+  void abort();
+  bool aborted() const { return aborted_; }
+
+  // Waits until `event` on stream() completes, polling NCCL's async error; throws `what` on timeout.
+  void wait_event(cudaEvent_t event, std::chrono::milliseconds timeout, const std::string& what);
+
+ private:
+  void check_state(const char* where);  // throws after an abort or an async error
+  void wait_enqueued(const char* where);  // non-blocking calls: wait until the call is queued
+  void staged_all_reduce(void* host, size_t bytes, size_t count, ReduceOp op, int nccl_type);
+
+  ncclComm* comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  bool aborted_ = false;
+  std::chrono::milliseconds op_timeout_{std::chrono::seconds(120)};
+};
+
+}  // namespace ra

@@ -1,0 +1,79 @@
+// CUDA runtime wrappers. Errors become ra::Error with the call and the CUDA error's name.
+#include "runtime/cuda_device.h"
+
+#include <utility>
+
+namespace ra {
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no driver / no device" status
+    return 0;
+  }
+  return count;
+}
+
+int cuda_select_device(int local_rank) {
+  const int count = cuda_device_count();
+  RA_CHECK(count > 0, "--backend cuda needs a CUDA device, but none is visible to this process "
+           "(check the driver and CUDA_VISIBLE_DEVICES)");
+  const int device = local_rank % count;
+  RA_CUDA_CHECK(cudaSetDevice(device));
+  return device;
+}
+
+void* cuda_allocate(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t status = cudaMalloc(&p, bytes ? bytes : 1);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    RA_FAIL("out of device memory: ", what, " needs ", bytes, " bytes but only ", free_bytes, " of ", total_bytes,
+            " bytes are free on the device (", cudaGetErrorName(status), "); use more ranks or a shorter sequence");
+  }
+  return p;
+}
+
+void cuda_release(void* p) { (void)cudaFree(p); }
+
+void cuda_memset_zero(void* p, size_t bytes) {
+  RA_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  // cudaMemset may return early, and work on non-blocking streams does not wait for it.
+  RA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+void cuda_copy(void* dst, const void* src, size_t bytes) { RA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)); }
+
+CudaStream::CudaStream() { RA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+CudaStream::~CudaStream() { (void)cudaStreamDestroy(stream_); }
+void CudaStream::synchronize() const { RA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+CudaEvent::CudaEvent(bool timing) {
+  RA_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+CudaEvent::~CudaEvent() { (void)cudaEventDestroy(event_); }
+void CudaEvent::record(cudaStream_t stream) const { RA_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+float CudaEvent::milliseconds_since(const CudaEvent& start) const {
+  float ms = 0;
+  RA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+  return ms;
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) { RA_CUDA_CHECK(cudaMallocHost(&data_, bytes ? bytes : 1)); }
+PinnedBuffer::~PinnedBuffer() {
+  if (data_) (void)cudaFreeHost(data_);
+}
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_) (void)cudaFreeHost(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+}  // namespace ra

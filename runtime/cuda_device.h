@@ -1,0 +1,76 @@
+// The CUDA runtime as ringattn uses it: checked calls, device selection, device memory, and RAII
+// streams, events and pinned host buffers. Included only by code built when CUDA is on.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+
+#include "runtime/error.h"
+
+// RA_CUDA_CHECK(call): throws ra::Error with the call, the CUDA error name and its description.
+#define RA_CUDA_CHECK(call)                                                                          \
+  do {                                                                                               \
+    cudaError_t ra_status_ = (call);                                                                 \
+    if (ra_status_ != cudaSuccess)                                                                   \
+      RA_FAIL(#call, " failed: ", cudaGetErrorName(ra_status_), " (", cudaGetErrorString(ra_status_), ")"); \
+  } while (0)
+
+namespace ra {
+
+// Number of usable CUDA devices; 0 when there is no driver or no device (never throws).
+int cuda_device_count();
+
+// Binds this process to device local_rank % count (one rank per GPU) and returns it.
+int cuda_select_device(int local_rank);
+
+void* cuda_allocate(size_t bytes, const char* what);  // throws naming bytes asked and bytes free
+void cuda_release(void* p);
+void cuda_memset_zero(void* p, size_t bytes);
+void cuda_copy(void* dst, const void* src, size_t bytes);  // any direction, synchronous
+
+class CudaStream {
+ public:
+  CudaStream();  // non-blocking with respect to the legacy default stream
+  ~CudaStream();
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class CudaEvent {
+ public:
+  explicit CudaEvent(bool timing = false);
+  ~CudaEvent();
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+  void record(cudaStream_t stream) const;
+  float milliseconds_since(const CudaEvent& start) const;  // both recorded, this one complete
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Page-locked host memory, so that host <-> device copies run asynchronously at full speed.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace ra

@@ -1,0 +1,96 @@
+// Host memory through aligned_alloc; device memory through the CUDA runtime when it is built in.
+#include "runtime/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "runtime/error.h"
+
+#if RA_HAVE_CUDA
+#include "runtime/cuda_device.h"
+#endif
+
+namespace ra {
+
+bool built_with_cuda() { return RA_HAVE_CUDA != 0; }
+
+namespace {
+
+[[noreturn]] void no_cuda(const char* what) {
+  RA_FAIL("device memory for ", what, " was asked for, but this build of ringattn has no CUDA back end "
+          "(configure with -DRA_ENABLE_CUDA=ON on a machine with nvcc)");
+}
+
+}  // namespace
+
+void* allocate_bytes(size_t bytes, MemoryKind memory, const char* what) {
+  if (memory == MemoryKind::kHost) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+    RA_CHECK(p != nullptr, "host allocation of ", bytes, " bytes for ", what, " failed");
+    return p;
+  }
+#if RA_HAVE_CUDA
+  return cuda_allocate(bytes, what);
+#else
+  no_cuda(what);
+#endif
+}
+
+void release_bytes(void* p, MemoryKind memory) {
+  if (p == nullptr) return;
+  if (memory == MemoryKind::kHost) {
+    std::free(p);
+    return;
+  }
+#if RA_HAVE_CUDA
+  cuda_release(p);
+#endif
+}
+
+void fill_zero_bytes(void* p, size_t bytes, MemoryKind memory) {
+  if (memory == MemoryKind::kHost) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+#if RA_HAVE_CUDA
+  cuda_memset_zero(p, bytes);
+#else
+  no_cuda("a zero fill");
+#endif
+}
+
+void copy_tensor(const TensorView& dst, const TensorView& src) {
+  RA_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy between tensors of ",
+           dtype_name(src.dtype()), " ", src.shape().str(), " and ", dtype_name(dst.dtype()), " ", dst.shape().str());
+  RA_CHECK(dst.is_contiguous() && src.is_contiguous(), "copy_tensor needs contiguous tensors");
+  if (dst.memory() == MemoryKind::kHost && src.memory() == MemoryKind::kHost) {
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+    return;
+  }
+#if RA_HAVE_CUDA
+  cuda_copy(dst.data(), src.data(), src.nbytes());
+#else
+  no_cuda("a copy");
+#endif
+}
+
+Tensor to_memory(const TensorView& src, MemoryKind memory) {
+  Tensor out(src.dtype(), src.shape(), memory);
+  copy_tensor(out.view(), src);
+  return out;
+}
+
+void fill_f32(const TensorView& dst, float value) {
+  RA_CHECK(dst.dtype() == DType::kF32 && dst.is_contiguous(), "fill_f32 needs a contiguous f32 tensor");
+  if (dst.memory() == MemoryKind::kHost) {
+    float* p = dst.data_as<float>();
+    for (int64_t i = 0; i < dst.numel(); ++i) p[i] = value;
+    return;
+  }
+  std::vector<float> host(size_t(dst.numel()), value);
+  copy_tensor(dst, TensorView(host.data(), DType::kF32, dst.shape()));
+}
+
+}  // namespace ra

@@ -1,0 +1,194 @@
+// The CUDA implementations against the f64 reference (on the host) on randomised shapes: odd
+// lengths, S != T, several K/V tiles with a partial last one, GQA, every option alone and combined;
+// plus the device carry operations against the host ones. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "attention/registry.h"
+#include "runtime/cuda_device.h"
+#include "runtime/memory.h"
+#include "tests/support/problem.h"
+
+namespace ra::test {
+namespace {
+
+#define RA_REQUIRE_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+struct CudaCase {
+  std::string impl;
+  ProblemSpec spec;
+};
+
+std::vector<Options> option_sets() {
+  std::vector<Options> sets(10);
+  sets[1].causal = true;
+  sets[2].window = true;
+  sets[3].softcap = true;
+  sets[4].sinks = true;
+  sets[5].bias = true;
+  sets[6].mask = true;
+  sets[7].segments = true;
+  sets[8].dropout = true;
+  sets[9] = Options{true, true, true, true, true, true, true, true};
+  return sets;
+}
+
+std::vector<CudaCase> all_cases() {
+  struct Shape {
+    int64_t b, t, s, hq, hkv, d;
+  };
+  // T and S cross the 128-row and 64-key tiles; one query row (decode); GQA 1, 2, 4, 8.
+  const Shape shapes[] = {{2, 77, 77, 4, 4, 64},     {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},
+                          {1, 257, 130, 8, 1, 128},  {2, 1, 97, 8, 2, 64},     {1, 190, 190, 2, 2, 128}};
+  std::vector<CudaCase> cases;
+  uint64_t seed = 100;
+  for (const char* impl : {"flash_attn2", "sdpa"})
+    for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
+      if (dtype == DType::kF32 && std::string(impl) == "flash_attn2") continue;  // tensor cores: 16-bit inputs
+      for (const Options& opt : option_sets()) {
+        const Shape& sh = shapes[seed % std::size(shapes)];
+        cases.push_back({impl, ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
+      }
+    }
+  return cases;
+}
+
+class CudaVsReference : public testing::TestWithParam<CudaCase> {};
+
+TEST_P(CudaVsReference, MatchesF64Reference) {
+  RA_REQUIRE_GPU();
+  const CudaCase& c = GetParam();
+  Problem problem(c.spec);
+  const AttentionInputs host_in = problem.inputs();
+  const InputsCopy device_in = copy_inputs(host_in, MemoryKind::kCuda);
+  auto impl = AttentionRegistry::builtin().create(c.impl, Backend::kCuda);
+  AttentionOutput out = impl->forward(device_in.inputs, problem.params());
+  RA_CUDA_CHECK(cudaDeviceSynchronize());
+  const Tensor o = to_memory(out.o, MemoryKind::kHost), lse = to_memory(out.lse, MemoryKind::kHost);
+  ReferenceOutput ref = reference_attention_f64(host_in, problem.params(), TokenPositions::dense(c.spec.q_len, c.spec.kv_len));
+  const double scale = c.spec.options.dropout ? 1.0 / (1.0 - problem.params().dropout_prob) : 1.0;
+  const double tol = output_tolerance(c.spec.dtype, max_abs_value(host_in.v) * scale);
+  const Comparison cmp = compare(o, lse, ref, tol, kLseTolerance);
+  EXPECT_EQ(cmp.nan, 0);
+  EXPECT_EQ(cmp.wrong, 0) << "max |error| " << cmp.max_abs_error << " (tolerance " << tol << "), max LSE error "
+                          << cmp.max_lse_error;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaVsReference, testing::ValuesIn(all_cases()), [](const auto& info) {
+  const CudaCase& c = info.param;
+  const ProblemSpec& s = c.spec;
+  return c.impl + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
+         "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
+});
+
+// Carry in / carry out: two accumulate calls over the halves of the keys equal one call over all.
+TEST(CudaFlash, SplitKeysThroughTheCarryEqualsOneCall) {
+  RA_REQUIRE_GPU();
+  ProblemSpec spec{1, 200, 300, 4, 2, 128, 128, DType::kBF16, Options{true, false, false, false, false, false, false, false}, 7};
+  Problem p(spec);
+  const InputsCopy dev = copy_inputs(p.inputs(), MemoryKind::kCuda);
+  auto flash = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  const TokenPositions all = TokenPositions::dense(spec.q_len, spec.kv_len);
+  Carry whole = Carry::empty(1, 4, spec.q_len, 128, MemoryKind::kCuda), split = Carry::empty(1, 4, spec.q_len, 128, MemoryKind::kCuda);
+  flash->accumulate(dev.inputs, all, p.params(), whole);
+  for (int64_t start : {int64_t(0), int64_t(130)}) {
+    const int64_t len = start == 0 ? 130 : spec.kv_len - 130;
+    AttentionInputs part = dev.inputs;
+    part.k = narrow(dev.inputs.k, 1, start, len);
+    part.v = narrow(dev.inputs.v, 1, start, len);
+    TokenPositions pos = all;
+    pos.k.assign(all.k.begin() + start, all.k.begin() + start + len);
+    flash->accumulate(part, pos, p.params(), split);
+  }
+  RA_CUDA_CHECK(cudaDeviceSynchronize());
+  const Tensor a = to_memory(whole.numerator, MemoryKind::kHost), b = to_memory(split.numerator, MemoryKind::kHost);
+  const Tensor la = to_memory(whole.denominator, MemoryKind::kHost), lb = to_memory(split.denominator, MemoryKind::kHost);
+  const Tensor ma = to_memory(whole.max, MemoryKind::kHost), mb = to_memory(split.max, MemoryKind::kHost);
+  double worst = 0;
+  for (int64_t r = 0; r < whole.row_count(); ++r) {
+    // Compare normalised rows: the carries may hold different running maxima only through rounding.
+    const float na = la.data<float>()[r], nb = lb.data<float>()[r];
+    // The running maxima agree up to the kernel's log2 <-> natural-log unit conversion.
+    ASSERT_NEAR(ma.data<float>()[r], mb.data<float>()[r], 1e-6f * std::fabs(ma.data<float>()[r]) + 1e-7f) << "row " << r;
+    for (int64_t d = 0; d < 128; ++d)
+      worst = std::max(worst, double(std::fabs(a.data<float>()[r * 128 + d] / na - b.data<float>()[r * 128 + d] / nb)));
+  }
+  EXPECT_LT(worst, 2e-2);
+}
+
+// The device merge / fold / finalize against the host ones, with empty rows on either side.
+TEST(CudaCarry, MergeAndFinalizeMatchHost) {
+  RA_REQUIRE_GPU();
+  const int64_t B = 2, H = 3, T = 17, Dv = 40;
+  auto random_carry = [&](uint64_t seed) {
+    Carry c = Carry::empty(B, H, T, Dv);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    for (int64_t r = 0; r < c.row_count(); ++r) {
+      if (r % 5 == int64_t(seed % 5)) continue;  // an empty row
+      c.max.data<float>()[r] = normal(rng) * 3;
+      c.denominator.data<float>()[r] = 1.0f + std::fabs(normal(rng));
+      for (int64_t d = 0; d < Dv; ++d) c.numerator.data<float>()[r * Dv + d] = normal(rng);
+    }
+    return c;
+  };
+  auto to_device = [](const Carry& c) {
+    Carry d = Carry::empty(c.batch, c.heads, c.rows, c.value_dim, MemoryKind::kCuda);
+    copy_tensor(d.numerator, c.numerator);
+    copy_tensor(d.denominator, c.denominator);
+    copy_tensor(d.max, c.max);
+    return d;
+  };
+  Carry host_a = random_carry(1), host_b = random_carry(2);
+  Carry dev_a = to_device(host_a), dev_b = to_device(host_b);
+  merge(host_a, host_b);
+  merge(dev_a, dev_b);
+  Tensor o_host(DType::kF32, {B, T, H, Dv}), lse_host(DType::kF32, {B, H, T});
+  Tensor o_dev(DType::kF32, {B, T, H, Dv}, MemoryKind::kCuda), lse_dev(DType::kF32, {B, H, T}, MemoryKind::kCuda);
+  finalize(host_a, TensorView(), o_host, lse_host);
+  finalize(dev_a, TensorView(), o_dev, lse_dev);
+  RA_CUDA_CHECK(cudaDeviceSynchronize());
+  const Tensor o_back = to_memory(o_dev, MemoryKind::kHost), lse_back = to_memory(lse_dev, MemoryKind::kHost);
+  for (int64_t i = 0; i < o_host.numel(); ++i) {
+    ASSERT_FALSE(std::isnan(o_back.data<float>()[i]));
+    ASSERT_NEAR(o_back.data<float>()[i], o_host.data<float>()[i], 1e-5) << i;
+  }
+  for (int64_t i = 0; i < lse_host.numel(); ++i) {
+    const float h = lse_host.data<float>()[i], d = lse_back.data<float>()[i];
+    if (std::isinf(h)) ASSERT_EQ(h, d) << i;
+    else ASSERT_NEAR(d, h, 1e-5) << i;
+  }
+}
+
+TEST(CudaFlash, UnsupportedInputsNameTheFallback) {
+  RA_REQUIRE_GPU();
+  ProblemSpec spec{1, 16, 16, 2, 2, 80, 80, DType::kBF16, Options{}, 3};
+  Problem p(spec);
+  const InputsCopy dev = copy_inputs(p.inputs(), MemoryKind::kCuda);
+  auto flash = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  try {
+    flash->forward(dev.inputs, p.params());
+    FAIL() << "head_dim 80 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("head_dim"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("sdpa"), std::string::npos) << e.message();
+  }
+}
+
+TEST(CudaFlash, HostInputsAreRefusedByName) {
+  RA_REQUIRE_GPU();
+  Problem p(ProblemSpec{1, 16, 16, 2, 2, 64, 64, DType::kBF16, Options{}, 3});
+  auto flash = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  try {
+    flash->forward(p.inputs(), p.params());
+    FAIL() << "host inputs accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("host memory"), std::string::npos) << e.message();
+  }
+}
+
+}  // namespace
+}  // namespace ra::test
