@@ -34,8 +34,11 @@ fi
 if [ "$stage" = ring ]; then
   for t in 8192 32768 131072; do
     for causal in "" "--causal --layout zigzag"; do
-      bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
       for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do bench $n --impl ring --seq $t --iters 10 $causal; done
     done
   done
+  if [ "$gpus" -ge 4 ]; then
+    bench 4 --impl ring --seq 262144 --iters 3 --causal --layout zigzag
+    bench 4 --impl ring --seq 1048576 --iters 2 --causal --layout zigzag
+  fi
 fi

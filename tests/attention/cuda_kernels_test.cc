@@ -56,6 +56,8 @@ std::vector<CudaCase> all_cases() {
   return cases;
 }
 
+void PrintTo(const CudaCase& c, std::ostream* os) { *os << c.impl << "/" << dtype_name(c.spec.dtype); }
+
 class CudaVsReference : public testing::TestWithParam<CudaCase> {};
 
 TEST_P(CudaVsReference, MatchesF64Reference) {
