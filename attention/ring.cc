@@ -1,5 +1,6 @@
-// Ring attention on host memory: pack the local K/V (and kv segment ids) into one buffer, then N
-// steps of { start the shift of the held block to the next rank; fold Q against it; wait }.
+// Ring attention on host memory: pack the local K/V (and kv segment ids) into one buffer behind a
+// small header (the rank it started on, its CRC-32), then N steps of { start the shift of the held
+// block to the next rank; fold Q against it; wait; check the block that arrived }.
 #include "attention/ring.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "attention/block_schedule.h"
 #include "attention/registry.h"
+#include "runtime/checksum.h"
 #include "runtime/error.h"
 
 namespace ra {
@@ -30,8 +32,38 @@ void pack(const TensorView& t, char* dst) {
       }
 }
 
+// Travels in front of every block: where it started and the CRC-32 of what follows.
+struct BlockHeader {
+  uint32_t magic = 0x52414b56;  // "RAKV"
+  int32_t origin_rank = -1;
+  uint32_t crc = 0;
+  uint32_t verified = 0;  // 1 when `crc` was computed (checksums on)
+  uint64_t payload_bytes = 0;
+};
+static_assert(sizeof(BlockHeader) == 24);
+constexpr size_t kHeaderBytes = 32;  // keeps the payload 16-byte aligned
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The block received at `step` must come from rank - step - 1 with the bytes it was sent with;
+// anything else is reported (never merged).
+void check_arrived_block(const char* block, size_t payload, int rank, int step, int n, const AttentionInputs& in) {
+  BlockHeader header;
+  std::memcpy(&header, block, sizeof(header));
+  const int expected_origin = ring_source_rank(rank, step + 1, n);
+  RA_CHECK(header.magic == BlockHeader{}.magic && header.origin_rank == expected_origin &&
+               header.payload_bytes == payload,
+           "ring step ", step, ": rank ", rank, " received a malformed K/V block from rank ", (rank + n - 1) % n,
+           " (header says origin rank ", header.origin_rank, ", ", header.payload_bytes, " bytes; expected rank ",
+           expected_origin, ", ", payload, " bytes)");
+  if (!header.verified) return;
+  const uint32_t crc = crc32_bytes(block + kHeaderBytes, payload);
+  RA_CHECK(crc == header.crc, "ring step ", step, ": rank ", rank, " received the K/V block of rank ", expected_origin,
+           " from rank ", (rank + n - 1) % n, " (k ", in.k.shape().str(), " and v ", in.v.shape().str(), ", ", payload,
+           " bytes) with CRC-32 ", std::hex, crc, " but it was sent with ", header.crc, std::dec,
+           ": the block was corrupted in flight and was not used");
 }
 
 }  // namespace
@@ -69,16 +101,27 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
   // One contiguous buffer per block: k, then v, then the kv segment ids.
   const size_t k_bytes = in.k.nbytes(), v_bytes = in.v.nbytes();
   const size_t seg_bytes = in.kv_segment_ids.defined() ? in.kv_segment_ids.nbytes() : 0;
-  const size_t bytes = k_bytes + v_bytes + seg_bytes;
-  std::vector<char> buffers[2] = {std::vector<char>(bytes), std::vector<char>(bytes)};
-  pack(in.k, buffers[0].data());
-  pack(in.v, buffers[0].data() + k_bytes);
+  const size_t payload = k_bytes + v_bytes + seg_bytes, bytes = kHeaderBytes + payload;
+  std::vector<char> storage[2] = {std::vector<char>(bytes + 64), std::vector<char>(bytes + 64)};
+  char* buffers[2];
+  for (int i = 0; i < 2; ++i)  // 64-byte aligned payloads for the SIMD kernels
+    buffers[i] = storage[i].data() + (64 - reinterpret_cast<uintptr_t>(storage[i].data() + kHeaderBytes) % 64) % 64;
+  pack(in.k, buffers[0] + kHeaderBytes);
+  pack(in.v, buffers[0] + kHeaderBytes + k_bytes);
   if (seg_bytes) {
     const TensorView& seg = in.kv_segment_ids;
     for (int64_t b = 0; b < seg.dim(0); ++b)
       for (int64_t s = 0; s < seg.dim(1); ++s)
-        std::memcpy(buffers[0].data() + k_bytes + v_bytes + size_t(b * seg.dim(1) + s) * 4,
+        std::memcpy(buffers[0] + kHeaderBytes + k_bytes + v_bytes + size_t(b * seg.dim(1) + s) * 4,
                     seg.data_as<int32_t>() + b * seg.stride(0) + s * seg.stride(1), 4);
+  }
+  {
+    BlockHeader header;
+    header.origin_rank = rank;
+    header.payload_bytes = payload;
+    header.verified = ctx_.verify_blocks;
+    if (ctx_.verify_blocks) header.crc = crc32_bytes(buffers[0] + kHeaderBytes, payload);
+    std::memcpy(buffers[0], &header, sizeof(header));
   }
   const int64_t q_lo = *std::min_element(pos.q.begin(), pos.q.end());
   const int64_t q_hi = *std::max_element(pos.q.begin(), pos.q.end());
@@ -87,8 +130,9 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     // Phase 1: start moving the block we hold to the next rank (except on the last step).
+    inject_process_fault(ctx_.fault, rank, step);
     std::unique_ptr<PendingExchange> pending;
-    if (step + 1 < n) pending = comm.ring_shift(buffers[cur].data(), buffers[1 - cur].data(), bytes, step);
+    if (step + 1 < n) pending = comm.ring_shift(buffers[cur], buffers[1 - cur], bytes, step);
     // Phase 2: fold our queries against the held block, unless no pair in it can be visible.
     const int src = ring_source_rank(rank, step, n);
     TokenPositions block_pos;
@@ -102,7 +146,7 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
       ++stats_.skipped;
     } else {
       AttentionInputs block = in;
-      char* base = buffers[cur].data();
+      char* base = buffers[cur] + kHeaderBytes;
       block.k = TensorView(base, in.k.dtype(), in.k.shape());
       block.v = TensorView(base + k_bytes, in.v.dtype(), in.v.shape());
       if (seg_bytes) block.kv_segment_ids = TensorView(base + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape());
@@ -115,6 +159,8 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
       pending->wait(ctx_.step_timeout);
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
+      inject_corruption(ctx_.fault, rank, step, buffers[cur] + kHeaderBytes, payload);
+      check_arrived_block(buffers[cur], payload, rank, step, n, in);
     }
     ++stats_.steps;
   }

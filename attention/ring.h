@@ -11,6 +11,7 @@
 #include "attention/attention_impl.h"
 #include "collectives/communicator.h"
 #include "mesh/sequence_layout.h"
+#include "runtime/fault_injection.h"
 
 namespace ra {
 
@@ -20,6 +21,8 @@ struct RingContext {
   int64_t global_q_len = 0, global_kv_len = 0;       // T and S of the whole sequence
   std::string local_impl = "flash_attn2";            // the kernel each step calls
   std::chrono::milliseconds step_timeout{60000};     // per-step deadline on the exchange
+  bool verify_blocks = true;  // CRC-32 of every block in flight, checked on arrival (host ring)
+  FaultPlan fault = FaultPlan::from_environment();  // RINGATTN_FAULT, for the failure tests
 };
 
 // Key-axis positions of the query rows that part `index` of `parts` holds under the layout: global

@@ -83,8 +83,20 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, std::chrono
   }
 }
 
+std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(ncclComm* comm) {
+  RA_CHECK(comm != nullptr, "NcclCommunicator::adopt needs a communicator");
+  std::unique_ptr<NcclCommunicator> self(new NcclCommunicator());
+  self->comm_ = comm;
+  self->owned_ = false;
+  RA_CHECK(ncclCommUserRank(comm, &self->rank_) == ncclSuccess && ncclCommCount(comm, &self->size_) == ncclSuccess,
+           "NcclCommunicator::adopt: the communicator does not answer its rank and size");
+  RA_CUDA_CHECK(cudaStreamCreateWithFlags(&self->stream_, cudaStreamNonBlocking));
+  RA_CUDA_CHECK(cudaEventCreateWithFlags(&self->done_, cudaEventDisableTiming));
+  return self;
+}
+
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_ != nullptr && !aborted_) {
+  if (comm_ != nullptr && !aborted_ && owned_) {
     // Finalize flushes outstanding work; bounded, and an abort when it does not finish.
     (void)cudaStreamSynchronize(stream_);
     ncclCommFinalize(comm_);

@@ -23,6 +23,9 @@ class NcclCommunicator final : public Communicator {
   // Collective over `bootstrap`. The calling thread's current CUDA device is the one used.
   explicit NcclCommunicator(const MpiCommunicator& bootstrap,
                             std::chrono::milliseconds init_timeout = std::chrono::seconds(120));
+  // Uses the caller's communicator (blocking or not) without owning it: it is neither finalized nor
+  // destroyed here, though a failure still aborts it (a failed NCCL communicator is unusable anyway).
+  static std::unique_ptr<NcclCommunicator> adopt(ncclComm* comm);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -50,6 +53,7 @@ class NcclCommunicator final : public Communicator {
   void wait_event(cudaEvent_t event, std::chrono::milliseconds timeout, const std::string& what);
 
  private:
+  NcclCommunicator() = default;
   void check_state(const char* where);  // throws after an abort or an async error
   void wait_enqueued(const char* where);  // non-blocking calls: wait until the call is queued
   void staged_all_reduce(void* host, size_t bytes, size_t count, ReduceOp op, int nccl_type);
@@ -59,6 +63,7 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t done_ = nullptr;
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;
+  bool owned_ = true;
   std::chrono::milliseconds op_timeout_{std::chrono::seconds(120)};
 };
 

@@ -95,7 +95,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
-  Job job(opts, mpi);
+  Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");
   RingContext ctx;

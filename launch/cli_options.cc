@@ -23,7 +23,9 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o) {
     ("dropout-seed", po::value(&o.seed)->default_value(0), "dropout seed")
     ("block-q", po::value(&o.block_q)->default_value(64), "query chunk (blockwise)")
     ("block-k", po::value(&o.block_k)->default_value(64), "key chunk (blockwise)")
-    ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer");
+    ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer")
+    ("no-block-checksums", po::bool_switch(&o.no_block_checksums), "skip the CRC-32 of K/V blocks in flight (host ring)")
+    ("allow-nonfinite", po::bool_switch(&o.allow_nonfinite), "run even when inputs hold NaN or Inf (reported either way)");
 }
 
 int64_t positive(int64_t value, const char* option) {

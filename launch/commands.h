@@ -27,7 +27,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi);
 // With --backend cuda: one GPU per rank (local rank modulo the GPUs of the node), a compute stream,
 // and an NCCL communicator for the sequence axis bootstrapped over that axis' MPI communicator.
 struct Job {
-  Job(const AttentionOptions& opts, const MpiSession& mpi);
+  // `args`: the command line after the subcommand; every rank must have been started with the same.
+  Job(const AttentionOptions& opts, const MpiSession& mpi, const std::string& args);
   Communicator& sequence_axis() const;
   MemoryKind memory() const { return on_device ? MemoryKind::kCuda : MemoryKind::kHost; }
   void* stream() const;    // the compute stream (a cudaStream_t), nullptr on the host
@@ -42,6 +43,9 @@ struct Job {
   std::unique_ptr<NcclCommunicator> nccl_sequence;
 #endif
 };
+
+// The command line after the program name, for the agreement check.
+std::string args_text(int argc, char** argv);
 
 // The implementation the options name, with the ring context filled in for `ring`.
 std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job& job, int64_t q_len, int64_t kv_len,

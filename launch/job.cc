@@ -1,12 +1,38 @@
 // Job setup shared by run, verify and bench.
 #include "attention/registry.h"
 #include "launch/commands.h"
+#include "runtime/checksum.h"
 #include "runtime/error.h"
 
 namespace ra::cli {
 
 // `world` is declared before `shape`, so it exists here.
-Job::Job(const AttentionOptions& opts, const MpiSession& mpi) : shape(MeshShape::parse(mesh_text(opts, world.size()))) {
+std::string args_text(int argc, char** argv) {
+  std::string text;
+  for (int i = 0; i < argc; ++i) text += std::string(i ? " " : "") + argv[i];
+  return text;
+}
+
+namespace {
+
+// Every rank compares the CRC of its command line with every other's, before any other exchange, so
+// a job whose ranks were started differently stops with the same message everywhere.
+void check_same_options(MpiCommunicator& world, const std::string& args) {
+  const uint32_t mine = crc32_bytes(args.data(), args.size());
+  std::vector<uint32_t> all(size_t(world.size()));
+  world.all_gather(&mine, all.data(), sizeof(mine));
+  std::string differing;
+  for (int r = 0; r < world.size(); ++r)
+    if (all[size_t(r)] != all[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+  RA_CHECK(differing.empty(), "the ranks were started with different options: rank(s) ", differing,
+           " differ from rank 0 (this is rank ", world.rank(), ": '", args, "'); start every rank with the same command");
+}
+
+}  // namespace
+
+Job::Job(const AttentionOptions& opts, const MpiSession& mpi, const std::string& args)
+    : shape(MeshShape::parse(mesh_text(opts, world.size()))) {
+  check_same_options(world, args);
   RA_CHECK(shape.size() == world.size(), "--mesh ", shape.str(), " has ", shape.size(), " ranks but the job has ",
            world.size(), " (mpirun -np ", world.size(), ")");
   mesh = std::make_unique<DeviceMesh>(shape, world);
@@ -52,6 +78,7 @@ std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job
   ctx.global_kv_len = kv_len;
   ctx.local_impl = opts.local_impl;
   ctx.step_timeout = std::chrono::seconds(opts.timeout_s);
+  ctx.verify_blocks = !opts.no_block_checksums;
   RA_CHECK(name == "ring" || ctx.comm->size() == 1, "--impl ", name, " runs on one rank's whole sequence; the mesh's sp axis has ",
            ctx.comm->size(), " ranks: use --impl ring (or a mesh without sp)");
   std::unique_ptr<AttentionImpl> impl = registry.create(name, parse_backend(opts.backend), &ctx);

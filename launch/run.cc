@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "attention/invariants.h"
 #include "attention/validate.h"
 #include "launch/commands.h"
 #include "launch/sharded_io.h"
@@ -9,6 +10,26 @@
 #include "runtime/memory.h"
 
 namespace ra::cli {
+namespace {
+
+// NaN / Inf in the inputs: counted on every rank, summed, reported per dataset; an error unless
+// --allow-nonfinite.
+void check_finite_inputs(const LocalTensors& local, const std::string& input, bool allow, Job& job) {
+  const std::pair<const Tensor*, const char*> datasets[] = {{&local.q, "q"}, {&local.k, "k"}, {&local.v, "v"}, {&local.bias, "bias"}};
+  int64_t counts[4];
+  for (int i = 0; i < 4; ++i) counts[i] = count_nonfinite(datasets[i].first->view());
+  job.world.all_reduce(counts, 4, ReduceOp::kSum);
+  for (int i = 0; i < 4; ++i) {
+    if (counts[i] == 0) continue;
+    RA_CHECK(allow, "input '", input, "' dataset '", datasets[i].second, "' holds ", counts[i],
+             " NaN or Inf values (summed over the ranks' slices); pass --allow-nonfinite to run anyway");
+    if (job.world.rank() == 0)
+      std::fprintf(stderr, "ringattn run: warning: dataset '%s' holds %ld NaN or Inf values (--allow-nonfinite)\n",
+                   datasets[i].second, long(counts[i]));
+  }
+}
+
+}  // namespace
 
 int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
@@ -22,7 +43,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   add_attention_options(desc, opts);
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]")) return kOk;
   const AttentionParams params = to_params(opts);
-  Job job(opts, mpi);
+  Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
 
   H5File file(input, H5File::Mode::kRead, job.world.comm());
@@ -33,6 +54,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   LocalTensors local = read_local(file, plan);
   const AttentionInputs in = local.inputs();
   validate_attention(in, params, pos, impl->max_head_dim());  // before the first exchange
+  check_finite_inputs(local, input, opts.allow_nonfinite, job);
   job.world.barrier();
 
   // The cuda backend reads device copies (through pinned staging by the CUDA runtime) and hands back
@@ -45,6 +67,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   job.world.all_reduce(&seconds, 1, ReduceOp::kMax);
 
+  check_output_invariants(in, params, out.o, out.lse, job.sequence_axis());
   const std::map<std::string, std::string> attributes{
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", params.describe()},

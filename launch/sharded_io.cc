@@ -2,6 +2,8 @@
 // NamedSharding of the dp and tp axes.
 #include "launch/sharded_io.h"
 
+#include "launch/output_manifest.h"
+
 #include <filesystem>
 
 #include "mesh/sharding.h"
@@ -176,6 +178,7 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
     f.write("o", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim), o);
     f.write("lse", select_lse(p), lse);
     for (const auto& [name, value] : attributes) f.set_attribute(name, value);
+    f.set_attribute("manifest", manifest_json(p, o.dtype(), output_checksums(p, o, lse, comm), attributes));
     f.close();
   }
   MPI_Barrier(comm);

@@ -7,6 +7,7 @@
 #include "attention/sdpa_cpu.h"
 #include "attention/tolerance.h"
 #include "launch/commands.h"
+#include "launch/output_manifest.h"
 #include "launch/sharded_io.h"
 
 namespace ra::cli {
@@ -22,7 +23,7 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]"))
     return kOk;
   const AttentionParams params = to_params(opts);
-  Job job(opts, mpi);
+  Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   H5File in_file(input, H5File::Mode::kRead, job.world.comm());
   H5File out_file(output, H5File::Mode::kRead, job.world.comm());
@@ -30,6 +31,8 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   LocalTensors local = read_local(in_file, plan, /*whole_kv=*/true);
   Tensor o, lse;
   read_outputs(out_file, plan, o, lse);
+  // The file is what `run` wrote: its manifest's checksums match before any number is compared.
+  check_manifest(out_file.string_attribute("manifest"), output_checksums(plan, o, lse, job.world.comm()), output);
 
   // This rank's queries against every key.
   TokenPositions pos = TokenPositions::dense(plan.q_len, plan.kv_len);

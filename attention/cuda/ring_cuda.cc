@@ -92,6 +92,7 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   stats_ = RingStats{};
   int cur = 0;
   for (int step = 0; step < n; ++step) {
+    inject_process_fault(ctx_.fault, rank, step);
     std::unique_ptr<PendingExchange> pending;
     if (step + 1 < n) {
       nccl->stream_wait(compute_done.get());  // the receive buffer was read by the previous compute

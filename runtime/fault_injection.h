@@ -1,0 +1,30 @@
+// Built-in fault injection for the failure tests, driven by one environment variable read once:
+//   RINGATTN_FAULT=<kind>:rank=<r>:step=<s>[:ms=<m>]
+// kinds: kill (SIGKILL), term (SIGTERM), abort (std::abort), exit (exit code 9), stall (sleep m ms,
+// default 1 hour), corrupt (flip a high byte of a value in the block received at that step, to be
+// caught by the block checksum). Off unless the variable is set; a malformed value is an error naming it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace ra {
+
+struct FaultPlan {
+  enum class Kind { kNone, kKill, kTerm, kAbort, kExit, kStall, kCorrupt };
+  Kind kind = Kind::kNone;
+  int rank = -1, step = -1;
+  long ms = 3600 * 1000;
+
+  static FaultPlan parse(const std::string& text);  // throws on a malformed value
+  static FaultPlan from_environment();              // RINGATTN_FAULT, or none
+  bool armed(int rank_now, int step_now) const { return kind != Kind::kNone && rank == rank_now && step == step_now; }
+};
+
+// At the start of a ring step: kill, term, abort, exit or stall when the plan names this rank and step.
+void inject_process_fault(const FaultPlan& plan, int rank, int step);
+
+// After a block arrived: flips one byte of it when the plan says corrupt for this rank and step.
+void inject_corruption(const FaultPlan& plan, int rank, int step, void* block, size_t bytes);
+
+}  // namespace ra
