@@ -102,10 +102,10 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
   const size_t k_bytes = in.k.nbytes(), v_bytes = in.v.nbytes();
   const size_t seg_bytes = in.kv_segment_ids.defined() ? in.kv_segment_ids.nbytes() : 0;
   const size_t payload = k_bytes + v_bytes + seg_bytes, bytes = kHeaderBytes + payload;
-  std::vector<char> storage[2] = {std::vector<char>(bytes + 64), std::vector<char>(bytes + 64)};
+  std::unique_ptr<char[]> storage[2] = {std::make_unique<char[]>(bytes + 64), std::make_unique<char[]>(bytes + 64)};
   char* buffers[2];
   for (int i = 0; i < 2; ++i)  // 64-byte aligned payloads for the SIMD kernels
-    buffers[i] = storage[i].data() + (64 - reinterpret_cast<uintptr_t>(storage[i].data() + kHeaderBytes) % 64) % 64;
+    buffers[i] = storage[i].get() + (64 - reinterpret_cast<uintptr_t>(storage[i].get() + kHeaderBytes) % 64) % 64;
   pack(in.k, buffers[0] + kHeaderBytes);
   pack(in.v, buffers[0] + kHeaderBytes + k_bytes);
   if (seg_bytes) {
@@ -156,7 +156,15 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
     // Phase 3: the next block must have arrived before the next step reads it.
     if (pending) {
       const auto t1 = std::chrono::steady_clock::now();
-      pending->wait(ctx_.step_timeout);
+      try {
+        pending->wait(ctx_.step_timeout);
+      } catch (...) {
+        // A half-done exchange cannot be cancelled: MPI may still write into these buffers until the
+        // job is aborted, so they are deliberately not freed on the way out.
+        (void)storage[0].release();
+        (void)storage[1].release();
+        throw;
+      }
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
       inject_corruption(ctx_.fault, rank, step, buffers[cur] + kHeaderBytes, payload);

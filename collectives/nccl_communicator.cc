@@ -4,6 +4,7 @@
 
 #include <nccl.h>
 
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -96,6 +97,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(ncclComm* comm) {
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  // During error unwinding a peer may be gone: finalizing would wait on it, so abort instead.
+  if (comm_ != nullptr && !aborted_ && owned_ && std::uncaught_exceptions() > 0) abort();
   if (comm_ != nullptr && !aborted_ && owned_) {
     // Finalize flushes outstanding work; bounded, and an abort when it does not finish.
     (void)cudaStreamSynchronize(stream_);

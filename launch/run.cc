@@ -6,6 +6,7 @@
 #include "attention/validate.h"
 #include "launch/commands.h"
 #include "launch/sharded_io.h"
+#include "launch/watchdog.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
 
@@ -35,16 +36,22 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   std::string input, output;
   bool overwrite = false;
+  int64_t io_timeout_s = 600;
   po::options_description desc("ringattn run");
   desc.add_options()("help", "this text")
     ("input", po::value(&input)->required(), "HDF5 file with q, k, v (and optional mask, bias, segment_ids)")
     ("output", po::value(&output)->required(), "HDF5 file to write o and lse to")
-    ("overwrite", po::bool_switch(&overwrite), "replace an existing output file");
+    ("overwrite", po::bool_switch(&overwrite), "replace an existing output file")
+    ("io-timeout", po::value(&io_timeout_s)->default_value(600), "seconds reading, checking or writing may take before the job is aborted");
   add_attention_options(desc, opts);
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]")) return kOk;
   const AttentionParams params = to_params(opts);
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
+  // Phases without a deadline of their own get one: the ring's per-step timeout times (steps + 2)
+  // for the attention, and --io-timeout for reading, checking and writing.
+  Watchdog watchdog(rank);
+  watchdog.phase("reading the inputs", std::chrono::seconds(io_timeout_s));
 
   H5File file(input, H5File::Mode::kRead, job.world.comm());
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts));
@@ -59,6 +66,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
 
   // The cuda backend reads device copies (through pinned staging by the CUDA runtime) and hands back
   // host copies of O and LSE for the collective write.
+  watchdog.phase("the attention", std::chrono::seconds(opts.timeout_s * (job.sequence_axis().size() + 2)));
   const auto t0 = std::chrono::steady_clock::now();
   const InputsCopy staged = job.on_device ? copy_inputs(in, MemoryKind::kCuda) : InputsCopy{};
   AttentionOutput out = impl->forward(job.on_device ? staged.inputs : in, params, pos);
@@ -67,12 +75,14 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   job.world.all_reduce(&seconds, 1, ReduceOp::kMax);
 
+  watchdog.phase("checking and writing the outputs", std::chrono::seconds(io_timeout_s));
   check_output_invariants(in, params, out.o, out.lse, job.sequence_axis());
   const std::map<std::string, std::string> attributes{
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", params.describe()},
       {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
   write_outputs(output, plan, out.o, out.lse, attributes, job.world.comm(), overwrite);
+  watchdog.disarm();
   if (rank == 0) {
     double flops = 4.0 * plan.batch * plan.q_heads * double(plan.q_len) * double(plan.kv_len) * plan.head_dim;
     if (params.causal) flops /= 2;

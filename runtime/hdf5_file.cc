@@ -4,6 +4,8 @@
 
 #include <hdf5.h>
 
+#include <exception>
+
 #include "runtime/error.h"
 
 namespace ra {
@@ -123,7 +125,10 @@ H5File::H5File(const std::string& path, Mode mode, MPI_Comm comm) : path_(path) 
 }
 
 H5File::~H5File() {
-  if (file_ >= 0) H5Fclose(file_);
+  // Closing a file opened over MPI is collective. While an error unwinds the stack the other ranks
+  // may never join (a dead or stalled peer), so the handle is left to the job's abort instead of
+  // blocking here and turning a clean failure into a hang.
+  if (file_ >= 0 && !(collective_ && std::uncaught_exceptions() > 0)) H5Fclose(file_);
 }
 
 void H5File::close() {

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Fail-stop under faults (RINGATTN_FAULT) and bad data, on 3 CPU ranks: a rank that dies at the
+# first, a middle and the last ring step, a stalled rank, a corrupted block, ranks started with
+# different options, NaN inputs, a tampered output. Each case asserts a non-zero exit within a
+# deadline, the message, and that no output file appears under its final name.
+# Usage: fault_test.sh RINGATTN MPIEXEC [BACKEND]   (BACKEND cuda runs the NCCL cases on GPUs)
+set -u
+ra=$1; mpiexec=$2; backend=${3:-cpu}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+python=/usr/bin/python3; [ -x $python ] || python=python3
+n=3; [ "$backend" = cuda ] && n=2
+fails=0; passes=0
+# expect NAME WANT(zero|nonzero) DEADLINE_S PATTERN OUTPUT -- command...
+expect() {
+  local name=$1 want=$2 deadline=$3 pattern=$4 output=$5; shift 6
+  local start out code took ok=1
+  start=$(date +%s)
+  out=$(timeout $((deadline + 30)) "$@" 2>&1); code=$?
+  took=$(( $(date +%s) - start ))
+  if [ "$want" = zero ]; then [ $code -eq 0 ] || ok=0; else [ $code -ne 0 ] || ok=0; fi
+  [ $took -le "$deadline" ] || ok=0
+  grep -q -- "$pattern" <<<"$out" || ok=0
+  [ -n "$output" ] && [ "$want" != zero ] && [ -e "$output" ] && ok=0
+  if [ $ok -eq 1 ]; then passes=$((passes+1)); echo "ok   $name (exit $code, ${took}s)";
+  else fails=$((fails+1)); echo "FAIL $name (exit $code, ${took}s, deadline ${deadline}s, pattern '$pattern')"; echo "$out" | tail -8; fi
+}
+dtype=f32; [ "$backend" = cuda ] && dtype=bf16
+"$ra" generate --output "$dir/in.h5" --seq 192 --heads 4 --head-dim 64 --dtype $dtype >/dev/null || exit 1
+common=(--input "$dir/in.h5" --backend "$backend" --timeout 5)
+
+last=$((n - 1))
+for kind in kill term abort exit; do
+  for step in 0 1 $last; do
+    [ $kind != kill ] && [ $step != 1 ] && continue   # every kind once, kill at every position
+    expect "$kind-rank1-step$step" nonzero 60 "" "$dir/o.h5" -- \
+      env RINGATTN_FAULT=$kind:rank=1:step=$step "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
+  done
+done
+expect stall-rank1-step1 nonzero 40 "ring step" "$dir/o.h5" -- \
+  env RINGATTN_FAULT=stall:rank=1:step=1:ms=600000 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
+# A rank that stalls after the ring's last exchange: the others wait in collective writes, and the
+# watchdog (--io-timeout) ends the job.
+expect stall-after-ring nonzero 45 "did not finish within" "$dir/o.h5" -- \
+  env RINGATTN_FAULT=stall:rank=1:step=$last:ms=600000 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5" --io-timeout 5
+if [ "$backend" = cpu ]; then
+  expect corrupt-block-caught-by-crc nonzero 60 "corrupted in flight and was not used" "$dir/o.h5" -- \
+    env RINGATTN_FAULT=corrupt:rank=2:step=0 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
+  expect corrupt-block-caught-by-output-check nonzero 60 "output check" "$dir/o.h5" -- \
+    env RINGATTN_FAULT=corrupt:rank=2:step=0 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5" --no-block-checksums
+fi
+expect different-options nonzero 60 "started with different options" "$dir/o.h5" -- \
+  "$mpiexec" --oversubscribe -np 1 "$ra" run "${common[@]}" --output "$dir/o.h5" --causal : -np $((n - 1)) "$ra" run "${common[@]}" --output "$dir/o.h5"
+expect bad-fault-spec nonzero 60 "unknown kind 'explode'" "$dir/o.h5" -- \
+  env RINGATTN_FAULT=explode:rank=0:step=0 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
+
+# NaN in the input: refused by default, accepted (and reported) with --allow-nonfinite.
+if $python -c "import h5py" 2>/dev/null; then
+  cp "$dir/in.h5" "$dir/nan.h5"
+  $python -c "import h5py, numpy as np; f = h5py.File('$dir/nan.h5', 'r+'); q = f['q'][...]; q[0, 5, 1, 3] = np.nan; f['q'][...] = q"
+  expect nan-input-refused nonzero 60 "dataset 'q' holds 1 NaN or Inf" "$dir/o.h5" -- \
+    "$mpiexec" --oversubscribe -np $n "$ra" run --input "$dir/nan.h5" --backend "$backend" --output "$dir/o.h5"
+  expect nan-input-allowed zero 60 "holds 1 NaN or Inf values (--allow-nonfinite)" "" -- \
+    "$mpiexec" --oversubscribe -np $n "$ra" run --input "$dir/nan.h5" --backend "$backend" --output "$dir/nan_out.h5" --allow-nonfinite
+  # A clean run, then its output changed after the fact: verify refuses it by the manifest checksum.
+  expect clean-run zero 60 "ringattn run" "" -- "$mpiexec" --oversubscribe -np $n "$ra" run "${common[@]}" --output "$dir/good.h5"
+  expect verify-clean zero 60 "#wrong 0  OK" "" -- "$ra" verify --input "$dir/in.h5" --output "$dir/good.h5"
+  $python -c "import h5py; f = h5py.File('$dir/good.h5', 'r+'); l = f['lse'][...]; l[0, 0, 7] += 1e-3; f['lse'][...] = l"
+  expect verify-tampered nonzero 60 "does not match the manifest" "" -- "$ra" verify --input "$dir/in.h5" --output "$dir/good.h5"
+else
+  echo "skip NaN / tamper cases: no h5py"
+fi
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
