@@ -18,6 +18,9 @@ if [ "$stage" = check ]; then
   mpirun -np 2 $bin run --backend cuda --input $d/in.h5 --output $d/out.h5 --causal --layout zigzag &&
   $bin verify --input $d/in.h5 --output $d/out.h5 --causal; echo "cli round trip exit $?"
 fi
+if [ "$stage" = faults ]; then
+  bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
+fi
 bench() {  # ranks, then bench options
   local n=$1; shift
   mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim 128 --dtype bf16 --warmup 2 "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"

@@ -129,8 +129,8 @@ void NcclCommunicator::check_state(const char* where) {
   }
 }
 
-void NcclCommunicator::wait_enqueued(const char* where) {
-  const auto deadline = Clock::now() + op_timeout_;
+void NcclCommunicator::wait_enqueued(const std::string& what, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
   for (;;) {
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(comm_, &state);
@@ -138,11 +138,11 @@ void NcclCommunicator::wait_enqueued(const char* where) {
     if (state != ncclInProgress) {
       const std::string text = nccl_error_text(state, comm_);
       abort();
-      RA_FAIL("NCCL error on rank ", rank_, " in ", where, ": ", text);
+      RA_FAIL(what, ": NCCL error on rank ", rank_, ": ", text);
     }
     if (Clock::now() > deadline) {
       abort();
-      RA_FAIL("NCCL ", where, " on rank ", rank_, " could not be queued within ", op_timeout_.count(), " ms");
+      RA_FAIL(what, ": not started within ", timeout.count(), " ms; the NCCL communicator was aborted");
     }
     std::this_thread::yield();
   }
@@ -182,7 +182,9 @@ std::unique_ptr<PendingExchange> NcclCommunicator::ring_shift(const void* send, 
       RA_FAIL("ring step ", tag, " (NCCL): queuing the send to rank ", next(), " and the receive from rank ", previous(),
               " failed: ", ncclGetErrorString(r));
     }
-    wait_enqueued("ring_shift");
+    wait_enqueued(detail::concat("ring step ", tag, " (NCCL): rank ", rank_, " starting the exchange with rank ",
+                                 previous(), " (receive) and rank ", next(), " (send)"),
+                  op_timeout_);
   }
   RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
   return std::make_unique<NcclExchange>(*this, done_, tag);
@@ -201,7 +203,7 @@ void NcclCommunicator::staged_all_reduce(void* data, size_t bytes, size_t count,
   void* device = cuda_allocate(bytes, "an all-reduce buffer");
   RA_CUDA_CHECK(cudaMemcpyAsync(device, data, bytes, cudaMemcpyHostToDevice, stream_));
   ncclAllReduce(device, device, count, static_cast<ncclDataType_t>(nccl_type), nccl_op(op), comm_, stream_);
-  wait_enqueued("all_reduce");
+  wait_enqueued("NCCL all_reduce", op_timeout_);
   RA_CUDA_CHECK(cudaMemcpyAsync(data, device, bytes, cudaMemcpyDeviceToHost, stream_));
   RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
   wait_event(done_, op_timeout_, "NCCL all_reduce");
@@ -211,7 +213,7 @@ void NcclCommunicator::staged_all_reduce(void* data, size_t bytes, size_t count,
 void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
   check_state("all_gather");
   ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_);
-  wait_enqueued("all_gather");
+  wait_enqueued("NCCL all_gather", op_timeout_);
   RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
   wait_event(done_, op_timeout_, "NCCL all_gather");
 }
@@ -219,7 +221,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes_per
 void NcclCommunicator::broadcast(void* data, size_t bytes, int root) {
   check_state("broadcast");
   ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_);
-  wait_enqueued("broadcast");
+  wait_enqueued("NCCL broadcast", op_timeout_);
   RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
   wait_event(done_, op_timeout_, "NCCL broadcast");
 }

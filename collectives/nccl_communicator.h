@@ -45,6 +45,9 @@ class NcclCommunicator final : public Communicator {
   void broadcast(void* data, size_t bytes, int root) override;
   void barrier() override;
 
+  // The deadline of each operation (a ring step's exchange included); the ring sets its step timeout.
+  void set_timeout(std::chrono::milliseconds timeout) { op_timeout_ = timeout; }
+
   // Aborts the NCCL communicator (idempotent); later calls throw.
   void abort();
   bool aborted() const { return aborted_; }
@@ -55,7 +58,9 @@ class NcclCommunicator final : public Communicator {
  private:
   NcclCommunicator() = default;
   void check_state(const char* where);  // throws after an abort or an async error
-  void wait_enqueued(const char* where);  // non-blocking calls: wait until the call is queued
+  // Non-blocking calls: wait until the call is queued (a first send/recv also connects to the peer,
+  // which needs the peer); throws `what` after `timeout`.
+  void wait_enqueued(const std::string& what, std::chrono::milliseconds timeout);
   void staged_all_reduce(void* host, size_t bytes, size_t count, ReduceOp op, int nccl_type);
 
   ncclComm* comm_ = nullptr;

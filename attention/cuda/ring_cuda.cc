@@ -62,6 +62,7 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
                                           const AttentionParams& params, Carry& carry) const {
   Communicator& comm = *ctx_.comm;
   auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  if (nccl) nccl->set_timeout(ctx_.step_timeout);
   const int n = comm.size(), rank = comm.rank();
   const int64_t local_kv = ctx_.global_kv_len / n;
   RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,

@@ -192,5 +192,20 @@ TEST(CudaFlash, HostInputsAreRefusedByName) {
   }
 }
 
+TEST(CudaMemory, OutOfMemoryNamesBytesAskedAndFree) {
+  RA_REQUIRE_GPU();
+  try {
+    Tensor huge(DType::kF32, {int64_t(1) << 40}, MemoryKind::kCuda);  // 4 TiB
+    FAIL() << "a 4 TiB device allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("out of device memory"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("4398046511104 bytes"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("are free"), std::string::npos) << e.message();
+  }
+  // The device is still usable afterwards.
+  Tensor small(DType::kF32, {1024}, MemoryKind::kCuda);
+  RA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 }  // namespace
 }  // namespace ra::test
