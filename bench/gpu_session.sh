@@ -21,6 +21,10 @@ fi
 if [ "$stage" = faults ]; then
   bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
 fi
+if [ "$stage" = cudnn ]; then
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 12
+  mpirun -np 2 $build/tests/ring_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_cuda_2.log" | tail -n 12
+fi
 bench() {  # ranks, then bench options
   local n=$1; shift
   mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim 128 --dtype bf16 --warmup 2 "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
@@ -33,6 +37,13 @@ if [ "$stage" = bench ]; then
   done
   bench 1 --impl sdpa --seq 8192 --iters 3
   bench 1 --impl sdpa --seq 8192 --iters 3 --causal
+fi
+if [ "$stage" = cudnn ]; then
+  for causal in "" "--causal"; do bench 1 --impl cudnn --seq 32768 --iters 10 $causal; done
+  for causal in "" "--causal --layout zigzag"; do
+    bench 2 --impl ring --local-impl cudnn --seq 32768 --iters 10 $causal
+    bench 2 --impl ring --local-impl cudnn --seq 131072 --iters 5 $causal
+  done
 fi
 if [ "$stage" = ring ]; then
   for t in 8192 32768 131072; do

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-test}
 packages="g++ cmake ninja-build ccache openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev
-  pkg-config python3-h5py zlib1g-dev"
+  pkg-config python3-h5py zlib1g-dev unzip"
 missing=$(for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   echo "installing: $missing"
@@ -17,6 +17,18 @@ if [ -n "$missing" ]; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 jobs=$(nproc)
+# cudnn-frontend (header-only, MIT) for the `cudnn` implementation, when CUDA is here: from its
+# PyPI wheel, pinned. Without network the build goes on without `cudnn`.
+frontend=build/_deps/cudnn_frontend
+if command -v nvcc >/dev/null && [ ! -f $frontend/include/cudnn_frontend.h ]; then
+  mkdir -p $frontend/wheel
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+       --platform manylinux_2_28_x86_64 nvidia-cudnn-frontend==1.32.0 -d $frontend/wheel 2>/dev/null; then
+    unzip -q -o $frontend/wheel/*.whl 'include/*' -d $frontend
+  else
+    echo "note: could not fetch cudnn-frontend; building without the cudnn implementation"
+  fi
+fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${RA_CMAKE_ARGS:-}
 cmake --build build -j "$jobs"
 case "$mode" in

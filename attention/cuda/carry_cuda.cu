@@ -28,11 +28,12 @@ __global__ void merge_kernel(float* num, float* den, float* mx, const float* onu
   }
 }
 
-__global__ void fold_kernel(float* num, float* den, float* mx, const void* o, DType o_dtype, const float* lse,
-                            int64_t heads, int64_t rows, int dv) {
-  const int64_t row = blockIdx.x;  // (b, h, t)
-  const int64_t t = row % rows, bh = row / rows, h = bh % heads, b = bh / heads;
-  const float m_old = mx[row], m_block = lse[row];
+__global__ void fold_kernel(float* num, float* den, float* mx, const void* o, DType o_dtype, const float* lse_block,
+                            int64_t heads, int64_t rows, int64_t carry_rows, int64_t row_offset, int dv) {
+  const int64_t block_row = blockIdx.x;  // (b, h, t) of the block
+  const int64_t t = block_row % rows, bh = block_row / rows, h = bh % heads, b = bh / heads;
+  const int64_t row = bh * carry_rows + row_offset + t;
+  const float m_old = mx[row], m_block = lse_block[block_row];
   const float m = fmaxf(m_old, m_block);
   if (m == -INFINITY) return;
   const float a = rescale_factor(m_old, m), c = rescale_factor(m_block, m);
@@ -95,15 +96,17 @@ void merge_carry_cuda(Carry& into, const Carry& other, int64_t row_offset, cudaS
   RA_CUDA_CHECK(cudaGetLastError());
 }
 
-void fold_output_lse_cuda(Carry& into, const TensorView& o, const TensorView& lse, cudaStream_t stream) {
-  RA_CHECK(o.is_contiguous() && o.numel() == into.row_count() * into.value_dim && lse.dtype() == DType::kF32 &&
-               lse.numel() == into.row_count(),
-           "fold_output_lse: o ", o.shape().str(), " and lse ", lse.shape().str(), " do not match the carry ",
-           into.numerator.shape().str());
-  if (into.row_count() == 0) return;
-  fold_kernel<<<unsigned(into.row_count()), row_threads(into.value_dim), 0, stream>>>(
+void fold_output_lse_cuda(Carry& into, const TensorView& o, const TensorView& lse, int64_t row_offset,
+                          cudaStream_t stream) {
+  const int64_t rows = o.dim(1), block_rows = into.batch * into.heads * rows;
+  RA_CHECK(o.is_contiguous() && o.dim(0) == into.batch && o.dim(2) == into.heads && o.dim(3) == into.value_dim &&
+               row_offset >= 0 && row_offset + rows <= into.rows && lse.dtype() == DType::kF32 && lse.numel() == block_rows,
+           "fold_output_lse: o ", o.shape().str(), " and lse ", lse.shape().str(), " at row ", row_offset,
+           " do not match the carry ", into.numerator.shape().str());
+  if (block_rows == 0) return;
+  fold_kernel<<<unsigned(block_rows), row_threads(into.value_dim), 0, stream>>>(
       into.numerator.data<float>(), into.denominator.data<float>(), into.max.data<float>(), o.data(), o.dtype(),
-      lse.data_as<float>(), into.heads, into.rows, int(into.value_dim));
+      lse.data_as<float>(), into.heads, rows, into.rows, row_offset, int(into.value_dim));
   RA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -17,7 +17,9 @@ void merge_carry_cuda(Carry& into, const Carry& other, int64_t row_offset, cudaS
 // into <- into (+) the block whose normalised output is o (B, T, Hq, Dv, any float dtype, device) and
 // whose log-sum-exp is lse (B, Hq, T) f32: the block is the carry {max = lse, denominator = 1,
 // numerator = o}. lse = -inf marks an empty block row and contributes nothing.
-void fold_output_lse_cuda(Carry& into, const TensorView& o, const TensorView& lse, cudaStream_t stream);
+// The block covers rows [row_offset, row_offset + o.dim(1)) of the carry.
+void fold_output_lse_cuda(Carry& into, const TensorView& o, const TensorView& lse, int64_t row_offset,
+                          cudaStream_t stream);
 
 // O (B, T, Hq, Dv) in o's dtype and LSE (B, Hq, T) f32, with optional sinks (Hq f32), on the device.
 void finalize_cuda(const Carry& carry, const TensorView& sinks, const TensorView& o, const TensorView& lse,

@@ -8,6 +8,8 @@
 
 namespace ra {
 
+void register_cudnn_implementation(AttentionRegistry& registry);  // cudnn_attention.cc
+
 void CudaAttentionImpl::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                    Carry& carry) const {
   check_supported(in, params);
@@ -48,6 +50,9 @@ void register_cuda_implementations(AttentionRegistry& registry) {
                          [](const RingContext*) { return std::make_unique<FlashCuda>(); });
   registry.register_impl({"sdpa", "scaled_dot_product_attention", "vanilla"}, Backend::kCuda,
                          [](const RingContext*) { return std::make_unique<SdpaCuda>(); });
+#if RA_HAVE_CUDNN
+  register_cudnn_implementation(registry);
+#endif
   registry.register_impl({"ring", "ring_attention"}, Backend::kCuda, [](const RingContext* ctx) {
     RA_CHECK(ctx != nullptr, "attention implementation 'ring' needs a RingContext (communicator, layout, lengths)");
     return std::make_unique<RingAttentionCuda>(*ctx);

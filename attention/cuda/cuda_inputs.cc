@@ -78,7 +78,8 @@ DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStre
   std::memcpy(staging_, pos.q.data(), pos.q.size() * sizeof(int64_t));
   std::memcpy(staging_ + pos.q.size(), pos.k.data(), pos.k.size() * sizeof(int64_t));
   RA_CUDA_CHECK(cudaMemcpyAsync(device_, staging_, count * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-  return DevicePositions{device_, device_ + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end())};
+  return DevicePositions{device_, device_ + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end()),
+                         pos.q.data(), pos.k.data()};
 }
 
 }  // namespace ra

@@ -18,6 +18,8 @@ struct DevicePositions {
   const int64_t* k = nullptr;  // S entries: global index of each local key row
   int64_t total_keys = 0;
   bool keys_sorted = false;    // k ascending: a tile's key range is its first and last entry
+  const int64_t* q_host = nullptr;  // the same positions on the host, when the caller has them
+  const int64_t* k_host = nullptr;  //   (cudnn splits blocks by them)
 };
 
 // A strided 4-D device view (unused dims have stride 0).

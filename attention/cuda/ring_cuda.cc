@@ -87,6 +87,8 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
 
   // Host copies of positions for block skipping (the kernels read the device copies).
   const std::vector<int64_t> q_host = layout_query_positions(ctx_.layout, ctx_.global_q_len, ctx_.global_kv_len, n, rank);
+  RA_CHECK(int64_t(q_host.size()) == in.q.dim(1), "q dimension 1 (q_len) is ", in.q.dim(1), " on rank ", rank,
+           ", expected the local shard of ", q_host.size(), " rows");
   const int64_t q_lo = *std::min_element(q_host.begin(), q_host.end());
   const int64_t q_hi = *std::max_element(q_host.begin(), q_host.end());
 
@@ -112,7 +114,8 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       block.v = TensorView(base[cur] + k_bytes, in.v.dtype(), in.v.shape(), MemoryKind::kCuda);
       if (seg_bytes)
         block.kv_segment_ids = TensorView(base[cur] + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape(), MemoryKind::kCuda);
-      const DevicePositions block_pos{pos.q, pos.k + int64_t(src) * local_kv, pos.total_keys, pos.keys_sorted};
+      const DevicePositions block_pos{pos.q, pos.k + int64_t(src) * local_kv, pos.total_keys, pos.keys_sorted,
+                                      q_host.data(), k_host.data()};
       local_->accumulate_device(block, block_pos, params, carry);
     }
     compute_done.record(stream_);

@@ -53,6 +53,18 @@ std::vector<CudaCase> all_cases() {
         cases.push_back({impl, ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
       }
     }
+#if RA_HAVE_CUDNN
+  // cudnn: the options it expresses (causal with S >= T, sinks through our finalize), GQA, D 64 / 128.
+  const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64}, {2, 1, 97, 8, 2, 128}};
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (int o = 0; o < 4; ++o) {
+      Options opt;
+      opt.causal = o == 1 || o == 3;
+      opt.sinks = o >= 2;
+      const Shape& sh = cudnn_shapes[seed % std::size(cudnn_shapes)];
+      cases.push_back({"cudnn", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
+    }
+#endif
   return cases;
 }
 
@@ -191,6 +203,22 @@ TEST(CudaFlash, HostInputsAreRefusedByName) {
     EXPECT_NE(e.message().find("host memory"), std::string::npos) << e.message();
   }
 }
+
+#if RA_HAVE_CUDNN
+TEST(Cudnn, OptionsItCannotExpressNameFlashAttn2) {
+  RA_REQUIRE_GPU();
+  Problem p(ProblemSpec{1, 64, 64, 2, 2, 64, 64, DType::kBF16, Options{false, false, false, false, true}, 5});
+  const InputsCopy dev = copy_inputs(p.inputs(), MemoryKind::kCuda);
+  auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
+  try {
+    impl->forward(dev.inputs, p.params());
+    FAIL() << "a bias was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("cannot express a bias"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("flash_attn2"), std::string::npos) << e.message();
+  }
+}
+#endif
 
 TEST(CudaMemory, OutOfMemoryNamesBytesAskedAndFree) {
   RA_REQUIRE_GPU();

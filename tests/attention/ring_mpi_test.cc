@@ -64,6 +64,10 @@ class RingVsReference : public testing::TestWithParam<RingCase> {};
 
 TEST_P(RingVsReference, EveryRankMatchesReference) {
   const RingCase& c = GetParam();
+  if (c.local_impl == "cudnn" && !g_cuda) GTEST_SKIP() << "cudnn runs on GPUs only";
+#if !RA_HAVE_CUDNN
+  if (c.local_impl == "cudnn") GTEST_SKIP() << "built without cudnn";
+#endif
   const int n = g_world->size(), r = g_world->rank();
   ProblemSpec spec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, 64, 32, c.dtype, c.options, 42};
   if (g_cuda) {
@@ -113,7 +117,7 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   Comparison cmp = compare(out.o, out.lse, ref, output_tolerance(dtype, max_abs_value(g.v) * scale), kLseTolerance);
 
   // Independence from the ring size: the single-process flash result on the same rows.
-  AttentionOutput single = AttentionRegistry::builtin().create(c.local_impl, Backend::kCpu)->forward(ref_in, global.params(), ref_pos);
+  AttentionOutput single = AttentionRegistry::builtin().create(c.local_impl == "cudnn" ? "flash_attn2" : c.local_impl, Backend::kCpu)->forward(ref_in, global.params(), ref_pos);
   double drift = 0;
   for (int64_t i = 0; i < out.o.numel(); ++i)
     drift = std::max(drift, double(std::fabs(load_as_f32(out.o.view().data(), dtype, size_t(i)) -
@@ -146,6 +150,11 @@ std::vector<RingCase> ring_cases() {
   cases.push_back({SequenceLayout::kContiguous, opts[6], DType::kF16, 96, 96, 4, 4, "sdpa"});
   cases.push_back({SequenceLayout::kContiguous, opts[1], DType::kF32, 48, 96, 4, 2, "flash_attn2"});  // S != T
   cases.push_back({SequenceLayout::kStriped, opts[2], DType::kBF16, 72 * 2, 72 * 2, 2, 2, "sdpa"});
+  // cudnn as the local kernel (GPU runs only): the block shapes the ring hands it.
+  cases.push_back({SequenceLayout::kContiguous, opts[0], DType::kBF16, 96, 96, 4, 2, "cudnn"});
+  cases.push_back({SequenceLayout::kContiguous, opts[1], DType::kBF16, 96, 96, 4, 2, "cudnn"});
+  cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kF16, 96, 96, 8, 1, "cudnn"});
+  cases.push_back({SequenceLayout::kZigzag, Options{true, false, false, true}, DType::kBF16, 96, 96, 4, 4, "cudnn"});
   return cases;
 }
 

@@ -1,0 +1,177 @@
+// `cudnn`: cuDNN's fused attention (cuDNN 9 graph API through cudnn-frontend) as its own
+// implementation, as the seeds register it. cuDNN returns each block's output and softmax
+// statistics (natural-log LSE); the block is folded into the f32 carry, so the ring can use it.
+//
+// A call is cut into sub-blocks along runs of consecutive positions (a zigzag shard is two runs);
+// each (query run, key run) pair is skipped, computed without a mask, or computed with cuDNN's
+// causal mask when its diagonal is one cuDNN can express (top-left or bottom-right aligned). What
+// cuDNN cannot express here (bias, mask, segment ids, soft cap, our deterministic dropout, sliding
+// windows, other diagonals) is refused by name, pointing at flash_attn2.
+#include <cudnn_frontend.h>
+
+#include <map>
+#include <tuple>
+
+#include "attention/block_schedule.h"
+#include "attention/cuda/carry_cuda.h"
+#include "attention/cuda/cuda_attention.h"
+#include "attention/registry.h"
+#include "runtime/cuda_device.h"
+#include "runtime/memory.h"
+
+namespace ra {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+#define RA_CUDNN_CHECK(call)                                                                         \
+  do {                                                                                               \
+    cudnnStatus_t ra_status_ = (call);                                                               \
+    if (ra_status_ != CUDNN_STATUS_SUCCESS) RA_FAIL(#call, " failed: ", cudnnGetErrorString(ra_status_)); \
+  } while (0)
+
+enum class MaskMode : int { kNone, kCausalTopLeft, kCausalBottomRight };
+
+struct Run {
+  int64_t index, length, first_position;  // rows [index, index + length) hold positions first_position + i
+};
+
+std::vector<Run> consecutive_runs(const int64_t* positions, int64_t count) {
+  std::vector<Run> runs;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!runs.empty() && positions[i] == runs.back().first_position + runs.back().length) ++runs.back().length;
+    else runs.push_back({i, 1, positions[i]});
+  }
+  return runs;
+}
+
+// One built cuDNN graph per shape, strides and mask.
+using GraphKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, std::array<int64_t, 9>>;
+constexpr int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5;
+
+class CudnnAttention final : public CudaAttentionImpl {
+ public:
+  CudnnAttention() { RA_CUDNN_CHECK(cudnnCreate(&handle_)); }
+  ~CudnnAttention() override { (void)cudnnDestroy(handle_); }
+  std::string_view name() const override { return "cudnn"; }
+  int64_t max_head_dim() const override { return 128; }
+
+  void check_supported(const AttentionInputs& in, const AttentionParams& p) const override {
+    const DType dt = in.q.dtype();
+    RA_CHECK(dt == DType::kF16 || dt == DType::kBF16, "q has dtype ", dtype_name(dt),
+             ": cudnn attention takes f16 or bf16; use --impl sdpa for f32 on cuda");
+    const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
+    RA_CHECK(D == Dv && D % 8 == 0 && D <= 128, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ", Dv,
+             ": cudnn attention here needs head_dim == v_head_dim, a multiple of 8, at most 128; use flash_attn2 or sdpa");
+    const char* unsupported = in.bias.defined() ? "a bias" : in.mask.defined() ? "a mask" : in.q_segment_ids.defined()
+                              ? "segment ids" : p.logits_soft_cap > 0 ? "a logits soft cap" : p.dropout_prob > 0
+                              ? "ringattn's deterministic dropout" : p.has_window() ? "a sliding window" : nullptr;
+    RA_CHECK(unsupported == nullptr, "cudnn attention cannot express ", unsupported,
+             " here; use --impl flash_attn2 (cuda), which supports every option");
+    for (auto [t, name] : {std::pair{&in.q, "q"}, std::pair{&in.k, "k"}, std::pair{&in.v, "v"}})
+      RA_CHECK(t->stride(3) == 1, name, " must have a contiguous last dimension for cudnn attention");
+  }
+
+  void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
+                         Carry& carry) const override {
+    check_supported(in, p);
+    RA_CHECK(pos.q_host != nullptr && pos.k_host != nullptr, "cudnn attention needs the token positions on the host");
+    RA_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
+    const int64_t T = in.q.dim(1), S = in.k.dim(1);
+    const std::vector<Run> q_runs = consecutive_runs(pos.q_host, T), k_runs = consecutive_runs(pos.k_host, S);
+    RA_CHECK(q_runs.size() <= 8 && k_runs.size() <= 8, "cudnn attention runs on blocks of consecutive positions; "
+             "these rows form ", q_runs.size(), " x ", k_runs.size(), " runs (the striped layout?): use --layout "
+             "contiguous or zigzag, or --impl flash_attn2");
+    for (const Run& qr : q_runs)
+      for (const Run& kr : k_runs) {
+        const int64_t q_lo = qr.first_position, q_hi = q_lo + qr.length - 1;
+        const int64_t k_lo = kr.first_position, k_hi = k_lo + kr.length - 1;
+        const BlockKind kind = classify_block(q_lo, q_hi, k_lo, k_hi, p.causal, p.window_left, p.window_right);
+        if (kind == BlockKind::kSkip) continue;
+        MaskMode mask = MaskMode::kNone;
+        if (kind == BlockKind::kPartial) {
+          // Causal only (windows were refused): key k_lo + j visible from query q_lo + i when j <= i + (q_lo - k_lo).
+          const int64_t offset = q_lo - k_lo;
+          if (offset == 0) mask = MaskMode::kCausalTopLeft;
+          else if (offset == kr.length - qr.length) mask = MaskMode::kCausalBottomRight;
+          RA_CHECK(mask != MaskMode::kNone && offset >= 0, "cudnn attention cannot express the causal diagonal of "
+                   "this block (queries from position ", q_lo, ", keys from ", k_lo, ", ", qr.length, " x ", kr.length,
+                   "); use --impl flash_attn2");
+        }
+        run_block(in, qr, kr, mask, p, carry);
+      }
+  }
+
+ private:
+  void run_block(const AttentionInputs& in, const Run& qr, const Run& kr, MaskMode mask, const AttentionParams& p,
+                 Carry& carry) const {
+    const TensorView q = narrow(in.q, 1, qr.index, qr.length);
+    const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
+    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
+    const GraphKey key{B, Tq, Sk, H, Hkv, D, int(q.dtype()), int(mask),
+                       {q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0),
+                        v.stride(1), v.stride(2)}};
+    fe::graph::Graph& graph = graph_for(key, q, k, v, mask, effective_scale(p, D));
+    // The block's O (B, Tq, H, D) and LSE (B, H, Tq) in scratch buffers that grow as needed.
+    const size_t o_bytes = size_t(B * Tq * H * D) * dtype_size(q.dtype()), lse_bytes = size_t(B * H * Tq) * 4;
+    int64_t workspace_bytes = 0;
+    RA_CHECK(graph.get_workspace_size(workspace_bytes).is_good(), "cudnn: querying the workspace size failed");
+    char* scratch = reserve(o_bytes + lse_bytes + size_t(workspace_bytes) + 256);
+    void* o = scratch;
+    void* lse = scratch + (o_bytes + 127) / 128 * 128;
+    void* workspace = static_cast<char*>(lse) + (lse_bytes + 127) / 128 * 128;
+    std::unordered_map<int64_t, void*> pack = {{kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, o}, {kStats, lse}};
+    fe::error_t status = graph.execute(handle_, pack, workspace);
+    RA_CHECK(status.is_good(), "cudnn attention failed to run: ", status.get_message());
+    fold_output_lse_cuda(carry, TensorView(o, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda),
+                         TensorView(lse, DType::kF32, {B, H, Tq}, MemoryKind::kCuda), qr.index, stream_);
+  }
+
+  fe::graph::Graph& graph_for(const GraphKey& key, const TensorView& q, const TensorView& k, const TensorView& v,
+                              MaskMode mask, float scale) const {
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) return *it->second;
+    auto graph = std::make_shared<fe::graph::Graph>();
+    const fe::DataType_t io = q.dtype() == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+    graph->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
+    // cuDNN's logical layout is (B, H, S, D); ours is (B, S, H, D): the strides say so.
+    auto tensor = [&](const char* name, int64_t uid, const TensorView& t) {
+      return graph->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid)
+                               .set_dim({t.dim(0), t.dim(2), t.dim(1), t.dim(3)})
+                               .set_stride({t.stride(0), t.stride(2), t.stride(1), 1}));
+    };
+    auto Q = tensor("Q", kQ, q), K = tensor("K", kK, k), V = tensor("V", kV, v);
+    auto options = fe::graph::SDPA_attributes().set_name("ringattn_block").set_generate_stats(true).set_attn_scale(scale);
+    if (mask == MaskMode::kCausalTopLeft) options.set_causal_mask(true);
+    if (mask == MaskMode::kCausalBottomRight) options.set_causal_mask_bottom_right(true);
+    auto [O, stats] = graph->sdpa(Q, K, V, options);
+    const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3);
+    O->set_output(true).set_uid(kO).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
+    fe::error_t status = graph->build(handle_, {fe::HeurMode_t::A});
+    RA_CHECK(status.is_good(), "cudnn cannot run this attention block (B=", B, " T=", T, " S=", k.dim(1), " H=", H,
+             " Hkv=", k.dim(2), " D=", D, "): ", status.get_message(), "; use --impl flash_attn2");
+    return *graphs_.emplace(key, std::move(graph)).first->second;
+  }
+
+  char* reserve(size_t bytes) const {
+    if (scratch_.view().nbytes() < bytes) {
+      RA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
+      scratch_ = Tensor(DType::kU8, {int64_t(bytes)}, MemoryKind::kCuda);
+    }
+    return scratch_.data<char>();
+  }
+
+  cudnnHandle_t handle_ = nullptr;
+  mutable std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs_;
+  mutable Tensor scratch_;
+};
+
+}  // namespace
+
+void register_cudnn_implementation(AttentionRegistry& registry) {
+  registry.register_impl({"cudnn", "cudnn_attention"}, Backend::kCuda,
+                         [](const RingContext*) { return std::make_unique<CudnnAttention>(); });
+}
+
+}  // namespace ra
