@@ -83,6 +83,14 @@ TokenPositions ring_positions(const RingContext& ctx) {
   return pos;
 }
 
+bool ring_block_skipped(const RingContext& ctx, int source, int64_t q_lo, int64_t q_hi, const AttentionParams& params,
+                        std::vector<int64_t>& source_keys) {
+  source_keys = layout_indices(ctx.layout, ctx.global_kv_len, ctx.comm->size(), source);
+  const auto [k_lo, k_hi] = std::minmax_element(source_keys.begin(), source_keys.end());
+  return classify_block(q_lo, q_hi, *k_lo, *k_hi, params.causal, params.window_left, params.window_right) ==
+         BlockKind::kSkip;
+}
+
 RingAttention::RingAttention(RingContext ctx, Backend backend) : ctx_(std::move(ctx)), backend_(backend) {
   RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
@@ -137,12 +145,9 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
     const int src = ring_source_rank(rank, step, n);
     TokenPositions block_pos;
     block_pos.q = pos.q;
-    block_pos.k = layout_indices(ctx_.layout, ctx_.global_kv_len, n, src);
     block_pos.total_keys = ctx_.global_kv_len;
-    const auto [k_lo, k_hi] = std::minmax_element(block_pos.k.begin(), block_pos.k.end());
     const auto t0 = std::chrono::steady_clock::now();
-    if (classify_block(q_lo, q_hi, *k_lo, *k_hi, params.causal, params.window_left, params.window_right) ==
-        BlockKind::kSkip) {
+    if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, block_pos.k)) {
       ++stats_.skipped;
     } else {
       AttentionInputs block = in;

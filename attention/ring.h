@@ -32,6 +32,11 @@ std::vector<int64_t> layout_query_positions(SequenceLayout layout, int64_t q_len
 // Positions of this rank's rows under the layout: its queries, and its own K/V rows.
 TokenPositions ring_positions(const RingContext& ctx);
 
+// Whether the block that started on rank `source` holds no key any of this rank's queries (positions
+// in [q_lo, q_hi]) may see, so that the step computes nothing. `source_keys` receives its positions.
+bool ring_block_skipped(const RingContext& ctx, int source, int64_t q_lo, int64_t q_hi, const AttentionParams& params,
+                        std::vector<int64_t>& source_keys);
+
 struct RingStats {
   int steps = 0, skipped = 0;
   double compute_seconds = 0, wait_seconds = 0;  // wait: time blocked on the exchange after compute

@@ -65,35 +65,8 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, std::chrono
   config.blocking = 0;  // every call returns; progress and errors are polled with a deadline
   ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
   if (r != ncclSuccess && r != ncclInProgress) RA_FAIL("ncclCommInitRankConfig failed on rank ", rank_, ": ", ncclGetErrorString(r));
-  const auto deadline = Clock::now() + init_timeout;
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &state);
-    if (state == ncclSuccess) break;
-    if (state != ncclInProgress) {
-      const std::string text = nccl_error_text(state, comm_);
-      abort();
-      RA_FAIL("NCCL communicator set-up failed on rank ", rank_, " of ", size_, ": ", text);
-    }
-    if (Clock::now() > deadline) {
-      abort();
-      RA_FAIL("NCCL communicator set-up on rank ", rank_, " of ", size_, " did not finish within ",
-              init_timeout.count(), " ms (a peer rank is missing or stuck)");
-    }
-    std::this_thread::yield();
-  }
-}
-
-std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(ncclComm* comm) {
-  RA_CHECK(comm != nullptr, "NcclCommunicator::adopt needs a communicator");
-  std::unique_ptr<NcclCommunicator> self(new NcclCommunicator());
-  self->comm_ = comm;
-  self->owned_ = false;
-  RA_CHECK(ncclCommUserRank(comm, &self->rank_) == ncclSuccess && ncclCommCount(comm, &self->size_) == ncclSuccess,
-           "NcclCommunicator::adopt: the communicator does not answer its rank and size");
-  RA_CUDA_CHECK(cudaStreamCreateWithFlags(&self->stream_, cudaStreamNonBlocking));
-  RA_CUDA_CHECK(cudaEventCreateWithFlags(&self->done_, cudaEventDisableTiming));
-  return self;
+  wait_enqueued(detail::concat("NCCL communicator set-up on rank ", rank_, " of ", size_, " (a peer rank missing or stuck?)"),
+                init_timeout);
 }
 
 NcclCommunicator::~NcclCommunicator() {

@@ -102,11 +102,9 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
     }
     const int src = ring_source_rank(rank, step, n);
-    const std::vector<int64_t> k_host = layout_indices(ctx_.layout, ctx_.global_kv_len, n, src);
-    const auto [k_lo, k_hi] = std::minmax_element(k_host.begin(), k_host.end());
+    std::vector<int64_t> k_host;
     const auto t0 = std::chrono::steady_clock::now();
-    if (classify_block(q_lo, q_hi, *k_lo, *k_hi, params.causal, params.window_left, params.window_right) ==
-        BlockKind::kSkip) {
+    if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, k_host)) {
       ++stats_.skipped;
     } else {
       AttentionInputs block = in;

@@ -23,19 +23,6 @@ std::string case_name(const testing::TestParamInfo<KernelCase>& info) {
          std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
 }
 
-std::vector<Options> option_sets() {
-  std::vector<Options> sets(10);
-  sets[1].causal = true;
-  sets[2].window = true;
-  sets[3].softcap = true;
-  sets[4].sinks = true;
-  sets[5].bias = true;
-  sets[6].mask = true;
-  sets[7].segments = true;
-  sets[8].dropout = true;
-  sets[9] = Options{true, true, true, true, true, true, true, true};
-  return sets;
-}
 
 std::vector<KernelCase> all_cases() {
   struct Shape {

@@ -9,6 +9,20 @@
 
 namespace ra::test {
 
+std::vector<Options> option_sets() {
+  std::vector<Options> sets(10);
+  sets[1].causal = true;
+  sets[2].window = true;
+  sets[3].softcap = true;
+  sets[4].sinks = true;
+  sets[5].bias = true;
+  sets[6].mask = true;
+  sets[7].segments = true;
+  sets[8].dropout = true;
+  sets[9] = Options{true, true, true, true, true, true, true, true};
+  return sets;
+}
+
 std::string Options::name() const {
   std::string n;
   auto add = [&](bool on, const char* s) {

@@ -19,6 +19,9 @@ struct Options {
   std::string name() const;
 };
 
+// No option, each option alone, and all of them together (10 sets).
+std::vector<Options> option_sets();
+
 struct ProblemSpec {
   int64_t batch = 1, q_len = 16, kv_len = 16, q_heads = 2, kv_heads = 2, head_dim = 32, v_head_dim = 32;
   DType dtype = DType::kF32;
