@@ -1,5 +1,8 @@
 // `ringattn run`: read this rank's slices, run the chosen implementation, write o and lse.
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 
 #include "attention/invariants.h"
@@ -30,6 +33,16 @@ void check_finite_inputs(const LocalTensors& local, const std::string& input, bo
   }
 }
 
+// The output must be creatable: its directory exists and is writable, and it is not there already
+// (unless --overwrite). Every rank checks the same path, so every rank fails alike.
+void check_output_path(const std::string& output, bool overwrite) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::absolute(output).parent_path();
+  RA_CHECK(fs::is_directory(dir), "output '", output, "': directory '", dir.string(), "' does not exist");
+  RA_CHECK(::access(dir.c_str(), W_OK) == 0, "output '", output, "': directory '", dir.string(), "' is not writable");
+  RA_CHECK(overwrite || !fs::exists(output), "output '", output, "' exists; refusing to replace it (pass --overwrite)");
+}
+
 }  // namespace
 
 int cmd_run(int argc, char** argv, const MpiSession& mpi) {
@@ -52,6 +65,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   // for the attention, and --io-timeout for reading, checking and writing.
   Watchdog watchdog(rank);
   watchdog.phase("reading the inputs", std::chrono::seconds(io_timeout_s));
+  check_output_path(output, overwrite);  // before hours of compute, not after
 
   H5File file(input, H5File::Mode::kRead, job.world.comm());
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts));

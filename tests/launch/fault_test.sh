@@ -55,6 +55,37 @@ expect different-options nonzero 60 "started with different options" "$dir/o.h5"
 expect bad-fault-spec nonzero 60 "unknown kind 'explode'" "$dir/o.h5" -- \
   env RINGATTN_FAULT=explode:rank=0:step=0 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
 
+# Bad files and paths: refused on every rank before any exchange, exit 2, nothing written.
+bad() {  # bad NAME PATTERN FILE [extra run options]
+  local name=$1 pattern=$2 file=$3; shift 3
+  expect "$name" nonzero 60 "$pattern" "$dir/o.h5" -- \
+    "$mpiexec" --oversubscribe -np $n "$ra" run --input "$file" --backend "$backend" --output "$dir/o.h5" "$@"
+}
+head -c 3000 "$dir/in.h5" > "$dir/truncated.h5"
+bad truncated-file "cannot open HDF5 file '$dir/truncated.h5'" "$dir/truncated.h5"
+expect missing-output-dir nonzero 60 "directory '$dir/none' does not exist" "$dir/none/o.h5" -- \
+  "$mpiexec" --oversubscribe -np $n "$ra" run --input "$dir/in.h5" --backend "$backend" --output "$dir/none/o.h5"
+if $python -c "import h5py" 2>/dev/null; then
+  $python - "$dir" <<'PY'
+import sys, h5py, numpy as np
+d, r = sys.argv[1], np.random.default_rng(0)
+f32 = lambda *s: r.standard_normal(s).astype(np.float32)
+def mk(name, q, k, v):
+    with h5py.File(f"{d}/{name}.h5", "w") as f:
+        f["q"], f["k"], f["v"] = q, k, v
+mk("int", r.integers(0, 5, (1, 192, 4, 64)).astype(np.int32), f32(1, 192, 4, 64), f32(1, 192, 4, 64))
+mk("f64", r.standard_normal((1, 192, 4, 64)), r.standard_normal((1, 192, 4, 64)), r.standard_normal((1, 192, 4, 64)))
+mk("kvlen", f32(1, 192, 4, 64), f32(1, 192, 4, 64), f32(1, 180, 4, 64))
+mk("heads", f32(1, 192, 3, 64), f32(1, 192, 2, 64), f32(1, 192, 2, 64))
+mk("rank3", f32(192, 4, 64), f32(1, 192, 4, 64), f32(1, 192, 4, 64))
+PY
+  bad int-dtype "dataset 'q' of '$dir/int.h5' has dtype i32, expected f32, f16 or bf16" "$dir/int.h5"
+  bad f64-dtype-not-converted "has dtype f64, expected f32, f16 or bf16" "$dir/f64.h5"
+  bad kv-lengths-differ "dataset 'v' of '$dir/kvlen.h5' dimension 1 (kv_len) is 180, expected 192" "$dir/kvlen.h5"
+  bad heads-not-multiple "dimension 2 (q_heads) is 3, expected a multiple of k's kv_heads = 2" "$dir/heads.h5"
+  bad wrong-rank "has rank 3 (shape (192, 4, 64)), expected 4" "$dir/rank3.h5"
+fi
+
 # NaN in the input: refused by default, accepted (and reported) with --allow-nonfinite.
 if $python -c "import h5py" 2>/dev/null; then
   cp "$dir/in.h5" "$dir/nan.h5"
