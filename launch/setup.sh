@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-test}
 packages="g++ cmake ninja-build ccache openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev
-  pkg-config python3-h5py zlib1g-dev unzip"
+  pkg-config python3-h5py zlib1g-dev unzip clang"
 missing=$(for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   echo "installing: $missing"

@@ -16,6 +16,13 @@ MeshShape::MeshShape(std::vector<std::pair<std::string, int>> axes) : axes_(std:
     for (size_t j = 0; j < i; ++j)
       RA_CHECK(axes_[j].first != axes_[i].first, "mesh axis '", axes_[i].first, "' appears twice");
   }
+  // The product of the sizes is a rank count: bounded, so that it never overflows an int (found by
+  // the CLI fuzz target: --mesh a=2044564350,b=2).
+  int64_t ranks = 1;
+  for (const auto& axis : axes_) {
+    ranks *= axis.second;
+    RA_CHECK(ranks <= kMaxMeshRanks, "mesh '", str(), "' has more than ", kMaxMeshRanks, " ranks");
+  }
 }
 
 MeshShape MeshShape::parse(const std::string& text) {

@@ -8,6 +8,8 @@
 
 namespace ra {
 
+inline constexpr int64_t kMaxMeshRanks = int64_t(1) << 24;
+
 class MeshShape {
  public:
   MeshShape() = default;

@@ -29,6 +29,8 @@ TEST(MeshShape, RejectsBadText) {
   EXPECT_THROW(MeshShape::parse("sp"), Error);
   EXPECT_THROW(MeshShape::parse("sp=2,sp=2"), Error);
   EXPECT_THROW(MeshShape::parse("sp=4x"), Error);
+  EXPECT_THROW(MeshShape::parse("a=2044564350,b=2"), Error);  // found by the CLI fuzz target: int overflow
+  EXPECT_THROW(MeshShape::parse("sp=99999999999"), Error);
 }
 
 TEST(Sharding, SlicesByAxes) {
