@@ -78,6 +78,35 @@ TEST_P(ClosedForm, CausalIsANoOpForOneQuery) {
   for (int64_t i = 0; i < plain.o.numel(); ++i) EXPECT_EQ(plain.o.data<float>()[i], causal.o.data<float>()[i]);
 }
 
+// Logits around 1e4 (q and k scaled by 100) and f16 values near its largest finite number: no NaN or
+// Inf, O within the dtype's tolerance of the f64 reference, LSE within f32 rounding of its magnitude.
+TEST_P(ClosedForm, ExtremeLogitsAndLargeF16ValuesStayFinite) {
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    Problem p(ProblemSpec{1, 37, 53, 2, 1, 64, 64, dtype, Options{true}, 9});
+    for (Tensor* t : {&p.q, &p.k}) {  // x 100 in the problem's own dtype
+      std::vector<float> values(size_t(t->numel()));
+      convert_to_f32(t->view().data(), dtype, values.data(), values.size());
+      for (float& x : values) x *= 100.0f;
+      convert_from_f32(values.data(), t->view().data(), dtype, values.size());
+    }
+    if (dtype == DType::kF16) {  // V near f16's largest finite value, 65504
+      std::vector<float> values(size_t(p.v.numel()));
+      convert_to_f32(p.v.view().data(), dtype, values.data(), values.size());
+      for (float& x : values) x = x > 0 ? 60000.0f : -60000.0f;
+      convert_from_f32(values.data(), p.v.view().data(), dtype, values.size());
+    }
+    const AttentionInputs in = p.inputs();
+    AttentionOutput out = impl()->forward(in, p.params());
+    const ReferenceOutput ref = reference_attention_f64(in, p.params(), TokenPositions::dense(37, 53));
+    double max_lse = 0;
+    for (double x : ref.lse) max_lse = std::max(max_lse, std::fabs(x));
+    ASSERT_GT(max_lse, 1000.0) << "the logits are not extreme";
+    const Comparison cmp = compare(out.o, out.lse, ref, output_tolerance(dtype, max_abs_value(in.v)), 4e-7 * max_lse);
+    EXPECT_EQ(cmp.nan, 0) << dtype_name(dtype);
+    EXPECT_EQ(cmp.wrong, 0) << dtype_name(dtype) << ": max |error| " << cmp.max_abs_error << ", LSE " << cmp.max_lse_error;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, ClosedForm,
                          testing::Values(std::pair{std::string("sdpa"), Backend::kCpu},
                                          std::pair{std::string("flash_attn2"), Backend::kCpu},
