@@ -6,6 +6,7 @@
 
 #include "attention/sdpa_cpu.h"
 #include "attention/tolerance.h"
+#include "attention/compare.h"
 #include "launch/commands.h"
 #include "launch/output_manifest.h"
 #include "launch/sharded_io.h"
@@ -45,25 +46,9 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   job.world.all_reduce(&max_v, 1, ReduceOp::kMax);
   if (params.dropout_prob > 0) max_v /= 1.0 - params.dropout_prob;
   const double tol = output_tolerance(plan.dtype, max_v);
-  double err[3] = {0, 0, 0};  // max abs error of o, max relative error of o, max abs error of lse
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < o.numel(); ++i) {
-    const double x = load_as_f32(o.view().data(), o.dtype(), size_t(i)), r = ref.o[size_t(i)];
-    const double e = std::fabs(x - r);
-    if (!(e <= tol)) ++wrong;  // NaN counts as wrong
-    err[0] = std::max(err[0], std::isnan(e) ? INFINITY : e);
-    err[1] = std::max(err[1], e / std::max(std::fabs(r), 1e-3));
-  }
-  for (int64_t i = 0; i < lse.numel(); ++i) {
-    const double x = lse.data<float>()[i], r = ref.lse[size_t(i)];
-    if (std::isinf(r) || std::isinf(x)) {
-      wrong += x != r;
-      continue;
-    }
-    const double e = std::fabs(x - r);
-    wrong += !(e <= kLseTolerance);
-    err[2] = std::max(err[2], std::isnan(e) ? INFINITY : e);
-  }
+  const Comparison cmp = compare(o, lse, ref, tol, kLseTolerance);
+  double err[3] = {cmp.max_abs_error, cmp.max_rel_error, cmp.max_lse_error};
+  int64_t wrong = cmp.wrong;
   job.world.all_reduce(err, 3, ReduceOp::kMax);
   job.world.all_reduce(&wrong, 1, ReduceOp::kSum);
   if (rank == 0)

@@ -100,28 +100,5 @@ double max_abs_value(const TensorView& v) {
   return m;
 }
 
-Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
-                   double lse_tolerance) {
-  Comparison c;
-  for (int64_t i = 0; i < o.numel(); ++i) {
-    double x = load_as_f32(o.data(), o.dtype(), size_t(i));
-    if (std::isnan(x)) ++c.nan;
-    double e = std::fabs(x - ref.o[size_t(i)]);
-    c.max_abs_error = std::max(c.max_abs_error, std::isnan(e) ? INFINITY : e);
-    if (!(e <= tolerance)) ++c.wrong;
-  }
-  for (int64_t i = 0; i < lse.numel(); ++i) {
-    double x = lse.data_as<float>()[i], r = ref.lse[size_t(i)];
-    if (std::isnan(x)) ++c.nan;
-    if (std::isinf(r) || std::isinf(x)) {
-      if (x != r) ++c.wrong;
-      continue;
-    }
-    double e = std::fabs(x - r);
-    c.max_lse_error = std::max(c.max_lse_error, e);
-    if (!(e <= lse_tolerance)) ++c.wrong;
-  }
-  return c;
-}
 
 }  // namespace ra::test

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/compare.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
 #include "attention/sdpa_cpu.h"
@@ -47,14 +48,7 @@ class Problem {
 // max |v| over the value tensor (outputs are convex combinations of value rows).
 double max_abs_value(const TensorView& v);
 
-struct Comparison {
-  double max_abs_error = 0, max_lse_error = 0;
-  int64_t wrong = 0, nan = 0;
-};
-// Compares an (o, lse) pair with the reference; an element is wrong past `tolerance` (absolute), and
-// -inf LSE must match -inf exactly.
-Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
-                   double lse_tolerance);
+// compare() and Comparison: attention/compare.h (shared with `ringattn verify`).
 
 
 }  // namespace ra::test

@@ -1,0 +1,33 @@
+#include "attention/compare.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ra {
+
+Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
+                   double lse_tolerance) {
+  Comparison c;
+  for (int64_t i = 0; i < o.numel(); ++i) {
+    const double x = load_as_f32(o.data(), o.dtype(), size_t(i)), r = ref.o[size_t(i)];
+    if (std::isnan(x)) ++c.nan;
+    const double e = std::fabs(x - r);
+    c.max_abs_error = std::max(c.max_abs_error, std::isnan(e) ? INFINITY : e);
+    c.max_rel_error = std::max(c.max_rel_error, e / std::max(std::fabs(r), 1e-3));
+    if (!(e <= tolerance)) ++c.wrong;
+  }
+  for (int64_t i = 0; i < lse.numel(); ++i) {
+    const double x = lse.data_as<float>()[i], r = ref.lse[size_t(i)];
+    if (std::isnan(x)) ++c.nan;
+    if (std::isinf(r) || std::isinf(x)) {
+      if (x != r) ++c.wrong;
+      continue;
+    }
+    const double e = std::fabs(x - r);
+    c.max_lse_error = std::max(c.max_lse_error, e);
+    if (!(e <= lse_tolerance)) ++c.wrong;
+  }
+  return c;
+}
+
+}  // namespace ra

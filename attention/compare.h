@@ -1,0 +1,22 @@
+// Comparing an attention result with the f64 reference, one rule for the tests and `ringattn verify`:
+// an O element is wrong past `tolerance` (absolute; NaN is wrong), an LSE element past
+// `lse_tolerance`, and an infinite LSE (an empty row) must match exactly.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/sdpa_cpu.h"
+#include "runtime/tensor.h"
+
+namespace ra {
+
+struct Comparison {
+  double max_abs_error = 0, max_rel_error = 0, max_lse_error = 0;
+  int64_t wrong = 0, nan = 0;
+};
+
+// o (any float dtype) and lse (f32) are contiguous host tensors in the reference's element order.
+Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
+                   double lse_tolerance);
+
+}  // namespace ra
