@@ -24,13 +24,6 @@ uint64_t element_bits(const char* p, size_t size) {
   return bits;
 }
 
-std::vector<int64_t> expand(const std::vector<IndexRun>& runs) {
-  std::vector<int64_t> rows;
-  for (const IndexRun& r : runs)
-    for (int64_t i = 0; i < r.count; ++i) rows.push_back(r.start + i * r.stride);
-  return rows;
-}
-
 std::string hex(uint64_t v) {
   std::ostringstream out;
   out << std::hex << v;
@@ -40,7 +33,7 @@ std::string hex(uint64_t v) {
 }  // namespace
 
 OutputChecksums output_checksums(const ShardPlan& p, const TensorView& o, const TensorView& lse, MPI_Comm comm) {
-  const std::vector<int64_t> rows = expand(p.q_runs);
+  const std::vector<int64_t> rows = layout_indices(p.layout, p.q_len, p.sp_size, p.sp_index);  // = p.q_runs
   const size_t o_size = dtype_size(o.dtype());
   uint64_t sums[2] = {0, 0};
   const char* od = static_cast<const char*>(o.data());
