@@ -25,9 +25,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int rank = 0; rank < 2; ++rank) {
       const ra::cli::ShardPlan plan = ra::cli::plan_shards(file, mesh, rank, ra::SequenceLayout::kZigzag);
       // Bound the work: a fuzzed header may claim huge shapes that are valid but slow to read.
-      const int64_t len = std::max(plan.q_len, plan.kv_len), heads = std::max(plan.q_heads, plan.kv_heads);
-      const int64_t dim = std::max(plan.head_dim, plan.v_head_dim);
-      if (plan.batch * len * heads * dim > (int64_t(1) << 20) || plan.batch * heads * len * len > (int64_t(1) << 22)) break;
+      // In double: a fuzzed shape's product overflows int64 and could wrap below the bound.
+      const double len = double(std::max(plan.q_len, plan.kv_len)), heads = double(std::max(plan.q_heads, plan.kv_heads));
+      const double dim = double(std::max(plan.head_dim, plan.v_head_dim)), batch = double(plan.batch);
+      if (batch * len * heads * dim > double(1 << 20) || batch * heads * len * len > double(1 << 22)) break;
       (void)ra::cli::read_local(file, plan);
     }
   } catch (const ra::Error&) {
