@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "attention/block_schedule.h"
+#include "attention/exact_sum_cpu.h"
 #include "attention/registry.h"
+#include "runtime/activity.h"
 #include "runtime/checksum.h"
 #include "runtime/error.h"
 
@@ -101,6 +103,28 @@ RingAttention::RingAttention(RingContext ctx, Backend backend) : ctx_(std::move(
 
 void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                Carry& carry) const {
+  stats_ = RingStats{};
+  if (!ctx_.deterministic) {
+    rotate_blocks(in, pos, params, [&](const AttentionInputs& block, const TokenPositions& block_pos) {
+      local_->accumulate(block, block_pos, params, carry);
+    });
+    return;
+  }
+  // Bitwise-reproducible: the global bound of |v| (an exact max), then two trips around the ring.
+  int64_t exponent = local_value_exponent(in.v);
+  ctx_.comm->all_reduce(&exponent, 1, ReduceOp::kMax);
+  ExactSum exact(carry.batch, carry.heads, carry.rows, carry.value_dim, int(exponent));
+  rotate_blocks(in, pos, params, [&](const AttentionInputs& block, const TokenPositions& block_pos) {
+    exact.max_pass(block, block_pos, params);
+  });
+  rotate_blocks(in, pos, params, [&](const AttentionInputs& block, const TokenPositions& block_pos) {
+    exact.sum_pass(block, block_pos, params);
+  });
+  exact.merge_into(carry);
+}
+
+void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                                  const BlockVisitor& visit) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
   const int64_t local_kv = ctx_.global_kv_len / n;
@@ -134,7 +158,6 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
   const int64_t q_lo = *std::min_element(pos.q.begin(), pos.q.end());
   const int64_t q_hi = *std::max_element(pos.q.begin(), pos.q.end());
 
-  stats_ = RingStats{};
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     // Phase 1: start moving the block we hold to the next rank (except on the last step).
@@ -143,6 +166,11 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
     if (step + 1 < n) pending = comm.ring_shift(buffers[cur], buffers[1 - cur], bytes, step);
     // Phase 2: fold our queries against the held block, unless no pair in it can be visible.
     const int src = ring_source_rank(rank, step, n);
+    if (pending)
+      set_activity("ring step %d of %d: folding the K/V block of rank %d (next block in flight from rank %d)", step, n,
+                   src, comm.previous());
+    else
+      set_activity("ring step %d of %d: folding the K/V block of rank %d (last step, nothing in flight)", step, n, src);
     TokenPositions block_pos;
     block_pos.q = pos.q;
     block_pos.total_keys = ctx_.global_kv_len;
@@ -155,12 +183,14 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
       block.k = TensorView(base, in.k.dtype(), in.k.shape());
       block.v = TensorView(base + k_bytes, in.v.dtype(), in.v.shape());
       if (seg_bytes) block.kv_segment_ids = TensorView(base + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape());
-      local_->accumulate(block, block_pos, params, carry);
+      visit(block, block_pos);
     }
     stats_.compute_seconds += seconds_since(t0);
     // Phase 3: the next block must have arrived before the next step reads it.
     if (pending) {
       const auto t1 = std::chrono::steady_clock::now();
+      set_activity("ring step %d of %d: waiting for the K/V block from rank %d (ours going to rank %d)", step, n,
+                   comm.previous(), comm.next());
       try {
         pending->wait(ctx_.step_timeout);
       } catch (...) {

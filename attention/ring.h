@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "attention/attention_impl.h"
@@ -22,6 +23,9 @@ struct RingContext {
   std::string local_impl = "flash_attn2";            // the kernel each step calls
   std::chrono::milliseconds step_timeout{60000};     // per-step deadline on the exchange
   bool verify_blocks = true;  // CRC-32 of every block in flight, checked on arrival (host ring)
+  // Bitwise-identical results for any ring size and layout (host ring): an exact max pass and a
+  // fixed-point sum pass (two trips around the ring, scalar kernels; see attention/exact_sum_cpu.h).
+  bool deterministic = false;
   FaultPlan fault = FaultPlan::from_environment();  // RINGATTN_FAULT, for the failure tests
 };
 
@@ -57,6 +61,11 @@ class RingAttention final : public AttentionImpl {
   Backend backend_;
   std::unique_ptr<AttentionImpl> local_;
   mutable RingStats stats_;
+
+  // One trip around the ring: visit(block, positions) for every block not wholly masked.
+  using BlockVisitor = std::function<void(const AttentionInputs&, const TokenPositions&)>;
+  void rotate_blocks(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                     const BlockVisitor& visit) const;
 };
 
 }  // namespace ra

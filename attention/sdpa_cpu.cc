@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "attention/online_softmax.h"
+#include "attention/pair_logit.h"
 #include "attention/validate.h"
 
 namespace ra {
@@ -16,7 +17,7 @@ template <typename Acc, typename RowSink>
 void sdpa_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionParams& p, const RowSink& sink) {
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
   const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3), group = Hq / Hkv;
-  const Acc scale = effective_scale(p, D), cap = p.logits_soft_cap;
+  const Acc scale = effective_scale(p, D);
   const Acc keep_scale = Acc(1) / (Acc(1) - Acc(p.dropout_prob));
   const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
 #pragma omp parallel for collapse(2) schedule(dynamic)
@@ -28,37 +29,17 @@ void sdpa_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionPa
         const float* q = in.q.data_as<float>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
         Acc m = neg_inf;
         for (int64_t j = 0; j < S; ++j) {
-          const int64_t kpos = pos.k[size_t(j)];
-          bool visible = position_visible(pos.q[size_t(t)], kpos, p.causal, p.window_left, p.window_right);
-          if (visible && in.q_segment_ids.defined())
-            visible = in.q_segment_ids.data_as<int32_t>()[b * in.q_segment_ids.stride(0) + t * in.q_segment_ids.stride(1)] ==
-                      in.kv_segment_ids.data_as<int32_t>()[b * in.kv_segment_ids.stride(0) + j * in.kv_segment_ids.stride(1)];
-          if (visible && in.mask.defined())
-            visible = in.mask.data_as<uint8_t>()[b * in.mask.stride(0) + h * in.mask.stride(1) + t * in.mask.stride(2) +
-                                                 kpos * in.mask.stride(3)] != 0;
-          scores[size_t(j)] = neg_inf;
-          if (!visible) continue;
-          const float* k = in.k.data_as<float>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
-          Acc s = 0;
-          for (int64_t d = 0; d < D; ++d) s += Acc(q[d]) * Acc(k[d]);
-          s *= scale;
-          if (cap > 0) s = cap * std::tanh(s / cap);
-          if (in.bias.defined())
-            s += in.bias.data_as<float>()[b * in.bias.stride(0) + h * in.bias.stride(1) + t * in.bias.stride(2) +
-                                          kpos * in.bias.stride(3)];
-          scores[size_t(j)] = s;
-          m = std::fmax(m, s);
+          scores[size_t(j)] = pair_logit<Acc>(in, pos, p, scale, q, b, h, kh, t, j);
+          m = std::fmax(m, scores[size_t(j)]);
         }
         Acc l = 0;
         std::fill(o.begin(), o.end(), Acc(0));
         if (m != neg_inf) {
           for (int64_t j = 0; j < S; ++j) {
             if (scores[size_t(j)] == neg_inf) continue;
-            Acc e = std::exp(scores[size_t(j)] - m), w = e;
+            const Acc e = std::exp(scores[size_t(j)] - m);
+            const Acc w = dropout_weight(p, keep_scale, e, b, h, pos.q[size_t(t)], pos.k[size_t(j)]);
             l += e;
-            if (p.dropout_prob > 0)
-              w = dropout_uniform(p.dropout_seed, b, h, pos.q[size_t(t)], pos.k[size_t(j)]) < p.dropout_prob
-                      ? Acc(0) : e * keep_scale;
             const float* v = in.v.data_as<float>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
             for (int64_t d = 0; d < Dv; ++d) o[size_t(d)] += w * Acc(v[d]);
           }

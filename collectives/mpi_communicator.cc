@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "collectives/mpi_check.h"
+#include "runtime/fault_injection.h"
 
 namespace ra {
 namespace {
@@ -27,16 +28,21 @@ constexpr size_t kMaxChunk = size_t(1) << 30;
 
 class MpiExchange final : public PendingExchange {
  public:
-  MpiExchange(MPI_Comm comm, const void* send, void* recv, size_t bytes, int tag, int next, int previous)
+  // `send_bytes` differs from `bytes` only under fault injection (a short send).
+  MpiExchange(MPI_Comm comm, const void* send, size_t send_bytes, void* recv, size_t bytes, int tag, int next, int previous)
       : tag_(tag), next_(next), previous_(previous) {
     for (size_t off = 0; off < bytes || off == 0; off += kMaxChunk) {
-      int n = int(std::min(kMaxChunk, bytes - off));
+      const int n = int(std::min(kMaxChunk, bytes - off));
+      const int n_send = int(std::min(size_t(n), send_bytes - std::min(send_bytes, off)));
       requests_.emplace_back();
+      expected_.push_back(n);
       RA_MPI_CHECK(MPI_Irecv(static_cast<char*>(recv) + off, n, MPI_BYTE, previous, tag, comm, &requests_.back()));
       requests_.emplace_back();
-      RA_MPI_CHECK(MPI_Isend(static_cast<const char*>(send) + off, n, MPI_BYTE, next, tag, comm, &requests_.back()));
+      expected_.push_back(-1);  // a send: nothing to check
+      RA_MPI_CHECK(MPI_Isend(static_cast<const char*>(send) + off, n_send, MPI_BYTE, next, tag, comm, &requests_.back()));
       if (bytes == 0) break;
     }
+    statuses_.resize(requests_.size());
   }
   ~MpiExchange() override {
     if (!waited_) {  // abandoned after an error: leave the requests to MPI_Abort
@@ -62,13 +68,24 @@ class MpiExchange final : public PendingExchange {
     waited_ = true;
     RA_CHECK(status_ == MPI_SUCCESS, "ring step ", tag_, ": exchange with ranks ", previous_, "/", next_,
              " failed: ", mpi_error_string(status_));
+    // A message shorter than the receive buffer completes the receive too: count what came.
+    int64_t received = 0, expected = 0;
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      if (expected_[i] < 0) continue;
+      int count = 0;
+      MPI_Get_count(&statuses_[i], MPI_BYTE, &count);
+      received += count;
+      expected += expected_[i];
+    }
+    RA_CHECK(received == expected, "ring step ", tag_, ": received ", received, " of ", expected,
+             " bytes from rank ", previous_, " (a short send); the block was not used");
   }
 
  private:
   void poll(std::chrono::steady_clock::time_point deadline) {
     int flag = 0;
     while (!stop_ && std::chrono::steady_clock::now() < deadline) {
-      status_ = MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
+      status_ = MPI_Testall(int(requests_.size()), requests_.data(), &flag, statuses_.data());
       if (flag || status_ != MPI_SUCCESS) {
         done_ = true;
         return;
@@ -78,6 +95,8 @@ class MpiExchange final : public PendingExchange {
   }
 
   std::vector<MPI_Request> requests_;
+  std::vector<MPI_Status> statuses_;
+  std::vector<int> expected_;  // bytes each receive expects; -1 for sends
   std::thread progress_;
   std::atomic<bool> done_{false}, stop_{false};
   bool waited_ = false;
@@ -104,7 +123,8 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 std::unique_ptr<PendingExchange> MpiCommunicator::ring_shift(const void* send, void* recv, size_t bytes, int tag) {
-  auto exchange = std::make_unique<MpiExchange>(comm_, send, recv, bytes, tag, next(), previous());
+  const size_t send_bytes = injected_send_bytes(fault_, rank_, tag, bytes);
+  auto exchange = std::make_unique<MpiExchange>(comm_, send, send_bytes, recv, bytes, tag, next(), previous());
   exchange->start_progress(threaded_progress_);
   return exchange;
 }

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include "collectives/communicator.h"
+#include "runtime/fault_injection.h"
 
 namespace ra {
 
@@ -36,6 +37,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   bool threaded_progress_ = false;
+  FaultPlan fault_ = FaultPlan::from_environment();  // RINGATTN_FAULT=short shortens one send
 };
 
 }  // namespace ra

@@ -17,7 +17,7 @@ struct AttentionOptions {
   bool causal = false;
   double softcap = 0, scale = 0, dropout = 0;
   int64_t block_q = 64, block_k = 64, timeout_s = 60;
-  bool no_block_checksums = false, allow_nonfinite = false;
+  bool no_block_checksums = false, allow_nonfinite = false, deterministic = false;
   uint64_t seed = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "launch/commands.h"
+#include "runtime/activity.h"
 #include "runtime/error.h"
 #include "runtime/hdf5_file.h"
 #include "runtime/random.h"
@@ -53,6 +54,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
   if (mpi.world_rank() == 0) {
     std::mt19937_64 rng(seed);
     const std::string temp = output + ".partial";
+    set_partial_output(temp.c_str());  // removed if writing fails
     {
       H5File f(temp, H5File::Mode::kCreate);
       write(f, "q", random_normal(dtype, {batch, seq, heads, head_dim}, rng));
@@ -73,6 +75,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
       f.close();
     }
     std::filesystem::rename(temp, output);
+    clear_partial_output();
     std::printf("wrote %s: q (%ld, %ld, %ld, %ld) k/v (%ld, %ld, %ld, %ld/%ld) %s\n", output.c_str(), long(batch),
                 long(seq), long(heads), long(head_dim), long(batch), long(kv_seq), long(kv_heads), long(head_dim),
                 long(v_head_dim), dtype_text.c_str());

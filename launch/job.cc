@@ -79,6 +79,9 @@ std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job
   ctx.local_impl = opts.local_impl;
   ctx.step_timeout = std::chrono::seconds(opts.timeout_s);
   ctx.verify_blocks = !opts.no_block_checksums;
+  ctx.deterministic = opts.deterministic;
+  RA_CHECK(!opts.deterministic || name == "ring", "--deterministic applies to --impl ring (use --impl ring on one "
+           "rank for the same bits as on N ranks), not --impl ", name);
   RA_CHECK(name == "ring" || ctx.comm->size() == 1, "--impl ", name, " runs on one rank's whole sequence; the mesh's sp axis has ",
            ctx.comm->size(), " ranks: use --impl ring (or a mesh without sp)");
   std::unique_ptr<AttentionImpl> impl = registry.create(name, parse_backend(opts.backend), &ctx);

@@ -1,10 +1,12 @@
 // The ringattn CLI: generate | run | verify | bench. One MPI session; any error is printed with the
 // rank and ends every rank of the job with a non-zero code (no rank is left waiting on it).
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 
 #include "launch/commands.h"
+#include "runtime/activity.h"
 #include "runtime/error.h"
 
 namespace {
@@ -20,7 +22,10 @@ const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file-size limit a write must fail like a full disk (reported, no file left), not kill the rank.
+  std::signal(SIGXFSZ, SIG_IGN);
   ra::MpiSession mpi(&argc, &argv);
+  ra::install_activity_report(mpi.world_rank());
   int code = ra::cli::kOk;
   try {
     if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
@@ -42,11 +47,13 @@ int main(int argc, char** argv) {
   } catch (const ra::Error& e) {
     std::fprintf(stderr, "[rank %d] ringattn: error: %s\n", mpi.world_rank(), e.message().c_str());
     std::fflush(stderr);
+    ra::remove_partial_output();
     if (mpi.world_size() > 1) ra::MpiSession::abort_job(ra::cli::kBadInput);
     return ra::cli::kBadInput;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d] ringattn: error: %s\n", mpi.world_rank(), e.what());
     std::fflush(stderr);
+    ra::remove_partial_output();
     if (mpi.world_size() > 1) ra::MpiSession::abort_job(ra::cli::kRuntimeFailure);
     return ra::cli::kRuntimeFailure;
   }

@@ -1,4 +1,6 @@
 // `ringattn run`: read this rank's slices, run the chosen implementation, write o and lse.
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -43,18 +45,37 @@ void check_output_path(const std::string& output, bool overwrite) {
   RA_CHECK(overwrite || !fs::exists(output), "output '", output, "' exists; refusing to replace it (pass --overwrite)");
 }
 
+// A full disk found before the compute rather than in the middle of the collective write: the free
+// space of the output's filesystem and the process's file-size limit must hold the file.
+void check_output_space(const std::string& output, uint64_t bytes) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::absolute(output).parent_path();
+  struct statvfs fs_info {};
+  if (::statvfs(dir.c_str(), &fs_info) == 0) {
+    const uint64_t free_bytes = uint64_t(fs_info.f_bavail) * fs_info.f_frsize;
+    RA_CHECK(free_bytes >= bytes, "output '", output, "' needs about ", bytes, " bytes but the filesystem of '",
+             dir.string(), "' has ", free_bytes, " bytes free (pass --no-space-check to try anyway)");
+  }
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    RA_CHECK(uint64_t(limit.rlim_cur) >= bytes, "output '", output, "' needs about ", bytes,
+             " bytes but this process may write files of at most ", uint64_t(limit.rlim_cur),
+             " bytes (ulimit -f; pass --no-space-check to try anyway)");
+}
+
 }  // namespace
 
 int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   std::string input, output;
-  bool overwrite = false;
+  bool overwrite = false, no_space_check = false;
   int64_t io_timeout_s = 600;
   po::options_description desc("ringattn run");
   desc.add_options()("help", "this text")
     ("input", po::value(&input)->required(), "HDF5 file with q, k, v (and optional mask, bias, segment_ids)")
     ("output", po::value(&output)->required(), "HDF5 file to write o and lse to")
     ("overwrite", po::bool_switch(&overwrite), "replace an existing output file")
+    ("no-space-check", po::bool_switch(&no_space_check), "skip the free-space and file-size-limit check of the output")
     ("io-timeout", po::value(&io_timeout_s)->default_value(600), "seconds reading, checking or writing may take before the job is aborted");
   add_attention_options(desc, opts);
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]")) return kOk;
@@ -69,6 +90,10 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
 
   H5File file(input, H5File::Mode::kRead, job.world.comm());
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts));
+  if (!no_space_check) {
+    const uint64_t rows = uint64_t(plan.batch) * uint64_t(plan.q_len) * uint64_t(plan.q_heads);
+    check_output_space(output, rows * (uint64_t(plan.v_head_dim) * dtype_size(plan.dtype) + 4) + (1u << 20));
+  }
   RingContext ctx;
   auto impl = make_impl(opts, job, plan.q_len, plan.kv_len, ctx);
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(plan.q_len, plan.kv_len);

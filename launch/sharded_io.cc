@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "mesh/sharding.h"
+#include "runtime/activity.h"
 #include "runtime/error.h"
 
 namespace ra::cli {
@@ -171,6 +172,7 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
   RA_CHECK(overwrite || !std::filesystem::exists(path), "output '", path,
            "' exists; refusing to replace it (pass --overwrite)");
   const std::string temp = path + ".partial";
+  set_partial_output(temp.c_str());  // removed if anything below fails
   {
     H5File f(temp, H5File::Mode::kCreate, comm);
     f.create_dataset("o", o.dtype(), {p.batch, p.q_len, p.q_heads, p.v_head_dim});
@@ -183,6 +185,7 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
   }
   MPI_Barrier(comm);
   if (rank == 0) std::filesystem::rename(temp, path);
+  clear_partial_output();
   MPI_Barrier(comm);
 }
 

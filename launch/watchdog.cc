@@ -4,6 +4,7 @@
 
 #include "collectives/mpi_session.h"
 #include "launch/commands.h"
+#include "runtime/activity.h"
 
 namespace ra::cli {
 
@@ -23,6 +24,7 @@ void Watchdog::phase(const std::string& phase, std::chrono::seconds deadline) {
     std::lock_guard lock(mutex_);
     phase_ = phase;
     budget_ = deadline;
+    set_activity("%s", phase.c_str());  // the ring refines it step by step
     deadline_ = std::chrono::steady_clock::now() + deadline;
   }
   changed_.notify_all();
@@ -48,6 +50,7 @@ void Watchdog::watch() {
       std::fprintf(stderr, "[rank %d] ringattn: error: %s did not finish within %lld s (a peer rank died or "
                    "stalled); aborting the job\n", rank_, phase_.c_str(), static_cast<long long>(budget_.count()));
       std::fflush(stderr);
+      remove_partial_output();
       MpiSession::abort_job(kRuntimeFailure);
     }
   }

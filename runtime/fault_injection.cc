@@ -27,7 +27,8 @@ FaultPlan FaultPlan::parse(const std::string& text) {
       else if (field == "exit") plan.kind = Kind::kExit;
       else if (field == "stall") plan.kind = Kind::kStall;
       else if (field == "corrupt") plan.kind = Kind::kCorrupt;
-      else RA_FAIL("RINGATTN_FAULT='", text, "': unknown kind '", field, "' (kill|term|abort|exit|stall|corrupt)");
+      else if (field == "short") plan.kind = Kind::kShort;
+      else RA_FAIL("RINGATTN_FAULT='", text, "': unknown kind '", field, "' (kill|term|abort|exit|stall|corrupt|short)");
       continue;
     }
     const size_t eq = field.find('=');
@@ -55,7 +56,7 @@ FaultPlan FaultPlan::from_environment() {
 }
 
 void inject_process_fault(const FaultPlan& plan, int rank, int step) {
-  if (!plan.armed(rank, step) || plan.kind == FaultPlan::Kind::kCorrupt) return;
+  if (!plan.armed(rank, step) || plan.kind == FaultPlan::Kind::kCorrupt || plan.kind == FaultPlan::Kind::kShort) return;
   std::fprintf(stderr, "[rank %d] RINGATTN_FAULT: injecting a fault at ring step %d\n", rank, step);
   std::fflush(stderr);
   switch (plan.kind) {
@@ -66,6 +67,12 @@ void inject_process_fault(const FaultPlan& plan, int rank, int step) {
     case FaultPlan::Kind::kStall: std::this_thread::sleep_for(std::chrono::milliseconds(plan.ms)); break;
     default: break;
   }
+}
+
+size_t injected_send_bytes(const FaultPlan& plan, int rank, int step, size_t bytes) {
+  if (!plan.armed(rank, step) || plan.kind != FaultPlan::Kind::kShort) return bytes;
+  std::fprintf(stderr, "[rank %d] RINGATTN_FAULT: sending %zu of %zu bytes at ring step %d\n", rank, bytes / 2, bytes, step);
+  return bytes / 2;
 }
 
 void inject_corruption(const FaultPlan& plan, int rank, int step, void* block, size_t bytes) {

@@ -2,7 +2,8 @@
 //   RINGATTN_FAULT=<kind>:rank=<r>:step=<s>[:ms=<m>]
 // kinds: kill (SIGKILL), term (SIGTERM), abort (std::abort), exit (exit code 9), stall (sleep m ms,
 // default 1 hour), corrupt (flip a high byte of a value in the block received at that step, to be
-// caught by the block checksum). Off unless the variable is set; a malformed value is an error naming it.
+// caught by the block checksum), short (send half of the block at that step: the receiver must notice
+// the missing bytes; host ring). Off unless the variable is set; a malformed value is an error naming it.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +12,7 @@
 namespace ra {
 
 struct FaultPlan {
-  enum class Kind { kNone, kKill, kTerm, kAbort, kExit, kStall, kCorrupt };
+  enum class Kind { kNone, kKill, kTerm, kAbort, kExit, kStall, kCorrupt, kShort };
   Kind kind = Kind::kNone;
   int rank = -1, step = -1;
   long ms = 3600 * 1000;
@@ -23,6 +24,9 @@ struct FaultPlan {
 
 // At the start of a ring step: kill, term, abort, exit or stall when the plan names this rank and step.
 void inject_process_fault(const FaultPlan& plan, int rank, int step);
+
+// The bytes to send at a ring step: half of `bytes` when the plan says short for this rank and step.
+size_t injected_send_bytes(const FaultPlan& plan, int rank, int step, size_t bytes);
 
 // After a block arrived: flips one byte of it when the plan says corrupt for this rank and step.
 void inject_corruption(const FaultPlan& plan, int rank, int step, void* block, size_t bytes);

@@ -9,6 +9,7 @@
 #include "attention/block_schedule.h"
 #include "attention/registry.h"
 #include "collectives/nccl_communicator.h"
+#include "runtime/activity.h"
 #include "runtime/cuda_device.h"
 
 namespace ra {
@@ -23,6 +24,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)) {
   RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
+  RA_CHECK(!ctx_.deterministic, "the deterministic ring (bitwise-identical results for any ring size) runs on the "
+           "host: use --backend cpu");
   RA_CHECK(ctx_.comm->size() == 1 || dynamic_cast<NcclCommunicator*>(ctx_.comm) != nullptr,
            "ring on cuda needs an NCCL communicator for its sequence axis (got '", ctx_.comm->backend_name(), "')");
   std::unique_ptr<AttentionImpl> local = AttentionRegistry::builtin().create(ctx_.local_impl, Backend::kCuda);
@@ -102,6 +105,7 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
     }
     const int src = ring_source_rank(rank, step, n);
+    set_activity("ring step %d of %d (NCCL): queueing the K/V block of rank %d", step, n, src);
     std::vector<int64_t> k_host;
     const auto t0 = std::chrono::steady_clock::now();
     if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, k_host)) {
@@ -120,6 +124,8 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
     if (pending) {
       const auto t1 = std::chrono::steady_clock::now();
+      set_activity("ring step %d of %d (NCCL): waiting for the K/V block from rank %d (ours going to rank %d)", step, n,
+                   comm.previous(), comm.next());
       pending->wait(ctx_.step_timeout);
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;

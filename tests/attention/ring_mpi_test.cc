@@ -52,6 +52,32 @@ Tensor take(const Tensor& t, int dim, const std::vector<int64_t>& idx) {
   return out;
 }
 
+// One rank's rows of a global problem under the ring's layout, and the inputs viewing them.
+struct Shard {
+  Shard(const Problem& global, const RingContext& ctx) : pos(ring_positions(ctx)) {
+    q_rows = layout_indices(ctx.layout, ctx.global_q_len, ctx.comm->size(), ctx.comm->rank());
+    q = take(global.q, 1, q_rows), k = take(global.k, 1, pos.k), v = take(global.v, 1, pos.k);
+    bias = take(global.bias, 2, q_rows), mask = take(global.mask, 2, q_rows);
+    qs = take(global.q_seg, 1, q_rows), ks = take(global.kv_seg, 1, pos.k);
+    inputs = global.inputs();
+    inputs.q = q;
+    inputs.k = k;
+    inputs.v = v;
+    if (bias.defined()) inputs.bias = bias;
+    if (mask.defined()) inputs.mask = mask;
+    if (qs.defined()) {
+      inputs.q_segment_ids = qs;
+      inputs.kv_segment_ids = ks;
+    }
+  }
+  Shard(const Shard&) = delete;  // `inputs` views the tensors
+
+  TokenPositions pos;
+  std::vector<int64_t> q_rows;
+  Tensor q, k, v, bias, mask, qs, ks;
+  AttentionInputs inputs;
+};
+
 struct RingCase {
   SequenceLayout layout;
   Options options;
@@ -79,21 +105,10 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   const AttentionInputs g = global.inputs();
 
   RingContext ctx{g_ring_comm, c.layout, c.q_len, c.kv_len, c.local_impl, std::chrono::milliseconds(30000)};
-  const TokenPositions pos = ring_positions(ctx);
-  std::vector<int64_t> q_rows = layout_indices(c.layout, c.q_len, n, r);
-  Tensor q = take(global.q, 1, q_rows), k = take(global.k, 1, pos.k), v = take(global.v, 1, pos.k);
-  Tensor bias = take(global.bias, 2, q_rows), mask = take(global.mask, 2, q_rows);
-  Tensor qs = take(global.q_seg, 1, q_rows), ks = take(global.kv_seg, 1, pos.k);
-  AttentionInputs in = g;
-  in.q = q;
-  in.k = k;
-  in.v = v;
-  if (bias.defined()) in.bias = bias;
-  if (mask.defined()) in.mask = mask;
-  if (qs.defined()) {
-    in.q_segment_ids = qs;
-    in.kv_segment_ids = ks;
-  }
+  const Shard shard(global, ctx);
+  const TokenPositions& pos = shard.pos;
+  const AttentionInputs& in = shard.inputs;
+  const Tensor &q = shard.q, &bias = shard.bias, &mask = shard.mask, &qs = shard.qs;
   AttentionOutput out;
   if (g_cuda) {
     const InputsCopy device_in = copy_inputs(in, MemoryKind::kCuda);
@@ -162,6 +177,82 @@ INSTANTIATE_TEST_SUITE_P(Mpi, RingVsReference, testing::ValuesIn(ring_cases()), 
   const RingCase& c = info.param;
   return std::string(layout_name(c.layout)) + "_" + c.options.name() + "_" + std::string(dtype_name(c.dtype)) + "_T" +
          std::to_string(c.q_len) + "_S" + std::to_string(c.kv_len) + "_" + c.local_impl;
+});
+
+// --deterministic: rings of 1, 2, ... world-size ranks (the first n ranks of the world) give the same
+// bits, for every layout and option set, and match the f64 reference.
+struct DeterministicCase {
+  SequenceLayout layout;
+  Options options;
+  DType dtype;
+  int64_t q_len, kv_len, q_heads, kv_heads;
+};
+
+class DeterministicRing : public testing::TestWithParam<DeterministicCase> {};
+
+TEST_P(DeterministicRing, SameBitsForEveryRingSize) {
+  if (g_cuda) GTEST_SKIP() << "the deterministic ring runs on the host";
+  const DeterministicCase& c = GetParam();
+  Problem global(ProblemSpec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, 64, 32, c.dtype, c.options, 7});
+  const int64_t B = 2, Hq = c.q_heads, T = c.q_len, Dv = 32;
+  std::vector<std::vector<double>> results;  // per ring size: O (B, T, Hq, Dv) then LSE (B, Hq, T)
+  for (int n = 1; n <= g_world->size(); ++n) {
+    std::vector<double> result(size_t(B * T * Hq * Dv + B * Hq * T), 0.0);
+    const bool member = g_world->rank() < n;
+    auto comm = g_world->split(member ? 0 : 1, g_world->rank());
+    if (member) {
+      RingContext ctx{comm.get(), c.layout, c.q_len, c.kv_len, "flash_attn2", std::chrono::milliseconds(30000)};
+      ctx.deterministic = true;
+      const Shard shard(global, ctx);
+      AttentionOutput out =
+          AttentionRegistry::builtin().create("ring", Backend::kCpu, &ctx)->forward(shard.inputs, global.params(), shard.pos);
+      const int64_t rows = int64_t(shard.q_rows.size());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t h = 0; h < Hq; ++h) {
+            const int64_t t = shard.q_rows[size_t(i)];
+            for (int64_t d = 0; d < Dv; ++d)
+              result[size_t(((b * T + t) * Hq + h) * Dv + d)] =
+                  load_as_f32(out.o.view().data(), c.dtype, size_t(((b * rows + i) * Hq + h) * Dv + d));
+            result[size_t(B * T * Hq * Dv + (b * Hq + h) * T + t)] = out.lse.data<float>()[(b * Hq + h) * rows + i];
+          }
+    }
+    g_world->all_reduce(result.data(), result.size(), ReduceOp::kSum);  // one rank holds each value: exact
+    results.push_back(std::move(result));
+  }
+  for (size_t n = 1; n < results.size(); ++n) {
+    size_t differing = 0;
+    for (size_t i = 0; i < results[0].size(); ++i) differing += !(results[n][i] == results[0][i]);
+    EXPECT_EQ(differing, 0u) << "ring of " << n + 1 << " ranks differs from one rank in " << differing << " values";
+  }
+  // And the one-rank result is right.
+  const AttentionInputs g = global.inputs();
+  ReferenceOutput ref = reference_attention_f64(g, global.params(), TokenPositions::dense(c.q_len, c.kv_len));
+  Tensor o(DType::kF32, Shape{B, T, Hq, Dv}), lse(DType::kF32, Shape{B, Hq, T});
+  for (int64_t i = 0; i < o.numel(); ++i) o.data<float>()[i] = float(results[0][size_t(i)]);
+  for (int64_t i = 0; i < lse.numel(); ++i) lse.data<float>()[i] = float(results[0][size_t(o.numel() + i)]);
+  const double scale = c.options.dropout ? 1.0 / (1.0 - global.params().dropout_prob) : 1.0;
+  Comparison cmp = compare(o, lse, ref, output_tolerance(c.dtype, max_abs_value(g.v) * scale), kLseTolerance);
+  EXPECT_EQ(cmp.nan, 0);
+  EXPECT_EQ(cmp.wrong, 0) << "max |err| " << cmp.max_abs_error;
+}
+
+std::vector<DeterministicCase> deterministic_cases() {
+  Options all{true, true, true, true, true, true, true, true}, causal_sinks;
+  causal_sinks.causal = causal_sinks.sinks = causal_sinks.softcap = true;
+  std::vector<DeterministicCase> cases;
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped}) {
+    cases.push_back({layout, all, DType::kF32, 96, 96, 4, 2});
+    cases.push_back({layout, causal_sinks, DType::kBF16, 96, 96, 4, 1});
+  }
+  cases.push_back({SequenceLayout::kContiguous, causal_sinks, DType::kF16, 48, 120, 2, 2});  // S != T
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mpi, DeterministicRing, testing::ValuesIn(deterministic_cases()), [](const auto& info) {
+  const DeterministicCase& c = info.param;
+  return std::string(layout_name(c.layout)) + "_" + c.options.name() + "_" + std::string(dtype_name(c.dtype)) + "_T" +
+         std::to_string(c.q_len) + "_S" + std::to_string(c.kv_len);
 });
 
 TEST(RingMpi, ExchangeMovesBlocksAroundTheRing) {

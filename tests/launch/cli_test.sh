@@ -24,6 +24,17 @@ check run-dp2-sp2 0 "on mesh dp=2,sp=2" -- mpi 4 "$ra" run --input "$dir/b2.h5" 
 check verify-dp2-sp2 0 "#wrong 0  OK" -- mpi 4 "$ra" verify --input "$dir/b2.h5" --output "$dir/dp.h5" --mesh dp=2,sp=2 --layout striped
 check run-tp2-sp2 0 "on mesh tp=2,sp=2" -- mpi 4 "$ra" run --input "$dir/b2.h5" --output "$dir/tp.h5" --mesh tp=2,sp=2 --causal --window 40,0
 check verify-tp2-sp2 0 "#wrong 0  OK" -- "$ra" verify --input "$dir/b2.h5" --output "$dir/tp.h5" --causal --window 40,0
+# --deterministic: the same bits from 1 rank (zigzag) and 3 ranks (striped), O and LSE.
+check run-deterministic-1 0 "on mesh sp=1" -- mpi 1 "$ra" run --input "$dir/b2.h5" --output "$dir/det1.h5" --causal --deterministic
+check run-deterministic-3 0 "on mesh sp=3, layout striped" -- mpi 3 "$ra" run --input "$dir/b2.h5" --output "$dir/det3.h5" --causal --deterministic --layout striped
+same_bits() {  # same_bits A.h5 B.h5 DATASET: byte-for-byte equal dataset contents
+  h5dump -d "/$3" -b LE -o "$dir/a.bin" "$1" >/dev/null && h5dump -d "/$3" -b LE -o "$dir/b.bin" "$2" >/dev/null &&
+    cmp "$dir/a.bin" "$dir/b.bin" && echo "identical $3"
+}
+check deterministic-same-o 0 "identical o" -- same_bits "$dir/det1.h5" "$dir/det3.h5" o
+check deterministic-same-lse 0 "identical lse" -- same_bits "$dir/det1.h5" "$dir/det3.h5" lse
+check deterministic-verify 0 "#wrong 0  OK" -- "$ra" verify --input "$dir/b2.h5" --output "$dir/det3.h5" --causal
+check deterministic-not-ring 2 "--deterministic applies to --impl ring" -- "$ra" run --input "$dir/b2.h5" --output "$dir/x.h5" --impl sdpa --deterministic
 check verify-wrong-options 1 "FAILED" -- "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5"
 check refuses-existing-output 2 "exists; refusing to replace it" -- "$ra" run --input "$dir/in.h5" --output "$dir/out.h5"
 check negative-heads 2 "--heads is -1, expected a positive integer" -- "$ra" generate --output "$dir/x.h5" --seq 8 --heads -1 --head-dim 8

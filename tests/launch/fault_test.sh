@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fail-stop under faults (RINGATTN_FAULT) and bad data, on 3 CPU ranks: a rank that dies at the
-# first, a middle and the last ring step, a stalled rank, a corrupted block, ranks started with
-# different options, NaN inputs, a tampered output. Each case asserts a non-zero exit within a
+# first, a middle and the last ring step, a stalled rank, a corrupted block, a short send, a full
+# disk, ranks started with different options, NaN inputs, a tampered output. Each case asserts a non-zero exit within a
 # deadline, the message, and that no output file appears under its final name.
 # Usage: fault_test.sh RINGATTN MPIEXEC [BACKEND]   (BACKEND cuda runs the NCCL cases on GPUs)
 set -u
@@ -21,7 +21,7 @@ expect() {
   if [ "$want" = zero ]; then [ $code -eq 0 ] || ok=0; else [ $code -ne 0 ] || ok=0; fi
   [ $took -le "$deadline" ] || ok=0
   grep -q -- "$pattern" <<<"$out" || ok=0
-  [ -n "$output" ] && [ "$want" != zero ] && [ -e "$output" ] && ok=0
+  [ -n "$output" ] && [ "$want" != zero ] && { [ -e "$output" ] || [ -e "$output.partial" ]; } && ok=0
   if [ $ok -eq 1 ]; then passes=$((passes+1)); echo "ok   $name (exit $code, ${took}s)";
   else fails=$((fails+1)); echo "FAIL $name (exit $code, ${took}s, deadline ${deadline}s, pattern '$pattern')"; echo "$out" | tail -8; fi
 }
@@ -33,7 +33,8 @@ last=$((n - 1))
 for kind in kill term abort exit; do
   for step in 0 1 $last; do
     [ $kind != kill ] && [ $step != 1 ] && continue   # every kind once, kill at every position
-    expect "$kind-rank1-step$step" nonzero 60 "" "$dir/o.h5" -- \
+    # The survivors, ended by the launcher, say which ring step they were on.
+    expect "$kind-rank1-step$step" nonzero 60 "rank [02]\] ringattn: ended by signal 15 while ring step" "$dir/o.h5" -- \
       env RINGATTN_FAULT=$kind:rank=1:step=$step "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
   done
 done
@@ -47,9 +48,19 @@ expect stall-after-ring nonzero 45 "did not finish within" "$dir/o.h5" -- \
 if [ "$backend" = cpu ]; then
   expect corrupt-block-caught-by-crc nonzero 60 "corrupted in flight and was not used" "$dir/o.h5" -- \
     env RINGATTN_FAULT=corrupt:rank=2:step=0 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
+  expect short-send-caught nonzero 60 "received [0-9]* of [0-9]* bytes from rank 0 (a short send)" "$dir/o.h5" -- \
+    env RINGATTN_FAULT=short:rank=0:step=0 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
   expect corrupt-block-caught-by-output-check nonzero 60 "output check" "$dir/o.h5" -- \
     env RINGATTN_FAULT=corrupt:rank=2:step=0 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5" --no-block-checksums
 fi
+# A full disk, as a file-size limit on the ranks (ulimit -f, KiB): refused before the compute by the
+# space check, and with the check off the failed collective write ends within --io-timeout. Either
+# way no file is left, not even the .partial one.
+expect file-size-limit-checked-first nonzero 60 "may write files of at most" "$dir/o.h5" -- \
+  "$mpiexec" --oversubscribe -np $n bash -c "ulimit -f 64; exec \"\$0\" \"\$@\"" "$ra" run "${common[@]}" --output "$dir/o.h5"
+expect write-fails-midway nonzero 45 "checking and writing the outputs did not finish within 5 s" "$dir/o.h5" -- \
+  "$mpiexec" --oversubscribe -np $n bash -c "ulimit -f 64; exec \"\$0\" \"\$@\"" "$ra" run "${common[@]}" --output "$dir/o.h5" \
+  --no-space-check --io-timeout 5
 expect different-options nonzero 60 "started with different options" "$dir/o.h5" -- \
   "$mpiexec" --oversubscribe -np 1 "$ra" run "${common[@]}" --output "$dir/o.h5" --causal : -np $((n - 1)) "$ra" run "${common[@]}" --output "$dir/o.h5"
 expect bad-fault-spec nonzero 60 "unknown kind 'explode'" "$dir/o.h5" -- \
