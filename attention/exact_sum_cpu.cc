@@ -12,9 +12,14 @@
 namespace ra {
 namespace {
 
-constexpr int kFractionBits = 64;  // terms in units of 2^-64 (of 1 for probabilities, of 2^e for values)
+// Terms in units of 2^-50 (of 1 for probabilities, of 2^e for values). A term is at most
+// 1 / (1 - dropout) <= 2^12 units of 1, so it rounds to an int64 (below 2^62) in one instruction, and
+// the int128 sums hold 2^65 such terms.
+constexpr int kFractionBits = 50;
+constexpr float kMaxDropout = 0.99975f;  // 1 / (1 - p) < 2^12
 
-__int128 to_fixed(double x, int exponent) { return static_cast<__int128>(std::nearbyint(std::ldexp(x, exponent))); }
+// x * scale (a power of two: exact) rounded to the nearest integer.
+int64_t to_fixed(double x, double scale) { return std::llrint(x * scale); }
 
 // Calls row(b, h, kh, t, q) for every query row, in parallel over (b, h).
 template <typename Row>
@@ -47,8 +52,11 @@ void ExactSum::max_pass(const AttentionInputs& raw, const TokenPositions& pos, c
 void ExactSum::sum_pass(const AttentionInputs& raw, const TokenPositions& pos, const AttentionParams& p) {
   const F32Inputs in = as_f32_inputs(raw, pos);
   const float scale = effective_scale(p, in.q.dim(3));
+  RA_CHECK(p.dropout_prob <= kMaxDropout, "dropout ", p.dropout_prob, " is above ", kMaxDropout,
+           ", the largest the deterministic ring's fixed-point sums hold");
   const float keep_scale = 1.0f / (1.0f - p.dropout_prob);
-  const int value_shift = kFractionBits - value_exponent_;
+  const double probability_scale = std::ldexp(1.0, kFractionBits);
+  const double value_scale = std::ldexp(1.0, kFractionBits - value_exponent_);
   for_each_row(in, [&](int64_t b, int64_t h, int64_t kh, int64_t t, const float* q) {
     const int64_t r = (b * heads_ + h) * rows_ + t;
     const float m = max_[size_t(r)];
@@ -59,10 +67,10 @@ void ExactSum::sum_pass(const AttentionInputs& raw, const TokenPositions& pos, c
       if (s == -INFINITY) continue;
       const float e = std::exp(s - m);
       const float w = dropout_weight(p, keep_scale, e, b, h, pos.q[size_t(t)], pos.k[size_t(j)]);
-      denominator_[size_t(r)] += to_fixed(e, kFractionBits);
+      denominator_[size_t(r)] += to_fixed(e, probability_scale);
       if (w == 0.0f) continue;
       const float* v = in.v.data_as<float>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
-      for (int64_t d = 0; d < value_dim_; ++d) num[d] += to_fixed(double(w) * double(v[d]), value_shift);
+      for (int64_t d = 0; d < value_dim_; ++d) num[d] += to_fixed(double(w) * double(v[d]), value_scale);
     }
   });
 }

@@ -15,7 +15,7 @@ namespace ra {
 
 class ExactSum {
  public:
-  // `value_exponent`: V is summed in units of 2^(value_exponent - 64); 2^value_exponent must bound
+  // `value_exponent`: V is summed in units of 2^(value_exponent - 50); 2^value_exponent must bound
   // |v| over every key of the whole sequence (the same on every rank), see value_exponent_for.
   ExactSum(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, int value_exponent);
 

@@ -162,15 +162,15 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
   for (int step = 0; step < n; ++step) {
     // Phase 1: start moving the block we hold to the next rank (except on the last step).
     inject_process_fault(ctx_.fault, rank, step);
-    std::unique_ptr<PendingExchange> pending;
-    if (step + 1 < n) pending = comm.ring_shift(buffers[cur], buffers[1 - cur], bytes, step);
-    // Phase 2: fold our queries against the held block, unless no pair in it can be visible.
     const int src = ring_source_rank(rank, step, n);
-    if (pending)
+    if (step + 1 < n)
       set_activity("ring step %d of %d: folding the K/V block of rank %d (next block in flight from rank %d)", step, n,
                    src, comm.previous());
     else
       set_activity("ring step %d of %d: folding the K/V block of rank %d (last step, nothing in flight)", step, n, src);
+    std::unique_ptr<PendingExchange> pending;
+    if (step + 1 < n) pending = comm.ring_shift(buffers[cur], buffers[1 - cur], bytes, step);
+    // Phase 2: fold our queries against the held block, unless no pair in it can be visible.
     TokenPositions block_pos;
     block_pos.q = pos.q;
     block_pos.total_keys = ctx_.global_kv_len;

@@ -1,14 +1,16 @@
 #!/bin/bash
 # What one device-machine call runs (see ../shared/device/README.md), from the repository root, after
 # `bash .device/on-device.sh`. Stages: `check` (GPU unit tests, ring on 2 GPUs, CLI round trip) and
-# `bench` (the tables of bench/RESULTS.md). Logs go to $OUT.
-#   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE [GPUS]
+# `bench` (the tables of bench/RESULTS.md), `ring`, `cudnn`, `faults`, `ctas` (the ring at 8192 tokens
+# per GPU under NCCL's CTA settings); several as a comma list. Logs go to $OUT.
+#   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
 build=${1:?build folder}; stage=${2:?check|bench|ring}; gpus=${3:-2}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 bin=$build/bin/ringattn
+has() { [[ ",$stage," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | head -n "$gpus"
-if [ "$stage" = check ]; then
+if has check; then
   $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 25
   for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
     mpirun -np $n $build/tests/ring_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_cuda_$n.log" | tail -n 15
@@ -18,10 +20,10 @@ if [ "$stage" = check ]; then
   mpirun -np 2 $bin run --backend cuda --input $d/in.h5 --output $d/out.h5 --causal --layout zigzag &&
   $bin verify --input $d/in.h5 --output $d/out.h5 --causal; echo "cli round trip exit $?"
 fi
-if [ "$stage" = faults ]; then
+if has faults; then
   bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
 fi
-if [ "$stage" = cudnn ]; then
+if has cudnn; then
   $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 12
   mpirun -np 2 $build/tests/ring_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_cuda_2.log" | tail -n 12
 fi
@@ -29,7 +31,7 @@ bench() {  # ranks, then bench options
   local n=$1; shift
   mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim 128 --dtype bf16 --warmup 2 "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
 }
-if [ "$stage" = bench ]; then
+if has bench; then
   for t in 8192 32768 131072; do
     for causal in "" "--causal"; do
       bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
@@ -38,14 +40,14 @@ if [ "$stage" = bench ]; then
   bench 1 --impl sdpa --seq 8192 --iters 3
   bench 1 --impl sdpa --seq 8192 --iters 3 --causal
 fi
-if [ "$stage" = cudnn ]; then
+if has cudnn; then
   for causal in "" "--causal"; do bench 1 --impl cudnn --seq 32768 --iters 10 $causal; done
   for causal in "" "--causal --layout zigzag"; do
     bench 2 --impl ring --local-impl cudnn --seq 32768 --iters 10 $causal
     bench 2 --impl ring --local-impl cudnn --seq 131072 --iters 5 $causal
   done
 fi
-if [ "$stage" = ring ]; then
+if has ring; then
   for t in 8192 32768 131072; do
     for causal in "" "--causal --layout zigzag"; do
       for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do bench $n --impl ring --seq $t --iters 10 $causal; done
@@ -55,4 +57,13 @@ if [ "$stage" = ring ]; then
     bench 4 --impl ring --seq 262144 --iters 3 --causal --layout zigzag
     bench 4 --impl ring --seq 1048576 --iters 2 --causal --layout zigzag
   fi
+fi
+if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer CTAs, same transfer?
+  for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal; done
+  for setting in default NCCL_MAX_CTAS=8 NCCL_MAX_CTAS=2 NCCL_CTA_POLICY=1; do
+    echo "# NCCL setting: $setting" | tee -a "$out/bench.txt"
+    for causal in "" "--causal --layout zigzag"; do
+      ( [ "$setting" != default ] && export "${setting?}"; bench 4 --impl ring --seq 32768 --iters 10 $causal )
+    done
+  done
 fi

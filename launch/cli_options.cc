@@ -25,8 +25,8 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o) {
     ("block-k", po::value(&o.block_k)->default_value(64), "key chunk (blockwise)")
     ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer")
     ("deterministic", po::bool_switch(&o.deterministic), "bitwise-identical results for any number of ranks and "
-     "layout (host ring: exact max pass + fixed-point sums, about 2x the time of --local-impl sdpa)")
-    ("no-block-checksums", po::bool_switch(&o.no_block_checksums), "skip the CRC-32 of K/V blocks in flight (host ring)")
+     "layout (host ring: an exact max pass and fixed-point sums; several times slower)")
+    ("no-block-checksums", po::bool_switch(&o.no_block_checksums), "skip the checksum of K/V blocks in flight")
     ("allow-nonfinite", po::bool_switch(&o.allow_nonfinite), "run even when inputs hold NaN or Inf (reported either way)");
 }
 

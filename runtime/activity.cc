@@ -73,7 +73,7 @@ void remove_partial_output() {
 
 void install_activity_report(int rank) {
   std::snprintf(g_prefix, sizeof(g_prefix), "[rank %d] ringattn", rank);
-  for (int signal : {SIGTERM, SIGINT, SIGHUP}) std::signal(signal, report_and_die);
+  for (int signal : {SIGTERM, SIGINT, SIGHUP, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) std::signal(signal, report_and_die);
 }
 
 }  // namespace ra

@@ -8,8 +8,9 @@ namespace ra {
 // printf-style; call from one thread (the one that drives the work). Cheap: a format into a buffer.
 void set_activity(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
-// On SIGTERM, SIGINT or SIGHUP: write "[rank R] ringattn: ended by signal N while <activity>" to
-// stderr, then die by the same signal (the exit status still says which).
+// On SIGTERM, SIGINT or SIGHUP (the launcher ending the job) and on a crash (SIGSEGV, SIGBUS, SIGFPE,
+// SIGILL, SIGABRT, e.g. inside a library reading a corrupt file): write "[rank R] ringattn: ended by
+// signal N while <activity>" to stderr, then die by the same signal (the exit status still says which).
 // Also removes the partial output registered below, so that no half-written file is left.
 void install_activity_report(int rank);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "attention/block_schedule.h"
+#include "attention/cuda/block_checksum.h"
 #include "attention/registry.h"
 #include "collectives/nccl_communicator.h"
 #include "runtime/activity.h"
@@ -17,6 +18,36 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Behind every block in flight (16 bytes, keeps the payload's alignment).
+struct BlockTrailer {
+  static constexpr uint32_t kMagic = 0x52414b56;  // "RAKV"
+  uint64_t checksum;
+  uint32_t origin_rank;
+  uint32_t magic;
+};
+static_assert(sizeof(BlockTrailer) == 16);
+
+// The trailers that arrived and the checksums recomputed on arrival (device, n each; step 0 unused):
+// the first mismatch is an error naming the step, the ranks and both checksums. The corrupted block
+// was folded into the carry, which is discarded with the error: nothing is finalized or written.
+void check_arrived_blocks(const Tensor& checks, int n, int rank, size_t payload, const AttentionInputs& in,
+                          cudaStream_t stream) {
+  std::vector<BlockTrailer> host(2 * size_t(n));
+  RA_CUDA_CHECK(cudaStreamSynchronize(stream));  // a non-blocking stream: cudaMemcpy alone would not wait
+  RA_CUDA_CHECK(cudaMemcpy(host.data(), checks.view().data(), host.size() * sizeof(BlockTrailer), cudaMemcpyDeviceToHost));
+  for (int step = 1; step < n; ++step) {
+    const BlockTrailer& got = host[size_t(step)];
+    const uint64_t recomputed = host[size_t(n + step)].checksum;
+    const int expected_origin = ring_source_rank(rank, step, n);
+    RA_CHECK(got.magic == BlockTrailer::kMagic && int(got.origin_rank) == expected_origin && got.checksum == recomputed,
+             "ring step ", step - 1, " (NCCL): rank ", rank, " received the K/V block of rank ", expected_origin,
+             " from rank ", (rank + n - 1) % n, " (k ", in.k.shape().str(), " and v ", in.v.shape().str(), ", ", payload,
+             " bytes) with checksum ", std::hex, recomputed, " but it was sent with ", got.checksum, std::dec,
+             " (origin rank in the trailer: ", got.origin_rank, "): the block was corrupted in flight; no output is "
+             "produced");
+  }
 }
 
 }  // namespace
@@ -73,18 +104,32 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   for (auto [t, name] : {std::pair{&in.k, "k"}, std::pair{&in.v, "v"}, std::pair{&in.kv_segment_ids, "kv_segment_ids"}})
     RA_CHECK(!t->defined() || t->is_contiguous(), name, " must be contiguous for ring on cuda (it travels as one block)");
 
-  // Block layout: k, v, then the kv segment ids, each 16-byte aligned.
+  // Block layout: k, v, then the kv segment ids, each 16-byte aligned, then the trailer: the block's
+  // checksum and origin rank, computed once by the rank it starts on and forwarded with it.
   auto align = [](size_t x) { return (x + 15) / 16 * 16; };
   const size_t k_bytes = align(in.k.nbytes()), v_bytes = align(in.v.nbytes());
   const size_t seg_bytes = in.kv_segment_ids.defined() ? align(in.kv_segment_ids.nbytes()) : 0;
-  const size_t bytes = k_bytes + v_bytes + seg_bytes;
+  const size_t payload = k_bytes + v_bytes + seg_bytes, bytes = payload + sizeof(BlockTrailer);
   const Tensor buffers(DType::kU8, {2, int64_t(bytes)}, MemoryKind::kCuda);
   char* base[2] = {buffers.data<char>(), buffers.data<char>() + bytes};
+  RA_CUDA_CHECK(cudaMemsetAsync(base[0], 0, bytes, stream_));  // padding included in the checksum
   RA_CUDA_CHECK(cudaMemcpyAsync(base[0], in.k.data(), in.k.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   if (seg_bytes)
     RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes + v_bytes, in.kv_segment_ids.data(), in.kv_segment_ids.nbytes(),
                                   cudaMemcpyDeviceToDevice, stream_));
+  // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
+  // compared on the host once at the end, before anything is finalized.
+  const bool verify = ctx_.verify_blocks && n > 1;
+  const Tensor checks(DType::kU8, {int64_t(2 * n * sizeof(BlockTrailer))}, MemoryKind::kCuda);
+  auto* arrived = checks.data<BlockTrailer>();
+  auto* recomputed = arrived + n;
+  if (verify) {
+    const BlockTrailer own{0, uint32_t(rank), BlockTrailer::kMagic};
+    RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + payload, &own, sizeof(own), cudaMemcpyHostToDevice, stream_));
+    block_checksum_cuda(base[0], payload, reinterpret_cast<uint64_t*>(base[0] + payload), stream_);
+    RA_CUDA_CHECK(cudaMemsetAsync(checks.data<char>(), 0, checks.view().nbytes(), stream_));
+  }
   CudaEvent compute_done;  // the last compute (or the packing) queued on the compute stream
   compute_done.record(stream_);
 
@@ -99,13 +144,14 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     inject_process_fault(ctx_.fault, rank, step);
+    const int src = ring_source_rank(rank, step, n);
+    set_activity("ring step %d of %d (NCCL): exchanging with ranks %d / %d, then the K/V block of rank %d", step, n,
+                 comm.previous(), comm.next(), src);
     std::unique_ptr<PendingExchange> pending;
     if (step + 1 < n) {
       nccl->stream_wait(compute_done.get());  // the receive buffer was read by the previous compute
       pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
     }
-    const int src = ring_source_rank(rank, step, n);
-    set_activity("ring step %d of %d (NCCL): queueing the K/V block of rank %d", step, n, src);
     std::vector<int64_t> k_host;
     const auto t0 = std::chrono::steady_clock::now();
     if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, k_host)) {
@@ -129,9 +175,17 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       pending->wait(ctx_.step_timeout);
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
+      if (ctx_.fault.armed(rank, step) && ctx_.fault.kind == FaultPlan::Kind::kCorrupt)
+        flip_byte_cuda(base[cur], payload / 2 + 3, stream_);
+      if (verify) {  // the block that arrived, checked on the compute stream before step + 1 reads it
+        RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], base[cur] + payload, sizeof(BlockTrailer),
+                                      cudaMemcpyDeviceToDevice, stream_));
+        block_checksum_cuda(base[cur], payload, &recomputed[step + 1].checksum, stream_);
+      }
     }
     ++stats_.steps;
   }
+  if (verify) check_arrived_blocks(checks, n, rank, payload, in, stream_);
   // `buffers` is freed on return: cudaFree waits for the queued kernels that read it.
 }
 

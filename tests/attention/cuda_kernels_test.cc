@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "attention/cuda/block_checksum.h"
 #include "attention/registry.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
@@ -220,6 +221,44 @@ TEST(CudaMemory, OutOfMemoryNamesBytesAskedAndFree) {
   // The device is still usable afterwards.
   Tensor small(DType::kF32, {1024}, MemoryKind::kCuda);
   RA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace ra::test
+
+namespace ra::test {
+namespace {
+
+// The ring's in-flight check: the device checksum is a function of the bytes (same bytes, same sum;
+// any flipped bit or swapped pair of words changes it), whatever the launch shape.
+TEST(BlockChecksum, SameBytesSameSumAnyChangeDiffers) {
+  RA_REQUIRE_GPU();
+  std::vector<uint64_t> words(100003);
+  std::mt19937_64 rng(3);
+  for (uint64_t& w : words) w = rng();
+  const size_t bytes = words.size() * 8;
+  Tensor buffer(DType::kU8, {int64_t(bytes)}, MemoryKind::kCuda), sum(DType::kU8, {8}, MemoryKind::kCuda);
+  auto checksum = [&](const std::vector<uint64_t>& host) {
+    RA_CUDA_CHECK(cudaMemcpy(buffer.view().data(), host.data(), bytes, cudaMemcpyHostToDevice));
+    block_checksum_cuda(buffer.view().data(), bytes, sum.data<uint64_t>(), nullptr);
+    uint64_t out = 0;
+    RA_CUDA_CHECK(cudaMemcpy(&out, sum.view().data(), 8, cudaMemcpyDeviceToHost));
+    return out;
+  };
+  const uint64_t base = checksum(words);
+  EXPECT_EQ(checksum(words), base);
+  std::vector<uint64_t> flipped = words;
+  flipped[77777] ^= uint64_t(1) << 41;
+  EXPECT_NE(checksum(flipped), base);
+  std::vector<uint64_t> swapped = words;
+  std::swap(swapped[10], swapped[20]);
+  EXPECT_NE(checksum(swapped), base);
+  EXPECT_EQ(checksum(words), base);  // the buffer holds `words` again
+  flip_byte_cuda(buffer.view().data(), 12345, nullptr);  // the fault-injection hook changes it too
+  block_checksum_cuda(buffer.view().data(), bytes, sum.data<uint64_t>(), nullptr);
+  uint64_t after = 0;
+  RA_CUDA_CHECK(cudaMemcpy(&after, sum.view().data(), 8, cudaMemcpyDeviceToHost));
+  EXPECT_NE(after, base);
 }
 
 }  // namespace
