@@ -130,17 +130,7 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
 }
 
 AttentionInputs LocalTensors::inputs() const {
-  AttentionInputs in;
-  in.q = q;
-  in.k = k;
-  in.v = v;
-  if (mask.defined()) in.mask = mask;
-  if (bias.defined()) in.bias = bias;
-  if (q_segment_ids.defined()) {
-    in.q_segment_ids = q_segment_ids;
-    in.kv_segment_ids = kv_segment_ids;
-  }
-  return in;
+  return AttentionInputs{q, k, v, bias, mask, {}, q_segment_ids, kv_segment_ids};  // undefined stay undefined
 }
 
 LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv) {

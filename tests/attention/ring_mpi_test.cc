@@ -59,16 +59,7 @@ struct Shard {
     q = take(global.q, 1, q_rows), k = take(global.k, 1, pos.k), v = take(global.v, 1, pos.k);
     bias = take(global.bias, 2, q_rows), mask = take(global.mask, 2, q_rows);
     qs = take(global.q_seg, 1, q_rows), ks = take(global.kv_seg, 1, pos.k);
-    inputs = global.inputs();
-    inputs.q = q;
-    inputs.k = k;
-    inputs.v = v;
-    if (bias.defined()) inputs.bias = bias;
-    if (mask.defined()) inputs.mask = mask;
-    if (qs.defined()) {
-      inputs.q_segment_ids = qs;
-      inputs.kv_segment_ids = ks;
-    }
+    inputs = AttentionInputs{q, k, v, bias, mask, global.sinks, qs, ks};  // take() keeps undefined ones undefined
   }
   Shard(const Shard&) = delete;  // `inputs` views the tensors
 

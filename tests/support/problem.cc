@@ -80,18 +80,7 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
 }
 
 AttentionInputs Problem::inputs() const {
-  AttentionInputs in;
-  in.q = q;
-  in.k = k;
-  in.v = v;
-  if (bias.defined()) in.bias = bias;
-  if (mask.defined()) in.mask = mask;
-  if (sinks.defined()) in.sinks = sinks;
-  if (q_seg.defined()) {
-    in.q_segment_ids = q_seg;
-    in.kv_segment_ids = kv_seg;
-  }
-  return in;
+  return AttentionInputs{q, k, v, bias, mask, sinks, q_seg, kv_seg};  // undefined tensors give undefined views
 }
 
 double max_abs_value(const TensorView& v) {
