@@ -78,20 +78,31 @@ head -c 3000 "$dir/in.h5" > "$dir/truncated.h5"
 bad truncated-file "cannot open HDF5 file '$dir/truncated.h5'" "$dir/truncated.h5"
 expect missing-output-dir nonzero 60 "directory '$dir/none' does not exist" "$dir/none/o.h5" -- \
   "$mpiexec" --oversubscribe -np $n "$ra" run --input "$dir/in.h5" --backend "$backend" --output "$dir/none/o.h5"
+# An output directory this user cannot write to (root writes anywhere: then the run is as nobody).
+mkdir -p "$dir/ro/out" && chmod 755 "$dir" "$dir/ro" && chmod 644 "$dir/in.h5" && chmod 555 "$dir/ro/out"
+as_user=(); [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && as_user=(runuser -u nobody --)
+if [ "$(id -u)" != 0 ] || [ ${#as_user[@]} -gt 0 ]; then
+  expect unwritable-output-dir nonzero 60 "directory '$dir/ro/out' is not writable" "$dir/ro/out/o.h5" -- \
+    "${as_user[@]}" "$ra" run --input "$dir/in.h5" --backend "$backend" --output "$dir/ro/out/o.h5"
+fi
 if $python -c "import h5py" 2>/dev/null; then
   $python - "$dir" <<'PY'
 import sys, h5py, numpy as np
 d, r = sys.argv[1], np.random.default_rng(0)
 f32 = lambda *s: r.standard_normal(s).astype(np.float32)
-def mk(name, q, k, v):
+def mk(name, q, k, v=None):
     with h5py.File(f"{d}/{name}.h5", "w") as f:
-        f["q"], f["k"], f["v"] = q, k, v
+        f["q"], f["k"] = q, k
+        if v is not None:
+            f["v"] = v
 mk("int", r.integers(0, 5, (1, 192, 4, 64)).astype(np.int32), f32(1, 192, 4, 64), f32(1, 192, 4, 64))
 mk("f64", r.standard_normal((1, 192, 4, 64)), r.standard_normal((1, 192, 4, 64)), r.standard_normal((1, 192, 4, 64)))
 mk("kvlen", f32(1, 192, 4, 64), f32(1, 192, 4, 64), f32(1, 180, 4, 64))
 mk("heads", f32(1, 192, 3, 64), f32(1, 192, 2, 64), f32(1, 192, 2, 64))
 mk("rank3", f32(192, 4, 64), f32(1, 192, 4, 64), f32(1, 192, 4, 64))
+mk("nov", f32(1, 192, 4, 64), f32(1, 192, 4, 64))
 PY
+  bad missing-dataset "input '$dir/nov.h5' has no dataset 'v'" "$dir/nov.h5"
   bad int-dtype "dataset 'q' of '$dir/int.h5' has dtype i32, expected f32, f16 or bf16" "$dir/int.h5"
   bad f64-dtype-not-converted "has dtype f64, expected f32, f16 or bf16" "$dir/f64.h5"
   bad kv-lengths-differ "dataset 'v' of '$dir/kvlen.h5' dimension 1 (kv_len) is 180, expected 192" "$dir/kvlen.h5"
