@@ -2,7 +2,8 @@
 # What one device-machine call runs (see ../shared/device/README.md), from the repository root, after
 # `bash .device/on-device.sh`. Stages: `check` (GPU unit tests, ring on 2 GPUs, CLI round trip) and
 # `bench` (the tables of bench/RESULTS.md), `ring`, `cudnn`, `faults`, `ctas` (the ring at 8192 tokens
-# per GPU under NCCL's CTA settings); several as a comma list. Logs go to $OUT.
+# per GPU under NCCL's CTA settings), `kernels` (the mma.sync and wgmma flash kernels side by side);
+# several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
 build=${1:?build folder}; stage=${2:?check|bench|ring}; gpus=${3:-2}
@@ -29,7 +30,7 @@ if has cudnn; then
 fi
 bench() {  # ranks, then bench options
   local n=$1; shift
-  mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim 128 --dtype bf16 --warmup 2 "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
+  mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim "${head_dim:-128}" --dtype bf16 --warmup 2 "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
 }
 if has bench; then
   for t in 8192 32768 131072; do
@@ -64,6 +65,26 @@ if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer
     echo "# NCCL setting: $setting" | tee -a "$out/bench.txt"
     for causal in "" "--causal --layout zigzag"; do
       ( [ "$setting" != default ] && export "${setting?}"; bench 4 --impl ring --seq 32768 --iters 10 $causal )
+    done
+  done
+fi
+if has kernels; then  # the two flash kernels on the same shapes in one call: single GPU, then the ring
+  for d in 128 64; do
+    for t in 8192 32768; do
+      for causal in "" "--causal"; do
+        for k in mma_sync wgmma; do
+          echo "# RINGATTN_FLASH_KERNEL=$k head_dim=$d" | tee -a "$out/bench.txt"
+          RINGATTN_FLASH_KERNEL=$k head_dim=$d bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
+        done
+      done
+    done
+  done
+  for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
+    for causal in "" "--causal --layout zigzag"; do
+      for k in mma_sync wgmma; do
+        echo "# RINGATTN_FLASH_KERNEL=$k" | tee -a "$out/bench.txt"
+        RINGATTN_FLASH_KERNEL=$k bench $n --impl ring --seq 32768 --iters 10 $causal
+      done
     done
   done
 fi

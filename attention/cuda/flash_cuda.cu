@@ -10,18 +10,22 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "attention/block_schedule.h"
-#include "attention/online_softmax.h"
+#include <cstdlib>
+#include <string>
+
+#include "attention/cuda/flash_tile.cuh"
+#include "attention/cuda/flash_wgmma.h"
 #include "runtime/cuda_device.h"
 
 namespace ra {
 namespace {
 
+using namespace flash;
+
 constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kMTiles = 2;                      // 16-row MMA tiles per warp: 32 rows per warp
 constexpr int kBlockM = kWarps * 16 * kMTiles;  // 128 query rows per block
 constexpr int kBlockN = 64;                     // keys per K/V tile
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Shared-memory tiles are rows of D 16-bit values cut into 16-byte chunks; chunk c of row r is stored
 // at c ^ (r % 8) so that the 8 row addresses of one ldmatrix land in 8 different bank groups.
@@ -29,18 +33,6 @@ template <int D>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, zero-filled when `valid` is false (rows past the end).
-__device__ __forceinline__ void copy_16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -70,93 +62,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
   }
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-// 2^x in one MUFU instruction (relative error about 2^-22; 2^-inf = 0), as FlashAttention does.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-__device__ __forceinline__ int64_t warp_min(int64_t x) {
-  for (int o = 16; o > 0; o >>= 1) x = min(x, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, x, o)));
-  return x;
-}
-__device__ __forceinline__ int64_t warp_max(int64_t x) {
-  for (int o = 16; o > 0; o >>= 1) x = max(x, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, x, o)));
-  return x;
-}
-
-// The range of key positions of tile `t`: its first and last entry when keys are sorted, else a
-// scan by the warp (every warp computes the same, so no synchronisation is needed).
-__device__ __forceinline__ void tile_key_range(const CudaAttentionArgs& a, int t, int lane, int64_t& lo, int64_t& hi) {
-  const int n0 = t * kBlockN;
-  if (a.pos.keys_sorted) {
-    lo = a.pos.k[n0];
-    hi = a.pos.k[min(n0 + kBlockN, a.kv_len) - 1];
-    return;
-  }
-  lo = INT64_MAX;
-  hi = INT64_MIN;
-  for (int j = lane; j < kBlockN; j += 32)
-    if (n0 + j < a.kv_len) {
-      const int64_t p = a.pos.k[n0 + j];
-      lo = min(lo, p);
-      hi = max(hi, p);
-    }
-  lo = warp_min(lo);
-  hi = warp_max(hi);
-}
-
-// The tiles [first, last] that can hold a key visible to a query in [q_lo, q_hi]. With sorted keys
-// the visible tiles are one interval (the mask is monotone in the key position): two binary searches.
-__device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t q_hi, int& first, int& last) {
-  const int num_tiles = (a.kv_len + kBlockN - 1) / kBlockN;
-  first = 0;
-  last = num_tiles - 1;
-  if (!a.pos.keys_sorted) return;
-  if (a.window_left >= 0) {  // first tile whose last key >= q_lo - left
-    const int64_t bound = q_lo - a.window_left;
-    int lo = 0, hi = num_tiles;
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (a.pos.k[min((mid + 1) * kBlockN, a.kv_len) - 1] >= bound) hi = mid;
-      else lo = mid + 1;
-    }
-    first = lo;
-  }
-  int64_t limit = INT64_MAX;
-  if (a.causal) limit = q_hi;
-  if (a.window_right >= 0) limit = min(limit, q_hi + a.window_right);
-  if (limit != INT64_MAX) {  // last tile whose first key <= limit
-    int lo = -1, hi = num_tiles - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (a.pos.k[mid * kBlockN] <= limit) lo = mid;
-      else hi = mid - 1;
-    }
-    last = lo;
-  }
-}
-
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b, int kh, int row0, int rows_total,
                                           int tid) {
@@ -171,12 +76,11 @@ __device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b,
   }
 }
 
-// The logits of one 16 x 64 S tile with every option applied, in log2 units; -inf where not visible.
-// Without kExtras only positions (causal, window) and the sequence ends mask; kExtras adds segment
-// ids, the mask and bias tensors and the soft cap (a separate kernel, to keep the plain one lean).
-template <bool kExtras>
-__device__ __forceinline__ void mask_tile(const CudaAttentionArgs& a, float (&s)[kBlockN / 8][4], int n0, int lane,
-                                          int b, int h, int row0, float scale_log2) {
+// The logits of one 16 x 64 S tile with segment ids, the mask and bias tensors and the soft cap
+// applied, in log2 units; -inf where not visible (the extras kernel; the plain one masks positions
+// only, with mask_positions).
+__device__ __forceinline__ void mask_tile_extras(const CudaAttentionArgs& a, float (&s)[kBlockN / 8][4], int n0,
+                                                 int lane, int b, int h, int row0) {
   const int64_t qpos0 = row0 < a.q_len ? a.pos.q[row0] : 0, qpos1 = row0 + 8 < a.q_len ? a.pos.q[row0 + 8] : 0;
 #pragma unroll
   for (int j = 0; j < kBlockN / 8; ++j)
@@ -189,10 +93,6 @@ __device__ __forceinline__ void mask_tile(const CudaAttentionArgs& a, float (&s)
       if (col < a.kv_len && row < a.q_len) {
         const int64_t kpos = a.pos.k[col];
         bool visible = position_visible(qpos, kpos, a.causal, a.window_left, a.window_right);
-        if (!kExtras) {
-          s[j][e] = visible ? s[j][e] * scale_log2 : -INFINITY;
-          continue;
-        }
         if (visible && a.q_segment_ids.data)
           visible = static_cast<const int32_t*>(a.q_segment_ids.data)[b * a.q_segment_ids.stride[0] + row * a.q_segment_ids.stride[1]] ==
                     static_cast<const int32_t*>(a.kv_segment_ids.data)[b * a.kv_segment_ids.stride[0] + col * a.kv_segment_ids.stride[1]];
@@ -251,16 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   // This thread's rows: m-tile t, half i -> row m0 + warp * 32 + t * 16 + i * 8 + lane / 4.
   const int warp_row0 = m0 + warp * 16 * kMTiles;
   {
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
-#pragma unroll
-    for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = warp_row0 + t * 16 + i * 8 + lane / 4;
-        if (row < a.q_len) lo = min(lo, a.pos.q[row]), hi = max(hi, a.pos.q[row]);
-      }
-    lo = warp_min(lo);
-    hi = warp_max(hi);
+    int64_t lo, hi;
+    warp_query_range<16 * kMTiles>(a, warp_row0, lane, lo, hi);
     if (lane == 0) warp_q_lo[warp] = lo, warp_q_hi[warp] = hi;
   }
   __syncthreads();
@@ -269,46 +161,31 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   const int64_t my_q_lo = warp_q_lo[warp], my_q_hi = warp_q_hi[warp];
   const bool warp_active = my_q_lo <= my_q_hi;  // false for warps wholly past q_len
 
-  // The carry in. The denominator sits on the quad's first lane only (partial sums are added at the end).
+  // The carry in (the running max in log2 units inside the kernel).
   float o_acc[kMTiles][kTilesD][4];
   float m_row[kMTiles][2], l_row[kMTiles][2];
   const int64_t carry_row0 = (int64_t(b) * a.q_heads + h) * a.q_len;
 #pragma unroll
-  for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = warp_row0 + t * 16 + i * 8 + lane / 4;
-      const bool valid = row < a.q_len;
-      const float m = valid ? a.max[carry_row0 + row] : -INFINITY;
-      m_row[t][i] = m == -INFINITY ? -INFINITY : m * kLog2e;  // log2 units inside the kernel
-      l_row[t][i] = valid && lane % 4 == 0 ? a.denominator[carry_row0 + row] : 0.0f;
-#pragma unroll
-      for (int j = 0; j < kTilesD; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        const float2 v = valid ? *reinterpret_cast<const float2*>(a.numerator + (carry_row0 + row) * D + col) : float2{0, 0};
-        o_acc[t][j][2 * i] = v.x;
-        o_acc[t][j][2 * i + 1] = v.y;
-      }
-    }
+  for (int t = 0; t < kMTiles; ++t) load_carry(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
 
   const float scale_log2 = a.scale * kLog2e;
   const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
 
   int first, last;
-  visible_tiles(a, block_q_lo, block_q_hi, first, last);
+  visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
   if (first <= last) {
     load_tile<T, D>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
     load_tile<T, D>(v_smem, a.v, b, kh, first * kBlockN, a.kv_len, tid);
   }
   copy_commit();
   int64_t k_lo = 0, k_hi = 0;
-  if (first <= last) tile_key_range(a, first, lane, k_lo, k_hi);
+  if (first <= last) tile_key_range<kBlockN>(a, first, lane, k_lo, k_hi);
 
   int buffer = 0;
   for (int tile = first; tile <= last; ++tile) {
     // The next tile's key range, loaded now and used on the next iteration (its latency hides here).
     int64_t next_lo = 0, next_hi = 0;
-    if (tile < last && a.pos.keys_sorted) tile_key_range(a, tile + 1, lane, next_lo, next_hi);
+    if (tile < last && a.pos.keys_sorted) tile_key_range<kBlockN>(a, tile + 1, lane, next_lo, next_hi);
     copy_wait_all();
     __syncthreads();  // this tile (and Q) visible to all; everyone is done with the other buffer
     if (tile < last) {
@@ -355,34 +232,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
       const float sc = masked ? 1.0f : scale_log2;
 #pragma unroll
       for (int t = 0; t < kMTiles; ++t) {
-        if (masked) mask_tile<kExtras>(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4, scale_log2);
-        // Online softmax per row: new running max, rescale, exponentiate.
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float tile_max = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j) tile_max = fmaxf(tile_max, fmaxf(s[t][j][2 * i], s[t][j][2 * i + 1]));
-          tile_max = quad_max(tile_max) * sc;
-          const float m_new = fmaxf(m_row[t][i], tile_max);
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: exp2(-inf - 0) = 0
-          const float alpha = fast_exp2(m_row[t][i] - m_use);
-          m_row[t][i] = m_new;
-          float sum = 0.0f;
-#pragma unroll
-          for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-            for (int e = 2 * i; e < 2 * i + 2; ++e) {
-              const float p = fast_exp2(fmaf(s[t][j][e], sc, -m_use));
-              sum += p;
-              s[t][j][e] = p;
-            }
-          l_row[t][i] = l_row[t][i] * alpha + sum;
-#pragma unroll
-          for (int j = 0; j < kTilesD; ++j) {
-            o_acc[t][j][2 * i] *= alpha;
-            o_acc[t][j][2 * i + 1] *= alpha;
-          }
+        if (masked) {
+          if constexpr (kExtras) mask_tile_extras(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4);
+          else mask_positions(a, s[t], n0, lane, warp_row0 + t * 16 + lane / 4, scale_log2);
         }
+        softmax_step(s[t], o_acc[t], m_row[t], l_row[t], sc);
         if (kExtras && a.dropout_prob > 0.0f) drop_tile(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4, keep_scale);
       }
       // O += P V: P from the S accumulators, V through a transposing ldmatrix that feeds both m-tiles.
@@ -390,12 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
       for (int kc = 0; kc < kBlockN / 16; ++kc) {
         uint32_t pf[kMTiles][4];
 #pragma unroll
-        for (int t = 0; t < kMTiles; ++t) {
-          pf[t][0] = pack2<T>(s[t][2 * kc][0], s[t][2 * kc][1]);
-          pf[t][1] = pack2<T>(s[t][2 * kc][2], s[t][2 * kc][3]);
-          pf[t][2] = pack2<T>(s[t][2 * kc + 1][0], s[t][2 * kc + 1][1]);
-          pf[t][3] = pack2<T>(s[t][2 * kc + 1][2], s[t][2 * kc + 1][3]);
-        }
+        for (int t = 0; t < kMTiles; ++t) pack_probabilities<T>(s[t], kc, pf[t]);
 #pragma unroll
         for (int j = 0; j < kTilesD; j += 2) {
           uint32_t vf[4];
@@ -411,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
     }
     if (tile < last) {
       if (a.pos.keys_sorted) k_lo = next_lo, k_hi = next_hi;
-      else tile_key_range(a, tile + 1, lane, k_lo, k_hi);
+      else tile_key_range<kBlockN>(a, tile + 1, lane, k_lo, k_hi);
     }
     buffer = 1 - buffer;
   }
@@ -419,33 +268,49 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
 
   // The carry out.
 #pragma unroll
-  for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = warp_row0 + t * 16 + i * 8 + lane / 4;
-      const float l = quad_sum(l_row[t][i]);
-      if (row >= a.q_len) continue;
-      if (lane % 4 == 0) {
-        a.denominator[carry_row0 + row] = l;
-        a.max[carry_row0 + row] = m_row[t][i] == -INFINITY ? -INFINITY : m_row[t][i] / kLog2e;
-      }
-#pragma unroll
-      for (int j = 0; j < kTilesD; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(a.numerator + (carry_row0 + row) * D + col) = float2{o_acc[t][j][2 * i], o_acc[t][j][2 * i + 1]};
-      }
-    }
+  for (int t = 0; t < kMTiles; ++t) store_carry(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
+}
+
+bool has_extras(const CudaAttentionArgs& a) {
+  return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
 }
 
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
-  const bool extras = a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
-  auto kernel = extras ? flash_forward_kernel<T, D, true> : flash_forward_kernel<T, D, false>;
+  auto kernel = has_extras(a) ? flash_forward_kernel<T, D, true> : flash_forward_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
   kernel<<<grid, kThreads, smem, stream>>>(a);
   RA_CUDA_CHECK(cudaGetLastError());
+}
+
+FlashCudaKernel kernel_from_environment() {
+  const char* value = std::getenv("RINGATTN_FLASH_KERNEL");
+  const std::string name = value ? value : "auto";
+  if (name == "auto" || name.empty()) return FlashCudaKernel::kAuto;
+  if (name == "mma_sync") return FlashCudaKernel::kMmaSync;
+  if (name == "wgmma") return FlashCudaKernel::kWgmma;
+  RA_FAIL("RINGATTN_FLASH_KERNEL is '", name, "': expected auto, mma_sync or wgmma");
+}
+
+FlashCudaKernel& chosen_kernel() {
+  static FlashCudaKernel kernel = kernel_from_environment();
+  return kernel;
+}
+
+// True when the wgmma kernel runs these arguments; with the kernel forced, says why it cannot.
+bool use_wgmma(const CudaAttentionArgs& a) {
+  const FlashCudaKernel k = flash_cuda_kernel();
+  if (k == FlashCudaKernel::kMmaSync) return false;
+  const bool available = flash_wgmma_available(), extras = has_extras(a);
+  if (k == FlashCudaKernel::kWgmma) {
+    RA_CHECK(available, "the wgmma flash_attn2 kernel was asked for (RINGATTN_FLASH_KERNEL=wgmma) but this build has "
+             "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
+    RA_CHECK(!extras, "the wgmma flash_attn2 kernel was asked for (RINGATTN_FLASH_KERNEL=wgmma) but it runs positions "
+             "only (causal, window, GQA, sinks); soft cap, bias, mask, segment ids and dropout need mma_sync");
+  }
+  return available && !extras;
 }
 
 }  // namespace
@@ -467,8 +332,12 @@ void check_flash_cuda_supported(const AttentionInputs& in) {
   }
 }
 
+void set_flash_cuda_kernel(FlashCudaKernel kernel) { chosen_kernel() = kernel; }
+FlashCudaKernel flash_cuda_kernel() { return chosen_kernel(); }
+
 void flash_accumulate_cuda(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   if (a.q_len == 0 || a.kv_len == 0) return;
+  if (use_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
   const bool bf16 = dtype == DType::kBF16;
   if (a.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(a, stream) : launch<__half, 64>(a, stream);
   else bf16 ? launch<__nv_bfloat16, 128>(a, stream) : launch<__half, 128>(a, stream);

@@ -1,5 +1,6 @@
-// The CUDA flash_attn2 forward: tensor-core (mma.sync m16n8k16) tiles of 128 queries x 64 keys,
-// online softmax in registers, carry in and carry out in f32, so the ring calls it once per block.
+// The CUDA flash_attn2 forward: tensor-core tiles with the online softmax in registers, carry in and
+// carry out in f32, so the ring calls it once per block. Two kernels: mma.sync (sm_80 and later, every
+// option) and wgmma (sm_90a, options that only look at positions); the faster one that can run is used.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,6 +14,13 @@ inline constexpr int64_t kFlashCudaHeadDims[] = {64, 128};
 // Throws naming the tensor and what the kernel needs when it cannot run these inputs (dtype f16/bf16,
 // D == Dv in {64, 128}, contiguous last dim, 16-byte aligned rows), and names `sdpa` as the fallback.
 void check_flash_cuda_supported(const AttentionInputs& in);
+
+// Which kernel runs: kAuto picks wgmma where it can run, kMmaSync and kWgmma force one (a forced wgmma
+// that cannot run these inputs is an error naming why). Initialised from RINGATTN_FLASH_KERNEL
+// (auto, mma_sync, wgmma); benchmarks and tests switch it here. Not thread-safe: set it before use.
+enum class FlashCudaKernel { kAuto, kMmaSync, kWgmma };
+void set_flash_cuda_kernel(FlashCudaKernel kernel);
+FlashCudaKernel flash_cuda_kernel();
 
 void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);
 

@@ -7,6 +7,8 @@
 #include <random>
 
 #include "attention/cuda/block_checksum.h"
+#include "attention/cuda/flash_cuda.h"
+#include "attention/cuda/flash_wgmma.h"
 #include "attention/registry.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
@@ -21,7 +23,22 @@ namespace {
 struct CudaCase {
   std::string impl;
   ProblemSpec spec;
+  FlashCudaKernel kernel = FlashCudaKernel::kAuto;  // flash_attn2 only
 };
+
+// Sets the flash kernel for one test and restores the previous choice.
+class ScopedFlashKernel {
+ public:
+  explicit ScopedFlashKernel(FlashCudaKernel k) : saved_(flash_cuda_kernel()) { set_flash_cuda_kernel(k); }
+  ~ScopedFlashKernel() { set_flash_cuda_kernel(saved_); }
+
+ private:
+  FlashCudaKernel saved_;
+};
+
+const char* kernel_name(FlashCudaKernel k) {
+  return k == FlashCudaKernel::kWgmma ? "wgmma" : k == FlashCudaKernel::kMmaSync ? "mma_sync" : "auto";
+}
 
 
 std::vector<CudaCase> all_cases() {
@@ -41,6 +58,19 @@ std::vector<CudaCase> all_cases() {
         cases.push_back({impl, ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
       }
     }
+  // Both flash kernels forced, on the options the wgmma kernel runs (positions only), every shape.
+  std::vector<Options> positional(5);
+  positional[1].causal = true;
+  positional[2].window = true;
+  positional[3].sinks = true;
+  positional[4].causal = positional[4].window = true;
+  for (FlashCudaKernel kernel : {FlashCudaKernel::kWgmma, FlashCudaKernel::kMmaSync})
+    for (DType dtype : {DType::kF16, DType::kBF16})
+      for (const Options& opt : positional)
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          const Shape& sh = shapes[seed % std::size(shapes)];
+          cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
+        }
 #if RA_HAVE_CUDNN
   // cudnn: the options it expresses (causal with S >= T, sinks through our finalize), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64}, {2, 1, 97, 8, 2, 128}};
@@ -56,13 +86,17 @@ std::vector<CudaCase> all_cases() {
   return cases;
 }
 
-void PrintTo(const CudaCase& c, std::ostream* os) { *os << c.impl << "/" << dtype_name(c.spec.dtype); }
+void PrintTo(const CudaCase& c, std::ostream* os) {
+  *os << c.impl << "/" << dtype_name(c.spec.dtype) << "/" << kernel_name(c.kernel);
+}
 
 class CudaVsReference : public testing::TestWithParam<CudaCase> {};
 
 TEST_P(CudaVsReference, MatchesF64Reference) {
   RA_REQUIRE_GPU();
   const CudaCase& c = GetParam();
+  if (c.kernel == FlashCudaKernel::kWgmma && !flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
+  const ScopedFlashKernel kernel(c.kernel);
   Problem problem(c.spec);
   const AttentionInputs host_in = problem.inputs();
   const InputsCopy device_in = copy_inputs(host_in, MemoryKind::kCuda);
@@ -82,7 +116,8 @@ TEST_P(CudaVsReference, MatchesF64Reference) {
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaVsReference, testing::ValuesIn(all_cases()), [](const auto& info) {
   const CudaCase& c = info.param;
   const ProblemSpec& s = c.spec;
-  return c.impl + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
+  const std::string kernel = c.kernel == FlashCudaKernel::kAuto ? "" : std::string("_") + kernel_name(c.kernel);
+  return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
          "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
 });
 

@@ -1,0 +1,261 @@
+// Device pieces shared by the two CUDA flash kernels (mma.sync for sm_80+, wgmma for sm_90a): async
+// copies, the key-tile schedule (visible interval, key ranges), the position mask and the online
+// softmax step on an accumulator fragment, and the carry in / out. Both kernels hold S and O in the
+// same per-thread fragment: for every 8-column group j, values [j][0..1] are row g = lane / 4,
+// columns 8j + 2 (lane % 4) + {0, 1}, and [j][2..3] the same columns of row g + 8.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attention/block_schedule.h"
+#include "attention/cuda/cuda_inputs.h"
+#include "attention/online_softmax.h"
+
+namespace ra::flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, zero-filled when `valid` is false (rows past the end).
+__device__ __forceinline__ void copy_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// 2^x in one MUFU instruction (relative error about 2^-22; 2^-inf = 0), as FlashAttention does.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ int64_t warp_min(int64_t x) {
+  for (int o = 16; o > 0; o >>= 1) x = min(x, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, x, o)));
+  return x;
+}
+__device__ __forceinline__ int64_t warp_max(int64_t x) {
+  for (int o = 16; o > 0; o >>= 1) x = max(x, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, x, o)));
+  return x;
+}
+
+// The range of key positions of tile `t` (kBlockN keys): its first and last entry when keys are
+// sorted, else a scan by the warp (every warp computes the same, so no synchronisation is needed).
+template <int kBlockN>
+__device__ __forceinline__ void tile_key_range(const CudaAttentionArgs& a, int t, int lane, int64_t& lo, int64_t& hi) {
+  const int n0 = t * kBlockN;
+  if (a.pos.keys_sorted) {
+    lo = a.pos.k[n0];
+    hi = a.pos.k[min(n0 + kBlockN, a.kv_len) - 1];
+    return;
+  }
+  lo = INT64_MAX;
+  hi = INT64_MIN;
+  for (int j = lane; j < kBlockN; j += 32)
+    if (n0 + j < a.kv_len) {
+      const int64_t p = a.pos.k[n0 + j];
+      lo = min(lo, p);
+      hi = max(hi, p);
+    }
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+}
+
+// The tiles [first, last] that can hold a key visible to a query in [q_lo, q_hi]. With sorted keys
+// the visible tiles are one interval (the mask is monotone in the key position): two binary searches.
+template <int kBlockN>
+__device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t q_hi, int& first, int& last) {
+  const int num_tiles = (a.kv_len + kBlockN - 1) / kBlockN;
+  first = 0;
+  last = num_tiles - 1;
+  if (!a.pos.keys_sorted) return;
+  if (a.window_left >= 0) {  // first tile whose last key >= q_lo - left
+    const int64_t bound = q_lo - a.window_left;
+    int lo = 0, hi = num_tiles;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (a.pos.k[min((mid + 1) * kBlockN, a.kv_len) - 1] >= bound) hi = mid;
+      else lo = mid + 1;
+    }
+    first = lo;
+  }
+  int64_t limit = INT64_MAX;
+  if (a.causal) limit = q_hi;
+  if (a.window_right >= 0) limit = min(limit, q_hi + a.window_right);
+  if (limit != INT64_MAX) {  // last tile whose first key <= limit
+    int lo = -1, hi = num_tiles - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (a.pos.k[mid * kBlockN] <= limit) lo = mid;
+      else hi = mid - 1;
+    }
+    last = lo;
+  }
+}
+
+// Positions only (causal, window, the ends of the sequences) on one 16-row fragment of NT column
+// groups starting at key n0; `row0` is this thread's first row. Visible scores become log2 units,
+// hidden ones -inf.
+template <int NT>
+__device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int n0, int lane,
+                                               int row0, float scale_log2) {
+  const int64_t qpos0 = row0 < a.q_len ? a.pos.q[row0] : 0, qpos1 = row0 + 8 < a.q_len ? a.pos.q[row0 + 8] : 0;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
+      const int row = row0 + (e < 2 ? 0 : 8);
+      const bool visible = col < a.kv_len && row < a.q_len &&
+                           position_visible(e < 2 ? qpos0 : qpos1, a.pos.k[col], a.causal, a.window_left, a.window_right);
+      s[j][e] = visible ? s[j][e] * scale_log2 : -INFINITY;
+    }
+}
+
+// The softmax half of an online-softmax step on a 16-row fragment: S (scores times `sc`, in log2
+// units) -> P in place, the running max and this lane's share of the denominator updated, and the
+// factor `alpha` by which O must be rescaled. A row with nothing visible yet keeps max -inf:
+// exponentiating against 0 instead gives P = 0, never NaN.
+template <int NT>
+__device__ __forceinline__ void softmax_probabilities(float (&s)[NT][4], float (&m_row)[2], float (&l_row)[2], float sc,
+                                                      float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) tile_max = fmaxf(tile_max, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+    tile_max = quad_max(tile_max) * sc;
+    const float m_new = fmaxf(m_row[i], tile_max);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[i] = fast_exp2(m_row[i] - m_use);
+    m_row[i] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; ++e) {
+        const float p = fast_exp2(fmaf(s[j][e], sc, -m_use));
+        sum += p;
+        s[j][e] = p;
+      }
+    l_row[i] = l_row[i] * alpha[i] + sum;
+  }
+}
+
+template <int DT>
+__device__ __forceinline__ void rescale_rows(float (&o)[DT][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < DT; ++j) {
+    o[j][0] *= alpha[0];
+    o[j][1] *= alpha[0];
+    o[j][2] *= alpha[1];
+    o[j][3] *= alpha[1];
+  }
+}
+
+// A whole step: probabilities, then O rescaled at once (the mma.sync kernel; the wgmma kernel
+// rescales after the previous tile's P V has landed).
+template <int NT, int DT>
+__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&o)[DT][4], float (&m_row)[2], float (&l_row)[2],
+                                             float sc) {
+  float alpha[2];
+  softmax_probabilities(s, m_row, l_row, sc, alpha);
+  rescale_rows(o, alpha);
+}
+
+// P as 16-bit A operands: keys 16 kc .. 16 kc + 15 of the fragment are mma's / wgmma's A registers
+// {row g, keys 2t..}, {row g + 8, keys 2t..}, {row g, keys 2t + 8..}, {row g + 8, keys 2t + 8..}.
+template <typename T, int NT>
+__device__ __forceinline__ void pack_probabilities(const float (&s)[NT][4], int kc, uint32_t (&p)[4]) {
+  p[0] = pack2<T>(s[2 * kc][0], s[2 * kc][1]);
+  p[1] = pack2<T>(s[2 * kc][2], s[2 * kc][3]);
+  p[2] = pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+  p[3] = pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+}
+
+// The carry of this thread's two rows (row0, row0 + 8) into the fragment: O from the numerator, the
+// max in log2 units, the denominator on the quad's first lane only (the partial sums meet at the end).
+template <int DT>
+__device__ __forceinline__ void load_carry(const CudaAttentionArgs& a, int64_t carry_row0, int row0, int lane,
+                                           float (&o)[DT][4], float (&m_row)[2], float (&l_row)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + i * 8;
+    const bool valid = row < a.q_len;
+    const float m = valid ? a.max[carry_row0 + row] : -INFINITY;
+    m_row[i] = m == -INFINITY ? -INFINITY : m * kLog2e;
+    l_row[i] = valid && lane % 4 == 0 ? a.denominator[carry_row0 + row] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      const float2 v =
+          valid ? *reinterpret_cast<const float2*>(a.numerator + (carry_row0 + row) * DT * 8 + col) : float2{0, 0};
+      o[j][2 * i] = v.x;
+      o[j][2 * i + 1] = v.y;
+    }
+  }
+}
+
+template <int DT>
+__device__ __forceinline__ void store_carry(const CudaAttentionArgs& a, int64_t carry_row0, int row0, int lane,
+                                            const float (&o)[DT][4], const float (&m_row)[2], const float (&l_row)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + i * 8;
+    const float l = quad_sum(l_row[i]);
+    if (row >= a.q_len) continue;
+    if (lane % 4 == 0) {
+      a.denominator[carry_row0 + row] = l;
+      a.max[carry_row0 + row] = m_row[i] == -INFINITY ? -INFINITY : m_row[i] / kLog2e;
+    }
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(a.numerator + (carry_row0 + row) * DT * 8 + col) = float2{o[j][2 * i], o[j][2 * i + 1]};
+    }
+  }
+}
+
+// The query-position range [lo, hi] of this warp's rows (lo > hi when none is below q_len).
+template <int kRowsPerWarp>
+__device__ __forceinline__ void warp_query_range(const CudaAttentionArgs& a, int warp_row0, int lane, int64_t& lo,
+                                                 int64_t& hi) {
+  lo = INT64_MAX;
+  hi = INT64_MIN;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; r += 8) {
+    const int row = warp_row0 + r + lane / 4;
+    if (row < a.q_len) lo = min(lo, a.pos.q[row]), hi = max(hi, a.pos.q[row]);
+  }
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+}
+
+}  // namespace ra::flash

@@ -1,0 +1,220 @@
+// FlashAttention forward on Hopper's warpgroup MMA. A block of two warpgroups owns 128 query rows of
+// one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys stream through double-buffered
+// shared memory (cp.async by all 256 threads). Per tile each warpgroup issues S = Q K^T as wgmma with
+// both operands in shared memory, runs the online softmax on the accumulators in registers, and
+// issues O += P V with P straight from registers (the accumulator layout of S is wgmma's register
+// layout of A) and V read transposed from shared memory. While one warpgroup waits on its tensor
+// cores the other's softmax runs. Masking and the tile schedule are the mma.sync kernel's
+// (flash_tile.cuh); the body is compiled for sm_90a only.
+#include "attention/cuda/flash_wgmma.h"
+
+#include "attention/cuda/flash_tile.cuh"
+#include "attention/cuda/wgmma.cuh"
+#include "runtime/cuda_device.h"
+
+namespace ra {
+namespace {
+
+using namespace flash;
+
+constexpr int kGroups = 2;                // warpgroups per block
+constexpr int kThreads = kGroups * 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBlockM = kGroups * 64;     // query rows per block
+constexpr int kBlockN = 128;              // keys per K/V tile
+constexpr uint32_t kRowBytes = 128;       // one swizzled row of a 64-column slab
+constexpr uint32_t kSwizzleAtom = 8 * kRowBytes;
+
+// Tiles in shared memory: D split into slabs of 64 columns; a slab is kRows rows of 128 bytes whose
+// 16-byte chunk c of row r sits at c ^ (r % 8) (wgmma's 128-byte swizzle; slabs are 1024-aligned).
+template <int kRows>
+__device__ __forceinline__ int slab_offset(int row, int chunk) {
+  return (chunk / 8) * kRows * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
+}
+
+// Rows [row0, row0 + kRows) of one head of `src` into a slab-laid tile; rows past the end read as 0.
+template <typename T, int D, int kRows>
+__device__ __forceinline__ void load_rows(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
+                                          int tid) {
+  constexpr int kChunks = D / 8;
+  const T* base = static_cast<const T*>(src.data) + b * src.stride[0] + head * src.stride[2];
+#pragma unroll
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = row0 + r < rows_total;
+    copy_16(dst + slab_offset<kRows>(r, c), base + int64_t(valid ? row0 + r : 0) * src.stride[1] + c * 8, valid);
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  // The swizzle pattern repeats every 1024 bytes and wgmma assumes tiles start on that boundary.
+  unsigned char* smem = smem_raw + ((kSwizzleAtom - (smem_address(smem_raw) % kSwizzleAtom)) % kSwizzleAtom);
+  T* q_smem = reinterpret_cast<T*>(smem);
+  T* k_smem = q_smem + kBlockM * D;      // two buffers of kBlockN x D
+  T* v_smem = k_smem + 2 * kBlockN * D;  // two buffers of kBlockN x D
+  __shared__ int64_t warp_q_lo[kWarps], warp_q_hi[kWarps];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
+  const int m0 = blockIdx.x * kBlockM, h = blockIdx.y, b = blockIdx.z;
+  const int kh = h / (a.q_heads / a.kv_heads);
+  constexpr int kTilesD = D / 8, kTilesN = kBlockN / 8;
+
+  load_rows<T, D, kBlockM>(q_smem, a.q, b, h, m0, a.q_len, tid);
+  copy_commit();
+  // Warp w owns rows m0 + 16 w .. + 15 (warpgroup w / 4 the 64 rows from m0 + 64 (w / 4)).
+  const int warp_row0 = m0 + warp * 16, row0 = warp_row0 + lane / 4;
+  {
+    int64_t lo, hi;
+    warp_query_range<16>(a, warp_row0, lane, lo, hi);
+    if (lane == 0) warp_q_lo[warp] = lo, warp_q_hi[warp] = hi;
+  }
+  __syncthreads();
+  int64_t block_q_lo = INT64_MAX, block_q_hi = INT64_MIN, group_q_lo = INT64_MAX, group_q_hi = INT64_MIN;
+  for (int w = 0; w < kWarps; ++w) {
+    block_q_lo = min(block_q_lo, warp_q_lo[w]), block_q_hi = max(block_q_hi, warp_q_hi[w]);
+    if (w / 4 == group) group_q_lo = min(group_q_lo, warp_q_lo[w]), group_q_hi = max(group_q_hi, warp_q_hi[w]);
+  }
+
+  float o[kTilesD][4], m_row[2], l_row[2];
+  const int64_t carry_row0 = (int64_t(b) * a.q_heads + h) * a.q_len;
+  load_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+  const float scale_log2 = a.scale * kLog2e;
+
+  int first, last;
+  visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
+  const int tiles = last - first + 1;
+  if (tiles > 0) load_rows<T, D, kBlockN>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
+  copy_commit();
+
+  // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
+  const uint32_t q_rows = smem_address(q_smem) + group * 64 * kRowBytes;
+  // Step i: wait for K_i and V_{i-1}, start loading K_{i+1} and V_i into the other buffers.
+  auto begin_step = [&](int i) {
+    const int tile = first + i;
+    copy_wait_all();
+    wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();               // K_i and V_{i-1} visible to all; step i - 1's products are done
+    if (i + 1 < tiles)
+      load_rows<T, D, kBlockN>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
+    if (i < tiles) load_rows<T, D, kBlockN>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len, tid);
+    copy_commit();
+  };
+  auto issue_qk = [&](int i, float(&s)[kTilesN][4]) {
+    const uint32_t k_tile = smem_address(k_smem + (i % 2) * kBlockN * D);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t slab = kk / 4, step = (kk % 4) * 32;
+      const uint64_t q_desc = wgmma::sw128_desc(q_rows + slab * kBlockM * kRowBytes + step, 16, kSwizzleAtom);
+      const uint64_t k_desc = wgmma::sw128_desc(k_tile + slab * kBlockN * kRowBytes + step, 16, kSwizzleAtom);
+      wgmma::mma_ss_n128<T>(s, q_desc, k_desc, kk > 0);
+    }
+    wgmma::commit();
+  };
+  // V is [keys][D]: N-major for this product. 16 keys per k-step; column slabs kBlockN rows apart.
+  auto issue_pv = [&](int i, const uint32_t(&p)[kBlockN / 16][4]) {
+    const uint32_t v_tile = smem_address(v_smem + (i % 2) * kBlockN * D);
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc)
+      wgmma::mma_rs_tb<T>(o, p[kc], wgmma::sw128_desc(v_tile + kc * 16 * kRowBytes, kBlockN * kRowBytes, kSwizzleAtom));
+    wgmma::commit();
+  };
+  // The softmax of S_i in place (probabilities, not yet 16-bit) and the factor that rescales O.
+  auto softmax_tile = [&](int i, float(&s)[kTilesN][4], float(&alpha)[2]) {
+    const int tile = first + i;
+    int64_t k_lo, k_hi;
+    tile_key_range<kBlockN>(a, tile, lane, k_lo, k_hi);
+    // Tiles this warpgroup sees whole keep raw scores and fold the scale into the exponent's FFMA.
+    const BlockKind kind = classify_block(group_q_lo, group_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+    const bool masked = kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
+    if (masked) mask_positions(a, s, tile * kBlockN, lane, row0, scale_log2);
+    softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale_log2, alpha);
+  };
+  auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc) pack_probabilities<T>(s, kc, p[kc]);
+  };
+
+  // K_i lives in K buffer i % 2 and V_i in V buffer i % 2 (i counts from `first`). Step i issues
+  // S_i = Q K_i^T, rescales O to P_{i-1}'s max meanwhile, issues O += P_{i-1} V_{i-1}, and runs the
+  // softmax of S_i while the tensor cores work on that product. P_i is written to the registers the
+  // product reads only once it has landed. The first and last steps are peeled so that every wait
+  // has one fixed number of groups in flight.
+  if (tiles > 0) {
+    uint32_t p[kBlockN / 16][4];  // P_{i-1}: read by the tensor cores during step i
+    float alpha[2];               // rescales O from the max before P_{i-1} to P_{i-1}'s
+    {
+      float s[kTilesN][4];
+      begin_step(0);
+      wgmma::fence();
+      issue_qk(0, s);
+      wgmma::wait<0>();
+      wgmma::pin(s);
+      softmax_tile(0, s, alpha);
+      pack(s, p);
+    }
+    for (int i = 1; i < tiles; ++i) {
+      float s[kTilesN][4];
+      begin_step(i);
+      wgmma::fence();
+      issue_qk(i, s);
+      rescale_rows(o, alpha);
+      wgmma::fence();
+      issue_pv(i - 1, p);
+      wgmma::wait<1>();  // S_i, the older group, has landed
+      wgmma::pin(s);
+      softmax_tile(i, s, alpha);
+      wgmma::wait<0>();
+      wgmma::pin(o);
+      wgmma::pin(p);
+      pack(s, p);
+    }
+    begin_step(tiles);
+    rescale_rows(o, alpha);
+    wgmma::fence();
+    issue_pv(tiles - 1, p);
+    wgmma::wait<0>();
+    wgmma::pin(o);
+  }
+  copy_wait_all();
+  store_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+#endif
+}
+
+template <typename T, int D>
+constexpr size_t smem_bytes() {
+  return size_t(kBlockM + 4 * kBlockN) * D * sizeof(T) + kSwizzleAtom;  // + alignment slack
+}
+
+template <typename T, int D>
+void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
+  auto kernel = flash_wgmma_kernel<T, D>;
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<T, D>())));
+  const dim3 grid(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
+  kernel<<<grid, kThreads, smem_bytes<T, D>(), stream>>>(a);
+  RA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool flash_wgmma_available() {
+  // The fatbin's image for this device: sm_90a code only when the build targeted 90a and the device is
+  // a Hopper (other architectures get the empty sm_80 body, which must never run).
+  static const bool available = [] {
+    cudaFuncAttributes attributes{};
+    return cuda_device_count() > 0 &&
+           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128>) == cudaSuccess &&
+           attributes.binaryVersion == 90;
+  }();
+  return available;
+}
+
+void flash_wgmma_accumulate(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
+  const bool bf16 = dtype == DType::kBF16;
+  if (a.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(a, stream) : launch<__half, 64>(a, stream);
+  else bf16 ? launch<__nv_bfloat16, 128>(a, stream) : launch<__half, 128>(a, stream);
+}
+
+}  // namespace ra

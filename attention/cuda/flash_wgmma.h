@@ -1,0 +1,20 @@
+// The sm_90a (Hopper) flash_attn2 forward on warpgroup MMA (wgmma): the same carry in / carry out
+// contract as the mma.sync kernel in flash_cuda.cu, for the options that only look at positions
+// (causal, sliding window, GQA, sinks through the finalize); flash_cuda.cu decides which kernel runs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "attention/cuda/cuda_inputs.h"
+#include "runtime/dtype.h"
+
+namespace ra {
+
+// True when this build holds sm_90a code for the kernel and the current device runs it.
+bool flash_wgmma_available();
+
+// Accumulates into args' carry. Expects q_len, kv_len > 0, D == Dv in {64, 128}, f16 or bf16, and none
+// of soft cap, bias, mask, segment ids or dropout (checked by the caller).
+void flash_wgmma_accumulate(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);
+
+}  // namespace ra

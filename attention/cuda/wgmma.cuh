@@ -1,0 +1,123 @@
+// Hopper's warpgroup MMA (wgmma, sm_90a) as small inline-PTX wrappers: shared-memory matrix
+// descriptors for the 128-byte swizzle, the fence / commit / wait protocol, and the three shapes the
+// flash kernel issues. A warpgroup is 4 consecutive warps; every wgmma is issued by all 128 threads.
+// Accumulators use the fragment layout of flash_tile.cuh: d[j][0..3] is column group j of the
+// thread's rows lane / 4 and lane / 4 + 8 within its warp's 16 rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace ra::wgmma {
+
+// A descriptor of a tile in shared memory laid out in 128-byte-swizzled rows (8 rows = 1024 bytes,
+// the 16-byte chunk c of row r stored at c ^ (r % 8)). `lbo` and `sbo` in bytes: for a K-major
+// operand sbo is the step between 8-row groups (lbo unused); for an MN-major one lbo is the step
+// between 64-element column slabs and sbo the step between groups of 8 k-rows.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_address, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((smem_byte_address & 0x3FFFF) >> 4) | uint64_t((lbo >> 4) & 0x3FFF) << 16 |
+         uint64_t((sbo >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;
+}
+
+// Registers written by ordinary instructions must be fenced before a wgmma reads them.
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Shared memory written through the generic proxy (cp.async, st.shared) made visible to wgmma.
+__device__ __forceinline__ void fence_shared_writes() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Keeps the compiler from moving reads or writes of accumulators across a wgmma wait or fence, and
+// keeps A registers alive (not reused) until the wgmma reading them has been waited for.
+template <int NT>
+__device__ __forceinline__ void pin(float (&d)[NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[j][e])::"memory");
+}
+
+#define RA_WGMMA_ACC32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define RA_WGMMA_ACC64 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define RA_WGMMA_OUT32 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define RA_WGMMA_OUT64 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
+    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
+    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+
+// D (64 x 128) = A (64 x 16) B (16 x 128) (+ D when `accumulate`), A and B K-major in shared memory.
+#define RA_WGMMA_SS_N128(TY)                                                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                   \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" RA_WGMMA_ACC64 "}, %64, %65, p, " \
+               "1, 1, 0, 0;\n}\n"                                                                             \
+               : RA_WGMMA_OUT64                                                                               \
+               : "l"(a_desc), "l"(b_desc), "r"(accumulate))
+
+// D (64 x N) += A (64 x 16, registers) B (16 x N, MN-major in shared memory, so transposed).
+#define RA_WGMMA_RS_TB(N, TY, ACC, OUT, AREGS, DESC, ONE)                                         \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                     \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" ACC "}, {" AREGS "}, " \
+               DESC ", p, 1, 1, 1;\n}\n"                                                            \
+               : OUT                                                                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
+
+template <typename T>
+__device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_SS_N128("bf16");
+  else RA_WGMMA_SS_N128("f16");
+}
+
+template <typename T, int NT>
+__device__ __forceinline__ void mma_rs_tb(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t b_desc) {
+  static_assert(NT == 8 || NT == 16, "N = 64 or 128");
+  if constexpr (NT == 16) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(128, "bf16", RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65, %66, %67", "%68", "%69");
+    else RA_WGMMA_RS_TB(128, "f16", RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65, %66, %67", "%68", "%69");
+  } else {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(64, "bf16", RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33, %34, %35", "%36", "%37");
+    else RA_WGMMA_RS_TB(64, "f16", RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33, %34, %35", "%36", "%37");
+  }
+}
+
+#undef RA_WGMMA_SS_N128
+#undef RA_WGMMA_RS_TB
+#undef RA_WGMMA_ACC32
+#undef RA_WGMMA_ACC64
+#undef RA_WGMMA_OUT32
+#undef RA_WGMMA_OUT64
+
+}  // namespace ra::wgmma
