@@ -33,7 +33,8 @@ fuzz() {  # fuzz TARGET OPTIONS...: on failure, the sanitizer's report and the i
     if inside_libhdf5 "$work/$target.log" && [ $hdf5_crashes -lt 3 ]; then
       hdf5_crashes=$((hdf5_crashes + 1)); seed=$((seed + 1))
       echo "$target: libhdf5 crashed inside its own code on a corrupt file (not ours):"
-      grep -m1 SUMMARY "$work/$target.log"; grep -m3 -E '^    #[0-9]+ .*H5' "$work/$target.log"
+      # (the report may lack HDF5 symbol names, e.g. an out-of-memory in a stripped libhdf5: not an error)
+      grep -m1 SUMMARY "$work/$target.log" || true; grep -m3 -E '^    #[0-9]+ .*(H5|libhdf5)' "$work/$target.log" || true
       continue
     fi
     grep -v -E '^#[0-9]+ +(NEW|REDUCE|pulse|INITED|RELOAD)' "$work/$target.log" | tail -n 60
