@@ -65,15 +65,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b, int kh, int row0, int rows_total,
                                           int tid) {
-  constexpr int kChunks = D / 8;
-  const T* base = static_cast<const T*>(src.data) + b * src.stride[0] + kh * src.stride[2];
-#pragma unroll
-  for (int i = tid; i < kBlockN * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = row0 + r < rows_total;
-    const T* g = base + int64_t(valid ? row0 + r : 0) * src.stride[1] + c * 8;
-    copy_16(dst + swizzled<D>(r, c), g, valid);
-  }
+  load_rows<T, D, kBlockN, kThreads>(dst, src, b, kh, row0, rows_total, tid, [](int r, int c) { return swizzled<D>(r, c); });
 }
 
 // The logits of one 16 x 64 S tile with segment ids, the mask and bias tensors and the soft cap
@@ -138,16 +130,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   constexpr int kTilesD = D / 8;
 
   // Q tile -> shared memory (read back as MMA operands on every K tile: registers are for O and S).
-  {
-    constexpr int kChunks = D / 8;
-    const T* base = static_cast<const T*>(a.q.data) + b * a.q.stride[0] + h * a.q.stride[2];
-    for (int i = tid; i < kBlockM * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const bool valid = m0 + r < a.q_len;
-      copy_16(q_smem + swizzled<D>(r, c), base + int64_t(valid ? m0 + r : 0) * a.q.stride[1] + c * 8, valid);
-    }
-    copy_commit();
-  }
+  load_rows<T, D, kBlockM, kThreads>(q_smem, a.q, b, h, m0, a.q_len, tid, [](int r, int c) { return swizzled<D>(r, c); });
+  copy_commit();
   // This thread's rows: m-tile t, half i -> row m0 + warp * 32 + t * 16 + i * 8 + lane / 4.
   const int warp_row0 = m0 + warp * 16 * kMTiles;
   {

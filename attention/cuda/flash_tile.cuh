@@ -31,6 +31,22 @@ __device__ __forceinline__ void copy_16(void* dst, const void* src, bool valid) 
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
+// Rows [row0, row0 + kRows) of one (batch, head) of `src`, D 16-bit values each, into shared memory by
+// kThreads threads, 16 bytes per cp.async: chunk c of row r lands at element offset(r, c) (each kernel
+// has its own swizzle); rows past rows_total read as zeros.
+template <typename T, int D, int kRows, int kThreads, typename Offset>
+__device__ __forceinline__ void load_rows(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
+                                          int tid, Offset offset) {
+  constexpr int kChunks = D / 8;
+  const T* base = static_cast<const T*>(src.data) + b * src.stride[0] + head * src.stride[2];
+#pragma unroll
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = row0 + r < rows_total;
+    copy_16(dst + offset(r, c), base + int64_t(valid ? row0 + r : 0) * src.stride[1] + c * 8, valid);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {

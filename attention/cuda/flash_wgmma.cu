@@ -32,18 +32,11 @@ __device__ __forceinline__ int slab_offset(int row, int chunk) {
   return (chunk / 8) * kRows * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
 }
 
-// Rows [row0, row0 + kRows) of one head of `src` into a slab-laid tile; rows past the end read as 0.
 template <typename T, int D, int kRows>
-__device__ __forceinline__ void load_rows(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
-                                          int tid) {
-  constexpr int kChunks = D / 8;
-  const T* base = static_cast<const T*>(src.data) + b * src.stride[0] + head * src.stride[2];
-#pragma unroll
-  for (int i = tid; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = row0 + r < rows_total;
-    copy_16(dst + slab_offset<kRows>(r, c), base + int64_t(valid ? row0 + r : 0) * src.stride[1] + c * 8, valid);
-  }
+__device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
+                                           int tid) {
+  load_rows<T, D, kRows, kThreads>(dst, src, b, head, row0, rows_total, tid,
+                                   [](int r, int c) { return slab_offset<kRows>(r, c); });
 }
 
 template <typename T, int D>
@@ -62,7 +55,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   const int kh = h / (a.q_heads / a.kv_heads);
   constexpr int kTilesD = D / 8, kTilesN = kBlockN / 8;
 
-  load_rows<T, D, kBlockM>(q_smem, a.q, b, h, m0, a.q_len, tid);
+  load_slabs<T, D, kBlockM>(q_smem, a.q, b, h, m0, a.q_len, tid);
   copy_commit();
   // Warp w owns rows m0 + 16 w .. + 15 (warpgroup w / 4 the 64 rows from m0 + 64 (w / 4)).
   const int warp_row0 = m0 + warp * 16, row0 = warp_row0 + lane / 4;
@@ -86,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   int first, last;
   visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
   const int tiles = last - first + 1;
-  if (tiles > 0) load_rows<T, D, kBlockN>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
+  if (tiles > 0) load_slabs<T, D, kBlockN>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
   copy_commit();
 
   // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
@@ -98,8 +91,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();               // K_i and V_{i-1} visible to all; step i - 1's products are done
     if (i + 1 < tiles)
-      load_rows<T, D, kBlockN>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
-    if (i < tiles) load_rows<T, D, kBlockN>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len, tid);
+      load_slabs<T, D, kBlockN>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
+    if (i < tiles) load_slabs<T, D, kBlockN>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len, tid);
     copy_commit();
   };
   auto issue_qk = [&](int i, float(&s)[kTilesN][4]) {
