@@ -2,7 +2,8 @@
 # What one device-machine call runs (see ../shared/device/README.md), from the repository root, after
 # `bash .device/on-device.sh`. Stages: `check` (GPU unit tests, ring on 2 GPUs, CLI round trip) and
 # `bench` (the tables of bench/RESULTS.md), `ring`, `cudnn`, `faults`, `ctas` (the ring at 8192 tokens
-# per GPU under NCCL's CTA settings), `kernels` (the mma.sync and wgmma flash kernels side by side);
+# per GPU under NCCL's CTA settings), `kernels` (the mma.sync and wgmma flash kernels side by side),
+# `causal` (the causal rows only);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -87,4 +88,11 @@ if has kernels; then  # the two flash kernels on the same shapes in one call: si
       done
     done
   done
+fi
+if has causal; then  # the causal rows only (single GPU, ring on 2 and 4 GPUs, 1M tokens on 4)
+  for t in 32768 131072; do
+    bench 1 --impl flash_attn2 --seq $t --iters 10 --causal
+    for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do bench $n --impl ring --seq $t --iters 10 --causal --layout zigzag; done
+  done
+  [ "$gpus" -ge 4 ] && bench 4 --impl ring --seq 1048576 --iters 2 --causal --layout zigzag
 fi

@@ -51,7 +51,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   __shared__ int64_t warp_q_lo[kWarps], warp_q_hi[kWarps];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
-  const int m0 = blockIdx.x * kBlockM, h = blockIdx.y, b = blockIdx.z;
+  // Causal: later query rows see more keys. Blocks start in index order, so the longest go first and
+  // the last wave is made of short ones (a shorter tail).
+  const int m_block = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int m0 = m_block * kBlockM, h = blockIdx.y, b = blockIdx.z;
   const int kh = h / (a.q_heads / a.kv_heads);
   constexpr int kTilesD = D / 8, kTilesN = kBlockN / 8;
 
