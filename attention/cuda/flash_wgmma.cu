@@ -1,11 +1,10 @@
 // FlashAttention forward on Hopper's warpgroup MMA. A block of two warpgroups owns 128 query rows of
 // one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys stream through double-buffered
 // shared memory (cp.async by all 256 threads). Per tile each warpgroup issues S = Q K^T as wgmma with
-// both operands in shared memory, runs the online softmax on the accumulators in registers, and
-// issues O += P V with P straight from registers (the accumulator layout of S is wgmma's register
-// layout of A) and V read transposed from shared memory. While one warpgroup waits on its tensor
-// cores the other's softmax runs. Masking and the tile schedule are the mma.sync kernel's
-// (flash_tile.cuh); the body is compiled for sm_90a only.
+// both operands in shared memory and O += P V for the previous tile with P straight from registers
+// (the accumulator layout of S is wgmma's register layout of A) and V read transposed from shared
+// memory, then runs the online softmax of S while the tensor cores work on P V. Masking and the tile
+// schedule are the mma.sync kernel's (flash_tile.cuh); the body is compiled for sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
 
 #include "attention/cuda/flash_tile.cuh"
