@@ -15,6 +15,7 @@
 
 #include "attention/cuda/flash_tile.cuh"
 #include "attention/cuda/flash_wgmma.h"
+#include "attention/cuda/pair_logit.cuh"
 #include "runtime/cuda_device.h"
 
 namespace ra {
@@ -80,27 +81,9 @@ __device__ __forceinline__ void mask_tile_extras(const CudaAttentionArgs& a, flo
     for (int e = 0; e < 4; ++e) {
       const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
       const int row = row0 + (e < 2 ? 0 : 8);
-      const int64_t qpos = e < 2 ? qpos0 : qpos1;
-      float x = -INFINITY;
-      if (col < a.kv_len && row < a.q_len) {
-        const int64_t kpos = a.pos.k[col];
-        bool visible = position_visible(qpos, kpos, a.causal, a.window_left, a.window_right);
-        if (visible && a.q_segment_ids.data)
-          visible = static_cast<const int32_t*>(a.q_segment_ids.data)[b * a.q_segment_ids.stride[0] + row * a.q_segment_ids.stride[1]] ==
-                    static_cast<const int32_t*>(a.kv_segment_ids.data)[b * a.kv_segment_ids.stride[0] + col * a.kv_segment_ids.stride[1]];
-        if (visible && a.mask.data)
-          visible = static_cast<const uint8_t*>(a.mask.data)[b * a.mask.stride[0] + h * a.mask.stride[1] +
-                                                              row * a.mask.stride[2] + kpos * a.mask.stride[3]] != 0;
-        if (visible) {
-          float logit = s[j][e] * a.scale;
-          if (a.soft_cap > 0.0f) logit = a.soft_cap * tanhf(logit / a.soft_cap);
-          if (a.bias.data)
-            logit += static_cast<const float*>(a.bias.data)[b * a.bias.stride[0] + h * a.bias.stride[1] +
-                                                             row * a.bias.stride[2] + kpos * a.bias.stride[3]];
-          x = logit * kLog2e;
-        }
-      }
-      s[j][e] = x;
+      s[j][e] = col < a.kv_len && row < a.q_len
+                    ? pair_logit_cuda(a, s[j][e], b, h, row, col, e < 2 ? qpos0 : qpos1, a.pos.k[col]) * kLog2e
+                    : -INFINITY;
     }
 }
 

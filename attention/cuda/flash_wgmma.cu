@@ -18,7 +18,7 @@ using namespace flash;
 
 constexpr int kGroups = 2;                // warpgroups per block
 constexpr int kThreads = kGroups * 128;
-constexpr int kWarps = kThreads / 32;
+[[maybe_unused]] constexpr int kWarps = kThreads / 32;  // used by the sm_90a body only
 constexpr int kBlockM = kGroups * 64;     // query rows per block
 constexpr int kBlockN = 128;              // keys per K/V tile
 constexpr uint32_t kRowBytes = 128;       // one swizzled row of a 64-column slab

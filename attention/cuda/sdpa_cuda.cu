@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "attention/cuda/device_math.cuh"
+#include "attention/cuda/pair_logit.cuh"
 #include "attention/online_softmax.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
@@ -54,22 +55,7 @@ __global__ void softmax_fold_kernel(const CudaAttentionArgs a, int b, int h, int
   const int64_t qpos = a.pos.q[t];
   float local_max = -INFINITY;
   for (int j = threadIdx.x; j < a.kv_len; j += blockDim.x) {
-    const int64_t kpos = a.pos.k[j];
-    bool visible = position_visible(qpos, kpos, a.causal, a.window_left, a.window_right);
-    if (visible && a.q_segment_ids.data)
-      visible = static_cast<const int32_t*>(a.q_segment_ids.data)[b * a.q_segment_ids.stride[0] + t * a.q_segment_ids.stride[1]] ==
-                static_cast<const int32_t*>(a.kv_segment_ids.data)[b * a.kv_segment_ids.stride[0] + j * a.kv_segment_ids.stride[1]];
-    if (visible && a.mask.data)
-      visible = static_cast<const uint8_t*>(a.mask.data)[b * a.mask.stride[0] + h * a.mask.stride[1] + t * a.mask.stride[2] +
-                                                          kpos * a.mask.stride[3]] != 0;
-    float s = -INFINITY;
-    if (visible) {
-      s = row[j] * a.scale;
-      if (a.soft_cap > 0.0f) s = a.soft_cap * tanhf(s / a.soft_cap);
-      if (a.bias.data)
-        s += static_cast<const float*>(a.bias.data)[b * a.bias.stride[0] + h * a.bias.stride[1] + t * a.bias.stride[2] +
-                                                     kpos * a.bias.stride[3]];
-    }
+    const float s = pair_logit_cuda(a, row[j], b, h, t, j, qpos, a.pos.k[j]);
     row[j] = s;
     local_max = fmaxf(local_max, s);
   }
