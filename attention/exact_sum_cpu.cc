@@ -98,7 +98,7 @@ void ExactSum::merge_into(Carry& carry) const {
 }
 
 int local_value_exponent(const TensorView& v) {
-  RA_CHECK(v.memory() == MemoryKind::kHost && v.rank() == 4, "v must be a 4-d host tensor");
+  RA_CHECK(host_accessible(v.memory()) && v.rank() == 4, "v must be a 4-d host tensor");
   float max_abs = 0;
   for (int64_t b = 0; b < v.dim(0); ++b)
     for (int64_t s = 0; s < v.dim(1); ++s)

@@ -19,7 +19,7 @@ int64_t count_nonfinite(const TensorView& t) {
   if (!t.defined()) return 0;
   const DType d = t.dtype();
   if (d != DType::kF32 && d != DType::kF16 && d != DType::kBF16 && d != DType::kF64) return 0;
-  RA_CHECK(t.memory() == MemoryKind::kHost && t.is_contiguous(), "count_nonfinite needs a contiguous host tensor");
+  RA_CHECK(host_accessible(t.memory()) && t.is_contiguous(), "count_nonfinite needs a contiguous host tensor");
   int64_t bad = 0;
   for (int64_t i = 0; i < t.numel(); ++i) bad += !std::isfinite(element(t, i));
   return bad;

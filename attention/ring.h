@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "attention/attention_impl.h"
 #include "collectives/communicator.h"
@@ -26,6 +27,8 @@ struct RingContext {
   // Bitwise-identical results for any ring size and layout (host ring): an exact max pass and a
   // fixed-point sum pass (two trips around the ring, scalar kernels; see attention/exact_sum_cpu.h).
   bool deterministic = false;
+  // GPU ring: time every step's compute and exchange with CUDA events (RingStats::step_*_ms).
+  bool time_steps = false;
   FaultPlan fault = FaultPlan::from_environment();  // RINGATTN_FAULT, for the failure tests
 };
 
@@ -44,6 +47,10 @@ bool ring_block_skipped(const RingContext& ctx, int source, int64_t q_lo, int64_
 struct RingStats {
   int steps = 0, skipped = 0;
   double compute_seconds = 0, wait_seconds = 0;  // wait: time blocked on the exchange after compute
+  // With RingContext::time_steps on GPUs, device times per step: the local kernel (0 when skipped),
+  // the exchange (none after the last step), and the whole ring from the first kernel to the last.
+  std::vector<float> step_compute_ms, step_exchange_ms;
+  float ring_ms = 0;
 };
 
 class RingAttention final : public AttentionImpl {

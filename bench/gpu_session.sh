@@ -3,7 +3,10 @@
 # `bash .device/on-device.sh`. Stages: `check` (GPU unit tests, ring on 2 GPUs, CLI round trip) and
 # `bench` (the tables of bench/RESULTS.md), `ring`, `cudnn`, `faults`, `ctas` (the ring at 8192 tokens
 # per GPU under NCCL's CTA settings), `kernels` (the mma.sync and wgmma flash kernels side by side),
-# `causal` (the causal rows only);
+# `causal` (the causal rows only), `priority` (the ring with its NCCL stream at high and at default
+# priority; needs build/variants/ringattn_normal_priority), `staging` (pinned against pageable),
+# `probe` (the ring against its local kernel, GPU clocks and power sampled), `steps` (the ring's
+# per-step device times);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -21,6 +24,11 @@ if has check; then
   $bin generate --output $d/in.h5 --batch 1 --seq 1024 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 >/dev/null &&
   mpirun -np 2 $bin run --backend cuda --input $d/in.h5 --output $d/out.h5 --causal --layout zigzag &&
   $bin verify --input $d/in.h5 --output $d/out.h5 --causal; echo "cli round trip exit $?"
+  if [ "$gpus" -ge 4 ]; then  # a 2-d mesh: the sp axis' NCCL communicator is split from the job's
+    $bin generate --output $d/in2.h5 --batch 2 --seq 1024 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 >/dev/null &&
+    mpirun -np 4 $bin run --backend cuda --mesh dp=2,sp=2 --input $d/in2.h5 --output $d/out2.h5 --causal &&
+    mpirun -np 4 $bin verify --mesh dp=2,sp=2 --input $d/in2.h5 --output $d/out2.h5 --causal; echo "cli dp=2,sp=2 exit $?"
+  fi
 fi
 if has faults; then
   bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
@@ -29,10 +37,64 @@ if has cudnn; then
   $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 12
   mpirun -np 2 $build/tests/ring_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_cuda_2.log" | tail -n 12
 fi
-bench() {  # ranks, then bench options
+bench() {  # ranks, then bench options ($bin may be set for one call)
   local n=$1; shift
   mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim "${head_dim:-128}" --dtype bf16 --warmup 2 "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
 }
+if has priority; then  # the ring with its NCCL stream at the greatest priority (bin) and at the default (variant)
+  for t in 32768 131072; do
+    bench 1 --impl flash_attn2 --seq $t --iters 10
+    bench 1 --impl flash_attn2 --seq $t --iters 10 --causal
+    for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
+      for causal in "" "--causal --layout zigzag"; do
+        for b in $bin $build/variants/ringattn_normal_priority; do
+          echo "# $(basename $b)" | tee -a "$out/bench.txt"
+          bin=$b bench $n --impl ring --seq $t --iters 10 $causal
+        done
+      done
+    done
+  done
+  bench 1 --impl flash_attn2 --seq 8192 --iters 10
+  bench 1 --impl flash_attn2 --seq 8192 --iters 10 --causal
+fi
+if has probe; then  # where the ring loses time against its local kernel on the same per-step shape
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw --format=csv,noheader -lms 200 > "$out/smi.csv" &
+  smi=$!
+  phase() { echo "# $(date +%T.%N | cut -c1-12) $*" | tee -a "$out/bench.txt"; }
+  phase "1 GPU flash_attn2 T=65536"; bench 1 --impl flash_attn2 --seq 65536 --iters 5
+  phase "1 GPU ring (no exchange) T=65536"; bench 1 --impl ring --seq 65536 --iters 5
+  phase "2 GPUs ring T=131072"; bench 2 --impl ring --seq 131072 --iters 5
+  phase "2 GPUs ring T=131072 no checksums"; bench 2 --impl ring --seq 131072 --iters 5 --no-block-checksums
+  phase "4 single-GPU flash_attn2 T=65536 at once"
+  pids=()
+  for g in $(seq 0 $((gpus - 1))); do
+    CUDA_VISIBLE_DEVICES=$g mpirun -np 1 $bin bench --backend cuda --batch 1 --heads 32 --head-dim 128 --dtype bf16 \
+      --warmup 2 --iters 5 --impl flash_attn2 --seq 65536 2>&1 | grep -v '^#' > "$out/at_once_$g.txt" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"; cat "$out"/at_once_*.txt | tee -a "$out/bench.txt"
+  phase "4 GPUs ring T=32768"; bench 4 --impl ring --seq 32768 --iters 10
+  phase "1 GPU flash_attn2 T=8192"; bench 1 --impl flash_attn2 --seq 8192 --iters 10
+  phase "1 GPU ring (no exchange) T=8192"; bench 1 --impl ring --seq 8192 --iters 10
+  phase end; kill $smi
+fi
+if has steps; then  # per-step device times of the ring (kernels, exchanges, gaps) at small and mid blocks
+  bench 1 --impl flash_attn2 --seq 8192 --iters 10
+  bench 1 --impl flash_attn2 --seq 8192 --iters 10 --causal
+  for causal in "" "--causal --layout zigzag"; do
+    bench 4 --impl ring --seq 32768 --iters 10 $causal
+    bench 2 --impl ring --seq 32768 --iters 10 $causal
+  done
+fi
+if has staging; then  # HDF5 -> host -> GPU and back, pinned against pageable host memory, 4 ranks
+  d=$(mktemp -d)
+  $bin generate --output $d/big.h5 --batch 1 --seq 65536 --heads 32 --head-dim 128 --dtype bf16 >/dev/null
+  for mode in "" --pageable "" --pageable; do
+    rm -f $d/o.h5
+    mpirun -np "$gpus" $bin run --backend cuda --input $d/big.h5 --output $d/o.h5 $mode 2>&1 | tee -a "$out/staging.txt"
+  done
+  rm -rf "$d"
+fi
 if has bench; then
   for t in 8192 32768 131072; do
     for causal in "" "--causal"; do

@@ -59,7 +59,6 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, std::chrono
   }
   const int mpi_status = MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, bootstrap.comm());
   RA_CHECK(mpi_status == MPI_SUCCESS, "broadcasting the NCCL unique id over MPI failed");
-  RA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   RA_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns; progress and errors are polled with a deadline
@@ -69,12 +68,46 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, std::chrono
                 init_timeout);
 }
 
+NcclCommunicator::NcclCommunicator() { RA_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming)); }
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(ncclComm* comm) {
+  RA_CHECK(comm != nullptr, "NcclCommunicator::adopt needs an initialized ncclComm_t (got null)");
+  std::unique_ptr<NcclCommunicator> adopted(new NcclCommunicator());
+  adopted->comm_ = comm;
+  adopted->owned_ = false;
+  ncclResult_t r = ncclCommUserRank(comm, &adopted->rank_);
+  if (r == ncclSuccess) r = ncclCommCount(comm, &adopted->size_);
+  RA_CHECK(r == ncclSuccess, "NcclCommunicator::adopt: the communicator cannot report its rank and size: ",
+           nccl_error_text(r, comm));
+  return adopted;
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, const std::string& what) {
+  check_state("split");
+  std::unique_ptr<NcclCommunicator> part(new NcclCommunicator());
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t r = ncclCommSplit(comm_, color, key, &part->comm_, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    abort();
+    RA_FAIL("ncclCommSplit for ", what, " failed on rank ", rank_, ": ", nccl_error_text(r, comm_));
+  }
+  wait_enqueued(detail::concat("ncclCommSplit for ", what, " on rank ", rank_), op_timeout_);  // the parent's part
+  part->op_timeout_ = op_timeout_;
+  part->wait_enqueued(detail::concat("NCCL communicator set-up for ", what, " on rank ", rank_), op_timeout_);
+  ncclResult_t q = ncclCommUserRank(part->comm_, &part->rank_);
+  if (q == ncclSuccess) q = ncclCommCount(part->comm_, &part->size_);
+  RA_CHECK(q == ncclSuccess, "the NCCL communicator for ", what, " cannot report its rank and size: ",
+           nccl_error_text(q, part->comm_));
+  return part;
+}
+
 NcclCommunicator::~NcclCommunicator() {
   // During error unwinding a peer may be gone: finalizing would wait on it, so abort instead.
   if (comm_ != nullptr && !aborted_ && owned_ && std::uncaught_exceptions() > 0) abort();
   if (comm_ != nullptr && !aborted_ && owned_) {
     // Finalize flushes outstanding work; bounded, and an abort when it does not finish.
-    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamSynchronize(stream_.get());
     ncclCommFinalize(comm_);
     const auto deadline = Clock::now() + std::chrono::seconds(10);
     ncclResult_t state = ncclInProgress;
@@ -83,7 +116,6 @@ NcclCommunicator::~NcclCommunicator() {
     else ncclCommAbort(comm_);
   }
   if (done_) (void)cudaEventDestroy(done_);
-  if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
 void NcclCommunicator::abort() {
@@ -139,16 +171,16 @@ void NcclCommunicator::wait_event(cudaEvent_t event, std::chrono::milliseconds t
   }
 }
 
-void NcclCommunicator::stream_wait(cudaEvent_t event) { RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, event, 0)); }
+void NcclCommunicator::stream_wait(cudaEvent_t event) { RA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), event, 0)); }
 
 std::unique_ptr<PendingExchange> NcclCommunicator::ring_shift(const void* send, void* recv, size_t bytes, int tag) {
   check_state("ring_shift");
   if (size_ == 1) {
-    if (send != recv) RA_CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream_));
+    if (send != recv) RA_CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
   } else {
     ncclGroupStart();
-    ncclSend(send, bytes, ncclUint8, next(), comm_, stream_);
-    ncclRecv(recv, bytes, ncclUint8, previous(), comm_, stream_);
+    ncclSend(send, bytes, ncclUint8, next(), comm_, stream_.get());
+    ncclRecv(recv, bytes, ncclUint8, previous(), comm_, stream_.get());
     const ncclResult_t r = ncclGroupEnd();
     if (r != ncclSuccess && r != ncclInProgress) {
       abort();
@@ -159,7 +191,7 @@ std::unique_ptr<PendingExchange> NcclCommunicator::ring_shift(const void* send, 
                                  previous(), " (receive) and rank ", next(), " (send)"),
                   op_timeout_);
   }
-  RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  RA_CUDA_CHECK(cudaEventRecord(done_, stream_.get()));
   return std::make_unique<NcclExchange>(*this, done_, tag);
 }
 
@@ -174,28 +206,28 @@ void NcclCommunicator::all_reduce(int64_t* data, size_t count, ReduceOp op) {
 void NcclCommunicator::staged_all_reduce(void* data, size_t bytes, size_t count, ReduceOp op, int nccl_type) {
   check_state("all_reduce");
   void* device = cuda_allocate(bytes, "an all-reduce buffer");
-  RA_CUDA_CHECK(cudaMemcpyAsync(device, data, bytes, cudaMemcpyHostToDevice, stream_));
-  ncclAllReduce(device, device, count, static_cast<ncclDataType_t>(nccl_type), nccl_op(op), comm_, stream_);
+  RA_CUDA_CHECK(cudaMemcpyAsync(device, data, bytes, cudaMemcpyHostToDevice, stream_.get()));
+  ncclAllReduce(device, device, count, static_cast<ncclDataType_t>(nccl_type), nccl_op(op), comm_, stream_.get());
   wait_enqueued("NCCL all_reduce", op_timeout_);
-  RA_CUDA_CHECK(cudaMemcpyAsync(data, device, bytes, cudaMemcpyDeviceToHost, stream_));
-  RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  RA_CUDA_CHECK(cudaMemcpyAsync(data, device, bytes, cudaMemcpyDeviceToHost, stream_.get()));
+  RA_CUDA_CHECK(cudaEventRecord(done_, stream_.get()));
   wait_event(done_, op_timeout_, "NCCL all_reduce");
   cuda_release(device);
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
   check_state("all_gather");
-  ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_);
+  ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_.get());
   wait_enqueued("NCCL all_gather", op_timeout_);
-  RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  RA_CUDA_CHECK(cudaEventRecord(done_, stream_.get()));
   wait_event(done_, op_timeout_, "NCCL all_gather");
 }
 
 void NcclCommunicator::broadcast(void* data, size_t bytes, int root) {
   check_state("broadcast");
-  ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_);
+  ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_.get());
   wait_enqueued("NCCL broadcast", op_timeout_);
-  RA_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  RA_CUDA_CHECK(cudaEventRecord(done_, stream_.get()));
   wait_event(done_, op_timeout_, "NCCL broadcast");
 }
 

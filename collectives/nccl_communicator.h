@@ -13,6 +13,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/mpi_communicator.h"
+#include "runtime/cuda_device.h"
 
 struct ncclComm;  // nccl.h stays out of this header: attention/ includes it
 
@@ -26,6 +27,10 @@ class NcclCommunicator final : public Communicator {
   // Uses the caller's communicator (blocking or not) without owning it: it is neither finalized nor
   // destroyed here, though a failure still aborts it (a failed NCCL communicator is unusable anyway).
   static std::unique_ptr<NcclCommunicator> adopt(ncclComm* comm);
+  // Collective over this communicator (ncclCommSplit): ranks with the same `color` form a new
+  // communicator, ordered by `key`; a mesh axis is the ranks that agree on every other coordinate.
+  // The new one is non-blocking too, with its own stream; `what` names it in errors.
+  std::unique_ptr<NcclCommunicator> split(int color, int key, const std::string& what);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -33,7 +38,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
-  cudaStream_t stream() const { return stream_; }
+  // High priority: the transfers it carries start while a long compute kernel still holds the SMs.
+  cudaStream_t stream() const { return stream_.get(); }
 
   // The next operation queued on stream() starts only after `event` (recorded by the caller).
   void stream_wait(cudaEvent_t event);
@@ -56,7 +62,7 @@ class NcclCommunicator final : public Communicator {
   void wait_event(cudaEvent_t event, std::chrono::milliseconds timeout, const std::string& what);
 
  private:
-  NcclCommunicator() = default;
+  NcclCommunicator();
   void check_state(const char* where);  // throws after an abort or an async error
   // Non-blocking calls: wait until the call is queued (a first send/recv also connects to the peer,
   // which needs the peer); throws `what` after `timeout`.
@@ -64,7 +70,7 @@ class NcclCommunicator final : public Communicator {
   void staged_all_reduce(void* host, size_t bytes, size_t count, ReduceOp op, int nccl_type);
 
   ncclComm* comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
+  CudaStream stream_{StreamPriority::kHigh};
   cudaEvent_t done_ = nullptr;
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;

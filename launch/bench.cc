@@ -60,13 +60,24 @@ class IterationTimer {
 #endif
 };
 
-// Host time the ring spent blocked on its exchanges in the last call (0 for other implementations).
-double ring_wait_seconds(const AttentionImpl& impl) {
-  if (const auto* ring = dynamic_cast<const RingAttention*>(&impl)) return ring->last_stats().wait_seconds;
+// The ring's statistics of its last call (nullptr for other implementations).
+const RingStats* ring_stats(const AttentionImpl& impl) {
+  if (const auto* ring = dynamic_cast<const RingAttention*>(&impl)) return &ring->last_stats();
 #if RA_HAVE_CUDA
-  if (const auto* ring = dynamic_cast<const RingAttentionCuda*>(&impl)) return ring->last_stats().wait_seconds;
+  if (const auto* ring = dynamic_cast<const RingAttentionCuda*>(&impl)) return &ring->last_stats();
 #endif
-  return 0.0;
+  return nullptr;
+}
+
+// "1.23 4.56 7.89"
+std::string joined(const std::vector<float>& values) {
+  std::string text;
+  char item[32];
+  for (float v : values) {
+    std::snprintf(item, sizeof(item), "%s%.2f", text.empty() ? "" : " ", double(v));
+    text += item;
+  }
+  return text;
 }
 
 }  // namespace
@@ -99,6 +110,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");
   RingContext ctx;
+  ctx.time_steps = true;  // the GPU ring's per-step device times, printed below
   auto impl = make_impl(opts, job, seq, seq, ctx);
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(seq, seq);
   const int n = ctx.comm->size();
@@ -128,7 +140,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     impl->accumulate(run_in, pos, params, carry);
     finalize(carry, TensorView(), o, lse, job.stream());
     double t = timer.stop_seconds();
-    double w = ring_wait_seconds(*impl);
+    const RingStats* stats = ring_stats(*impl);
+    double w = stats ? stats->wait_seconds : 0.0;
     job.world.all_reduce(&t, 1, ReduceOp::kMax);
     job.world.all_reduce(&w, 1, ReduceOp::kMax);
     if (it >= warmup) {
@@ -161,6 +174,14 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                 std::string(impl->name()).c_str(), opts.backend.c_str(), n, long(batch), long(seq), long(heads),
                 long(kv_heads), long(head_dim), dtype_text.c_str(), int(params.causal), layout_name(ctx.layout),
                 time * 1e3, flops / time * 1e-9, comm * 1e3, hidden * 100);
+    const RingStats* stats = ring_stats(*impl);
+    if (stats && !stats->step_compute_ms.empty()) {  // rank 0's last iteration, device times
+      float kernels = 0;
+      for (float ms : stats->step_compute_ms) kernels += ms;
+      std::printf("  ring steps on rank 0 (ms): kernels %s | exchanges %s | first kernel start to last end %.2f, of "
+                  "which between kernels %.2f\n", joined(stats->step_compute_ms).c_str(),
+                  joined(stats->step_exchange_ms).c_str(), double(stats->ring_ms), double(stats->ring_ms - kernels));
+    }
     if (!json_path.empty()) {
       nlohmann::json row = {{"impl", impl->name()}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
                             {"ranks", n}, {"batch", batch}, {"seq", seq}, {"heads", heads}, {"kv_heads", kv_heads},

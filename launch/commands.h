@@ -25,7 +25,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi);
 
 // The world, the mesh over it and the sequence axis (a ring of one when the mesh has no sp axis).
 // With --backend cuda: one GPU per rank (local rank modulo the GPUs of the node), a compute stream,
-// and an NCCL communicator for the sequence axis bootstrapped over that axis' MPI communicator.
+// and an NCCL communicator for the sequence axis: the job's (bootstrapped over MPI) or split from it.
 struct Job {
   // `args`: the command line after the subcommand; every rank must have been started with the same.
   Job(const AttentionOptions& opts, const MpiSession& mpi, const std::string& args);
@@ -40,7 +40,8 @@ struct Job {
   bool on_device = false;
 #if RA_HAVE_CUDA
   std::unique_ptr<CudaStream> compute;
-  std::unique_ptr<NcclCommunicator> nccl_sequence;
+  std::unique_ptr<NcclCommunicator> nccl_world;     // every rank of the job
+  std::unique_ptr<NcclCommunicator> nccl_sequence;  // split from it when the mesh has other axes too
 #endif
 };
 

@@ -41,8 +41,14 @@ Job::Job(const AttentionOptions& opts, const MpiSession& mpi, const std::string&
 #if RA_HAVE_CUDA
   cuda_select_device(mpi.local_rank());
   compute = std::make_unique<CudaStream>();
-  if (shape.has_axis("sp"))
-    nccl_sequence = std::make_unique<NcclCommunicator>(dynamic_cast<const MpiCommunicator&>(mesh->axis("sp")));
+  if (shape.has_axis("sp")) {
+    // One unique-id bootstrap for the job; an axis of a larger mesh is split from it (ncclCommSplit).
+    nccl_world = std::make_unique<NcclCommunicator>(world);
+    const int sp = shape.axis_index("sp");
+    if (shape.axis_size(sp) == world.size()) return;
+    const MeshShape::AxisGroup group = shape.axis_group(world.rank(), sp);
+    nccl_sequence = nccl_world->split(group.color, group.key, "mesh axis 'sp' of " + shape.str());
+  }
 #else
   RA_FAIL("--backend cuda: this build of ringattn has no CUDA back end (configure with -DRA_ENABLE_CUDA=ON where nvcc is)");
 #endif
@@ -51,6 +57,7 @@ Job::Job(const AttentionOptions& opts, const MpiSession& mpi, const std::string&
 Communicator& Job::sequence_axis() const {
 #if RA_HAVE_CUDA
   if (nccl_sequence) return *nccl_sequence;
+  if (nccl_world) return *nccl_world;  // the sequence axis is the whole job
 #endif
   return shape.has_axis("sp") ? mesh->axis("sp") : self;
 }

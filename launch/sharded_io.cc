@@ -53,7 +53,7 @@ int64_t run_rows(const std::vector<IndexRun>& runs) {
 }
 
 // mask / bias: (B|1, H|1, T|1, S|1) with rows by the query runs; size-1 dims are read whole.
-Tensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p) {
+Tensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p, MemoryKind memory) {
   DatasetInfo info = f.info(name);
   RA_CHECK(info.shape.rank == 4, where(f, name), " has rank ", info.shape.rank, ", expected 4 (batch, heads, q_len, kv_len)");
   const int64_t full[4] = {p.batch, p.q_heads, p.q_len, p.kv_len};
@@ -68,13 +68,13 @@ Tensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p) {
                    {b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, r.count, info.shape[3]},
                    {1, 1, r.stride, 1}});
   Shape local{b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, run_rows(runs), info.shape[3]};
-  return f.read(name, sel, local);
+  return f.read(name, sel, local, memory);
 }
 
-Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs) {
+Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs, MemoryKind memory) {
   Selection sel;
   for (const IndexRun& r : runs) sel.push_back({{p.b_offset, r.start}, {p.b_count, r.count}, {1, r.stride}});
-  return f.read("segment_ids", sel, {p.b_count, run_rows(runs)});
+  return f.read("segment_ids", sel, {p.b_count, run_rows(runs)}, memory);
 }
 
 }  // namespace
@@ -133,24 +133,27 @@ AttentionInputs LocalTensors::inputs() const {
   return AttentionInputs{q, k, v, bias, mask, {}, q_segment_ids, kv_segment_ids};  // undefined stay undefined
 }
 
-LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv) {
+LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv, MemoryKind memory) {
   const std::vector<IndexRun> kv_runs = whole_kv ? std::vector<IndexRun>{{0, p.kv_len, 1}} : p.kv_runs;
   const int64_t kv_rows = run_rows(kv_runs);
   LocalTensors t;
-  t.q = f.read("q", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim), {p.b_count, p.local_q(), p.hq_count, p.head_dim});
-  t.k = f.read("k", select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.head_dim), {p.b_count, kv_rows, p.hkv_count, p.head_dim});
-  t.v = f.read("v", select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim), {p.b_count, kv_rows, p.hkv_count, p.v_head_dim});
+  t.q = f.read("q", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim),
+               {p.b_count, p.local_q(), p.hq_count, p.head_dim}, memory);
+  t.k = f.read("k", select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.head_dim),
+               {p.b_count, kv_rows, p.hkv_count, p.head_dim}, memory);
+  t.v = f.read("v", select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim),
+               {p.b_count, kv_rows, p.hkv_count, p.v_head_dim}, memory);
   if (f.has("mask")) {
-    t.mask = read_pairwise(f, "mask", p);
+    t.mask = read_pairwise(f, "mask", p, memory);
     RA_CHECK(t.mask.dtype() == DType::kU8, where(f, "mask"), " has dtype ", dtype_name(t.mask.dtype()), ", expected bool or uint8");
   }
   if (f.has("bias")) {
-    t.bias = read_pairwise(f, "bias", p);
+    t.bias = read_pairwise(f, "bias", p, memory);
     RA_CHECK(t.bias.dtype() == DType::kF32, where(f, "bias"), " has dtype ", dtype_name(t.bias.dtype()), ", expected f32");
   }
   if (f.has("segment_ids")) {
-    t.q_segment_ids = read_segments(f, p, p.q_runs);
-    t.kv_segment_ids = read_segments(f, p, kv_runs);
+    t.q_segment_ids = read_segments(f, p, p.q_runs, memory);
+    t.kv_segment_ids = read_segments(f, p, kv_runs, memory);
   }
   return t;
 }

@@ -35,8 +35,10 @@ struct LocalTensors {
   Tensor q, k, v, mask, bias, q_segment_ids, kv_segment_ids;
   AttentionInputs inputs() const;
 };
-// Reads this rank's slices; `whole_kv` reads all S rows of k / v instead (the verifier's reference).
-LocalTensors read_local(const H5File& file, const ShardPlan& plan, bool whole_kv = false);
+// Reads this rank's slices into `memory` (kPinned when they go on to a GPU); `whole_kv` reads all S
+// rows of k / v instead (the verifier's reference).
+LocalTensors read_local(const H5File& file, const ShardPlan& plan, bool whole_kv = false,
+                        MemoryKind memory = MemoryKind::kHost);
 
 // Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices collectively to `path` through a temporary name,
 // renamed by rank 0 after every rank has closed the file. Refuses an existing file unless overwrite.

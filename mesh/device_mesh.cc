@@ -8,11 +8,9 @@ namespace ra {
 DeviceMesh::DeviceMesh(MeshShape shape, const MpiCommunicator& world) : shape_(std::move(shape)), rank_(world.rank()) {
   RA_CHECK(shape_.size() == world.size(), "mesh ", shape_.str(), " has ", shape_.size(), " ranks but the job has ",
            world.size(), " (mpirun -np ", world.size(), ")");
-  const std::vector<int> mine = shape_.coords(rank_);
   for (int a = 0; a < shape_.axis_count(); ++a) {
-    std::vector<int> others = mine;
-    others[size_t(a)] = 0;  // ranks that agree on every other axis share a color
-    axes_[shape_.axis_name(a)] = world.split(shape_.rank_of(others), mine[size_t(a)]);
+    const MeshShape::AxisGroup group = shape_.axis_group(rank_, a);
+    axes_[shape_.axis_name(a)] = world.split(group.color, group.key);
   }
 }
 

@@ -80,6 +80,13 @@ int MeshShape::rank_of(const std::vector<int>& coords) const {
   return rank;
 }
 
+MeshShape::AxisGroup MeshShape::axis_group(int rank, int axis) const {
+  std::vector<int> c = coords(rank);
+  const int key = c[size_t(axis)];
+  c[size_t(axis)] = 0;
+  return {rank_of(c), key};
+}
+
 std::string MeshShape::str() const {
   std::string s;
   for (const auto& [name, size] : axes_) s += (s.empty() ? "" : ",") + name + "=" + std::to_string(size);

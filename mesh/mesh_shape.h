@@ -26,6 +26,12 @@ class MeshShape {
   bool has_axis(const std::string& name) const;
   std::vector<int> coords(int rank) const;
   int rank_of(const std::vector<int>& coords) const;
+  // The group of `rank` along axis `axis`, as a communicator split takes it: the ranks that agree on
+  // every other coordinate share `color` (the lowest rank among them), ordered by `key` (the coordinate).
+  struct AxisGroup {
+    int color, key;
+  };
+  AxisGroup axis_group(int rank, int axis) const;
   std::string str() const;
 
  private:

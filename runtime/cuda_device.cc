@@ -46,7 +46,22 @@ void cuda_memset_zero(void* p, size_t bytes) {
 
 void cuda_copy(void* dst, const void* src, size_t bytes) { RA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)); }
 
-CudaStream::CudaStream() { RA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+void* cuda_allocate_pinned(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t status = cudaMallocHost(&p, bytes ? bytes : 1);
+  RA_CHECK(status == cudaSuccess, "pinned host allocation of ", bytes, " bytes for ", what, " failed: ",
+           cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+  return p;
+}
+
+void cuda_release_pinned(void* p) { (void)cudaFreeHost(p); }
+
+CudaStream::CudaStream(StreamPriority priority) {
+  int least = 0, greatest = 0;  // numerically, greatest < least
+  RA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  RA_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking,
+                                             priority == StreamPriority::kHigh ? greatest : least));
+}
 CudaStream::~CudaStream() { (void)cudaStreamDestroy(stream_); }
 void CudaStream::synchronize() const { RA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -59,21 +74,6 @@ float CudaEvent::milliseconds_since(const CudaEvent& start) const {
   float ms = 0;
   RA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
   return ms;
-}
-
-PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) { RA_CUDA_CHECK(cudaMallocHost(&data_, bytes ? bytes : 1)); }
-PinnedBuffer::~PinnedBuffer() {
-  if (data_) (void)cudaFreeHost(data_);
-}
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  if (this != &other) {
-    if (data_) (void)cudaFreeHost(data_);
-    data_ = std::exchange(other.data_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
 }
 
 }  // namespace ra

@@ -1,5 +1,5 @@
 // The CUDA runtime as ringattn uses it: checked calls, device selection, device memory, and RAII
-// streams, events and pinned host buffers. Included only by code built when CUDA is on.
+// streams (with a priority), events and pinned host memory. Included only by code built when CUDA is on.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,10 +29,19 @@ void* cuda_allocate(size_t bytes, const char* what);  // throws naming bytes ask
 void cuda_release(void* p);
 void cuda_memset_zero(void* p, size_t bytes);
 void cuda_copy(void* dst, const void* src, size_t bytes);  // any direction, synchronous
+// Page-locked host memory (MemoryKind::kPinned): host <-> device copies from it are DMA at full speed.
+void* cuda_allocate_pinned(size_t bytes, const char* what);
+void cuda_release_pinned(void* p);
+
+// kHigh: the device's greatest stream priority. Blocks of a high-priority stream are dispatched
+// before waiting blocks of lower ones, so a transfer queued while a long kernel occupies every SM starts
+// as SMs free up instead of after the kernel's last block.
+enum class StreamPriority { kNormal, kHigh };
 
 class CudaStream {
  public:
-  CudaStream();  // non-blocking with respect to the legacy default stream
+  // Non-blocking with respect to the legacy default stream.
+  explicit CudaStream(StreamPriority priority = StreamPriority::kNormal);
   ~CudaStream();
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
@@ -55,22 +64,6 @@ class CudaEvent {
 
  private:
   cudaEvent_t event_ = nullptr;
-};
-
-// Page-locked host memory, so that host <-> device copies run asynchronously at full speed.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(size_t bytes);
-  ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& other) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-  void* data() const { return data_; }
-  size_t size() const { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
 };
 
 }  // namespace ra

@@ -159,7 +159,9 @@ DatasetInfo H5File::info(const std::string& dataset) const {
   return out;
 }
 
-Tensor H5File::read(const std::string& dataset, const Selection& selection, const Shape& local_shape) const {
+Tensor H5File::read(const std::string& dataset, const Selection& selection, const Shape& local_shape,
+                    MemoryKind memory) const {
+  RA_CHECK(host_accessible(memory), "dataset '", dataset, "' of '", path_, "': HDF5 reads into host memory");
   std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
   DatasetInfo meta = info(dataset);
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
@@ -174,7 +176,7 @@ Tensor H5File::read(const std::string& dataset, const Selection& selection, cons
 #ifdef H5_HAVE_PARALLEL
   if (collective_) H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
 #endif
-  Tensor out(meta.dtype, local_shape);
+  Tensor out(meta.dtype, local_shape, memory);
   RA_CHECK(H5Dread(ds, mem_type, mem_space, selected, dxpl, out.view().data()) >= 0, where,
            ": read failed (truncated or corrupted file?)");
   return out;

@@ -44,7 +44,9 @@ class H5File {
   bool has(const std::string& dataset) const;
   DatasetInfo info(const std::string& dataset) const;
   // Reads the selection (which covers `local_shape` elements) into a new host tensor of that shape.
-  Tensor read(const std::string& dataset, const Selection& selection, const Shape& local_shape) const;
+  // `memory`: kHost, or kPinned for slices on their way to a GPU.
+  Tensor read(const std::string& dataset, const Selection& selection, const Shape& local_shape,
+              MemoryKind memory = MemoryKind::kHost) const;
   Tensor read_all(const std::string& dataset) const;
 
   void create_dataset(const std::string& dataset, DType dtype, const Shape& global_shape);

@@ -2,6 +2,7 @@
 #include "runtime/memory.h"
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -17,10 +18,12 @@ bool built_with_cuda() { return RA_HAVE_CUDA != 0; }
 
 namespace {
 
+#if !RA_HAVE_CUDA
 [[noreturn]] void no_cuda(const char* what) {
-  RA_FAIL("device memory for ", what, " was asked for, but this build of ringattn has no CUDA back end "
+  RA_FAIL("device or pinned host memory for ", what, " was asked for, but this build of ringattn has no CUDA back end "
           "(configure with -DRA_ENABLE_CUDA=ON on a machine with nvcc)");
 }
+#endif
 
 }  // namespace
 
@@ -32,7 +35,7 @@ void* allocate_bytes(size_t bytes, MemoryKind memory, const char* what) {
     return p;
   }
 #if RA_HAVE_CUDA
-  return cuda_allocate(bytes, what);
+  return memory == MemoryKind::kPinned ? cuda_allocate_pinned(bytes, what) : cuda_allocate(bytes, what);
 #else
   no_cuda(what);
 #endif
@@ -45,12 +48,13 @@ void release_bytes(void* p, MemoryKind memory) {
     return;
   }
 #if RA_HAVE_CUDA
+  if (memory == MemoryKind::kPinned) return cuda_release_pinned(p);
   cuda_release(p);
 #endif
 }
 
 void fill_zero_bytes(void* p, size_t bytes, MemoryKind memory) {
-  if (memory == MemoryKind::kHost) {
+  if (host_accessible(memory)) {
     std::memset(p, 0, bytes);
     return;
   }
@@ -65,7 +69,7 @@ void copy_tensor(const TensorView& dst, const TensorView& src) {
   RA_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy between tensors of ",
            dtype_name(src.dtype()), " ", src.shape().str(), " and ", dtype_name(dst.dtype()), " ", dst.shape().str());
   RA_CHECK(dst.is_contiguous() && src.is_contiguous(), "copy_tensor needs contiguous tensors");
-  if (dst.memory() == MemoryKind::kHost && src.memory() == MemoryKind::kHost) {
+  if (host_accessible(dst.memory()) && host_accessible(src.memory())) {
     std::memcpy(dst.data(), src.data(), src.nbytes());
     return;
   }
@@ -82,9 +86,19 @@ Tensor to_memory(const TensorView& src, MemoryKind memory) {
   return out;
 }
 
+void reserve_scratch(Tensor& t, size_t bytes, MemoryKind memory, const char* what) {
+  if (t.defined() && t.view().memory() == memory && t.view().nbytes() >= bytes) return;
+  t = Tensor();  // free first: the old and the new buffer need not fit together
+  try {
+    t = Tensor(DType::kU8, {int64_t(std::max<size_t>(bytes, 1))}, memory);
+  } catch (const Error& e) {
+    RA_FAIL(what, ": ", e.message());
+  }
+}
+
 void fill_f32(const TensorView& dst, float value) {
   RA_CHECK(dst.dtype() == DType::kF32 && dst.is_contiguous(), "fill_f32 needs a contiguous f32 tensor");
-  if (dst.memory() == MemoryKind::kHost) {
+  if (host_accessible(dst.memory())) {
     float* p = dst.data_as<float>();
     for (int64_t i = 0; i < dst.numel(); ++i) p[i] = value;
     return;

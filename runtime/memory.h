@@ -24,6 +24,11 @@ void copy_tensor(const TensorView& dst, const TensorView& src);
 // A contiguous copy of `src` in `memory` (a host copy of a device tensor, or the reverse).
 Tensor to_memory(const TensorView& src, MemoryKind memory);
 
+// Grow-only scratch for buffers reused across calls: afterwards `t` is a u8 tensor of at least `bytes`
+// bytes in `memory` (reallocated, contents zeroed, only when it was smaller). Freeing the old device or
+// pinned buffer waits for the device, so queued work that still reads it is safe.
+void reserve_scratch(Tensor& t, size_t bytes, MemoryKind memory, const char* what);
+
 // Sets every element of a contiguous f32 view to `value`.
 void fill_f32(const TensorView& dst, float value);
 

@@ -15,7 +15,11 @@ namespace ra {
 
 inline constexpr int kMaxRank = 4;
 
-enum class MemoryKind : uint8_t { kHost, kCuda };
+// kPinned: page-locked host memory (CUDA builds only), where HDF5 slices land before they go to a GPU
+// and where results come back: the host reads and writes it like kHost, copies to and from a device
+// are DMA at full speed.
+enum class MemoryKind : uint8_t { kHost, kCuda, kPinned };
+inline bool host_accessible(MemoryKind memory) { return memory != MemoryKind::kCuda; }
 
 struct Shape {
   std::array<int64_t, kMaxRank> dims{};
@@ -62,8 +66,8 @@ class TensorView {
   MemoryKind memory_ = MemoryKind::kHost;
 };
 
-// Owning, contiguous, zero-initialised tensor in host memory (64-byte aligned) or CUDA device memory
-// (runtime/memory.h allocates; kCuda throws in a build without CUDA).
+// Owning, contiguous, zero-initialised tensor in host memory (64-byte aligned), pinned host memory or
+// CUDA device memory (runtime/memory.h allocates; kCuda and kPinned throw in a build without CUDA).
 class Tensor {
  public:
   Tensor() = default;

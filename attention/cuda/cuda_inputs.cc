@@ -6,6 +6,7 @@
 
 #include "attention/attention_impl.h"
 #include "runtime/cuda_device.h"
+#include "runtime/memory.h"
 
 namespace ra {
 namespace {
@@ -56,29 +57,18 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
   return a;
 }
 
-DevicePositionBuffer::~DevicePositionBuffer() {
-  if (device_) (void)cudaFree(device_);
-  if (staging_) (void)cudaFreeHost(staging_);
-}
-
 DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStream_t stream) {
-  const size_t count = pos.q.size() + pos.k.size();
-  if (count > capacity_) {
-    // The previous contents may still be read by queued work: wait for it before freeing.
-    RA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (device_) RA_CUDA_CHECK(cudaFree(device_));
-    if (staging_) RA_CUDA_CHECK(cudaFreeHost(staging_));
-    capacity_ = std::max<size_t>(count, 1024);
-    device_ = static_cast<int64_t*>(cuda_allocate(capacity_ * sizeof(int64_t), "token positions"));
-    RA_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), capacity_ * sizeof(int64_t)));
-  } else {
-    // The staging area may still be the source of the previous call's copy.
-    RA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
-  std::memcpy(staging_, pos.q.data(), pos.q.size() * sizeof(int64_t));
-  std::memcpy(staging_ + pos.q.size(), pos.k.data(), pos.k.size() * sizeof(int64_t));
-  RA_CUDA_CHECK(cudaMemcpyAsync(device_, staging_, count * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-  return DevicePositions{device_, device_ + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end()),
+  const size_t count = pos.q.size() + pos.k.size(), bytes = count * sizeof(int64_t);
+  // The staging area may still be the source of the previous call's copy.
+  RA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  reserve_scratch(device_, bytes, MemoryKind::kCuda, "token positions");
+  reserve_scratch(staging_, bytes, MemoryKind::kPinned, "token positions (host staging)");
+  auto* staged = staging_.data<int64_t>();
+  auto* device = device_.data<int64_t>();
+  std::memcpy(staged, pos.q.data(), pos.q.size() * sizeof(int64_t));
+  std::memcpy(staged + pos.q.size(), pos.k.data(), pos.k.size() * sizeof(int64_t));
+  RA_CUDA_CHECK(cudaMemcpyAsync(device, staged, bytes, cudaMemcpyHostToDevice, stream));
+  return DevicePositions{device, device + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end()),
                          pos.q.data(), pos.k.data()};
 }
 

@@ -9,6 +9,7 @@
 #include "attention/carry.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
+#include "runtime/tensor.h"
 
 namespace ra {
 
@@ -51,17 +52,11 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
 // Device copies of host positions, reused across calls (grows as needed).
 class DevicePositionBuffer {
  public:
-  DevicePositionBuffer() = default;
-  ~DevicePositionBuffer();
-  DevicePositionBuffer(const DevicePositionBuffer&) = delete;
-  DevicePositionBuffer& operator=(const DevicePositionBuffer&) = delete;
   // Copies on `stream` from a pinned staging area; the result is valid for work queued on `stream`.
   DevicePositions upload(const TokenPositions& pos, cudaStream_t stream);
 
  private:
-  int64_t* device_ = nullptr;
-  int64_t* staging_ = nullptr;
-  size_t capacity_ = 0;
+  Tensor device_, staging_;  // grow-only (reserve_scratch)
 };
 
 }  // namespace ra

@@ -12,6 +12,7 @@
 #include "collectives/nccl_communicator.h"
 #include "runtime/activity.h"
 #include "runtime/cuda_device.h"
+#include "runtime/memory.h"
 
 namespace ra {
 namespace {
@@ -110,8 +111,10 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   const size_t k_bytes = align(in.k.nbytes()), v_bytes = align(in.v.nbytes());
   const size_t seg_bytes = in.kv_segment_ids.defined() ? align(in.kv_segment_ids.nbytes()) : 0;
   const size_t payload = k_bytes + v_bytes + seg_bytes, bytes = payload + sizeof(BlockTrailer);
-  const Tensor buffers(DType::kU8, {2, int64_t(bytes)}, MemoryKind::kCuda);
-  char* base[2] = {buffers.data<char>(), buffers.data<char>() + bytes};
+  if (!blocks_free_) blocks_free_ = std::make_unique<CudaEvent>();
+  RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, blocks_free_->get(), 0));  // a previous call on another stream
+  reserve_scratch(blocks_, 2 * bytes, MemoryKind::kCuda, "the ring's two K/V block buffers");
+  char* base[2] = {blocks_.data<char>(), blocks_.data<char>() + bytes};
   RA_CUDA_CHECK(cudaMemsetAsync(base[0], 0, bytes, stream_));  // padding included in the checksum
   RA_CUDA_CHECK(cudaMemcpyAsync(base[0], in.k.data(), in.k.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, stream_));
@@ -121,14 +124,14 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
   // compared on the host once at the end, before anything is finalized.
   const bool verify = ctx_.verify_blocks && n > 1;
-  const Tensor checks(DType::kU8, {int64_t(2 * n * sizeof(BlockTrailer))}, MemoryKind::kCuda);
-  auto* arrived = checks.data<BlockTrailer>();
+  reserve_scratch(checks_, 2 * n * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
+  auto* arrived = checks_.data<BlockTrailer>();
   auto* recomputed = arrived + n;
   if (verify) {
     const BlockTrailer own{0, uint32_t(rank), BlockTrailer::kMagic};
     RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + payload, &own, sizeof(own), cudaMemcpyHostToDevice, stream_));
     block_checksum_cuda(base[0], payload, reinterpret_cast<uint64_t*>(base[0] + payload), stream_);
-    RA_CUDA_CHECK(cudaMemsetAsync(checks.data<char>(), 0, checks.view().nbytes(), stream_));
+    RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, checks_.view().nbytes(), stream_));
   }
   CudaEvent compute_done;  // the last compute (or the packing) queued on the compute stream
   compute_done.record(stream_);
@@ -141,6 +144,10 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   const int64_t q_hi = *std::max_element(q_host.begin(), q_host.end());
 
   stats_ = RingStats{};
+  const bool timed = ctx_.time_steps;
+  if (timed)
+    while (step_events_.size() < 4 * size_t(n)) step_events_.push_back(std::make_unique<CudaEvent>(true));
+  auto event = [&](int step, int which) { return step_events_[4 * size_t(step) + size_t(which)].get(); };
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     inject_process_fault(ctx_.fault, rank, step);
@@ -150,10 +157,13 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     std::unique_ptr<PendingExchange> pending;
     if (step + 1 < n) {
       nccl->stream_wait(compute_done.get());  // the receive buffer was read by the previous compute
+      if (timed) event(step, 2)->record(nccl->stream());
       pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
+      if (timed) event(step, 3)->record(nccl->stream());
     }
     std::vector<int64_t> k_host;
     const auto t0 = std::chrono::steady_clock::now();
+    if (timed) event(step, 0)->record(stream_);
     if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, k_host)) {
       ++stats_.skipped;
     } else {
@@ -166,6 +176,7 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
                                       q_host.data(), k_host.data()};
       local_->accumulate_device(block, block_pos, params, carry);
     }
+    if (timed) event(step, 1)->record(stream_);
     compute_done.record(stream_);
     stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
     if (pending) {
@@ -185,8 +196,16 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     }
     ++stats_.steps;
   }
-  if (verify) check_arrived_blocks(checks, n, rank, payload, in, stream_);
-  // `buffers` is freed on return: cudaFree waits for the queued kernels that read it.
+  blocks_free_->record(stream_);
+  if (verify) check_arrived_blocks(checks_, n, rank, payload, in, stream_);
+  if (timed) {
+    RA_CUDA_CHECK(cudaEventSynchronize(event(n - 1, 1)->get()));
+    for (int step = 0; step < n; ++step) {
+      stats_.step_compute_ms.push_back(event(step, 1)->milliseconds_since(*event(step, 0)));
+      if (step + 1 < n) stats_.step_exchange_ms.push_back(event(step, 3)->milliseconds_since(*event(step, 2)));
+    }
+    stats_.ring_ms = event(n - 1, 1)->milliseconds_since(*event(0, 0));
+  }
 }
 
 }  // namespace ra

@@ -6,6 +6,7 @@
 
 #include "attention/cuda/cuda_attention.h"
 #include "attention/ring.h"
+#include "runtime/cuda_device.h"
 
 namespace ra {
 
@@ -28,6 +29,13 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   RingContext ctx_;
   std::unique_ptr<CudaAttentionImpl> local_;
   mutable RingStats stats_;
+  // Reused across calls (grow-only): a cudaMalloc / cudaFree pair per call costs milliseconds and
+  // cudaFree stalls the device. `blocks_free_` marks the last compute that read the blocks.
+  mutable Tensor blocks_, checks_;
+  mutable std::unique_ptr<CudaEvent> blocks_free_;  // made on first use (constructing needs no GPU)
+  // RingContext::time_steps: per step, compute start / end on the compute stream and exchange start
+  // / end on the communicator's stream.
+  mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
 };
 
 }  // namespace ra

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "attention/cuda/block_checksum.h"
@@ -256,6 +257,23 @@ TEST(CudaMemory, OutOfMemoryNamesBytesAskedAndFree) {
   // The device is still usable afterwards.
   Tensor small(DType::kF32, {1024}, MemoryKind::kCuda);
   RA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Pinned tensors are host memory the CUDA runtime knows as page-locked: the host reads and writes
+// them, and they round-trip through the device unchanged.
+TEST(CudaMemory, PinnedTensorsAreHostMemoryThatRoundTrips) {
+  RA_REQUIRE_GPU();
+  Tensor pinned(DType::kF32, {3, 1000}, MemoryKind::kPinned);
+  fill_f32(pinned.view(), 0.5f);
+  pinned.data<float>()[1234] = 7.0f;
+  cudaPointerAttributes attributes{};
+  RA_CUDA_CHECK(cudaPointerGetAttributes(&attributes, pinned.data<float>()));
+  EXPECT_EQ(attributes.type, cudaMemoryTypeHost);  // registered with the runtime, unlike malloc'd memory
+  const Tensor device = to_memory(pinned.view(), MemoryKind::kCuda);
+  const Tensor back = to_memory(device.view(), MemoryKind::kPinned);
+  EXPECT_EQ(back.view().memory(), MemoryKind::kPinned);
+  EXPECT_EQ(std::memcmp(back.view().data(), pinned.view().data(), pinned.view().nbytes()), 0);
+  EXPECT_EQ(back.data<float>()[1234], 7.0f);
 }
 
 }  // namespace

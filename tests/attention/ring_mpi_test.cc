@@ -7,16 +7,20 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "attention/registry.h"
 #include "attention/ring.h"
 #include "collectives/mpi_communicator.h"
 #include "collectives/mpi_session.h"
+#include "mesh/mesh_shape.h"
 #include "runtime/memory.h"
 #include "tests/support/problem.h"
 
 #if RA_HAVE_CUDA
+#include <nccl.h>
+
 #include "collectives/nccl_communicator.h"
 #include "runtime/cuda_device.h"
 #endif
@@ -252,6 +256,58 @@ TEST(RingMpi, ExchangeMovesBlocksAroundTheRing) {
   g_world->ring_shift(send.data(), recv.data(), send.size() * sizeof(int), 0)->wait(std::chrono::seconds(30));
   EXPECT_EQ(recv[999], (r + n - 1) % n);
 }
+
+#if RA_HAVE_CUDA
+// One ring shift of every rank's id over `comm` through device memory: what arrived, on the host.
+int shifted_rank_id(NcclCommunicator& comm, int id) {
+  std::vector<int> send(4096, id), recv(4096, -1);
+  Tensor a(DType::kI32, {4096}, MemoryKind::kCuda), b(DType::kI32, {4096}, MemoryKind::kCuda);
+  copy_tensor(a.view(), TensorView(send.data(), DType::kI32, {4096}));
+  comm.ring_shift(a.data<char>(), b.data<char>(), a.view().nbytes(), 0)->wait(std::chrono::seconds(60));
+  copy_tensor(TensorView(recv.data(), DType::kI32, {4096}), b.view());
+  return *std::max_element(recv.begin(), recv.end()) == recv[0] ? recv[0] : -2;
+}
+
+// ncclCommSplit as the mesh uses it: on "dp=2,sp=N/2" each sp group is its own ring, and a sum over
+// it adds only its members.
+TEST(NcclMesh, SplitGivesEachAxisGroupItsOwnRing) {
+  if (!g_cuda || g_world->size() % 2 != 0) GTEST_SKIP() << "needs --backend=cuda and an even number of ranks";
+  auto& world = dynamic_cast<NcclCommunicator&>(*g_ring_comm);
+  const MeshShape mesh = MeshShape::parse("dp=2,sp=" + std::to_string(g_world->size() / 2));
+  const MeshShape::AxisGroup group = mesh.axis_group(g_world->rank(), mesh.axis_index("sp"));
+  std::unique_ptr<NcclCommunicator> sp = world.split(group.color, group.key, "sp");
+  ASSERT_EQ(sp->size(), g_world->size() / 2);
+  ASSERT_EQ(sp->rank(), group.key);
+  std::vector<int> c = mesh.coords(g_world->rank());
+  c[1] = (c[1] + sp->size() - 1) % sp->size();  // the previous rank of this sp group
+  EXPECT_EQ(shifted_rank_id(*sp, g_world->rank()), mesh.rank_of(c));
+  int64_t sum = g_world->rank();
+  sp->all_reduce(&sum, 1, ReduceOp::kSum);
+  int64_t expected = 0;
+  for (int r = 0; r < g_world->size(); ++r) expected += mesh.axis_group(r, 1).color == group.color ? r : 0;
+  EXPECT_EQ(sum, expected);
+}
+
+// A communicator the caller made (blocking, by ncclCommInitRank) used through adopt() and left to
+// the caller, who destroys it afterwards.
+TEST(NcclMesh, AdoptedCommunicatorRingsAndStaysTheCallers) {
+  if (!g_cuda) GTEST_SKIP() << "needs --backend=cuda";
+  ncclUniqueId id{};
+  if (g_world->rank() == 0) {
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  }
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g_world->comm());
+  ncclComm_t own = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&own, g_world->size(), id, g_world->rank()), ncclSuccess);
+  {
+    std::unique_ptr<NcclCommunicator> adopted = NcclCommunicator::adopt(own);
+    EXPECT_EQ(adopted->rank(), g_world->rank());
+    EXPECT_EQ(adopted->size(), g_world->size());
+    EXPECT_EQ(shifted_rank_id(*adopted, g_world->rank()), (g_world->rank() + g_world->size() - 1) % g_world->size());
+  }
+  EXPECT_EQ(ncclCommDestroy(own), ncclSuccess);  // still alive: the adopter did not destroy it
+}
+#endif
 
 }  // namespace
 }  // namespace ra::test

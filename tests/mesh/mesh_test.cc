@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 #include "attention/block_schedule.h"
@@ -21,6 +22,31 @@ TEST(MeshShape, ParsesAxesAndMapsCoordinates) {
   EXPECT_EQ(m.coords(4), (std::vector<int>{1, 1}));
   for (int r = 0; r < 6; ++r) EXPECT_EQ(m.rank_of(m.coords(r)), r);
   EXPECT_EQ(m.str(), "dp=2,sp=3");
+}
+
+// Every axis partitions the ranks into groups of the axis' size, keyed 0..size-1 in coordinate order,
+// and two ranks share a group exactly when they agree on every other coordinate.
+TEST(MeshShape, AxisGroupsPartitionTheRanks) {
+  MeshShape m = MeshShape::parse("dp=2,sp=3,tp=2");
+  for (int a = 0; a < m.axis_count(); ++a) {
+    std::map<int, std::vector<int>> keys_by_color;
+    for (int r = 0; r < m.size(); ++r) {
+      const MeshShape::AxisGroup g = m.axis_group(r, a);
+      EXPECT_EQ(g.key, m.coords(r)[size_t(a)]);
+      keys_by_color[g.color].push_back(g.key);
+      for (int other = 0; other < m.size(); ++other) {
+        std::vector<int> x = m.coords(r), y = m.coords(other);
+        x[size_t(a)] = y[size_t(a)] = 0;
+        EXPECT_EQ(m.axis_group(other, a).color == g.color, x == y) << "axis " << a << " ranks " << r << ", " << other;
+      }
+    }
+    EXPECT_EQ(int(keys_by_color.size()), m.size() / m.axis_size(a));
+    for (const auto& [color, keys] : keys_by_color) {
+      std::vector<int> expected(size_t(m.axis_size(a)));
+      std::iota(expected.begin(), expected.end(), 0);
+      EXPECT_EQ(keys, expected) << "axis " << a << " color " << color;
+    }
+  }
 }
 
 TEST(MeshShape, RejectsBadText) {
