@@ -6,7 +6,7 @@
 # `causal` (the causal rows only), `priority` (the ring with its NCCL stream at high and at default
 # priority; needs build/variants/ringattn_normal_priority), `staging` (pinned against pageable),
 # `probe` (the ring against its local kernel, GPU clocks and power sampled), `steps` (the ring's
-# per-step device times);
+# per-step device times), `tables` (the ratio rows at 8192-32768 tokens per GPU);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -84,6 +84,14 @@ if has steps; then  # per-step device times of the ring (kernels, exchanges, gap
   for causal in "" "--causal --layout zigzag"; do
     bench 4 --impl ring --seq 32768 --iters 10 $causal
     bench 2 --impl ring --seq 32768 --iters 10 $causal
+  done
+fi
+if has tables; then  # the ratio rows of issue 4 in one call: one GPU, then the ring on 2 and 4 GPUs
+  for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal; done
+  for causal in "" "--causal --layout zigzag"; do
+    for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do bench $n --impl ring --seq 32768 --iters 10 $causal; done
+    [ "$gpus" -ge 4 ] && bench 4 --impl ring --seq 65536 --iters 10 $causal
+    [ "$gpus" -ge 4 ] && bench 4 --impl ring --seq 131072 --iters 5 $causal
   done
 fi
 if has staging; then  # HDF5 -> host -> GPU and back, pinned against pageable host memory, 4 ranks

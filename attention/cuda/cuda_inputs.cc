@@ -60,7 +60,8 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
 DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStream_t stream) {
   const size_t count = pos.q.size() + pos.k.size(), bytes = count * sizeof(int64_t);
   // The staging area may still be the source of the previous call's copy.
-  RA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (copied_) RA_CUDA_CHECK(cudaEventSynchronize(copied_->get()));
+  else copied_ = std::make_unique<CudaEvent>();
   reserve_scratch(device_, bytes, MemoryKind::kCuda, "token positions");
   reserve_scratch(staging_, bytes, MemoryKind::kPinned, "token positions (host staging)");
   auto* staged = staging_.data<int64_t>();
@@ -68,6 +69,7 @@ DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStre
   std::memcpy(staged, pos.q.data(), pos.q.size() * sizeof(int64_t));
   std::memcpy(staged + pos.q.size(), pos.k.data(), pos.k.size() * sizeof(int64_t));
   RA_CUDA_CHECK(cudaMemcpyAsync(device, staged, bytes, cudaMemcpyHostToDevice, stream));
+  copied_->record(stream);
   return DevicePositions{device, device + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end()),
                          pos.q.data(), pos.k.data()};
 }

@@ -5,10 +5,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "attention/carry.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
+#include "runtime/cuda_device.h"
 #include "runtime/tensor.h"
 
 namespace ra {
@@ -53,10 +55,12 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
 class DevicePositionBuffer {
  public:
   // Copies on `stream` from a pinned staging area; the result is valid for work queued on `stream`.
+  // Waits only for the previous call's copy out of the staging area, not for the stream.
   DevicePositions upload(const TokenPositions& pos, cudaStream_t stream);
 
  private:
   Tensor device_, staging_;  // grow-only (reserve_scratch)
+  std::unique_ptr<CudaEvent> copied_;  // after the last copy out of staging_
 };
 
 }  // namespace ra

@@ -1,7 +1,7 @@
-// The GPU ring. Per step: the communicator's stream waits until the buffer it receives into is no
-// longer read (the previous step's compute), then shifts the held block; the compute stream folds
-// the held block into the carry; the host waits for the shift with a deadline (NCCL errors are
-// polled meanwhile) and makes the compute stream wait for it before the next step.
+// The GPU ring. Per step: the compute stream folds the held block into the carry; the communicator's
+// stream waits until the buffer it receives into is no longer read (the previous step's compute),
+// then shifts the held block; the host waits for the shift with a deadline (NCCL errors are polled
+// meanwhile) before it queues the next step, which reads the block that arrived.
 #include "attention/cuda/ring_cuda.h"
 
 #include <algorithm>
@@ -105,36 +105,45 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   for (auto [t, name] : {std::pair{&in.k, "k"}, std::pair{&in.v, "v"}, std::pair{&in.kv_segment_ids, "kv_segment_ids"}})
     RA_CHECK(!t->defined() || t->is_contiguous(), name, " must be contiguous for ring on cuda (it travels as one block)");
 
-  // Block layout: k, v, then the kv segment ids, each 16-byte aligned, then the trailer: the block's
-  // checksum and origin rank, computed once by the rank it starts on and forwarded with it.
-  auto align = [](size_t x) { return (x + 15) / 16 * 16; };
-  const size_t k_bytes = align(in.k.nbytes()), v_bytes = align(in.v.nbytes());
-  const size_t seg_bytes = in.kv_segment_ids.defined() ? align(in.kv_segment_ids.nbytes()) : 0;
+  // Block layout: k, v, then the kv segment ids, each 256-byte aligned (the kernels' row loads stay
+  // on whole cache sectors), then the trailer: the block's checksum and origin rank, computed once by
+  // the rank it starts on and forwarded with it. The two buffers start 4096 bytes apart or more.
+  auto align = [](size_t x, size_t to) { return (x + to - 1) / to * to; };
+  const size_t k_bytes = align(in.k.nbytes(), 256), v_bytes = align(in.v.nbytes(), 256);
+  const size_t seg_bytes = in.kv_segment_ids.defined() ? align(in.kv_segment_ids.nbytes(), 256) : 0;
   const size_t payload = k_bytes + v_bytes + seg_bytes, bytes = payload + sizeof(BlockTrailer);
-  if (!blocks_free_) blocks_free_ = std::make_unique<CudaEvent>();
-  RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, blocks_free_->get(), 0));  // a previous call on another stream
-  reserve_scratch(blocks_, 2 * bytes, MemoryKind::kCuda, "the ring's two K/V block buffers");
-  char* base[2] = {blocks_.data<char>(), blocks_.data<char>() + bytes};
-  RA_CUDA_CHECK(cudaMemsetAsync(base[0], 0, bytes, stream_));  // padding included in the checksum
-  RA_CUDA_CHECK(cudaMemcpyAsync(base[0], in.k.data(), in.k.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-  RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-  if (seg_bytes)
-    RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes + v_bytes, in.kv_segment_ids.data(), in.kv_segment_ids.nbytes(),
-                                  cudaMemcpyDeviceToDevice, stream_));
+  const size_t stride = align(bytes, 4096);
+  const bool verify = ctx_.verify_blocks && n > 1;
+  // Step 0 reads this rank's own k and v; the buffers only carry blocks around the ring, so they are
+  // packed on the communicator's stream while the first kernel runs.
+  CudaEvent compute_done;  // the last compute queued on the compute stream (here: the inputs' producers)
+  compute_done.record(stream_);
+  char* base[2] = {nullptr, nullptr};
+  if (n > 1) {
+    reserve_scratch(blocks_, 2 * stride, MemoryKind::kCuda, "the ring's two K/V block buffers");
+    base[0] = blocks_.data<char>(), base[1] = base[0] + stride;
+    cudaStream_t pack = nccl->stream();
+    if (!blocks_free_) blocks_free_ = std::make_unique<CudaEvent>();
+    nccl->stream_wait(blocks_free_->get());  // the previous call's last reads (maybe on another stream)
+    nccl->stream_wait(compute_done.get());   // k and v are written
+    RA_CUDA_CHECK(cudaMemsetAsync(base[0], 0, bytes, pack));  // padding included in the checksum
+    RA_CUDA_CHECK(cudaMemcpyAsync(base[0], in.k.data(), in.k.nbytes(), cudaMemcpyDeviceToDevice, pack));
+    RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, pack));
+    if (seg_bytes)
+      RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes + v_bytes, in.kv_segment_ids.data(), in.kv_segment_ids.nbytes(),
+                                    cudaMemcpyDeviceToDevice, pack));
+    if (verify) {
+      const BlockTrailer own{0, uint32_t(rank), BlockTrailer::kMagic};
+      RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + payload, &own, sizeof(own), cudaMemcpyHostToDevice, pack));
+      block_checksum_cuda(base[0], payload, reinterpret_cast<uint64_t*>(base[0] + payload), pack);
+    }
+  }
   // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
   // compared on the host once at the end, before anything is finalized.
-  const bool verify = ctx_.verify_blocks && n > 1;
   reserve_scratch(checks_, 2 * n * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
   auto* arrived = checks_.data<BlockTrailer>();
   auto* recomputed = arrived + n;
-  if (verify) {
-    const BlockTrailer own{0, uint32_t(rank), BlockTrailer::kMagic};
-    RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + payload, &own, sizeof(own), cudaMemcpyHostToDevice, stream_));
-    block_checksum_cuda(base[0], payload, reinterpret_cast<uint64_t*>(base[0] + payload), stream_);
-    RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, checks_.view().nbytes(), stream_));
-  }
-  CudaEvent compute_done;  // the last compute (or the packing) queued on the compute stream
-  compute_done.record(stream_);
+  if (verify) RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, checks_.view().nbytes(), stream_));
 
   // Host copies of positions for block skipping (the kernels read the device copies).
   const std::vector<int64_t> q_host = layout_query_positions(ctx_.layout, ctx_.global_q_len, ctx_.global_kv_len, n, rank);
@@ -154,13 +163,11 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     const int src = ring_source_rank(rank, step, n);
     set_activity("ring step %d of %d (NCCL): exchanging with ranks %d / %d, then the K/V block of rank %d", step, n,
                  comm.previous(), comm.next(), src);
-    std::unique_ptr<PendingExchange> pending;
-    if (step + 1 < n) {
-      nccl->stream_wait(compute_done.get());  // the receive buffer was read by the previous compute
-      if (timed) event(step, 2)->record(nccl->stream());
-      pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
-      if (timed) event(step, 3)->record(nccl->stream());
-    }
+    // The compute is queued before the exchange (queuing NCCL work takes the host a while and the
+    // compute stream would idle meanwhile), but the exchange waits only for the previous compute,
+    // which last read the buffer it receives into.
+    const bool exchange = step + 1 < n;
+    if (exchange) nccl->stream_wait(compute_done.get());
     std::vector<int64_t> k_host;
     const auto t0 = std::chrono::steady_clock::now();
     if (timed) event(step, 0)->record(stream_);
@@ -168,10 +175,13 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       ++stats_.skipped;
     } else {
       AttentionInputs block = in;
-      block.k = TensorView(base[cur], in.k.dtype(), in.k.shape(), MemoryKind::kCuda);
-      block.v = TensorView(base[cur] + k_bytes, in.v.dtype(), in.v.shape(), MemoryKind::kCuda);
-      if (seg_bytes)
-        block.kv_segment_ids = TensorView(base[cur] + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape(), MemoryKind::kCuda);
+      if (step > 0) {
+        block.k = TensorView(base[cur], in.k.dtype(), in.k.shape(), MemoryKind::kCuda);
+        block.v = TensorView(base[cur] + k_bytes, in.v.dtype(), in.v.shape(), MemoryKind::kCuda);
+        if (seg_bytes)
+          block.kv_segment_ids = TensorView(base[cur] + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape(),
+                                            MemoryKind::kCuda);
+      }
       const DevicePositions block_pos{pos.q, pos.k + int64_t(src) * local_kv, pos.total_keys, pos.keys_sorted,
                                       q_host.data(), k_host.data()};
       local_->accumulate_device(block, block_pos, params, carry);
@@ -179,6 +189,12 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     if (timed) event(step, 1)->record(stream_);
     compute_done.record(stream_);
     stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
+    std::unique_ptr<PendingExchange> pending;
+    if (exchange) {
+      if (timed) event(step, 2)->record(nccl->stream());
+      pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
+      if (timed) event(step, 3)->record(nccl->stream());
+    }
     if (pending) {
       const auto t1 = std::chrono::steady_clock::now();
       set_activity("ring step %d of %d (NCCL): waiting for the K/V block from rank %d (ours going to rank %d)", step, n,
@@ -196,7 +212,7 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     }
     ++stats_.steps;
   }
-  blocks_free_->record(stream_);
+  if (blocks_free_) blocks_free_->record(stream_);
   if (verify) check_arrived_blocks(checks_, n, rank, payload, in, stream_);
   if (timed) {
     RA_CUDA_CHECK(cudaEventSynchronize(event(n - 1, 1)->get()));

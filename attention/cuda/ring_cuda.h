@@ -1,6 +1,7 @@
 // `ring` on GPUs: the same schedule as the host ring (attention/ring.h), with K/V double-buffered in
 // device memory, the local kernel on the compute stream and the NCCL send/recv on the communicator's
-// stream, ordered by events, so that step i's compute overlaps step i+1's transfer. Device memory
+// stream, ordered by events, so that step i's compute overlaps step i+1's transfer. Step 0 computes on
+// the rank's own k and v while its copy is packed for the first exchange. Device memory
 // per rank is the rank's Q, the carry, and two K/V blocks: O(T / N).
 #pragma once
 
