@@ -5,6 +5,7 @@
 #include "attention/cuda/ring_cuda.h"
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "attention/block_schedule.h"
 #include "attention/cuda/block_checksum.h"
@@ -30,13 +31,15 @@ struct BlockTrailer {
 };
 static_assert(sizeof(BlockTrailer) == 16);
 
-// The trailers that arrived and the checksums recomputed on arrival (device, n each; step 0 unused):
+// The trailers that arrived and the checksums recomputed on arrival (device, n each; step 0 unused),
+// read once `streams` (the compute stream and the communicator's, which checks arrivals) are done:
 // the first mismatch is an error naming the step, the ranks and both checksums. The corrupted block
 // was folded into the carry, which is discarded with the error: nothing is finalized or written.
 void check_arrived_blocks(const Tensor& checks, int n, int rank, size_t payload, const AttentionInputs& in,
-                          cudaStream_t stream) {
+                          std::initializer_list<cudaStream_t> streams) {
   std::vector<BlockTrailer> host(2 * size_t(n));
-  RA_CUDA_CHECK(cudaStreamSynchronize(stream));  // a non-blocking stream: cudaMemcpy alone would not wait
+  for (cudaStream_t stream : streams)  // non-blocking streams: cudaMemcpy alone would not wait
+    RA_CUDA_CHECK(cudaStreamSynchronize(stream));
   RA_CUDA_CHECK(cudaMemcpy(host.data(), checks.view().data(), host.size() * sizeof(BlockTrailer), cudaMemcpyDeviceToHost));
   for (int step = 1; step < n; ++step) {
     const BlockTrailer& got = host[size_t(step)];
@@ -116,8 +119,14 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   const bool verify = ctx_.verify_blocks && n > 1;
   // Step 0 reads this rank's own k and v; the buffers only carry blocks around the ring, so they are
   // packed on the communicator's stream while the first kernel runs.
+  CudaEvent arrival_checked;  // on the communicator's stream, after the last arrival and its checks
   CudaEvent compute_done;  // the last compute queued on the compute stream (here: the inputs' producers)
   compute_done.record(stream_);
+  // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
+  // compared on the host once at the end, before anything is finalized.
+  reserve_scratch(checks_, 2 * n * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
+  auto* arrived = checks_.data<BlockTrailer>();
+  auto* recomputed = arrived + n;
   char* base[2] = {nullptr, nullptr};
   if (n > 1) {
     reserve_scratch(blocks_, 2 * stride, MemoryKind::kCuda, "the ring's two K/V block buffers");
@@ -136,15 +145,9 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       const BlockTrailer own{0, uint32_t(rank), BlockTrailer::kMagic};
       RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + payload, &own, sizeof(own), cudaMemcpyHostToDevice, pack));
       block_checksum_cuda(base[0], payload, reinterpret_cast<uint64_t*>(base[0] + payload), pack);
+      RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, checks_.view().nbytes(), pack));
     }
   }
-  // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
-  // compared on the host once at the end, before anything is finalized.
-  reserve_scratch(checks_, 2 * n * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
-  auto* arrived = checks_.data<BlockTrailer>();
-  auto* recomputed = arrived + n;
-  if (verify) RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, checks_.view().nbytes(), stream_));
-
   // Host copies of positions for block skipping (the kernels read the device copies).
   const std::vector<int64_t> q_host = layout_query_positions(ctx_.layout, ctx_.global_q_len, ctx_.global_kv_len, n, rank);
   RA_CHECK(int64_t(q_host.size()) == in.q.dim(1), "q dimension 1 (q_len) is ", in.q.dim(1), " on rank ", rank,
@@ -168,6 +171,7 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     // which last read the buffer it receives into.
     const bool exchange = step + 1 < n;
     if (exchange) nccl->stream_wait(compute_done.get());
+    if (step > 0) RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, arrival_checked.get(), 0));
     std::vector<int64_t> k_host;
     const auto t0 = std::chrono::steady_clock::now();
     if (timed) event(step, 0)->record(stream_);
@@ -194,6 +198,17 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       if (timed) event(step, 2)->record(nccl->stream());
       pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
       if (timed) event(step, 3)->record(nccl->stream());
+      // The block that arrived, checked on the communicator's stream (off the compute stream's path);
+      // the corruption fault lands before the check, as a flip in flight would.
+      char* got = base[1 - cur];
+      if (ctx_.fault.armed(rank, step) && ctx_.fault.kind == FaultPlan::Kind::kCorrupt)
+        flip_byte_cuda(got, payload / 2 + 3, nccl->stream());
+      if (verify) {
+        RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], got + payload, sizeof(BlockTrailer), cudaMemcpyDeviceToDevice,
+                                      nccl->stream()));
+        block_checksum_cuda(got, payload, &recomputed[step + 1].checksum, nccl->stream());
+      }
+      arrival_checked.record(nccl->stream());  // long done when the next compute starts, as a rule
     }
     if (pending) {
       const auto t1 = std::chrono::steady_clock::now();
@@ -202,18 +217,11 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       pending->wait(ctx_.step_timeout);
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
-      if (ctx_.fault.armed(rank, step) && ctx_.fault.kind == FaultPlan::Kind::kCorrupt)
-        flip_byte_cuda(base[cur], payload / 2 + 3, stream_);
-      if (verify) {  // the block that arrived, checked on the compute stream before step + 1 reads it
-        RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], base[cur] + payload, sizeof(BlockTrailer),
-                                      cudaMemcpyDeviceToDevice, stream_));
-        block_checksum_cuda(base[cur], payload, &recomputed[step + 1].checksum, stream_);
-      }
     }
     ++stats_.steps;
   }
   if (blocks_free_) blocks_free_->record(stream_);
-  if (verify) check_arrived_blocks(checks_, n, rank, payload, in, stream_);
+  if (verify) check_arrived_blocks(checks_, n, rank, payload, in, {stream_, nccl->stream()});
   if (timed) {
     RA_CUDA_CHECK(cudaEventSynchronize(event(n - 1, 1)->get()));
     for (int step = 0; step < n; ++step) {
