@@ -75,15 +75,13 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(ncclComm* comm) {
   std::unique_ptr<NcclCommunicator> adopted(new NcclCommunicator());
   adopted->comm_ = comm;
   adopted->owned_ = false;
-  ncclResult_t r = ncclCommUserRank(comm, &adopted->rank_);
-  if (r == ncclSuccess) r = ncclCommCount(comm, &adopted->size_);
-  RA_CHECK(r == ncclSuccess, "NcclCommunicator::adopt: the communicator cannot report its rank and size: ",
-           nccl_error_text(r, comm));
+  adopted->read_rank_and_size("an adopted communicator");
   return adopted;
 }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, const std::string& what) {
   check_state("split");
+  RA_CHECK(color >= 0, "NcclCommunicator::split for ", what, ": color ", color, " (every rank joins a group here)");
   std::unique_ptr<NcclCommunicator> part(new NcclCommunicator());
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -95,11 +93,15 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::split(int color, int key, co
   wait_enqueued(detail::concat("ncclCommSplit for ", what, " on rank ", rank_), op_timeout_);  // the parent's part
   part->op_timeout_ = op_timeout_;
   part->wait_enqueued(detail::concat("NCCL communicator set-up for ", what, " on rank ", rank_), op_timeout_);
-  ncclResult_t q = ncclCommUserRank(part->comm_, &part->rank_);
-  if (q == ncclSuccess) q = ncclCommCount(part->comm_, &part->size_);
-  RA_CHECK(q == ncclSuccess, "the NCCL communicator for ", what, " cannot report its rank and size: ",
-           nccl_error_text(q, part->comm_));
+  part->read_rank_and_size(what);
   return part;
+}
+
+void NcclCommunicator::read_rank_and_size(const std::string& what) {
+  ncclResult_t r = ncclCommUserRank(comm_, &rank_);
+  if (r == ncclSuccess) r = ncclCommCount(comm_, &size_);
+  RA_CHECK(r == ncclSuccess, "the NCCL communicator for ", what, " cannot report its rank and size: ",
+           nccl_error_text(r, comm_));
 }
 
 NcclCommunicator::~NcclCommunicator() {

@@ -64,6 +64,7 @@ class NcclCommunicator final : public Communicator {
  private:
   NcclCommunicator();
   void check_state(const char* where);  // throws after an abort or an async error
+  void read_rank_and_size(const std::string& what);  // from comm_
   // Non-blocking calls: wait until the call is queued (a first send/recv also connects to the peer,
   // which needs the peer); throws `what` after `timeout`.
   void wait_enqueued(const std::string& what, std::chrono::milliseconds timeout);
