@@ -1,5 +1,6 @@
 // Random tensors for samples, benchmarks and tests: normal values drawn in f32 and rounded once to
-// the tensor's dtype, so every consumer sees exactly the stored values.
+// the tensor's dtype, so every consumer sees exactly the stored values. One draw of `rng` seeds a
+// counter-based stream: the same rng state gives the same bits for any number of OpenMP threads.
 #pragma once
 
 #include <random>
