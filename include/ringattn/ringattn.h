@@ -1,8 +1,9 @@
 // ringattn's public C++ API in one include. Link `ringattn::ringattn` (CMake) or `pkg-config ringattn`.
 //
-//   ra::Tensor / ra::TensorView  - owning tensors and views of caller-owned host or device memory
+//   ra::Tensor / ra::TensorView  - owning tensors and views of caller-owned host, pinned or device memory
 //   ra::MpiCommunicator          - wraps (duplicates) the caller's MPI communicator
-//   ra::NcclCommunicator         - NCCL over an MPI bootstrap, or adopting the caller's ncclComm_t
+//   ra::NcclCommunicator         - NCCL over an MPI bootstrap, or adopting the caller's ncclComm_t;
+//                                  split() gives a mesh axis its own communicator (ncclCommSplit)
 //   ra::DeviceMesh, ra::MeshShape, ra::PartitionSpec, ra::NamedSharding, sequence layouts
 //   ra::AttentionRegistry        - implementations by name: sdpa, flash_attn2, blockwise, ring
 //   ra::AttentionImpl            - forward (O and LSE), accumulate into an f32 carry, set_cuda_stream
