@@ -51,6 +51,9 @@ struct RingStats {
   // the exchange (none after the last step), and the whole ring from the first kernel to the last.
   std::vector<float> step_compute_ms, step_exchange_ms;
   float ring_ms = 0;
+  // GPU ring, host side: from entering the call to the first kernel queued (the device waits on this
+  // when it is idle), and from the last kernel's end (seen by the final synchronisation) to returning.
+  double host_before_first_kernel_ms = 0, host_after_last_kernel_ms = 0;
 };
 
 class RingAttention final : public AttentionImpl {

@@ -77,6 +77,7 @@ void RingAttentionCuda::set_cuda_stream(void* stream) {
 
 void RingAttentionCuda::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                    Carry& carry) const {
+  entered_ = std::chrono::steady_clock::now();
   check_supported(in, params);
   // One upload for the whole call: this rank's query positions, then every rank's key positions.
   const int n = ctx_.comm->size();
@@ -98,6 +99,8 @@ void RingAttentionCuda::accumulate(const AttentionInputs& in, const TokenPositio
 
 void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const DevicePositions& pos,
                                           const AttentionParams& params, Carry& carry) const {
+  const auto entered = entered_.value_or(std::chrono::steady_clock::now());
+  entered_.reset();
   Communicator& comm = *ctx_.comm;
   auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
   if (nccl) nccl->set_timeout(ctx_.step_timeout);
@@ -190,6 +193,7 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
                                       q_host.data(), k_host.data()};
       local_->accumulate_device(block, block_pos, params, carry);
     }
+    if (step == 0) stats_.host_before_first_kernel_ms = 1e3 * seconds_since(entered);
     if (timed) event(step, 1)->record(stream_);
     compute_done.record(stream_);
     stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
@@ -221,14 +225,19 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     ++stats_.steps;
   }
   if (blocks_free_) blocks_free_->record(stream_);
-  if (verify) check_arrived_blocks(checks_, n, rank, payload, in, {stream_, nccl->stream()});
+  std::chrono::steady_clock::time_point last_kernel_done;
   if (timed) {
     RA_CUDA_CHECK(cudaEventSynchronize(event(n - 1, 1)->get()));
+    last_kernel_done = std::chrono::steady_clock::now();
+  }
+  if (verify) check_arrived_blocks(checks_, n, rank, payload, in, {stream_, nccl->stream()});
+  if (timed) {
     for (int step = 0; step < n; ++step) {
       stats_.step_compute_ms.push_back(event(step, 1)->milliseconds_since(*event(step, 0)));
       if (step + 1 < n) stats_.step_exchange_ms.push_back(event(step, 3)->milliseconds_since(*event(step, 2)));
     }
     stats_.ring_ms = event(n - 1, 1)->milliseconds_since(*event(0, 0));
+    stats_.host_after_last_kernel_ms = 1e3 * seconds_since(last_kernel_done);
   }
 }
 

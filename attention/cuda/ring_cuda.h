@@ -5,6 +5,9 @@
 // per rank is the rank's Q, the carry, and two K/V blocks: O(T / N).
 #pragma once
 
+#include <chrono>
+#include <optional>
+
 #include "attention/cuda/cuda_attention.h"
 #include "attention/ring.h"
 #include "runtime/cuda_device.h"
@@ -37,6 +40,7 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   // RingContext::time_steps: per step, compute start / end on the compute stream and exchange start
   // / end on the communicator's stream.
   mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
+  mutable std::optional<std::chrono::steady_clock::time_point> entered_;  // set by accumulate()
 };
 
 }  // namespace ra
