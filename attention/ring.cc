@@ -93,6 +93,22 @@ bool ring_block_skipped(const RingContext& ctx, int source, int64_t q_lo, int64_
          BlockKind::kSkip;
 }
 
+KvBlockLayout::KvBlockLayout(const AttentionInputs& in, size_t align) {
+  auto aligned = [align](size_t x) { return (x + align - 1) / align * align; };
+  v_offset = aligned(in.k.nbytes());
+  segments_offset = v_offset + aligned(in.v.nbytes());
+  payload = segments_offset + (in.kv_segment_ids.defined() ? aligned(in.kv_segment_ids.nbytes()) : 0);
+}
+
+AttentionInputs KvBlockLayout::view(const AttentionInputs& in, char* base, MemoryKind memory) const {
+  AttentionInputs block = in;
+  block.k = TensorView(base, in.k.dtype(), in.k.shape(), memory);
+  block.v = TensorView(base + v_offset, in.v.dtype(), in.v.shape(), memory);
+  if (in.kv_segment_ids.defined())
+    block.kv_segment_ids = TensorView(base + segments_offset, DType::kI32, in.kv_segment_ids.shape(), memory);
+  return block;
+}
+
 RingAttention::RingAttention(RingContext ctx, Backend backend) : ctx_(std::move(ctx)), backend_(backend) {
   RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
@@ -130,21 +146,20 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
   const int64_t local_kv = ctx_.global_kv_len / n;
   RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
            ", expected the local shard of ", local_kv, " rows");
-  // One contiguous buffer per block: k, then v, then the kv segment ids.
-  const size_t k_bytes = in.k.nbytes(), v_bytes = in.v.nbytes();
-  const size_t seg_bytes = in.kv_segment_ids.defined() ? in.kv_segment_ids.nbytes() : 0;
-  const size_t payload = k_bytes + v_bytes + seg_bytes, bytes = kHeaderBytes + payload;
+  // One contiguous buffer per block: the header, then k, v and the kv segment ids packed tight.
+  const KvBlockLayout layout(in, 1);
+  const size_t payload = layout.payload, bytes = kHeaderBytes + payload;
   std::unique_ptr<char[]> storage[2] = {std::make_unique<char[]>(bytes + 64), std::make_unique<char[]>(bytes + 64)};
   char* buffers[2];
   for (int i = 0; i < 2; ++i)  // 64-byte aligned payloads for the SIMD kernels
     buffers[i] = storage[i].get() + (64 - reinterpret_cast<uintptr_t>(storage[i].get() + kHeaderBytes) % 64) % 64;
   pack(in.k, buffers[0] + kHeaderBytes);
-  pack(in.v, buffers[0] + kHeaderBytes + k_bytes);
-  if (seg_bytes) {
+  pack(in.v, buffers[0] + kHeaderBytes + layout.v_offset);
+  if (in.kv_segment_ids.defined()) {
     const TensorView& seg = in.kv_segment_ids;
     for (int64_t b = 0; b < seg.dim(0); ++b)
       for (int64_t s = 0; s < seg.dim(1); ++s)
-        std::memcpy(buffers[0] + kHeaderBytes + k_bytes + v_bytes + size_t(b * seg.dim(1) + s) * 4,
+        std::memcpy(buffers[0] + kHeaderBytes + layout.segments_offset + size_t(b * seg.dim(1) + s) * 4,
                     seg.data_as<int32_t>() + b * seg.stride(0) + s * seg.stride(1), 4);
   }
   {
@@ -178,12 +193,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
     if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, block_pos.k)) {
       ++stats_.skipped;
     } else {
-      AttentionInputs block = in;
-      char* base = buffers[cur] + kHeaderBytes;
-      block.k = TensorView(base, in.k.dtype(), in.k.shape());
-      block.v = TensorView(base + k_bytes, in.v.dtype(), in.v.shape());
-      if (seg_bytes) block.kv_segment_ids = TensorView(base + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape());
-      visit(block, block_pos);
+      visit(layout.view(in, buffers[cur] + kHeaderBytes, MemoryKind::kHost), block_pos);
     }
     stats_.compute_seconds += seconds_since(t0);
     // Phase 3: the next block must have arrived before the next step reads it.

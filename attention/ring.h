@@ -44,6 +44,16 @@ TokenPositions ring_positions(const RingContext& ctx);
 bool ring_block_skipped(const RingContext& ctx, int source, int64_t q_lo, int64_t q_hi, const AttentionParams& params,
                         std::vector<int64_t>& source_keys);
 
+// Where k, v and the kv segment ids sit in a K/V block in flight: k at offset 0, then v, then the
+// segment ids (when present), each section starting on a multiple of `align` bytes (the host ring packs
+// them tight; the GPU ring aligns them for the kernels' row loads). `payload`: the end of the last one.
+struct KvBlockLayout {
+  KvBlockLayout(const AttentionInputs& in, size_t align);
+  size_t v_offset = 0, segments_offset = 0, payload = 0;
+  // `in` with k, v and (when present) the kv segment ids viewing the block at `base`.
+  AttentionInputs view(const AttentionInputs& in, char* base, MemoryKind memory) const;
+};
+
 struct RingStats {
   int steps = 0, skipped = 0;
   double compute_seconds = 0, wait_seconds = 0;  // wait: time blocked on the exchange after compute

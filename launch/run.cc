@@ -4,8 +4,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
+#include <utility>
 
 #include "attention/invariants.h"
 #include "attention/validate.h"
@@ -101,15 +102,14 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(plan.q_len, plan.kv_len);
   // Times of the slowest rank: [0] reading, [1] to the device, [2] the attention, [3] back to the host.
   double seconds[4] = {0, 0, 0, 0};
-  auto lap = [last = std::chrono::steady_clock::now()](double& into) mutable {
+  auto lap = [last = std::chrono::steady_clock::now()]() mutable {  // seconds since the previous lap
     const auto now = std::chrono::steady_clock::now();
-    into = std::chrono::duration<double>(now - last).count();
-    last = now;
+    return std::chrono::duration<double>(now - std::exchange(last, now)).count();
   };
   // On GPUs, HDF5 reads into page-locked buffers, from which the copies to the device are plain DMA.
   const MemoryKind staging = job.on_device && !pageable ? MemoryKind::kPinned : MemoryKind::kHost;
   LocalTensors local = read_local(file, plan, false, staging);
-  lap(seconds[0]);
+  seconds[0] = lap();
   const AttentionInputs in = local.inputs();
   validate_attention(in, params, pos, impl->max_head_dim());  // before the first exchange
   check_finite_inputs(local, input, opts.allow_nonfinite, job);
@@ -118,14 +118,14 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   // The cuda backend copies the slices to the device, and O and LSE back to the same kind of host
   // memory for the collective write.
   watchdog.phase("the attention", std::chrono::seconds(opts.timeout_s * (job.sequence_axis().size() + 2)));
-  lap(seconds[3]);  // the checks above are not staging
+  lap();  // the checks above are not staging
   const InputsCopy staged = job.on_device ? copy_inputs(in, MemoryKind::kCuda) : InputsCopy{};
-  lap(seconds[1]);
+  seconds[1] = lap();
   AttentionOutput out = impl->forward(job.on_device ? staged.inputs : in, params, pos);
   job.synchronize();
-  lap(seconds[2]);
+  seconds[2] = lap();
   if (job.on_device) out = AttentionOutput{to_memory(out.o, staging), to_memory(out.lse, staging)};
-  lap(seconds[3]);
+  seconds[3] = lap();
   job.world.all_reduce(seconds, 4, ReduceOp::kMax);
 
   watchdog.phase("checking and writing the outputs", std::chrono::seconds(io_timeout_s));

@@ -75,10 +75,14 @@ size_t injected_send_bytes(const FaultPlan& plan, int rank, int step, size_t byt
   return bytes / 2;
 }
 
+std::optional<size_t> corrupted_byte(const FaultPlan& plan, int rank, int step, size_t bytes) {
+  if (!plan.armed(rank, step) || plan.kind != FaultPlan::Kind::kCorrupt || bytes == 0) return std::nullopt;
+  return std::min(bytes - 1, bytes / 2 + 3);
+}
+
 void inject_corruption(const FaultPlan& plan, int rank, int step, void* block, size_t bytes) {
-  if (!plan.armed(rank, step) || plan.kind != FaultPlan::Kind::kCorrupt || bytes == 0) return;
-  // A high byte (sign / exponent bits of a little-endian value) just past the middle of the block.
-  static_cast<unsigned char*>(block)[std::min(bytes - 1, bytes / 2 + 3)] ^= 0x40;
+  if (const std::optional<size_t> at = corrupted_byte(plan, rank, step, bytes))
+    static_cast<unsigned char*>(block)[*at] ^= kCorruptionMask;
 }
 
 }  // namespace ra

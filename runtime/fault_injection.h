@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 namespace ra {
@@ -28,7 +29,12 @@ void inject_process_fault(const FaultPlan& plan, int rank, int step);
 // The bytes to send at a ring step: half of `bytes` when the plan says short for this rank and step.
 size_t injected_send_bytes(const FaultPlan& plan, int rank, int step, size_t bytes);
 
-// After a block arrived: flips one byte of it when the plan says corrupt for this rank and step.
+// A corruption fault XORs this mask into one byte of an arrived block: a high byte (sign / exponent
+// bits of a little-endian value) just past the middle of the block.
+inline constexpr unsigned char kCorruptionMask = 0x40;
+std::optional<size_t> corrupted_byte(const FaultPlan& plan, int rank, int step, size_t bytes);
+
+// After a block arrived in host memory: flips that byte when the plan says corrupt for this rank and step.
 void inject_corruption(const FaultPlan& plan, int rank, int step, void* block, size_t bytes);
 
 }  // namespace ra

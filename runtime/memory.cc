@@ -1,8 +1,8 @@
 // Host memory through aligned_alloc; device memory through the CUDA runtime when it is built in.
 #include "runtime/memory.h"
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 

@@ -1,6 +1,7 @@
 #include "attention/cuda/block_checksum.h"
 
 #include "runtime/cuda_device.h"
+#include "runtime/fault_injection.h"
 
 namespace ra {
 namespace {
@@ -21,7 +22,7 @@ __global__ void checksum_kernel(const uint64_t* words, size_t count, unsigned lo
   if (threadIdx.x % 32 == 0) atomicAdd(sum, static_cast<unsigned long long>(local));
 }
 
-__global__ void flip_kernel(unsigned char* byte) { *byte ^= 0x40; }
+__global__ void flip_kernel(unsigned char* byte) { *byte ^= kCorruptionMask; }
 
 }  // namespace
 

@@ -14,7 +14,7 @@ namespace ra {
 // *sum (device) <- the checksum of `bytes` (a multiple of 8) at `data` (device), queued on `stream`.
 void block_checksum_cuda(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream);
 
-// Test hook for RINGATTN_FAULT=corrupt: flips bit 6 of the byte at `data + offset` (device).
+// Test hook for RINGATTN_FAULT=corrupt: XORs kCorruptionMask into the byte at `data + offset` (device).
 void flip_byte_cuda(void* data, size_t offset, cudaStream_t stream);
 
 }  // namespace ra

@@ -77,7 +77,7 @@ void RingAttentionCuda::set_cuda_stream(void* stream) {
 
 void RingAttentionCuda::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                    Carry& carry) const {
-  entered_ = std::chrono::steady_clock::now();
+  const auto entered = std::chrono::steady_clock::now();
   check_supported(in, params);
   // One upload for the whole call: this rank's query positions, then every rank's key positions.
   const int n = ctx_.comm->size();
@@ -94,13 +94,16 @@ void RingAttentionCuda::accumulate(const AttentionInputs& in, const TokenPositio
     const auto first = all.k.begin() + r * (ctx_.global_kv_len / n), last = first + ctx_.global_kv_len / n;
     device_pos.keys_sorted = device_pos.keys_sorted && std::is_sorted(first, last);
   }
-  accumulate_device(in, device_pos, params, carry);
+  run(in, device_pos, params, carry, entered);
 }
 
 void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const DevicePositions& pos,
                                           const AttentionParams& params, Carry& carry) const {
-  const auto entered = entered_.value_or(std::chrono::steady_clock::now());
-  entered_.reset();
+  run(in, pos, params, carry, std::chrono::steady_clock::now());
+}
+
+void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                            Carry& carry, std::chrono::steady_clock::time_point entered) const {
   Communicator& comm = *ctx_.comm;
   auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
   if (nccl) nccl->set_timeout(ctx_.step_timeout);
@@ -114,11 +117,9 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
   // Block layout: k, v, then the kv segment ids, each 256-byte aligned (the kernels' row loads stay
   // on whole cache sectors), then the trailer: the block's checksum and origin rank, computed once by
   // the rank it starts on and forwarded with it. The two buffers start 4096 bytes apart or more.
-  auto align = [](size_t x, size_t to) { return (x + to - 1) / to * to; };
-  const size_t k_bytes = align(in.k.nbytes(), 256), v_bytes = align(in.v.nbytes(), 256);
-  const size_t seg_bytes = in.kv_segment_ids.defined() ? align(in.kv_segment_ids.nbytes(), 256) : 0;
-  const size_t payload = k_bytes + v_bytes + seg_bytes, bytes = payload + sizeof(BlockTrailer);
-  const size_t stride = align(bytes, 4096);
+  const KvBlockLayout layout(in, 256);
+  const size_t payload = layout.payload, bytes = payload + sizeof(BlockTrailer);
+  const size_t stride = (bytes + 4095) / 4096 * 4096;
   const bool verify = ctx_.verify_blocks && n > 1;
   // Step 0 reads this rank's own k and v; the buffers only carry blocks around the ring, so they are
   // packed on the communicator's stream while the first kernel runs.
@@ -140,10 +141,11 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     nccl->stream_wait(compute_done.get());   // k and v are written
     RA_CUDA_CHECK(cudaMemsetAsync(base[0], 0, bytes, pack));  // padding included in the checksum
     RA_CUDA_CHECK(cudaMemcpyAsync(base[0], in.k.data(), in.k.nbytes(), cudaMemcpyDeviceToDevice, pack));
-    RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, pack));
-    if (seg_bytes)
-      RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + k_bytes + v_bytes, in.kv_segment_ids.data(), in.kv_segment_ids.nbytes(),
-                                    cudaMemcpyDeviceToDevice, pack));
+    RA_CUDA_CHECK(
+        cudaMemcpyAsync(base[0] + layout.v_offset, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, pack));
+    if (in.kv_segment_ids.defined())
+      RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + layout.segments_offset, in.kv_segment_ids.data(),
+                                    in.kv_segment_ids.nbytes(), cudaMemcpyDeviceToDevice, pack));
     if (verify) {
       const BlockTrailer own{0, uint32_t(rank), BlockTrailer::kMagic};
       RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + payload, &own, sizeof(own), cudaMemcpyHostToDevice, pack));
@@ -181,14 +183,7 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
     if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, k_host)) {
       ++stats_.skipped;
     } else {
-      AttentionInputs block = in;
-      if (step > 0) {
-        block.k = TensorView(base[cur], in.k.dtype(), in.k.shape(), MemoryKind::kCuda);
-        block.v = TensorView(base[cur] + k_bytes, in.v.dtype(), in.v.shape(), MemoryKind::kCuda);
-        if (seg_bytes)
-          block.kv_segment_ids = TensorView(base[cur] + k_bytes + v_bytes, DType::kI32, in.kv_segment_ids.shape(),
-                                            MemoryKind::kCuda);
-      }
+      const AttentionInputs block = step > 0 ? layout.view(in, base[cur], MemoryKind::kCuda) : in;
       const DevicePositions block_pos{pos.q, pos.k + int64_t(src) * local_kv, pos.total_keys, pos.keys_sorted,
                                       q_host.data(), k_host.data()};
       local_->accumulate_device(block, block_pos, params, carry);
@@ -205,8 +200,8 @@ void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const Devic
       // The block that arrived, checked on the communicator's stream (off the compute stream's path);
       // the corruption fault lands before the check, as a flip in flight would.
       char* got = base[1 - cur];
-      if (ctx_.fault.armed(rank, step) && ctx_.fault.kind == FaultPlan::Kind::kCorrupt)
-        flip_byte_cuda(got, payload / 2 + 3, nccl->stream());
+      if (const std::optional<size_t> at = corrupted_byte(ctx_.fault, rank, step, payload))
+        flip_byte_cuda(got, *at, nccl->stream());
       if (verify) {
         RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], got + payload, sizeof(BlockTrailer), cudaMemcpyDeviceToDevice,
                                       nccl->stream()));

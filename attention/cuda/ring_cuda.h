@@ -6,7 +6,6 @@
 #pragma once
 
 #include <chrono>
-#include <optional>
 
 #include "attention/cuda/cuda_attention.h"
 #include "attention/ring.h"
@@ -30,6 +29,9 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   const RingStats& last_stats() const { return stats_; }
 
  private:
+  // Both entry points: `entered` is when the caller's call began (RingStats' host times).
+  void run(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params, Carry& carry,
+           std::chrono::steady_clock::time_point entered) const;
   RingContext ctx_;
   std::unique_ptr<CudaAttentionImpl> local_;
   mutable RingStats stats_;
@@ -40,7 +42,6 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   // RingContext::time_steps: per step, compute start / end on the compute stream and exchange start
   // / end on the communicator's stream.
   mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
-  mutable std::optional<std::chrono::steady_clock::time_point> entered_;  // set by accumulate()
 };
 
 }  // namespace ra
