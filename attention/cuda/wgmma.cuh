@@ -52,25 +52,14 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 
 #define RA_WGMMA_ACC32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define RA_WGMMA_ACC64 RA_WGMMA_ACC32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define RA_WGMMA_ROW(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 #define RA_WGMMA_OUT32 \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
-    "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
-    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-    "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+    RA_WGMMA_ROW(0), RA_WGMMA_ROW(1), RA_WGMMA_ROW(2), RA_WGMMA_ROW(3), \
+    RA_WGMMA_ROW(4), RA_WGMMA_ROW(5), RA_WGMMA_ROW(6), RA_WGMMA_ROW(7)
 #define RA_WGMMA_OUT64 \
     RA_WGMMA_OUT32, \
-    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-    "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
-    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
-    "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
-    "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
-    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+    RA_WGMMA_ROW(8), RA_WGMMA_ROW(9), RA_WGMMA_ROW(10), RA_WGMMA_ROW(11), \
+    RA_WGMMA_ROW(12), RA_WGMMA_ROW(13), RA_WGMMA_ROW(14), RA_WGMMA_ROW(15)
 
 // D (64 x 128) = A (64 x 16) B (16 x 128) (+ D when `accumulate`), A and B K-major in shared memory.
 #define RA_WGMMA_SS_N128(TY)                                                                                  \
@@ -112,5 +101,6 @@ __device__ __forceinline__ void mma_rs_tb(float (&d)[NT][4], const uint32_t (&a)
 #undef RA_WGMMA_ACC64
 #undef RA_WGMMA_OUT32
 #undef RA_WGMMA_OUT64
+#undef RA_WGMMA_ROW
 
 }  // namespace ra::wgmma
