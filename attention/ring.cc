@@ -85,9 +85,8 @@ TokenPositions ring_positions(const RingContext& ctx) {
   return pos;
 }
 
-bool ring_block_skipped(const RingContext& ctx, int source, int64_t q_lo, int64_t q_hi, const AttentionParams& params,
-                        std::vector<int64_t>& source_keys) {
-  source_keys = layout_indices(ctx.layout, ctx.global_kv_len, ctx.comm->size(), source);
+bool ring_block_skipped(int64_t q_lo, int64_t q_hi, const std::vector<int64_t>& source_keys, const AttentionParams& params) {
+  if (source_keys.empty()) return true;
   const auto [k_lo, k_hi] = std::minmax_element(source_keys.begin(), source_keys.end());
   return classify_block(q_lo, q_hi, *k_lo, *k_hi, params.causal, params.window_left, params.window_right) ==
          BlockKind::kSkip;
@@ -98,6 +97,15 @@ KvBlockLayout::KvBlockLayout(const AttentionInputs& in, size_t align) {
   v_offset = aligned(in.k.nbytes());
   segments_offset = v_offset + aligned(in.v.nbytes());
   payload = segments_offset + (in.kv_segment_ids.defined() ? aligned(in.kv_segment_ids.nbytes()) : 0);
+}
+
+std::vector<KvBlockLayout::Span> KvBlockLayout::padding(const AttentionInputs& in) const {
+  const size_t segments_end = segments_offset + (in.kv_segment_ids.defined() ? in.kv_segment_ids.nbytes() : 0);
+  std::vector<Span> gaps;
+  for (Span gap : {Span{in.k.nbytes(), v_offset - in.k.nbytes()}, Span{v_offset + in.v.nbytes(), segments_offset - v_offset - in.v.nbytes()},
+                   Span{segments_end, payload - segments_end}})
+    if (gap.bytes > 0) gaps.push_back(gap);
+  return gaps;
 }
 
 AttentionInputs KvBlockLayout::view(const AttentionInputs& in, char* base, MemoryKind memory) const {
@@ -190,7 +198,8 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
     block_pos.q = pos.q;
     block_pos.total_keys = ctx_.global_kv_len;
     const auto t0 = std::chrono::steady_clock::now();
-    if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, block_pos.k)) {
+    block_pos.k = layout_indices(ctx_.layout, ctx_.global_kv_len, n, src);
+    if (ring_block_skipped(q_lo, q_hi, block_pos.k, params)) {
       ++stats_.skipped;
     } else {
       visit(layout.view(in, buffers[cur] + kHeaderBytes, MemoryKind::kHost), block_pos);

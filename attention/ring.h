@@ -39,10 +39,9 @@ std::vector<int64_t> layout_query_positions(SequenceLayout layout, int64_t q_len
 // Positions of this rank's rows under the layout: its queries, and its own K/V rows.
 TokenPositions ring_positions(const RingContext& ctx);
 
-// Whether the block that started on rank `source` holds no key any of this rank's queries (positions
-// in [q_lo, q_hi]) may see, so that the step computes nothing. `source_keys` receives its positions.
-bool ring_block_skipped(const RingContext& ctx, int source, int64_t q_lo, int64_t q_hi, const AttentionParams& params,
-                        std::vector<int64_t>& source_keys);
+// Whether a block with keys at `source_keys` (the block that started on one rank) holds no key any of
+// this rank's queries (positions in [q_lo, q_hi]) may see, so that the step computes nothing.
+bool ring_block_skipped(int64_t q_lo, int64_t q_hi, const std::vector<int64_t>& source_keys, const AttentionParams& params);
 
 // Where k, v and the kv segment ids sit in a K/V block in flight: k at offset 0, then v, then the
 // segment ids (when present), each section starting on a multiple of `align` bytes (the host ring packs
@@ -50,6 +49,11 @@ bool ring_block_skipped(const RingContext& ctx, int source, int64_t q_lo, int64_
 struct KvBlockLayout {
   KvBlockLayout(const AttentionInputs& in, size_t align);
   size_t v_offset = 0, segments_offset = 0, payload = 0;
+  struct Span {
+    size_t offset, bytes;
+  };
+  // The alignment gaps behind k, v and the segment ids (empty ones left out).
+  std::vector<Span> padding(const AttentionInputs& in) const;
   // `in` with k, v and (when present) the kv segment ids viewing the block at `base`.
   AttentionInputs view(const AttentionInputs& in, char* base, MemoryKind memory) const;
 };

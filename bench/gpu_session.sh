@@ -2,7 +2,7 @@
 # What one device-machine call runs (see ../shared/device/README.md), from the repository root, after
 # `bash .device/on-device.sh`. Stages: `check` (GPU unit tests, ring on 2 GPUs, CLI round trip) and
 # `bench` (the tables of bench/RESULTS.md), `ring`, `cudnn`, `faults`, `ctas` (the ring at 8192 tokens
-# per GPU under NCCL's CTA settings), `kernels` (the mma.sync and wgmma flash kernels side by side),
+# per GPU under NCCL's CTA counts and chunk sizes), `kernels` (the mma.sync and wgmma flash kernels side by side),
 # `causal` (the causal rows only), `priority` (the ring with its NCCL stream at high and at default
 # priority; needs build/variants/ringattn_normal_priority), `staging` (pinned against pageable),
 # `probe` (the ring against its local kernel, GPU clocks and power sampled), `steps` (the ring's
@@ -86,6 +86,16 @@ if has steps; then  # per-step device times of the ring (kernels, exchanges, gap
     bench 2 --impl ring --seq 32768 --iters 10 $causal
   done
 fi
+if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer CTAs, larger chunks (4 GPUs)
+  for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal; done
+  for setting in default NCCL_MAX_CTAS=4 NCCL_MAX_CTAS=8 NCCL_MAX_CTAS=16 "NCCL_MAX_CTAS=4 NCCL_P2P_NVL_CHUNKSIZE=2097152" \
+                 "NCCL_MAX_CTAS=8 NCCL_P2P_NVL_CHUNKSIZE=2097152" NCCL_P2P_NVL_CHUNKSIZE=2097152; do
+    echo "# NCCL setting: $setting" | tee -a "$out/bench.txt"
+    for causal in "" "--causal --layout zigzag"; do
+      ( [ "$setting" != default ] && export $setting; bench 4 --impl ring --seq 32768 --iters 10 $causal )
+    done
+  done
+fi
 if has tables; then  # the ratio rows of issue 4 in one call: one GPU, then the ring on 2 and 4 GPUs
   for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal; done
   for causal in "" "--causal --layout zigzag"; do
@@ -129,15 +139,6 @@ if has ring; then
     bench 4 --impl ring --seq 262144 --iters 3 --causal --layout zigzag
     bench 4 --impl ring --seq 1048576 --iters 2 --causal --layout zigzag
   fi
-fi
-if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer CTAs, same transfer?
-  for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal; done
-  for setting in default NCCL_MAX_CTAS=8 NCCL_MAX_CTAS=2 NCCL_CTA_POLICY=1; do
-    echo "# NCCL setting: $setting" | tee -a "$out/bench.txt"
-    for causal in "" "--causal --layout zigzag"; do
-      ( [ "$setting" != default ] && export "${setting?}"; bench 4 --impl ring --seq 32768 --iters 10 $causal )
-    done
-  done
 fi
 if has kernels; then  # the two flash kernels on the same shapes in one call: single GPU, then the ring
   for d in 128 64; do

@@ -22,12 +22,11 @@ __global__ void checksum_kernel(const uint64_t* words, size_t count, unsigned lo
   if (threadIdx.x % 32 == 0) atomicAdd(sum, static_cast<unsigned long long>(local));
 }
 
-__global__ void flip_kernel(unsigned char* byte) { *byte ^= kCorruptionMask; }
+__global__ void trailer_kernel(BlockTrailer* trailer, uint32_t origin_rank) {
+  *trailer = BlockTrailer{0, origin_rank, BlockTrailer::kMagic};
+}
 
-}  // namespace
-
-void block_checksum_cuda(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream) {
-  RA_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(uint64_t), stream));
+void launch_checksum(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream) {
   const size_t count = bytes / 8;
   if (count == 0) return;
   const int threads = 256;
@@ -35,6 +34,22 @@ void block_checksum_cuda(const void* data, size_t bytes, uint64_t* sum, cudaStre
   checksum_kernel<<<blocks, threads, 0, stream>>>(static_cast<const uint64_t*>(data), count,
                                                   reinterpret_cast<unsigned long long*>(sum));
   RA_CUDA_CHECK(cudaGetLastError());
+}
+
+__global__ void flip_kernel(unsigned char* byte) { *byte ^= kCorruptionMask; }
+
+}  // namespace
+
+void block_checksum_cuda(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream) {
+  RA_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(uint64_t), stream));
+  launch_checksum(data, bytes, sum, stream);
+}
+
+void seal_block_cuda(void* data, size_t payload, uint32_t origin_rank, cudaStream_t stream) {
+  auto* trailer = reinterpret_cast<BlockTrailer*>(static_cast<char*>(data) + payload);
+  trailer_kernel<<<1, 1, 0, stream>>>(trailer, origin_rank);
+  RA_CUDA_CHECK(cudaGetLastError());
+  launch_checksum(data, payload, &trailer->checksum, stream);
 }
 
 void flip_byte_cuda(void* data, size_t offset, cudaStream_t stream) {

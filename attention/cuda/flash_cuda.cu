@@ -1,5 +1,6 @@
 // FlashAttention-2 style forward on tensor cores. One block of 4 warps owns 128 query rows of one
-// (batch, head); each warp owns 32 rows (two 16-row MMA tiles that share every K and V fragment). K/V tiles of 64 keys stream through double-buffered shared
+// (batch, head); each warp owns 32 rows (two 16-row MMA tiles that share every K and V fragment;
+// at head_dim 256 one tile, 64 rows per block, so that O fits in registers). K/V tiles of 64 keys stream through double-buffered shared
 // memory (cp.async), S = Q K^T and O += P V run on mma.sync m16n8k16 with f32 accumulators, and P
 // never leaves registers (the accumulator layout of S is the operand layout of P). With sorted key
 // positions (every layout) the visible tiles are one interval found by binary search, so tiles no
@@ -24,9 +25,13 @@ namespace {
 using namespace flash;
 
 constexpr int kWarps = 4, kThreads = kWarps * 32;
-constexpr int kMTiles = 2;                      // 16-row MMA tiles per warp: 32 rows per warp
-constexpr int kBlockM = kWarps * 16 * kMTiles;  // 128 query rows per block
-constexpr int kBlockN = 64;                     // keys per K/V tile
+// 16-row MMA tiles per warp: two share every K and V fragment; at D = 256 the O accumulators of two
+// (256 floats per thread) would spill.
+template <int D>
+constexpr int kMTilesFor = D > 128 ? 1 : 2;
+template <int D>
+constexpr int kBlockMFor = kWarps * 16 * kMTilesFor<D>;  // query rows per block
+constexpr int kBlockN = 64;                               // keys per K/V tile
 
 // Shared-memory tiles are rows of D 16-bit values cut into 16-byte chunks; chunk c of row r is stored
 // at c ^ (r % 8) so that the 8 row addresses of one ldmatrix land in 8 different bank groups.
@@ -101,6 +106,7 @@ __device__ __forceinline__ void drop_tile(const CudaAttentionArgs& a, float (&s)
 
 template <typename T, int D, bool kExtras>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAttentionArgs a) {
+  constexpr int kMTiles = kMTilesFor<D>, kBlockM = kBlockMFor<D>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);
   T* k_smem = q_smem + kBlockM * D;      // two buffers of kBlockN x D
@@ -167,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
     const BlockKind kind = warp_active ? classify_block(my_q_lo, my_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right)
                                        : BlockKind::kSkip;
     if (kind != BlockKind::kSkip) {
-      // S = Q K^T for this warp's 32 rows x 64 keys; each K fragment feeds both m-tiles.
+      // S = Q K^T for this warp's rows x 64 keys; each K fragment feeds every m-tile.
       float s[kMTiles][kBlockN / 8][4];
 #pragma unroll
       for (int t = 0; t < kMTiles; ++t)
@@ -244,6 +250,7 @@ bool has_extras(const CudaAttentionArgs& a) {
 
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
+  constexpr int kBlockM = kBlockMFor<D>;
   const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
   auto kernel = has_extras(a) ? flash_forward_kernel<T, D, true> : flash_forward_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -270,14 +277,16 @@ FlashCudaKernel& chosen_kernel() {
 bool use_wgmma(const CudaAttentionArgs& a) {
   const FlashCudaKernel k = flash_cuda_kernel();
   if (k == FlashCudaKernel::kMmaSync) return false;
-  const bool available = flash_wgmma_available(), extras = has_extras(a);
+  const bool available = flash_wgmma_available(), extras = has_extras(a), wide = a.head_dim > 128;
   if (k == FlashCudaKernel::kWgmma) {
     RA_CHECK(available, "the wgmma flash_attn2 kernel was asked for (RINGATTN_FLASH_KERNEL=wgmma) but this build has "
              "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
     RA_CHECK(!extras, "the wgmma flash_attn2 kernel was asked for (RINGATTN_FLASH_KERNEL=wgmma) but it runs positions "
              "only (causal, window, GQA, sinks); soft cap, bias, mask, segment ids and dropout need mma_sync");
+    RA_CHECK(!wide, "the wgmma flash_attn2 kernel was asked for (RINGATTN_FLASH_KERNEL=wgmma) but q dimension 3 "
+             "(head_dim) is ", a.head_dim, ": it runs head_dim 64 and 128; 256 needs mma_sync");
   }
-  return available && !extras;
+  return available && !extras && !wide;
 }
 
 }  // namespace
@@ -289,8 +298,9 @@ void check_flash_cuda_supported(const AttentionInputs& in) {
   for (auto [t, name] : {std::pair{&in.k, "k"}, std::pair{&in.v, "v"}})
     RA_CHECK(t->dtype() == dt, name, " has dtype ", dtype_name(t->dtype()), ", expected q's ", dtype_name(dt));
   const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
-  RA_CHECK((D == 64 || D == 128) && Dv == D, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ", Dv,
-           ": the cuda flash_attn2 kernel supports head_dim 64 or 128 with v_head_dim equal to it; use --impl sdpa");
+  RA_CHECK((D == 64 || D == 128 || D == 256) && Dv == D, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ",
+           Dv, ": the cuda flash_attn2 kernel supports head_dim 64, 128 or 256 with v_head_dim equal to it; use --impl "
+           "sdpa");
   for (auto [t, name] : {std::pair{&in.q, "q"}, std::pair{&in.k, "k"}, std::pair{&in.v, "v"}}) {
     const bool aligned = t->stride(3) == 1 && t->stride(1) % 8 == 0 && t->stride(0) % 8 == 0 && t->stride(2) % 8 == 0 &&
                          reinterpret_cast<uintptr_t>(t->data()) % 16 == 0;
@@ -307,7 +317,8 @@ void flash_accumulate_cuda(const CudaAttentionArgs& a, DType dtype, cudaStream_t
   if (use_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
   const bool bf16 = dtype == DType::kBF16;
   if (a.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(a, stream) : launch<__half, 64>(a, stream);
-  else bf16 ? launch<__nv_bfloat16, 128>(a, stream) : launch<__half, 128>(a, stream);
+  else if (a.head_dim == 128) bf16 ? launch<__nv_bfloat16, 128>(a, stream) : launch<__half, 128>(a, stream);
+  else bf16 ? launch<__nv_bfloat16, 256>(a, stream) : launch<__half, 256>(a, stream);
 }
 
 }  // namespace ra

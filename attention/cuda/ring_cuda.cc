@@ -22,15 +22,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Behind every block in flight (16 bytes, keeps the payload's alignment).
-struct BlockTrailer {
-  static constexpr uint32_t kMagic = 0x52414b56;  // "RAKV"
-  uint64_t checksum;
-  uint32_t origin_rank;
-  uint32_t magic;
-};
-static_assert(sizeof(BlockTrailer) == 16);
-
 // The trailers that arrived and the checksums recomputed on arrival (device, n each; step 0 unused),
 // read once `streams` (the compute stream and the communicator's, which checks arrivals) are done:
 // the first mismatch is an error naming the step, the ranks and both checksums. The corrupted block
@@ -66,8 +57,18 @@ RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)) {
   std::unique_ptr<AttentionImpl> local = AttentionRegistry::builtin().create(ctx_.local_impl, Backend::kCuda);
   local_.reset(dynamic_cast<CudaAttentionImpl*>(local.release()));
   RA_CHECK(local_ != nullptr, "local kernel '", ctx_.local_impl, "' has no device implementation");
-  check_layout_divides(ctx_.layout, ctx_.global_q_len, ctx_.comm->size(), "q dimension 1 (q_len)");
-  check_layout_divides(ctx_.layout, ctx_.global_kv_len, ctx_.comm->size(), "k dimension 1 (kv_len)");
+  const int n = ctx_.comm->size(), rank = ctx_.comm->rank();
+  check_layout_divides(ctx_.layout, ctx_.global_q_len, n, "q dimension 1 (q_len)");
+  check_layout_divides(ctx_.layout, ctx_.global_kv_len, n, "k dimension 1 (kv_len)");
+  query_positions_ = layout_query_positions(ctx_.layout, ctx_.global_q_len, ctx_.global_kv_len, n, rank);
+  if (!query_positions_.empty()) {
+    q_lo_ = *std::min_element(query_positions_.begin(), query_positions_.end());
+    q_hi_ = *std::max_element(query_positions_.begin(), query_positions_.end());
+  }
+  for (int r = 0; r < n; ++r) {
+    source_keys_.push_back(layout_indices(ctx_.layout, ctx_.global_kv_len, n, r));
+    source_keys_sorted_ = source_keys_sorted_ && std::is_sorted(source_keys_.back().begin(), source_keys_.back().end());
+  }
 }
 
 void RingAttentionCuda::set_cuda_stream(void* stream) {
@@ -79,22 +80,17 @@ void RingAttentionCuda::accumulate(const AttentionInputs& in, const TokenPositio
                                    Carry& carry) const {
   const auto entered = std::chrono::steady_clock::now();
   check_supported(in, params);
-  // One upload for the whole call: this rank's query positions, then every rank's key positions.
-  const int n = ctx_.comm->size();
-  TokenPositions all = pos;
-  all.k.clear();
-  for (int r = 0; r < n; ++r) {
-    const std::vector<int64_t> k = layout_indices(ctx_.layout, ctx_.global_kv_len, n, r);
-    all.k.insert(all.k.end(), k.begin(), k.end());
+  if (uploaded_.q == nullptr || pos.q != uploaded_q_ || pos.total_keys != uploaded_.total_keys) {
+    // One upload: this rank's query positions, then every rank's key positions.
+    TokenPositions all = pos;
+    all.k.clear();
+    for (const std::vector<int64_t>& keys : source_keys_) all.k.insert(all.k.end(), keys.begin(), keys.end());
+    uploaded_ = positions_.upload(all, stream_);
+    uploaded_.keys_sorted = source_keys_sorted_;
+    uploaded_.q_host = uploaded_.k_host = nullptr;  // `all` goes; run() points them at the layout's copies
+    uploaded_q_ = pos.q;
   }
-  DevicePositions device_pos = positions_.upload(all, stream_);
-  // Each rank's block is ascending under every layout, though their concatenation is not.
-  device_pos.keys_sorted = true;
-  for (int r = 0; r < n; ++r) {
-    const auto first = all.k.begin() + r * (ctx_.global_kv_len / n), last = first + ctx_.global_kv_len / n;
-    device_pos.keys_sorted = device_pos.keys_sorted && std::is_sorted(first, last);
-  }
-  run(in, device_pos, params, carry, entered);
+  run(in, uploaded_, params, carry, entered);
 }
 
 void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const DevicePositions& pos,
@@ -121,11 +117,12 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   const size_t payload = layout.payload, bytes = payload + sizeof(BlockTrailer);
   const size_t stride = (bytes + 4095) / 4096 * 4096;
   const bool verify = ctx_.verify_blocks && n > 1;
-  // Step 0 reads this rank's own k and v; the buffers only carry blocks around the ring, so they are
-  // packed on the communicator's stream while the first kernel runs.
+  RA_CHECK(int64_t(query_positions_.size()) == in.q.dim(1), "q dimension 1 (q_len) is ", in.q.dim(1), " on rank ",
+           rank, ", expected the local shard of ", query_positions_.size(), " rows");
+  CudaEvent inputs_ready;     // q, k and v written (by whatever the caller queued before this call)
   CudaEvent arrival_checked;  // on the communicator's stream, after the last arrival and its checks
-  CudaEvent compute_done;  // the last compute queued on the compute stream (here: the inputs' producers)
-  compute_done.record(stream_);
+  CudaEvent compute_done;     // the last compute queued on the compute stream
+  inputs_ready.record(stream_);
   // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
   // compared on the host once at the end, before anything is finalized.
   reserve_scratch(checks_, 2 * n * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
@@ -135,11 +132,16 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   if (n > 1) {
     reserve_scratch(blocks_, 2 * stride, MemoryKind::kCuda, "the ring's two K/V block buffers");
     base[0] = blocks_.data<char>(), base[1] = base[0] + stride;
+  }
+  // Step 0 reads this rank's own k and v; the buffers only carry blocks around the ring, so this
+  // rank's block is packed on the communicator's stream while the first kernel runs.
+  auto pack_own_block = [&] {
     cudaStream_t pack = nccl->stream();
     if (!blocks_free_) blocks_free_ = std::make_unique<CudaEvent>();
     nccl->stream_wait(blocks_free_->get());  // the previous call's last reads (maybe on another stream)
-    nccl->stream_wait(compute_done.get());   // k and v are written
-    RA_CUDA_CHECK(cudaMemsetAsync(base[0], 0, bytes, pack));  // padding included in the checksum
+    nccl->stream_wait(inputs_ready.get());
+    for (const KvBlockLayout::Span gap : layout.padding(in))  // the checksum covers the padding
+      RA_CUDA_CHECK(cudaMemsetAsync(base[0] + gap.offset, 0, gap.bytes, pack));
     RA_CUDA_CHECK(cudaMemcpyAsync(base[0], in.k.data(), in.k.nbytes(), cudaMemcpyDeviceToDevice, pack));
     RA_CUDA_CHECK(
         cudaMemcpyAsync(base[0] + layout.v_offset, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, pack));
@@ -147,18 +149,10 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + layout.segments_offset, in.kv_segment_ids.data(),
                                     in.kv_segment_ids.nbytes(), cudaMemcpyDeviceToDevice, pack));
     if (verify) {
-      const BlockTrailer own{0, uint32_t(rank), BlockTrailer::kMagic};
-      RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + payload, &own, sizeof(own), cudaMemcpyHostToDevice, pack));
-      block_checksum_cuda(base[0], payload, reinterpret_cast<uint64_t*>(base[0] + payload), pack);
+      seal_block_cuda(base[0], payload, uint32_t(rank), pack);
       RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, checks_.view().nbytes(), pack));
     }
-  }
-  // Host copies of positions for block skipping (the kernels read the device copies).
-  const std::vector<int64_t> q_host = layout_query_positions(ctx_.layout, ctx_.global_q_len, ctx_.global_kv_len, n, rank);
-  RA_CHECK(int64_t(q_host.size()) == in.q.dim(1), "q dimension 1 (q_len) is ", in.q.dim(1), " on rank ", rank,
-           ", expected the local shard of ", q_host.size(), " rows");
-  const int64_t q_lo = *std::min_element(q_host.begin(), q_host.end());
-  const int64_t q_hi = *std::max_element(q_host.begin(), q_host.end());
+  };
 
   stats_ = RingStats{};
   const bool timed = ctx_.time_steps;
@@ -173,19 +167,19 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
                  comm.previous(), comm.next(), src);
     // The compute is queued before the exchange (queuing NCCL work takes the host a while and the
     // compute stream would idle meanwhile), but the exchange waits only for the previous compute,
-    // which last read the buffer it receives into.
+    // which last read the buffer it receives into (at step 0: the previous call's, see pack_own_block).
     const bool exchange = step + 1 < n;
-    if (exchange) nccl->stream_wait(compute_done.get());
+    if (exchange && step > 0) nccl->stream_wait(compute_done.get());
     if (step > 0) RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, arrival_checked.get(), 0));
-    std::vector<int64_t> k_host;
+    const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
     const auto t0 = std::chrono::steady_clock::now();
     if (timed) event(step, 0)->record(stream_);
-    if (ring_block_skipped(ctx_, src, q_lo, q_hi, params, k_host)) {
+    if (ring_block_skipped(q_lo_, q_hi_, k_host, params)) {
       ++stats_.skipped;
     } else {
       const AttentionInputs block = step > 0 ? layout.view(in, base[cur], MemoryKind::kCuda) : in;
       const DevicePositions block_pos{pos.q, pos.k + int64_t(src) * local_kv, pos.total_keys, pos.keys_sorted,
-                                      q_host.data(), k_host.data()};
+                                      query_positions_.data(), k_host.data()};
       local_->accumulate_device(block, block_pos, params, carry);
     }
     if (step == 0) stats_.host_before_first_kernel_ms = 1e3 * seconds_since(entered);
@@ -194,6 +188,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
     std::unique_ptr<PendingExchange> pending;
     if (exchange) {
+      if (step == 0) pack_own_block();
       if (timed) event(step, 2)->record(nccl->stream());
       pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
       if (timed) event(step, 3)->record(nccl->stream());

@@ -1,7 +1,8 @@
 // `ring` on GPUs: the same schedule as the host ring (attention/ring.h), with K/V double-buffered in
 // device memory, the local kernel on the compute stream and the NCCL send/recv on the communicator's
 // stream, ordered by events, so that step i's compute overlaps step i+1's transfer. Step 0 computes on
-// the rank's own k and v while its copy is packed for the first exchange. Device memory
+// the rank's own k and v while its copy is packed for the first exchange (queued after that kernel,
+// so the device starts computing as early as the host can launch). Device memory
 // per rank is the rank's Q, the carry, and two K/V blocks: O(T / N).
 #pragma once
 
@@ -34,6 +35,16 @@ class RingAttentionCuda final : public CudaAttentionImpl {
            std::chrono::steady_clock::time_point entered) const;
   RingContext ctx_;
   std::unique_ptr<CudaAttentionImpl> local_;
+  // From the layout alone, fixed for this ring: this rank's query positions (block skipping) and each
+  // rank's key positions (block skipping; cudnn splits blocks by them).
+  std::vector<int64_t> query_positions_;
+  int64_t q_lo_ = 0, q_hi_ = -1;
+  std::vector<std::vector<int64_t>> source_keys_;
+  bool source_keys_sorted_ = true;  // each rank's block ascending (their concatenation need not be)
+  // accumulate()'s upload (the caller's query positions, then every rank's keys), sent again only when
+  // the caller's query positions change: the host work per call stays off the device's critical path.
+  mutable std::vector<int64_t> uploaded_q_;
+  mutable DevicePositions uploaded_;
   mutable RingStats stats_;
   // Reused across calls (grow-only): a cudaMalloc / cudaFree pair per call costs milliseconds and
   // cudaFree stalls the device. `blocks_free_` marks the last compute that read the blocks.

@@ -72,6 +72,13 @@ std::vector<CudaCase> all_cases() {
           const Shape& sh = shapes[seed % std::size(shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
         }
+  // head_dim 256 (the mma.sync kernel, one 16-row tile per warp): every option set, both dtypes.
+  const Shape wide[] = {{1, 131, 203, 4, 2, 256}, {2, 70, 70, 2, 2, 256}};
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (const Options& opt : option_sets()) {
+      const Shape& sh = wide[seed % std::size(wide)];
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
+    }
 #if RA_HAVE_CUDNN
   // cudnn: the options it expresses (causal with S >= T, sinks through our finalize), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64}, {2, 1, 97, 8, 2, 128}};
@@ -201,6 +208,21 @@ TEST(CudaCarry, MergeAndFinalizeMatchHost) {
   }
 }
 
+TEST(CudaFlash, WgmmaForcedAtHeadDim256SaysWhichKernelRunsIt) {
+  RA_REQUIRE_GPU();
+  if (!flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper";
+  Problem p(ProblemSpec{1, 16, 16, 2, 2, 256, 256, DType::kBF16, Options{}, 3});
+  const InputsCopy dev = copy_inputs(p.inputs(), MemoryKind::kCuda);
+  auto flash = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  const ScopedFlashKernel forced(FlashCudaKernel::kWgmma);
+  try {
+    flash->forward(dev.inputs, p.params());
+    FAIL() << "wgmma ran head_dim 256";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("mma_sync"), std::string::npos) << e.message();
+  }
+}
+
 TEST(CudaFlash, UnsupportedInputsNameTheFallback) {
   RA_REQUIRE_GPU();
   ProblemSpec spec{1, 16, 16, 2, 2, 80, 80, DType::kBF16, Options{}, 3};
@@ -312,6 +334,28 @@ TEST(BlockChecksum, SameBytesSameSumAnyChangeDiffers) {
   uint64_t after = 0;
   RA_CUDA_CHECK(cudaMemcpy(&after, sum.view().data(), 8, cudaMemcpyDeviceToHost));
   EXPECT_NE(after, base);
+}
+
+// The trailer a block starts its trip with: its own checksum, the origin rank and the magic word.
+TEST(BlockChecksum, SealWritesTheTrailerOnTheDevice) {
+  RA_REQUIRE_GPU();
+  const size_t payload = 4096;
+  std::vector<uint64_t> words(payload / 8);
+  std::mt19937_64 rng(5);
+  for (uint64_t& w : words) w = rng();
+  Tensor block(DType::kU8, {int64_t(payload + sizeof(BlockTrailer))}, MemoryKind::kCuda);
+  Tensor sum(DType::kU8, {8}, MemoryKind::kCuda);
+  RA_CUDA_CHECK(cudaMemset(block.view().data(), 0xab, block.view().nbytes()));  // stale bytes in the trailer
+  RA_CUDA_CHECK(cudaMemcpy(block.view().data(), words.data(), payload, cudaMemcpyHostToDevice));
+  seal_block_cuda(block.view().data(), payload, 3, nullptr);
+  block_checksum_cuda(block.view().data(), payload, sum.data<uint64_t>(), nullptr);
+  BlockTrailer trailer{};
+  uint64_t expected = 0;
+  RA_CUDA_CHECK(cudaMemcpy(&trailer, block.data<char>() + payload, sizeof(trailer), cudaMemcpyDeviceToHost));
+  RA_CUDA_CHECK(cudaMemcpy(&expected, sum.view().data(), 8, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(trailer.checksum, expected);
+  EXPECT_EQ(trailer.origin_rank, 3u);
+  EXPECT_EQ(trailer.magic, BlockTrailer::kMagic);
 }
 
 }  // namespace
