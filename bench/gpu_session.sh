@@ -6,7 +6,8 @@
 # `causal` (the causal rows only), `priority` (the ring with its NCCL stream at high and at default
 # priority; needs build/variants/ringattn_normal_priority), `staging` (pinned against pageable),
 # `probe` (the ring against its local kernel, GPU clocks and power sampled), `steps` (the ring's
-# per-step device times), `tables` (the ratio rows at 8192-32768 tokens per GPU);
+# per-step device times), `tables` (the ratio rows at 8192-32768 tokens per GPU), `wide` (head_dim 256), `scaling`
+# (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -39,7 +40,7 @@ if has cudnn; then
 fi
 bench() {  # ranks, then bench options ($bin may be set for one call)
   local n=$1; shift
-  mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim "${head_dim:-128}" --dtype bf16 --warmup 2 "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
+  mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim "${head_dim:-128}" --dtype bf16 --warmup "${warmup:-2}" "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
 }
 if has priority; then  # the ring with its NCCL stream at the greatest priority (bin) and at the default (variant)
   for t in 32768 131072; do
@@ -95,6 +96,25 @@ if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer
       ( [ "$setting" != default ] && export $setting; bench 4 --impl ring --seq 32768 --iters 10 $causal )
     done
   done
+fi
+if has scaling; then  # issue 7's rows on the GPUs lent: one GPU, then the ring on 2 and 4 GPUs, same call
+  for t in 65536 262144; do
+    for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq $t --iters 5 $causal; done
+    for causal in "" "--causal --layout zigzag"; do
+      for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do bench $n --impl ring --seq $t --iters 5 $causal; done
+    done
+  done
+  warmup=1 bench 1 --impl flash_attn2 --seq 1048576 --iters 1 --causal
+  for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
+    warmup=1 bench $n --impl ring --seq 1048576 --iters 2 --causal --layout zigzag
+    warmup=1 bench $n --impl ring --seq 1048576 --iters 1
+  done
+fi
+if has wide; then  # head_dim 256 (the mma.sync kernel): one GPU, then the ring on 4 GPUs
+  for t in 8192 32768; do
+    for causal in "" "--causal"; do head_dim=256 bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done
+  done
+  [ "$gpus" -ge 4 ] && for causal in "" "--causal --layout zigzag"; do head_dim=256 bench 4 --impl ring --seq 32768 --iters 10 $causal; done
 fi
 if has tables; then  # the ratio rows of issue 4 in one call: one GPU, then the ring on 2 and 4 GPUs
   for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal; done

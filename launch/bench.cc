@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -34,19 +35,23 @@ double now_seconds() {
 // (the GPU's own timeline, waits for the ring's transfers included).
 class IterationTimer {
  public:
-  explicit IterationTimer(const Job& job) : job_(job) {}
+  explicit IterationTimer(const Job& job) : job_(job) {
+#if RA_HAVE_CUDA
+    if (job_.on_device) begin_ = std::make_unique<CudaEvent>(true), end_ = std::make_unique<CudaEvent>(true);
+#endif
+  }
   void start() {
 #if RA_HAVE_CUDA
-    if (job_.on_device) return begin_.record(static_cast<cudaStream_t>(job_.stream()));
+    if (job_.on_device) return begin_->record(static_cast<cudaStream_t>(job_.stream()));
 #endif
     t0_ = now_seconds();
   }
   double stop_seconds() {
 #if RA_HAVE_CUDA
     if (job_.on_device) {
-      end_.record(static_cast<cudaStream_t>(job_.stream()));
+      end_->record(static_cast<cudaStream_t>(job_.stream()));
       job_.synchronize();
-      return end_.milliseconds_since(begin_) * 1e-3;
+      return end_->milliseconds_since(*begin_) * 1e-3;
     }
 #endif
     return now_seconds() - t0_;
@@ -56,7 +61,7 @@ class IterationTimer {
   const Job& job_;
   double t0_ = 0;
 #if RA_HAVE_CUDA
-  CudaEvent begin_{true}, end_{true};
+  std::unique_ptr<CudaEvent> begin_, end_;  // with --backend cuda only: a CPU run needs no GPU or driver
 #endif
 };
 
@@ -161,6 +166,13 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     job.world.all_reduce(&t, 1, ReduceOp::kMax);
     comm_times.push_back(t);
   }
+  // Device memory after the timed loop: inputs, carry, outputs and the ring's grow-only buffers are
+  // all still held, so this is their peak (with the CUDA context and NCCL's buffers); largest rank.
+  double device_gib = 0;
+#if RA_HAVE_CUDA
+  if (job.on_device) device_gib = double(cuda_bytes_in_use()) / double(1 << 30);
+#endif
+  job.world.all_reduce(&device_gib, 1, ReduceOp::kMax);
   const double time = median(times), wait = median(waits), comm = median(comm_times);
   double flops = 4.0 * batch * heads * double(seq) * double(seq) * head_dim / n;
   if (params.causal) flops /= 2;
@@ -174,6 +186,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                 std::string(impl->name()).c_str(), opts.backend.c_str(), n, long(batch), long(seq), long(heads),
                 long(kv_heads), long(head_dim), dtype_text.c_str(), int(params.causal), layout_name(ctx.layout),
                 time * 1e3, flops / time * 1e-9, comm * 1e3, hidden * 100);
+    if (job.on_device) std::printf("  device memory in use on the busiest rank: %.2f GiB (CUDA context and NCCL included)\n", device_gib);
     const RingStats* stats = ring_stats(*impl);
     if (stats && !stats->step_compute_ms.empty()) {  // rank 0's last iteration, device times
       float kernels = 0;
@@ -189,7 +202,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                             {"ranks", n}, {"batch", batch}, {"seq", seq}, {"heads", heads}, {"kv_heads", kv_heads},
                             {"head_dim", head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
                             {"layout", layout_name(ctx.layout)}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
-                            {"comm_s", comm}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)}, {"times_s", times}};
+                            {"comm_s", comm}, {"device_gib", device_gib}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)}, {"times_s", times}};
       std::ofstream(json_path) << row.dump(2) << "\n";
     }
   }

@@ -23,6 +23,12 @@ int cuda_select_device(int local_rank) {
   return device;
 }
 
+size_t cuda_bytes_in_use() {
+  size_t free_bytes = 0, total_bytes = 0;
+  RA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes - free_bytes;
+}
+
 void* cuda_allocate(size_t bytes, const char* what) {
   void* p = nullptr;
   const cudaError_t status = cudaMalloc(&p, bytes ? bytes : 1);

@@ -29,6 +29,9 @@ void* cuda_allocate(size_t bytes, const char* what);  // throws naming bytes ask
 void cuda_release(void* p);
 void cuda_memset_zero(void* p, size_t bytes);
 void cuda_copy(void* dst, const void* src, size_t bytes);  // any direction, synchronous
+// Bytes in use on the current device (total minus free): every process's allocations, the CUDA
+// context and NCCL's buffers included.
+size_t cuda_bytes_in_use();
 // Page-locked host memory (MemoryKind::kPinned): host <-> device copies from it are DMA at full speed.
 void* cuda_allocate_pinned(size_t bytes, const char* what);
 void cuda_release_pinned(void* p);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CLI round trip and bad-input checks: generate -> run (mpirun, 2 ranks) -> verify, then errors that
+# CLI round trip and bad-input checks: generate -> run (mpirun, 2 ranks) -> verify, bench on the host, then errors that
 # must exit non-zero with a message naming the problem and leave no output file.
 # Usage: cli_test.sh RINGATTN MPIEXEC
 set -u
@@ -35,6 +35,9 @@ check deterministic-same-o 0 "identical o" -- same_bits "$dir/det1.h5" "$dir/det
 check deterministic-same-lse 0 "identical lse" -- same_bits "$dir/det1.h5" "$dir/det3.h5" lse
 check deterministic-verify 0 "#wrong 0  OK" -- "$ra" verify --input "$dir/b2.h5" --output "$dir/det3.h5" --causal
 check deterministic-not-ring 2 "--deterministic applies to --impl ring" -- "$ra" run --input "$dir/b2.h5" --output "$dir/x.h5" --impl sdpa --deterministic
+# bench on the host: a CUDA build must not touch the GPU (or need a driver) for --backend cpu.
+check bench-ring-cpu 0 "ring      cpu      2" -- mpi 2 "$ra" bench --impl ring --seq 128 --heads 2 --head-dim 16 --iters 2 --causal
+check bench-json 0 '"impl": "ring"' -- bash -c "\"$ra\" bench --seq 64 --heads 2 --head-dim 16 --iters 1 --json $dir/b.json >/dev/null && cat $dir/b.json"
 check verify-wrong-options 1 "FAILED" -- "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5"
 check refuses-existing-output 2 "exists; refusing to replace it" -- "$ra" run --input "$dir/in.h5" --output "$dir/out.h5"
 check negative-heads 2 "--heads is -1, expected a positive integer" -- "$ra" generate --output "$dir/x.h5" --seq 8 --heads -1 --head-dim 8
