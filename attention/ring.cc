@@ -76,6 +76,22 @@ std::vector<int64_t> layout_query_positions(SequenceLayout layout, int64_t q_len
   return positions;
 }
 
+RingTransport parse_ring_transport(const std::string& name) {
+  if (name == "auto") return RingTransport::kAuto;
+  if (name == "nccl") return RingTransport::kNccl;
+  if (name == "copy-engines") return RingTransport::kCopyEngines;
+  RA_FAIL("ring transport '", name, "' is unknown: expected auto, nccl or copy-engines");
+}
+
+const char* ring_transport_name(RingTransport transport) {
+  switch (transport) {
+    case RingTransport::kAuto: return "auto";
+    case RingTransport::kNccl: return "nccl";
+    case RingTransport::kCopyEngines: return "copy-engines";
+  }
+  return "?";
+}
+
 TokenPositions ring_positions(const RingContext& ctx) {
   const int n = ctx.comm->size(), r = ctx.comm->rank();
   TokenPositions pos;
@@ -128,6 +144,7 @@ RingAttention::RingAttention(RingContext ctx, Backend backend) : ctx_(std::move(
 void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                Carry& carry) const {
   stats_ = RingStats{};
+  stats_.transport = ctx_.comm->backend_name();
   if (!ctx_.deterministic) {
     rotate_blocks(in, pos, params, [&](const AttentionInputs& block, const TokenPositions& block_pos) {
       local_->accumulate(block, block_pos, params, carry);

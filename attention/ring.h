@@ -17,6 +17,15 @@
 
 namespace ra {
 
+class MpiCommunicator;
+
+// How the GPU ring moves K/V blocks: NCCL send/recv, or copy engines writing into the next GPU's
+// memory over CUDA IPC (one node with peer access; no SMs taken from the local kernel). kAuto: copy
+// engines where every rank of the ring can use them, else NCCL.
+enum class RingTransport { kAuto, kNccl, kCopyEngines };
+RingTransport parse_ring_transport(const std::string& name);  // "auto" | "nccl" | "copy-engines"
+const char* ring_transport_name(RingTransport transport);
+
 struct RingContext {
   Communicator* comm = nullptr;                      // the sequence-parallel axis
   SequenceLayout layout = SequenceLayout::kContiguous;
@@ -30,6 +39,10 @@ struct RingContext {
   // GPU ring: time every step's compute and exchange with CUDA events (RingStats::step_*_ms).
   bool time_steps = false;
   FaultPlan fault = FaultPlan::from_environment();  // RINGATTN_FAULT, for the failure tests
+  // GPU ring: the transport, and the sequence axis over MPI (same ranks, same order as `comm`), which
+  // carries the copy engines' handshakes; without it the ring uses NCCL.
+  RingTransport transport = RingTransport::kAuto;
+  MpiCommunicator* host_comm = nullptr;
 };
 
 // Key-axis positions of the query rows that part `index` of `parts` holds under the layout: global
@@ -68,6 +81,7 @@ struct RingStats {
   // GPU ring, host side: from entering the call to the first kernel queued (the device waits on this
   // when it is idle), and from the last kernel's end (seen by the final synchronisation) to returning.
   double host_before_first_kernel_ms = 0, host_after_last_kernel_ms = 0;
+  std::string transport;  // how the blocks travelled: the communicator's back end, or "copy-engines"
 };
 
 class RingAttention final : public AttentionImpl {

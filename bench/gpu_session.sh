@@ -7,7 +7,9 @@
 # priority; needs build/variants/ringattn_normal_priority), `staging` (pinned against pageable),
 # `probe` (the ring against its local kernel, GPU clocks and power sampled), `steps` (the ring's
 # per-step device times), `tables` (the ratio rows at 8192-32768 tokens per GPU), `wide` (head_dim 256), `scaling`
-# (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs);
+# (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs), `transport` (the ring over NCCL and over copy
+# engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
+# build's ringattn against the variants/ringattn_before_* binaries, interleaved);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -94,6 +96,46 @@ if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer
     echo "# NCCL setting: $setting" | tee -a "$out/bench.txt"
     for causal in "" "--causal --layout zigzag"; do
       ( [ "$setting" != default ] && export $setting; bench 4 --impl ring --seq 32768 --iters 10 $causal )
+    done
+  done
+fi
+if has transport; then  # the ring's two transports: checks, then side by side in one call
+  for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
+    for t in copy-engines nccl; do
+      echo "# ring_mpi_test on $n GPUs, transport $t"
+      mpirun -np $n $build/tests/ring_mpi_test --backend=cuda --transport=$t --gtest_brief=1 2>&1 | tee "$out/ring_${t}_$n.log" | tail -n 6
+    done
+  done
+  d=$(mktemp -d)
+  $bin generate --output $d/in.h5 --batch 1 --seq 4096 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 >/dev/null &&
+  mpirun -np "$gpus" $bin run --backend cuda --ring-transport copy-engines --input $d/in.h5 --output $d/out.h5 --causal &&
+  $bin verify --input $d/in.h5 --output $d/out.h5 --causal; echo "cli round trip (copy engines, $gpus GPUs) exit $?"
+  rm -rf "$d"
+  for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal; done
+  for t in 32768 65536; do
+    for causal in "" "--causal --layout zigzag"; do
+      for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
+        for tr in nccl copy-engines; do bench $n --impl ring --seq $t --iters 10 --ring-transport $tr $causal; done
+      done
+    done
+  done
+fi
+if has ratio; then  # kernel check, then the issue-4 ratio rows at 8192 tokens per GPU in one call
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 4
+  for t in 32768 8192; do for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done; done
+  for causal in "" "--causal --layout zigzag"; do
+    for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do bench $n --impl ring --seq 32768 --iters 10 $causal; done
+  done
+  [ "$gpus" -ge 4 ] && bench 4 --impl ring --seq 32768 --iters 10 --causal --layout zigzag --ring-transport nccl
+fi
+if has ab; then  # the built binary (bin) against build/variants/ringattn_before_*, interleaved in one call
+  for variant in $build/variants/ringattn_before_*; do
+    for round in 1 2; do
+      for b in $variant $bin; do
+        echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
+        for t in 32768 8192; do for causal in "" "--causal"; do bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done; done
+        for causal in "" "--causal --layout zigzag"; do bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 $causal; done
+      done
     done
   done
 fi

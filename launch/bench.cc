@@ -188,6 +188,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                 time * 1e3, flops / time * 1e-9, comm * 1e3, hidden * 100);
     if (job.on_device) std::printf("  device memory in use on the busiest rank: %.2f GiB (CUDA context and NCCL included)\n", device_gib);
     const RingStats* stats = ring_stats(*impl);
+    if (stats && n > 1) std::printf("  ring transport: %s\n", stats->transport.c_str());
     if (stats && !stats->step_compute_ms.empty()) {  // rank 0's last iteration, device times
       float kernels = 0;
       for (float ms : stats->step_compute_ms) kernels += ms;
@@ -202,7 +203,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                             {"ranks", n}, {"batch", batch}, {"seq", seq}, {"heads", heads}, {"kv_heads", kv_heads},
                             {"head_dim", head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
                             {"layout", layout_name(ctx.layout)}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
-                            {"comm_s", comm}, {"device_gib", device_gib}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)}, {"times_s", times}};
+                            {"comm_s", comm}, {"device_gib", device_gib},
+                            {"transport", stats && n > 1 ? stats->transport : ""}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)}, {"times_s", times}};
       std::ofstream(json_path) << row.dump(2) << "\n";
     }
   }

@@ -23,6 +23,9 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o) {
     ("dropout-seed", po::value(&o.seed)->default_value(0), "dropout seed")
     ("block-q", po::value(&o.block_q)->default_value(64), "query chunk (blockwise)")
     ("block-k", po::value(&o.block_k)->default_value(64), "key chunk (blockwise)")
+    ("ring-transport", po::value(&o.ring_transport)->default_value("auto"), "how the GPU ring moves K/V blocks: "
+     "nccl | copy-engines (CUDA IPC within one node; no SMs taken from the kernels) | auto (copy engines where "
+     "every rank can use them)")
     ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer")
     ("deterministic", po::bool_switch(&o.deterministic), "bitwise-identical results for any number of ranks and "
      "layout (host ring: an exact max pass and fixed-point sums; several times slower)")

@@ -87,6 +87,8 @@ std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job
   ctx.step_timeout = std::chrono::seconds(opts.timeout_s);
   ctx.verify_blocks = !opts.no_block_checksums;
   ctx.deterministic = opts.deterministic;
+  ctx.transport = parse_ring_transport(opts.ring_transport);
+  if (job.shape.has_axis("sp")) ctx.host_comm = dynamic_cast<MpiCommunicator*>(&job.mesh->axis("sp"));
   RA_CHECK(!opts.deterministic || name == "ring", "--deterministic applies to --impl ring (use --impl ring on one "
            "rank for the same bits as on N ranks), not --impl ", name);
   RA_CHECK(name == "ring" || ctx.comm->size() == 1, "--impl ", name, " runs on one rank's whole sequence; the mesh's sp axis has ",

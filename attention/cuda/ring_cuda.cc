@@ -11,6 +11,7 @@
 #include "attention/cuda/block_checksum.h"
 #include "attention/registry.h"
 #include "collectives/nccl_communicator.h"
+#include "collectives/peer_copy_ring.h"
 #include "runtime/activity.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
@@ -27,7 +28,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // the first mismatch is an error naming the step, the ranks and both checksums. The corrupted block
 // was folded into the carry, which is discarded with the error: nothing is finalized or written.
 void check_arrived_blocks(const Tensor& checks, int n, int rank, size_t payload, const AttentionInputs& in,
-                          std::initializer_list<cudaStream_t> streams) {
+                          const char* transport, std::initializer_list<cudaStream_t> streams) {
   std::vector<BlockTrailer> host(2 * size_t(n));
   for (cudaStream_t stream : streams)  // non-blocking streams: cudaMemcpy alone would not wait
     RA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -37,7 +38,7 @@ void check_arrived_blocks(const Tensor& checks, int n, int rank, size_t payload,
     const uint64_t recomputed = host[size_t(n + step)].checksum;
     const int expected_origin = ring_source_rank(rank, step, n);
     RA_CHECK(got.magic == BlockTrailer::kMagic && int(got.origin_rank) == expected_origin && got.checksum == recomputed,
-             "ring step ", step - 1, " (NCCL): rank ", rank, " received the K/V block of rank ", expected_origin,
+             "ring step ", step - 1, " (", transport, "): rank ", rank, " received the K/V block of rank ", expected_origin,
              " from rank ", (rank + n - 1) % n, " (k ", in.k.shape().str(), " and v ", in.v.shape().str(), ", ", payload,
              " bytes) with checksum ", std::hex, recomputed, " but it was sent with ", got.checksum, std::dec,
              " (origin rank in the trailer: ", got.origin_rank, "): the block was corrupted in flight; no output is "
@@ -69,7 +70,20 @@ RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)) {
     source_keys_.push_back(layout_indices(ctx_.layout, ctx_.global_kv_len, n, r));
     source_keys_sorted_ = source_keys_sorted_ && std::is_sorted(source_keys_.back().begin(), source_keys_.back().end());
   }
+  if (n > 1 && ctx_.transport != RingTransport::kNccl) {
+    RA_CHECK(ctx_.host_comm != nullptr || ctx_.transport == RingTransport::kAuto,
+             "ring transport copy-engines needs the sequence axis over MPI too (RingContext::host_comm)");
+    RA_CHECK(ctx_.host_comm == nullptr || (ctx_.host_comm->size() == n && ctx_.host_comm->rank() == rank),
+             "RingContext::host_comm is rank ", ctx_.host_comm ? ctx_.host_comm->rank() : 0, " of ",
+             ctx_.host_comm ? ctx_.host_comm->size() : 0, " but the ring's communicator is rank ", rank, " of ", n);
+    std::string why;
+    copy_engines_ = ctx_.host_comm != nullptr && PeerCopyRing::supported(*ctx_.host_comm, &why);
+    RA_CHECK(copy_engines_ || ctx_.transport == RingTransport::kAuto, "ring transport copy-engines needs every rank's "
+             "next rank on the same node with peer access to its GPU: ", why, " (use --ring-transport nccl or auto)");
+  }
 }
+
+RingAttentionCuda::~RingAttentionCuda() = default;
 
 void RingAttentionCuda::set_cuda_stream(void* stream) {
   CudaAttentionImpl::set_cuda_stream(stream);
@@ -130,9 +144,15 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   auto* recomputed = arrived + n;
   char* base[2] = {nullptr, nullptr};
   if (n > 1) {
+    // The next rank maps these buffers: they are replaced (on every rank, the shapes agree) only after
+    // the mapping is gone.
+    if (peers_ && peers_->window_bytes() < 2 * stride) peers_.reset();
     reserve_scratch(blocks_, 2 * stride, MemoryKind::kCuda, "the ring's two K/V block buffers");
     base[0] = blocks_.data<char>(), base[1] = base[0] + stride;
+    if (copy_engines_ && !peers_)
+      peers_ = std::make_unique<PeerCopyRing>(*ctx_.host_comm, blocks_.data<char>(), blocks_.view().nbytes(), nccl->stream());
   }
+  const char* transport = copy_engines_ ? "copy engines" : "NCCL";
   // Step 0 reads this rank's own k and v; the buffers only carry blocks around the ring, so this
   // rank's block is packed on the communicator's stream while the first kernel runs.
   auto pack_own_block = [&] {
@@ -155,6 +175,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   };
 
   stats_ = RingStats{};
+  stats_.transport = copy_engines_ ? "copy-engines" : "nccl";
   const bool timed = ctx_.time_steps;
   if (timed)
     while (step_events_.size() < 4 * size_t(n)) step_events_.push_back(std::make_unique<CudaEvent>(true));
@@ -163,8 +184,8 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   for (int step = 0; step < n; ++step) {
     inject_process_fault(ctx_.fault, rank, step);
     const int src = ring_source_rank(rank, step, n);
-    set_activity("ring step %d of %d (NCCL): exchanging with ranks %d / %d, then the K/V block of rank %d", step, n,
-                 comm.previous(), comm.next(), src);
+    set_activity("ring step %d of %d (%s): exchanging with ranks %d / %d, then the K/V block of rank %d", step, n,
+                 transport, comm.previous(), comm.next(), src);
     // The compute is queued before the exchange (queuing NCCL work takes the host a while and the
     // compute stream would idle meanwhile), but the exchange waits only for the previous compute,
     // which last read the buffer it receives into (at step 0: the previous call's, see pack_own_block).
@@ -190,7 +211,8 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     if (exchange) {
       if (step == 0) pack_own_block();
       if (timed) event(step, 2)->record(nccl->stream());
-      pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
+      pending = peers_ ? peers_->shift(base[cur], size_t(1 - cur) * stride, bytes, step, ctx_.step_timeout)
+                       : nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
       if (timed) event(step, 3)->record(nccl->stream());
       // The block that arrived, checked on the communicator's stream (off the compute stream's path);
       // the corruption fault lands before the check, as a flip in flight would.
@@ -206,8 +228,8 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     }
     if (pending) {
       const auto t1 = std::chrono::steady_clock::now();
-      set_activity("ring step %d of %d (NCCL): waiting for the K/V block from rank %d (ours going to rank %d)", step, n,
-                   comm.previous(), comm.next());
+      set_activity("ring step %d of %d (%s): waiting for the K/V block from rank %d (ours going to rank %d)", step, n,
+                   transport, comm.previous(), comm.next());
       pending->wait(ctx_.step_timeout);
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
@@ -220,7 +242,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     RA_CUDA_CHECK(cudaEventSynchronize(event(n - 1, 1)->get()));
     last_kernel_done = std::chrono::steady_clock::now();
   }
-  if (verify) check_arrived_blocks(checks_, n, rank, payload, in, {stream_, nccl->stream()});
+  if (verify) check_arrived_blocks(checks_, n, rank, payload, in, transport, {stream_, nccl->stream()});
   if (timed) {
     for (int step = 0; step < n; ++step) {
       stats_.step_compute_ms.push_back(event(step, 1)->milliseconds_since(*event(step, 0)));

@@ -1,6 +1,7 @@
 // `ring` on GPUs: the same schedule as the host ring (attention/ring.h), with K/V double-buffered in
-// device memory, the local kernel on the compute stream and the NCCL send/recv on the communicator's
-// stream, ordered by events, so that step i's compute overlaps step i+1's transfer. Step 0 computes on
+// device memory, the local kernel on the compute stream and the transfer (NCCL send/recv, or copy
+// engines over CUDA IPC) on the communicator's stream, ordered by events, so that step i's compute
+// overlaps step i+1's transfer. Step 0 computes on
 // the rank's own k and v while its copy is packed for the first exchange (queued after that kernel,
 // so the device starts computing as early as the host can launch). Device memory
 // per rank is the rank's Q, the carry, and two K/V blocks: O(T / N).
@@ -14,9 +15,13 @@
 
 namespace ra {
 
+class PeerCopyRing;
+
 class RingAttentionCuda final : public CudaAttentionImpl {
  public:
+  // Collective over the ring when it may use copy engines (it asks every rank whether they can).
   explicit RingAttentionCuda(RingContext ctx);
+  ~RingAttentionCuda() override;
   std::string_view name() const override { return "ring"; }
   int64_t max_head_dim() const override { return local_->max_head_dim(); }
   void set_cuda_stream(void* stream) override;
@@ -53,6 +58,9 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   // RingContext::time_steps: per step, compute start / end on the compute stream and exchange start
   // / end on the communicator's stream.
   mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
+  // Copy engines: chosen in the constructor; the next rank's block buffers mapped here once they exist.
+  bool copy_engines_ = false;
+  mutable std::unique_ptr<PeerCopyRing> peers_;
 };
 
 }  // namespace ra

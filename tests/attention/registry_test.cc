@@ -1,5 +1,6 @@
 // The registry: names and aliases, backends, and errors that name what is missing.
 #include "attention/registry.h"
+#include "attention/ring.h"
 
 #include <gtest/gtest.h>
 
@@ -51,6 +52,17 @@ TEST(Registry, DuplicateRegistrationThrows) {
 TEST(Registry, ParsesBackends) {
   EXPECT_EQ(parse_backend("cuda"), Backend::kCuda);
   EXPECT_THROW(parse_backend("tpu"), Error);
+}
+
+TEST(Registry, ParsesRingTransports) {
+  for (RingTransport t : {RingTransport::kAuto, RingTransport::kNccl, RingTransport::kCopyEngines})
+    EXPECT_EQ(parse_ring_transport(ring_transport_name(t)), t);
+  try {
+    parse_ring_transport("ipc");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected auto, nccl or copy-engines"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

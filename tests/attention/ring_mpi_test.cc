@@ -22,6 +22,7 @@
 #include <nccl.h>
 
 #include "collectives/nccl_communicator.h"
+#include "collectives/peer_copy_ring.h"
 #include "runtime/cuda_device.h"
 #endif
 
@@ -31,6 +32,7 @@ namespace {
 MpiCommunicator* g_world = nullptr;
 Communicator* g_ring_comm = nullptr;  // the world over MPI, or over NCCL with --backend=cuda
 bool g_cuda = false;
+RingTransport g_transport = RingTransport::kAuto;  // --transport=nccl|copy-engines|auto (GPU ring)
 
 // Rows `idx` of dimension `dim` of a contiguous tensor, as a new contiguous tensor.
 Tensor take(const Tensor& t, int dim, const std::vector<int64_t>& idx) {
@@ -100,6 +102,8 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   const AttentionInputs g = global.inputs();
 
   RingContext ctx{g_ring_comm, c.layout, c.q_len, c.kv_len, c.local_impl, std::chrono::milliseconds(30000)};
+  ctx.transport = g_transport;
+  ctx.host_comm = g_world;
   const Shard shard(global, ctx);
   const TokenPositions& pos = shard.pos;
   const AttentionInputs& in = shard.inputs;
@@ -307,6 +311,40 @@ TEST(NcclMesh, AdoptedCommunicatorRingsAndStaysTheCallers) {
   }
   EXPECT_EQ(ncclCommDestroy(own), ncclSuccess);  // still alive: the adopter did not destroy it
 }
+
+// The copy-engine shift, n - 1 steps with both slots of the window in turn: at step s every rank
+// holds the block that started on rank r - s - 1, exactly as NCCL's shift would give.
+TEST(PeerCopyRing, EveryBlockVisitsEveryRankInRingOrder) {
+  if (!g_cuda) GTEST_SKIP() << "needs --backend=cuda";
+  std::string why;
+  if (!PeerCopyRing::supported(*g_world, &why)) GTEST_SKIP() << "copy engines unavailable: " << why;
+  const int n = g_world->size(), r = g_world->rank();
+  constexpr int64_t kInts = 3 << 20;  // 12 MiB blocks: several copy-engine chunks
+  const size_t bytes = size_t(kInts) * sizeof(int);
+  Tensor window(DType::kU8, {int64_t(2 * bytes)}, MemoryKind::kCuda), own(DType::kI32, {kInts}, MemoryKind::kCuda);
+  std::vector<int> host(static_cast<size_t>(kInts));
+  for (int64_t i = 0; i < kInts; ++i) host[size_t(i)] = r * 1000003 + int(i % 9973);
+  copy_tensor(own.view(), TensorView(host.data(), DType::kI32, {kInts}));
+  CudaStream stream;
+  {
+    PeerCopyRing ring(*g_world, window.data<char>(), 2 * bytes, stream.get());
+    const char* send = own.data<char>();
+    for (int step = 0; step + 1 < n; ++step) {
+      const size_t into = size_t((step + 1) % 2) * bytes;
+      ring.shift(send, into, bytes, step, std::chrono::seconds(60))->wait(std::chrono::seconds(60));
+      copy_tensor(TensorView(host.data(), DType::kI32, {kInts}),
+                  TensorView(window.data<char>() + into, DType::kI32, {kInts}, MemoryKind::kCuda));
+      const int origin = ((r - step - 1) % n + n) % n;
+      int wrong = 0;
+      for (int64_t i = 0; i < kInts; ++i) wrong += host[size_t(i)] != origin * 1000003 + int(i % 9973);
+      EXPECT_EQ(wrong, 0) << "step " << step << " on rank " << r << ": expected the block of rank " << origin;
+      send = window.data<char>() + into;
+    }
+  }
+  int64_t failures = testing::Test::HasFailure() ? 1 : 0;
+  g_world->all_reduce(&failures, 1, ReduceOp::kSum);
+  EXPECT_EQ(failures, 0);
+}
 #endif
 
 }  // namespace
@@ -320,6 +358,8 @@ int main(int argc, char** argv) {
   ra::test::g_ring_comm = &world;
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--backend=cuda") ra::test::g_cuda = true;
+    else if (std::string(argv[i]).rfind("--transport=", 0) == 0)
+      ra::test::g_transport = ra::parse_ring_transport(std::string(argv[i]).substr(12));
 #if RA_HAVE_CUDA
   std::unique_ptr<ra::NcclCommunicator> nccl;
   if (ra::test::g_cuda) {

@@ -46,6 +46,7 @@ check zero-mesh-axis 2 "mesh axis 'sp' has size 0" -- "$ra" run --input "$dir/in
 check mesh-size-mismatch 2 "has 4 ranks but the job has 2" -- mpi 2 "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --mesh sp=4
 check missing-file 2 "cannot open HDF5 file '$dir/none.h5'" -- "$ra" run --input "$dir/none.h5" --output "$dir/x.h5"
 check unknown-option 2 "unrecognised option '--bogus'" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --bogus
+check unknown-ring-transport 2 "ring transport 'ipc' is unknown: expected auto, nccl or copy-engines" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --ring-transport ipc
 check layout-does-not-divide 2 "expected a multiple of 6" -- mpi 3 "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --causal
 if [ -e "$dir/x.h5" ] || [ -e "$dir/x.h5.partial" ]; then fails=$((fails+1)); echo "FAIL an output file was left behind"; fi
 echo "$passes passed, $fails failed"
