@@ -92,6 +92,19 @@ bool PeerCopyRing::supported(MpiCommunicator& host, std::string* why) {
       reason = detail::concat("ranks ", rank, " and ", (rank + 1) % size, " share GPU ", device);
     }
   }
+  if (reason.empty()) {
+    // Interprocess events live in shared-memory files: a file-size limit (ulimit -f) or a small /dev/shm
+    // makes them fail, and that must be known here, while every rank can still choose NCCL together.
+    cudaEvent_t probe = nullptr;
+    cudaIpcEventHandle_t handle{};
+    cudaError_t status = cudaEventCreateWithFlags(&probe, cudaEventDisableTiming | cudaEventInterprocess);
+    if (status == cudaSuccess) status = cudaIpcGetEventHandle(&handle, probe);
+    if (probe) (void)cudaEventDestroy(probe);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      reason = detail::concat("rank ", rank, " cannot make an interprocess CUDA event (", cudaGetErrorName(status), ")");
+    }
+  }
   int64_t ok = reason.empty() ? 1 : 0;
   host.all_reduce(&ok, 1, ReduceOp::kMin);
   if (why != nullptr) *why = reason.empty() && !ok ? "another rank's next rank is not reachable this way" : reason;

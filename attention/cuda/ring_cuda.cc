@@ -78,8 +78,9 @@ RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)) {
              ctx_.host_comm ? ctx_.host_comm->size() : 0, " but the ring's communicator is rank ", rank, " of ", n);
     std::string why;
     copy_engines_ = ctx_.host_comm != nullptr && PeerCopyRing::supported(*ctx_.host_comm, &why);
-    RA_CHECK(copy_engines_ || ctx_.transport == RingTransport::kAuto, "ring transport copy-engines needs every rank's "
-             "next rank on the same node with peer access to its GPU: ", why, " (use --ring-transport nccl or auto)");
+    RA_CHECK(copy_engines_ || ctx_.transport == RingTransport::kAuto, "ring transport copy-engines cannot run here (it "
+             "needs each rank's next rank on the same node, with peer access and interprocess events): ", why,
+             " (use --ring-transport nccl or auto)");
   }
 }
 
