@@ -75,21 +75,22 @@ bool PeerCopyRing::supported(MpiCommunicator& host, std::string* why) {
   RA_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof(mine.bus_id), device));
   std::vector<NodeInfo> all(static_cast<size_t>(size));
   host.all_gather(&mine, all.data(), sizeof(NodeInfo));
-  const NodeInfo& next = all[size_t((rank + 1) % size)];
+  const int next_rank = (rank + 1) % size;
+  const NodeInfo& next = all[size_t(next_rank)];
   std::string reason;
   if (next.host_hash != mine.host_hash) {
-    reason = detail::concat("rank ", rank, " and its next rank ", (rank + 1) % size, " run on different nodes");
+    reason = detail::concat("rank ", rank, " and its next rank ", next_rank, " run on different nodes");
   } else {
     int next_device = -1, can_access = 0;
     if (cudaDeviceGetByPCIBusId(&next_device, next.bus_id) != cudaSuccess) {
       (void)cudaGetLastError();
-      reason = detail::concat("rank ", rank, " cannot see the GPU of rank ", (rank + 1) % size, " (", next.bus_id, ")");
+      reason = detail::concat("rank ", rank, " cannot see the GPU of rank ", next_rank, " (", next.bus_id, ")");
     } else if (next_device != device &&
                (cudaDeviceCanAccessPeer(&can_access, device, next_device) != cudaSuccess || !can_access)) {
       (void)cudaGetLastError();
       reason = detail::concat("GPU ", device, " of rank ", rank, " has no peer access to GPU ", next_device);
     } else if (next_device == device && size > 1) {
-      reason = detail::concat("ranks ", rank, " and ", (rank + 1) % size, " share GPU ", device);
+      reason = detail::concat("ranks ", rank, " and ", next_rank, " share GPU ", device);
     }
   }
   if (reason.empty()) {
@@ -112,7 +113,7 @@ bool PeerCopyRing::supported(MpiCommunicator& host, std::string* why) {
 }
 
 PeerCopyRing::PeerCopyRing(const MpiCommunicator& host, void* window, size_t bytes, cudaStream_t stream)
-    : window_(window), bytes_(bytes), stream_(stream) {
+    : bytes_(bytes), stream_(stream) {
   RA_MPI_CHECK(MPI_Comm_dup(host.comm(), &comm_));
   rank_ = host.rank(), size_ = host.size();
   next_ = (rank_ + 1) % size_, previous_ = (rank_ + size_ - 1) % size_;

@@ -36,7 +36,6 @@ class PeerCopyRing {
   PeerCopyRing(const PeerCopyRing&) = delete;
   PeerCopyRing& operator=(const PeerCopyRing&) = delete;
 
-  const void* window() const { return window_; }
   size_t window_bytes() const { return bytes_; }
 
   // Ring step `step`, queued on the stream: announces to the previous rank that this rank's window
@@ -55,7 +54,6 @@ class PeerCopyRing {
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // a duplicate: announcements never mix with other traffic
   int rank_ = 0, size_ = 1, next_ = 0, previous_ = 0;
-  void* window_ = nullptr;
   size_t bytes_ = 0;
   cudaStream_t stream_ = nullptr;
   char* next_window_ = nullptr;  // the next rank's window, mapped here

@@ -176,7 +176,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   };
 
   stats_ = RingStats{};
-  stats_.transport = copy_engines_ ? "copy-engines" : "nccl";
+  stats_.transport = ring_transport_name(copy_engines_ ? RingTransport::kCopyEngines : RingTransport::kNccl);
   const bool timed = ctx_.time_steps;
   if (timed)
     while (step_events_.size() < 4 * size_t(n)) step_events_.push_back(std::make_unique<CudaEvent>(true));
