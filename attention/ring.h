@@ -79,8 +79,8 @@ struct RingStats {
   std::vector<float> step_compute_ms, step_exchange_ms;
   float ring_ms = 0;
   // GPU ring, host side: from entering the call to the first kernel queued (the device waits on this
-  // when it is idle), and from the last kernel's end (seen by the final synchronisation) to returning.
-  double host_before_first_kernel_ms = 0, host_after_last_kernel_ms = 0;
+  // when it is idle). The call returns without waiting for the last kernel.
+  double host_before_first_kernel_ms = 0;
   std::string transport;  // how the blocks travelled: the communicator's back end, or "copy-engines"
 };
 

@@ -5,7 +5,6 @@
 #include "attention/cuda/ring_cuda.h"
 
 #include <algorithm>
-#include <initializer_list>
 
 #include "attention/block_schedule.h"
 #include "attention/cuda/block_checksum.h"
@@ -24,15 +23,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // The trailers that arrived and the checksums recomputed on arrival (device, n each; step 0 unused),
-// read once `streams` (the compute stream and the communicator's, which checks arrivals) are done:
+// read once `stream` (the communicator's, which checks arrivals) is done:
 // the first mismatch is an error naming the step, the ranks and both checksums. The corrupted block
 // was folded into the carry, which is discarded with the error: nothing is finalized or written.
 void check_arrived_blocks(const Tensor& checks, int n, int rank, size_t payload, const AttentionInputs& in,
-                          const char* transport, std::initializer_list<cudaStream_t> streams) {
+                          const char* transport, cudaStream_t stream) {
   std::vector<BlockTrailer> host(2 * size_t(n));
-  for (cudaStream_t stream : streams)  // non-blocking streams: cudaMemcpy alone would not wait
-    RA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  RA_CUDA_CHECK(cudaMemcpy(host.data(), checks.view().data(), host.size() * sizeof(BlockTrailer), cudaMemcpyDeviceToHost));
+  RA_CUDA_CHECK(cudaMemcpyAsync(host.data(), checks.view().data(), host.size() * sizeof(BlockTrailer),
+                                cudaMemcpyDeviceToHost, stream));
+  RA_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (int step = 1; step < n; ++step) {
     const BlockTrailer& got = host[size_t(step)];
     const uint64_t recomputed = host[size_t(n + step)].checksum;
@@ -176,6 +175,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   };
 
   stats_ = RingStats{};
+  step_times_pending_ = false;  // the events are recorded again
   stats_.transport = ring_transport_name(copy_engines_ ? RingTransport::kCopyEngines : RingTransport::kNccl);
   const bool timed = ctx_.time_steps;
   if (timed)
@@ -208,6 +208,18 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     if (timed) event(step, 1)->record(stream_);
     compute_done.record(stream_);
     stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
+    // Every block has arrived and been checked on the communicator's stream; compare while the last
+    // kernel runs, so that nothing waits for the device at the end and the caller's next work (the
+    // finalize) queues right behind it. On a mismatch the last kernel is let finish before the error
+    // leaves (it writes the caller's carry), and the carry is discarded with it.
+    if (verify && step + 1 == n) {
+      try {
+        check_arrived_blocks(checks_, n, rank, payload, in, transport, nccl->stream());
+      } catch (...) {
+        cudaStreamSynchronize(stream_);
+        throw;
+      }
+    }
     std::unique_ptr<PendingExchange> pending;
     if (exchange) {
       if (step == 0) pack_own_block();
@@ -238,20 +250,23 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     ++stats_.steps;
   }
   if (blocks_free_) blocks_free_->record(stream_);
-  std::chrono::steady_clock::time_point last_kernel_done;
-  if (timed) {
-    RA_CUDA_CHECK(cudaEventSynchronize(event(n - 1, 1)->get()));
-    last_kernel_done = std::chrono::steady_clock::now();
-  }
-  if (verify) check_arrived_blocks(checks_, n, rank, payload, in, transport, {stream_, nccl->stream()});
-  if (timed) {
+  step_times_pending_ = timed;  // read from the events by last_stats(), once the caller has waited
+}
+
+const RingStats& RingAttentionCuda::last_stats() const {
+  if (step_times_pending_) {
+    step_times_pending_ = false;
+    const int n = stats_.steps;
+    auto event = [&](int step, int which) { return step_events_[4 * size_t(step) + size_t(which)].get(); };
+    RA_CUDA_CHECK(cudaEventSynchronize(event(n - 1, 1)->get()));  // the last on each stream
+    if (n > 1) RA_CUDA_CHECK(cudaEventSynchronize(event(n - 2, 3)->get()));
     for (int step = 0; step < n; ++step) {
       stats_.step_compute_ms.push_back(event(step, 1)->milliseconds_since(*event(step, 0)));
       if (step + 1 < n) stats_.step_exchange_ms.push_back(event(step, 3)->milliseconds_since(*event(step, 2)));
     }
     stats_.ring_ms = event(n - 1, 1)->milliseconds_since(*event(0, 0));
-    stats_.host_after_last_kernel_ms = 1e3 * seconds_since(last_kernel_done);
   }
+  return stats_;
 }
 
 }  // namespace ra

@@ -32,7 +32,8 @@ class RingAttentionCuda final : public CudaAttentionImpl {
                   Carry& carry) const override;
   void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                          Carry& carry) const override;
-  const RingStats& last_stats() const { return stats_; }
+  // The last call's statistics; its per-step device times once the caller has waited for the device.
+  const RingStats& last_stats() const;
 
  private:
   // Both entry points: `entered` is when the caller's call began (RingStats' host times).
@@ -58,6 +59,7 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   // RingContext::time_steps: per step, compute start / end on the compute stream and exchange start
   // / end on the communicator's stream.
   mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
+  mutable bool step_times_pending_ = false;  // the last call's events are not yet read into stats_
   // Copy engines: chosen in the constructor; the next rank's block buffers mapped here once they exist.
   bool copy_engines_ = false;
   mutable std::unique_ptr<PeerCopyRing> peers_;
