@@ -9,7 +9,7 @@
 # per-step device times), `tables` (the ratio rows at 8192-32768 tokens per GPU), `wide` (head_dim 256), `scaling`
 # (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs), `transport` (the ring over NCCL and over copy
 # engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
-# build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant);
+# build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant), `checksums` (the ring with and without block checksums, and the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -146,6 +146,20 @@ if has versus; then  # this build's ringattn and every variants/ringattn_* (or t
       echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
       for t in 32768 8192; do for causal in "" "--causal"; do bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done; done
       bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag
+    done
+  done
+fi
+if has checksums; then  # what the block checksums cost the ring at 8192 tokens per GPU: this build with and without them, and the variants
+  [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
+  bench 1 --impl flash_attn2 --seq 32768 --iters 10 --causal
+  for round in 1 2; do
+    for causal in "--causal --layout zigzag" ""; do
+      for b in $bin $build/variants/ringattn_*; do
+        echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
+        bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 $causal
+      done
+      echo "# $(basename $bin) --no-block-checksums, round $round" | tee -a "$out/bench.txt"
+      bench "$gpus" --impl ring --seq 32768 --iters 10 $causal --no-block-checksums
     done
   done
 fi

@@ -23,7 +23,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // The trailers that arrived and the checksums recomputed on arrival (device, n each; step 0 unused),
-// read once `stream` (the communicator's, which checks arrivals) is done:
+// read once `stream` (the one that checks arrivals) is done:
 // the first mismatch is an error naming the step, the ranks and both checksums. The corrupted block
 // was folded into the carry, which is discarded with the error: nothing is finalized or written.
 void check_arrived_blocks(const Tensor& checks, int n, int rank, size_t payload, const AttentionInputs& in,
@@ -134,12 +134,14 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   RA_CHECK(int64_t(query_positions_.size()) == in.q.dim(1), "q dimension 1 (q_len) is ", in.q.dim(1), " on rank ",
            rank, ", expected the local shard of ", query_positions_.size(), " rows");
   CudaEvent inputs_ready;     // q, k and v written (by whatever the caller queued before this call)
-  CudaEvent arrival_checked;  // on the communicator's stream, after the last arrival and its checks
+  CudaEvent arrived_block;    // on the communicator's stream, after a block arrived
+  CudaEvent arrival_checked;  // after the last arrival and its checks (the compute stream waits for it)
   CudaEvent compute_done;     // the last compute queued on the compute stream
   inputs_ready.record(stream_);
   // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
   // compared on the host once at the end, before anything is finalized.
   reserve_scratch(checks_, 2 * n * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
+  if (verify && !check_stream_) check_stream_ = std::make_unique<CudaStream>();
   auto* arrived = checks_.data<BlockTrailer>();
   auto* recomputed = arrived + n;
   char* base[2] = {nullptr, nullptr};
@@ -208,13 +210,13 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     if (timed) event(step, 1)->record(stream_);
     compute_done.record(stream_);
     stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
-    // Every block has arrived and been checked on the communicator's stream; compare while the last
+    // Every block has arrived and been checked on the check stream; compare while the last
     // kernel runs, so that nothing waits for the device at the end and the caller's next work (the
     // finalize) queues right behind it. On a mismatch the last kernel is let finish before the error
     // leaves (it writes the caller's carry), and the carry is discarded with it.
     if (verify && step + 1 == n) {
       try {
-        check_arrived_blocks(checks_, n, rank, payload, in, transport, nccl->stream());
+        check_arrived_blocks(checks_, n, rank, payload, in, transport, check_stream_->get());
       } catch (...) {
         cudaStreamSynchronize(stream_);
         throw;
@@ -227,17 +229,21 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       pending = peers_ ? peers_->shift(base[cur], size_t(1 - cur) * stride, bytes, step, ctx_.step_timeout)
                        : nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
       if (timed) event(step, 3)->record(nccl->stream());
-      // The block that arrived, checked on the communicator's stream (off the compute stream's path);
-      // the corruption fault lands before the check, as a flip in flight would.
+      // The corruption fault lands before the check, as a flip in flight would.
       char* got = base[1 - cur];
       if (const std::optional<size_t> at = corrupted_byte(ctx_.fault, rank, step, payload))
         flip_byte_cuda(got, *at, nccl->stream());
       if (verify) {
+        // The block that arrived is checked on a stream of its own at the compute stream's priority:
+        // its blocks then run after the attention kernel's last ones are dispatched, on the SMs its
+        // last wave leaves idle, instead of taking SMs from it at the communicator's high priority.
+        arrived_block.record(nccl->stream());
+        RA_CUDA_CHECK(cudaStreamWaitEvent(check_stream_->get(), arrived_block.get(), 0));
         RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], got + payload, sizeof(BlockTrailer), cudaMemcpyDeviceToDevice,
-                                      nccl->stream()));
-        block_checksum_cuda(got, payload, &recomputed[step + 1].checksum, nccl->stream());
+                                      check_stream_->get()));
+        block_checksum_cuda(got, payload, &recomputed[step + 1].checksum, check_stream_->get());
       }
-      arrival_checked.record(nccl->stream());  // long done when the next compute starts, as a rule
+      arrival_checked.record(verify ? check_stream_->get() : nccl->stream());
     }
     if (pending) {
       const auto t1 = std::chrono::steady_clock::now();

@@ -56,6 +56,7 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   // cudaFree stalls the device. `blocks_free_` marks the last compute that read the blocks.
   mutable Tensor blocks_, checks_;
   mutable std::unique_ptr<CudaEvent> blocks_free_;  // made on first use (constructing needs no GPU)
+  mutable std::unique_ptr<CudaStream> check_stream_;  // checksums of arriving blocks; made on first use
   // RingContext::time_steps: per step, compute start / end on the compute stream and exchange start
   // / end on the communicator's stream.
   mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
