@@ -139,7 +139,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   CudaEvent compute_done;     // the last compute queued on the compute stream
   inputs_ready.record(stream_);
   // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
-  // compared on the host once at the end, before anything is finalized.
+  // compared on the host while the last kernel runs, before anything is finalized.
   reserve_scratch(checks_, 2 * n * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
   if (verify && !check_stream_) check_stream_ = std::make_unique<CudaStream>();
   auto* arrived = checks_.data<BlockTrailer>();
