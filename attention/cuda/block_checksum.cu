@@ -14,10 +14,32 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+__device__ __forceinline__ uint64_t mixed_word(uint64_t word, size_t index) {
+  return mix64(word ^ (index * 0x9e3779b97f4a7c15ull));
+}
+
+// Word pairs as 16-byte loads, kLoads of them in flight per thread: with one 8-byte load at a time the
+// kernel waited on memory latency and held its SMs several times longer (the ring's first checksum
+// runs at high priority beside the attention kernel). The data is 16-byte aligned (block buffers).
+constexpr int kLoads = 4;
+
 __global__ void checksum_kernel(const uint64_t* words, size_t count, unsigned long long* sum) {
+  const auto* pairs = reinterpret_cast<const ulonglong2*>(words);
+  const size_t pair_count = count / 2, stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   uint64_t local = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
-    local += mix64(words[i] ^ (i * 0x9e3779b97f4a7c15ull));
+  for (; i + (kLoads - 1) * stride < pair_count; i += kLoads * stride) {
+    ulonglong2 v[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) v[u] = pairs[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const size_t w = 2 * (i + u * stride);
+      local += mixed_word(v[u].x, w) + mixed_word(v[u].y, w + 1);
+    }
+  }
+  for (; i < pair_count; i += stride) local += mixed_word(pairs[i].x, 2 * i) + mixed_word(pairs[i].y, 2 * i + 1);
+  if (count % 2 == 1 && blockIdx.x == 0 && threadIdx.x == 0) local += mixed_word(words[count - 1], count - 1);
   for (int offset = 16; offset > 0; offset >>= 1) local += __shfl_xor_sync(0xffffffffu, local, offset);
   if (threadIdx.x % 32 == 0) atomicAdd(sum, static_cast<unsigned long long>(local));
 }
@@ -29,8 +51,11 @@ __global__ void trailer_kernel(BlockTrailer* trailer, uint32_t origin_rank) {
 void launch_checksum(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream) {
   const size_t count = bytes / 8;
   if (count == 0) return;
+  RA_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0, "block checksum: the data at ", data,
+           " is not 16-byte aligned (the ring's block buffers are)");
   const int threads = 256;
-  const int blocks = int(std::min<size_t>((count + threads - 1) / threads, 1024));
+  const size_t per_block = size_t(threads) * kLoads * 2;  // words one pass of a block covers
+  const int blocks = int(std::min<size_t>((count + per_block - 1) / per_block, 1024));
   checksum_kernel<<<blocks, threads, 0, stream>>>(static_cast<const uint64_t*>(data), count,
                                                   reinterpret_cast<unsigned long long*>(sum));
   RA_CUDA_CHECK(cudaGetLastError());

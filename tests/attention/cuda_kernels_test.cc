@@ -321,6 +321,15 @@ TEST(BlockChecksum, SameBytesSameSumAnyChangeDiffers) {
     return out;
   };
   const uint64_t base = checksum(words);
+  // The definition, on the host: the sum of SplitMix64(word ^ index * golden ratio) over the words.
+  uint64_t expected = 0;
+  for (size_t i = 0; i < words.size(); ++i) {
+    uint64_t x = words[i] ^ (i * 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    expected += x ^ (x >> 31);
+  }
+  EXPECT_EQ(base, expected);
   EXPECT_EQ(checksum(words), base);
   std::vector<uint64_t> flipped = words;
   flipped[77777] ^= uint64_t(1) << 41;
