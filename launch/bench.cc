@@ -188,7 +188,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                 time * 1e3, flops / time * 1e-9, comm * 1e3, hidden * 100);
     if (job.on_device) std::printf("  device memory in use on the busiest rank: %.2f GiB (CUDA context and NCCL included)\n", device_gib);
     const RingStats* stats = ring_stats(*impl);
-    if (stats && n > 1) std::printf("  ring transport: %s\n", stats->transport.c_str());
+    if (stats && n > 1)  // comm(ms) above times the communicator's own shifts, whatever moved the ring's blocks
+      std::printf("  ring transport: %s%s\n", stats->transport.c_str(),
+                  stats->transport == ctx.comm->backend_name() ? "" : " (comm(ms) times the communicator's shifts)");
     if (stats && !stats->step_compute_ms.empty()) {  // rank 0's last iteration, device times
       float kernels = 0;
       for (float ms : stats->step_compute_ms) kernels += ms;
