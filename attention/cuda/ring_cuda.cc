@@ -182,7 +182,6 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   const bool timed = ctx_.time_steps;
   if (timed)
     while (step_events_.size() < 4 * size_t(n)) step_events_.push_back(std::make_unique<CudaEvent>(true));
-  auto event = [&](int step, int which) { return step_events_[4 * size_t(step) + size_t(which)].get(); };
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     inject_process_fault(ctx_.fault, rank, step);
@@ -197,7 +196,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     if (step > 0) RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, arrival_checked.get(), 0));
     const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
     const auto t0 = std::chrono::steady_clock::now();
-    if (timed) event(step, 0)->record(stream_);
+    if (timed) step_event(step, 0)->record(stream_);
     if (ring_block_skipped(q_lo_, q_hi_, k_host, params)) {
       ++stats_.skipped;
     } else {
@@ -207,7 +206,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       local_->accumulate_device(block, block_pos, params, carry);
     }
     if (step == 0) stats_.host_before_first_kernel_ms = 1e3 * seconds_since(entered);
-    if (timed) event(step, 1)->record(stream_);
+    if (timed) step_event(step, 1)->record(stream_);
     compute_done.record(stream_);
     stats_.compute_seconds += seconds_since(t0);  // host time to queue; device time is in the bench
     // Every block has arrived and been checked on the check stream; compare while the last
@@ -225,10 +224,10 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     std::unique_ptr<PendingExchange> pending;
     if (exchange) {
       if (step == 0) pack_own_block();
-      if (timed) event(step, 2)->record(nccl->stream());
+      if (timed) step_event(step, 2)->record(nccl->stream());
       pending = peers_ ? peers_->shift(base[cur], size_t(1 - cur) * stride, bytes, step, ctx_.step_timeout)
                        : nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
-      if (timed) event(step, 3)->record(nccl->stream());
+      if (timed) step_event(step, 3)->record(nccl->stream());
       // The corruption fault lands before the check, as a flip in flight would.
       char* got = base[1 - cur];
       if (const std::optional<size_t> at = corrupted_byte(ctx_.fault, rank, step, payload))
@@ -259,18 +258,22 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   step_times_pending_ = timed;  // read from the events by last_stats(), once the caller has waited
 }
 
+CudaEvent* RingAttentionCuda::step_event(int step, int which) const {
+  return step_events_[4 * size_t(step) + size_t(which)].get();
+}
+
 const RingStats& RingAttentionCuda::last_stats() const {
   if (step_times_pending_) {
     step_times_pending_ = false;
     const int n = stats_.steps;
-    auto event = [&](int step, int which) { return step_events_[4 * size_t(step) + size_t(which)].get(); };
-    RA_CUDA_CHECK(cudaEventSynchronize(event(n - 1, 1)->get()));  // the last on each stream
-    if (n > 1) RA_CUDA_CHECK(cudaEventSynchronize(event(n - 2, 3)->get()));
+    RA_CUDA_CHECK(cudaEventSynchronize(step_event(n - 1, 1)->get()));  // the last on each stream
+    if (n > 1) RA_CUDA_CHECK(cudaEventSynchronize(step_event(n - 2, 3)->get()));
     for (int step = 0; step < n; ++step) {
-      stats_.step_compute_ms.push_back(event(step, 1)->milliseconds_since(*event(step, 0)));
-      if (step + 1 < n) stats_.step_exchange_ms.push_back(event(step, 3)->milliseconds_since(*event(step, 2)));
+      stats_.step_compute_ms.push_back(step_event(step, 1)->milliseconds_since(*step_event(step, 0)));
+      if (step + 1 < n)
+        stats_.step_exchange_ms.push_back(step_event(step, 3)->milliseconds_since(*step_event(step, 2)));
     }
-    stats_.ring_ms = event(n - 1, 1)->milliseconds_since(*event(0, 0));
+    stats_.ring_ms = step_event(n - 1, 1)->milliseconds_since(*step_event(0, 0));
   }
   return stats_;
 }

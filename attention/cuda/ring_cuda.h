@@ -1,10 +1,9 @@
 // `ring` on GPUs: the same schedule as the host ring (attention/ring.h), with K/V double-buffered in
 // device memory, the local kernel on the compute stream and the transfer (NCCL send/recv, or copy
 // engines over CUDA IPC) on the communicator's stream, ordered by events, so that step i's compute
-// overlaps step i+1's transfer. Step 0 computes on
-// the rank's own k and v while its copy is packed for the first exchange (queued after that kernel,
-// so the device starts computing as early as the host can launch). Device memory
-// per rank is the rank's Q, the carry, and two K/V blocks: O(T / N).
+// overlaps step i+1's transfer. Step 0 computes on the rank's own k and v while its copy is packed
+// for the first exchange (queued after that kernel, so the device starts computing as early as the
+// host can launch). Device memory per rank is the rank's Q, the carry, and two K/V blocks: O(T / N).
 #pragma once
 
 #include <chrono>
@@ -58,8 +57,9 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   mutable std::unique_ptr<CudaEvent> blocks_free_;  // made on first use (constructing needs no GPU)
   mutable std::unique_ptr<CudaStream> check_stream_;  // checksums of arriving blocks; made on first use
   // RingContext::time_steps: per step, compute start / end on the compute stream and exchange start
-  // / end on the communicator's stream.
+  // / end on the communicator's stream (`which` 0-3 of step_event).
   mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
+  CudaEvent* step_event(int step, int which) const;
   mutable bool step_times_pending_ = false;  // the last call's events are not yet read into stats_
   // Copy engines: chosen in the constructor; the next rank's block buffers mapped here once they exist.
   bool copy_engines_ = false;
