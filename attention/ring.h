@@ -36,7 +36,9 @@ struct RingContext {
   // Bitwise-identical results for any ring size and layout (host ring): an exact max pass and a
   // fixed-point sum pass (two trips around the ring, scalar kernels; see attention/exact_sum_cpu.h).
   bool deterministic = false;
-  // GPU ring: time every step's compute and exchange with CUDA events (RingStats::step_*_ms).
+  // GPU ring: time every step's compute and exchange with CUDA events (RingStats::step_*_ms). A
+  // timing event between two kernels keeps the second from starting on the SMs the first leaves idle,
+  // so a timed ring runs about 2% slower: for diagnosis, not for the time of a call.
   bool time_steps = false;
   FaultPlan fault = FaultPlan::from_environment();  // RINGATTN_FAULT, for the failure tests
   // GPU ring: the transport, and the sequence axis over MPI (same ranks, same order as `comm`), which

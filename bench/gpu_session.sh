@@ -9,7 +9,7 @@
 # per-step device times), `tables` (the ratio rows at 8192-32768 tokens per GPU), `wide` (head_dim 256), `scaling`
 # (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs), `transport` (the ring over NCCL and over copy
 # engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
-# build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant), `checksums` (the ring with and without block checksums, and the variants);
+# build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `checksums` (the ring with and without block checksums, and the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -85,8 +85,8 @@ if has steps; then  # per-step device times of the ring (kernels, exchanges, gap
   bench 1 --impl flash_attn2 --seq 8192 --iters 10
   bench 1 --impl flash_attn2 --seq 8192 --iters 10 --causal
   for causal in "" "--causal --layout zigzag"; do
-    bench 4 --impl ring --seq 32768 --iters 10 $causal
-    bench 2 --impl ring --seq 32768 --iters 10 $causal
+    bench 4 --impl ring --seq 32768 --iters 10 $causal --step-times
+    bench 2 --impl ring --seq 32768 --iters 10 $causal --step-times
   done
 fi
 if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer CTAs, larger chunks (4 GPUs)
@@ -141,12 +141,21 @@ if has ab; then  # the built binary (bin) against build/variants/ringattn_before
 fi
 if has versus; then  # this build's ringattn and every variants/ringattn_* (or the variants.tar.xz they travel in), in turn per round
   [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
+  ring_seqs=${ring_seqs:-32768}  # global T of the causal ring rows, e.g. ring_seqs="16384 32768"
   for round in 1 2; do
     for b in $bin $build/variants/ringattn_*; do
       echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
-      for t in 32768 8192; do for causal in "" "--causal"; do bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done; done
-      bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag
+      for t in $(printf '%s\n' 32768 8192 $ring_seqs | sort -nu); do
+        for causal in "" "--causal"; do bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done
+      done
+      for t in $ring_seqs; do bin=$b bench "$gpus" --impl ring --seq $t --iters 10 --causal --layout zigzag; done
     done
+  done
+fi
+if has chain; then  # the ring's kernels on one GPU without transfers (bin/ring_chain_gpu_bench), serial and overlapped
+  for args in "--ranks 4 --seq 32768 --causal" "--ranks 4 --rank 3 --seq 32768 --causal" "--ranks 4 --seq 32768" \
+              "--ranks 2 --seq 16384 --causal" "--ranks 4 --seq 131072 --causal"; do
+    $build/bin/ring_chain_gpu_bench $args --iters 15 2>&1 | tee -a "$out/chain.txt"
   done
 fi
 if has checksums; then  # what the block checksums cost the ring at 8192 tokens per GPU: this build with and without them, and the variants

@@ -91,6 +91,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, iters = 5, warmup = 1;
   std::string dtype_text = "f32", json_path;
+  bool step_times = false;
   po::options_description desc("ringattn bench");
   desc.add_options()("help", "this text")
     ("batch", po::value(&batch)->default_value(1), "B")
@@ -101,7 +102,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("dtype", po::value(&dtype_text)->default_value("f32"), "f32 | f16 | bf16")
     ("iters", po::value(&iters)->default_value(5), "timed iterations (median reported)")
     ("warmup", po::value(&warmup)->default_value(1), "untimed iterations first")
-    ("json", po::value(&json_path), "also write the row as JSON to this file");
+    ("json", po::value(&json_path), "also write the row as JSON to this file")
+    ("step-times", po::bool_switch(&step_times), "ring on GPUs: time each step with CUDA events (they keep each "
+     "step's kernel from starting before the previous one ends, so the ring runs a little slower)");
   add_attention_options(desc, opts);
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn bench --seq T --heads H --head-dim D [options]")) return kOk;
   if (kv_heads == 0) kv_heads = heads;
@@ -115,7 +118,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");
   RingContext ctx;
-  ctx.time_steps = true;  // the GPU ring's per-step device times, printed below
+  ctx.time_steps = step_times;  // the GPU ring's per-step device times, printed below
   auto impl = make_impl(opts, job, seq, seq, ctx);
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(seq, seq);
   const int n = ctx.comm->size();

@@ -26,8 +26,13 @@ class CudaAttentionImpl : public AttentionImpl {
   virtual void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                  Carry& carry) const = 0;
 
+  // Set by the ring before each block: whether the kernel queued on the stream just before the next
+  // accumulate_device writes nothing that call reads but the carry (CudaAttentionArgs::after_carry_writer).
+  void set_after_carry_writer(bool value) { after_carry_writer_ = value; }
+
  protected:
   cudaStream_t stream_ = nullptr;
+  bool after_carry_writer_ = false;
   mutable DevicePositionBuffer positions_;
 };
 

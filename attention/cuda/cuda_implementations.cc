@@ -27,7 +27,9 @@ class FlashCuda final : public CudaAttentionImpl {
   }
   void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                          Carry& carry) const override {
-    flash_accumulate_cuda(make_cuda_args(in, pos, params, carry), in.q.dtype(), stream_);
+    CudaAttentionArgs args = make_cuda_args(in, pos, params, carry);
+    args.after_carry_writer = after_carry_writer_;
+    flash_accumulate_cuda(args, in.q.dtype(), stream_);
   }
 };
 

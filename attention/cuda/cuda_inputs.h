@@ -44,6 +44,10 @@ struct CudaAttentionArgs {
   float* numerator = nullptr;      // the carry, (B, Hq, T, Dv) and (B, Hq, T) f32
   float* denominator = nullptr;
   float* max = nullptr;
+  // The kernel queued just before this one on the stream writes nothing this one reads but the carry
+  // (the ring's previous block): this one may start while it runs, waiting for it only before its
+  // carry is read (programmatic dependent launch; the sm_90a flash kernel, others ignore it).
+  bool after_carry_writer = false;
 };
 
 // Checks that every tensor of `in` and the carry live in CUDA memory (naming the first that does not)

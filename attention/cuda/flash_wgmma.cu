@@ -38,7 +38,20 @@ __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b
                                    [](int r, int c) { return slab_offset<kRows>(r, c); });
 }
 
-template <typename T, int D>
+// Pulls `bytes` (rounded down to 16) at `p` into L2 with no registers held; 16-byte aligned ranges
+// only. L2 is where writes from other SMs land, so this may run before the previous kernel ends.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if (bytes >= 16 && reinterpret_cast<uintptr_t>(p) % 16 == 0)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes & ~15u) : "memory");
+#endif
+}
+
+// kAfterCarryWriter: launched behind the previous block's kernel (CudaAttentionArgs::after_carry_writer),
+// this block's part starts empty and meets the carry at the end (merge_into_carry); otherwise it
+// starts from the carry, whose loads then overlap Q's. Two instantiations rather than a branch: the
+// kernel sits at its register limit and either branch in the other's code slowed it by 2%.
+template <typename T, int D, bool kAfterCarryWriter>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -49,6 +62,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   T* v_smem = k_smem + 2 * kBlockN * D;  // two buffers of kBlockN x D
   __shared__ int64_t warp_q_lo[kWarps], warp_q_hi[kWarps];
 
+  // The next kernel on the stream, when launched as dependent of this one, may start on the SMs this
+  // grid's last blocks leave idle: all of its inputs but the carry are ready (see merge_into_carry).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
   // Causal: later query rows see more keys. Blocks start in index order, so the longest go first and
   // the last wave is made of short ones (a shorter tail).
@@ -75,7 +91,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
 
   float o[kTilesD][4], m_row[2], l_row[2];
   const int64_t carry_row0 = (int64_t(b) * a.q_heads + h) * a.q_len;
-  load_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+  if constexpr (kAfterCarryWriter) {
+    m_row[0] = m_row[1] = -INFINITY, l_row[0] = l_row[1] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTilesD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  } else {
+    load_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+  }
   const float scale_log2 = a.scale * kLog2e;
 
   int first, last;
@@ -96,6 +118,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
       load_slabs<T, D, kBlockN>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
     if (i < tiles) load_slabs<T, D, kBlockN>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len, tid);
     copy_commit();
+    if constexpr (kAfterCarryWriter) {
+      if (i + 1 == tiles && tid == 0) {  // the carry rows the merge reads, during the last tile
+        const int64_t first_row = carry_row0 + m0;
+        const uint32_t rows = uint32_t(min(kBlockM, a.q_len - m0));
+        prefetch_l2(a.numerator + first_row * D, rows * D * sizeof(float));
+        prefetch_l2(a.max + first_row, rows * sizeof(float));
+        prefetch_l2(a.denominator + first_row, rows * sizeof(float));
+      }
+    }
   };
   auto issue_qk = [&](int i, float(&s)[kTilesN][4]) {
     const uint32_t k_tile = smem_address(k_smem + (i % 2) * kBlockN * D);
@@ -174,7 +205,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     wgmma::pin(o);
   }
   copy_wait_all();
-  store_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+  if constexpr (!kAfterCarryWriter) {
+    store_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+  } else if (tiles > 0) {  // a block that sees no key leaves the carry as it is
+    // The kernel this one was launched behind has finished and its carry writes are visible.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    merge_into_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+  }
 #endif
 }
 
@@ -185,11 +222,19 @@ constexpr size_t smem_bytes() {
 
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
-  auto kernel = flash_wgmma_kernel<T, D>;
+  auto kernel = a.after_carry_writer ? flash_wgmma_kernel<T, D, true> : flash_wgmma_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<T, D>())));
-  const dim3 grid(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
-  kernel<<<grid, kThreads, smem_bytes<T, D>(), stream>>>(a);
-  RA_CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes<T, D>();
+  config.stream = stream;
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = a.after_carry_writer ? 1 : 0;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a));
 }
 
 }  // namespace
@@ -200,7 +245,7 @@ bool flash_wgmma_available() {
   static const bool available = [] {
     cudaFuncAttributes attributes{};
     return cuda_device_count() > 0 &&
-           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128>) == cudaSuccess &&
+           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128, false>) == cudaSuccess &&
            attributes.binaryVersion == 90;
   }();
   return available;

@@ -1,7 +1,9 @@
 // The GPU ring. Per step: the compute stream folds the held block into the carry; the communicator's
-// stream waits until the buffer it receives into is no longer read (the previous step's compute),
-// then shifts the held block; the host waits for the shift with a deadline (NCCL errors are polled
-// meanwhile) before it queues the next step, which reads the block that arrived.
+// stream waits until the buffer it receives into is no longer read (the previous step's compute and
+// the check of the block it held), then shifts the held block; the host waits for the shift with a
+// deadline (NCCL errors are polled meanwhile) before it queues the next step, which reads the block
+// that arrived. Each step's kernel may start on the SMs the previous step's last blocks leave idle
+// (it waits for the previous kernel only before it reads the carry).
 #include "attention/cuda/ring_cuda.h"
 
 #include <algorithm>
@@ -134,8 +136,8 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   RA_CHECK(int64_t(query_positions_.size()) == in.q.dim(1), "q dimension 1 (q_len) is ", in.q.dim(1), " on rank ",
            rank, ", expected the local shard of ", query_positions_.size(), " rows");
   CudaEvent inputs_ready;     // q, k and v written (by whatever the caller queued before this call)
-  CudaEvent arrived_block;    // on the communicator's stream, after a block arrived
-  CudaEvent arrival_checked;  // after the last arrival and its checks (the compute stream waits for it)
+  CudaEvent arrived_block;    // on the communicator's stream, after a block arrived (the next kernel reads it)
+  CudaEvent arrival_checked;  // after the last arrival's checksum (the buffer's next writer waits for it)
   CudaEvent compute_done;     // the last compute queued on the compute stream
   inputs_ready.record(stream_);
   // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
@@ -182,7 +184,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   const bool timed = ctx_.time_steps;
   if (timed)
     while (step_events_.size() < 4 * size_t(n)) step_events_.push_back(std::make_unique<CudaEvent>(true));
-  int cur = 0;
+  int cur = 0, kernels_queued = 0;
   for (int step = 0; step < n; ++step) {
     inject_process_fault(ctx_.fault, rank, step);
     const int src = ring_source_rank(rank, step, n);
@@ -192,8 +194,11 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     // compute stream would idle meanwhile), but the exchange waits only for the previous compute,
     // which last read the buffer it receives into (at step 0: the previous call's, see pack_own_block).
     const bool exchange = step + 1 < n;
-    if (exchange && step > 0) nccl->stream_wait(compute_done.get());
-    if (step > 0) RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, arrival_checked.get(), 0));
+    if (exchange && step > 0) {
+      nccl->stream_wait(compute_done.get());
+      if (verify) nccl->stream_wait(arrival_checked.get());  // the checksum read the block that goes on now
+    }
+    if (step > 0) RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, arrived_block.get(), 0));  // the block it reads
     const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
     const auto t0 = std::chrono::steady_clock::now();
     if (timed) step_event(step, 0)->record(stream_);
@@ -203,7 +208,11 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       const AttentionInputs block = step > 0 ? layout.view(in, base[cur], MemoryKind::kCuda) : in;
       const DevicePositions block_pos{pos.q, pos.k + int64_t(src) * local_kv, pos.total_keys, pos.keys_sorted,
                                       query_positions_.data(), k_host.data()};
+      // After the first kernel of this call, the compute stream holds only this call's kernels (and
+      // events): the previous one writes nothing this one reads but the carry.
+      local_->set_after_carry_writer(kernels_queued > 0);
       local_->accumulate_device(block, block_pos, params, carry);
+      ++kernels_queued;
     }
     if (step == 0) stats_.host_before_first_kernel_ms = 1e3 * seconds_since(entered);
     if (timed) step_event(step, 1)->record(stream_);
@@ -232,17 +241,17 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       char* got = base[1 - cur];
       if (const std::optional<size_t> at = corrupted_byte(ctx_.fault, rank, step, payload))
         flip_byte_cuda(got, *at, nccl->stream());
+      arrived_block.record(nccl->stream());
       if (verify) {
         // The block that arrived is checked on a stream of its own at the compute stream's priority:
         // its blocks then run after the attention kernel's last ones are dispatched, on the SMs its
         // last wave leaves idle, instead of taking SMs from it at the communicator's high priority.
-        arrived_block.record(nccl->stream());
         RA_CUDA_CHECK(cudaStreamWaitEvent(check_stream_->get(), arrived_block.get(), 0));
         RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], got + payload, sizeof(BlockTrailer), cudaMemcpyDeviceToDevice,
                                       check_stream_->get()));
         block_checksum_cuda(got, payload, &recomputed[step + 1].checksum, check_stream_->get());
+        arrival_checked.record(check_stream_->get());
       }
-      arrival_checked.record(verify ? check_stream_->get() : nccl->stream());
     }
     if (pending) {
       const auto t1 = std::chrono::steady_clock::now();

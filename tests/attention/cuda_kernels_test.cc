@@ -7,7 +7,9 @@
 #include <cstring>
 #include <random>
 
+#include "attention/carry.h"
 #include "attention/cuda/block_checksum.h"
+#include "attention/cuda/cuda_attention.h"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_wgmma.h"
 #include "attention/registry.h"
@@ -165,6 +167,51 @@ TEST(CudaFlash, SplitKeysThroughTheCarryEqualsOneCall) {
 }
 
 // The device merge / fold / finalize against the host ones, with empty rows on either side.
+// The ring's chain of blocks: each kernel after the first starts while the previous one runs and
+// waits for it only before it merges its part into the carry. Against the f64 reference over all the
+// keys (a kernel that read the carry too early would drop a block's part), as is the same chain with
+// each kernel starting after the previous one.
+TEST(CudaFlash, BlocksStartingBeforeThePreviousEndsMatchTheReference) {
+  RA_REQUIRE_GPU();
+  ProblemSpec spec{1, 1000, 1000, 8, 2, 128, 128, DType::kBF16, Options{}, 11};
+  spec.options.causal = true;  // query blocks that see none of a later key block leave the carry alone
+  Problem p(spec);
+  const AttentionInputs host_in = p.inputs();
+  const InputsCopy dev = copy_inputs(host_in, MemoryKind::kCuda);
+  std::unique_ptr<AttentionImpl> impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  auto* flash = dynamic_cast<CudaAttentionImpl*>(impl.get());
+  ASSERT_NE(flash, nullptr);
+  CudaStream stream;
+  flash->set_cuda_stream(stream.get());
+  DevicePositionBuffer upload;
+  const TokenPositions all = TokenPositions::dense(spec.q_len, spec.kv_len);
+  const DevicePositions pos = upload.upload(all, stream.get());
+  const ReferenceOutput ref = reference_attention_f64(host_in, p.params(), all);
+  for (bool overlap : {true, false}) {
+    Carry carry = Carry::empty(1, spec.q_heads, spec.q_len, 128, MemoryKind::kCuda);
+    reset(carry, stream.get());
+    constexpr int64_t kBlock = 250;
+    for (int64_t start = 0; start < spec.kv_len; start += kBlock) {
+      AttentionInputs block = dev.inputs;
+      block.k = narrow(dev.inputs.k, 1, start, kBlock);
+      block.v = narrow(dev.inputs.v, 1, start, kBlock);
+      DevicePositions block_pos = pos;
+      block_pos.k = pos.k + start;
+      flash->set_after_carry_writer(overlap && start > 0);
+      flash->accumulate_device(block, block_pos, p.params(), carry);
+    }
+    Tensor o(spec.dtype, {1, spec.q_len, spec.q_heads, 128}, MemoryKind::kCuda);
+    Tensor lse(DType::kF32, {1, spec.q_heads, spec.q_len}, MemoryKind::kCuda);
+    finalize(carry, TensorView(), o, lse, stream.get());
+    stream.synchronize();
+    const Comparison cmp = compare(to_memory(o, MemoryKind::kHost), to_memory(lse, MemoryKind::kHost), ref,
+                                   output_tolerance(spec.dtype, max_abs_value(host_in.v)), kLseTolerance);
+    EXPECT_EQ(cmp.nan, 0) << (overlap ? "overlapped" : "one after another");
+    EXPECT_EQ(cmp.wrong, 0) << (overlap ? "overlapped" : "one after another") << ": max |error| " << cmp.max_abs_error
+                            << ", max LSE error " << cmp.max_lse_error;
+  }
+}
+
 TEST(CudaCarry, MergeAndFinalizeMatchHost) {
   RA_REQUIRE_GPU();
   const int64_t B = 2, H = 3, T = 17, Dv = 40;
