@@ -9,7 +9,7 @@
 # per-step device times), `tables` (the ratio rows at 8192-32768 tokens per GPU), `wide` (head_dim 256), `scaling`
 # (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs), `transport` (the ring over NCCL and over copy
 # engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
-# build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `checksums` (the ring with and without block checksums, and the variants);
+# build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `aim` (one GPU and the ring at 8192 and 16384 tokens per GPU, causal and not, with the variants), `checksums` (the ring with and without block checksums, and the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -149,6 +149,20 @@ if has versus; then  # this build's ringattn and every variants/ringattn_* (or t
         for causal in "" "--causal"; do bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done
       done
       for t in $ring_seqs; do bin=$b bench "$gpus" --impl ring --seq $t --iters 10 --causal --layout zigzag; done
+    done
+  done
+fi
+if has aim; then  # issue 4's cells at 8192 and 16384 tokens per GPU on the GPUs lent: one GPU and the ring, causal and not, this build and every variant, interleaved
+  [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
+  for round in 1 2; do
+    for b in $bin $build/variants/ringattn_*; do
+      echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
+      for t in $((8192 * gpus)) $((16384 * gpus)); do
+        for causal in "" "--causal --layout zigzag"; do
+          bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
+          bin=$b bench "$gpus" --impl ring --seq $t --iters 10 $causal
+        done
+      done
     done
   done
 fi

@@ -95,8 +95,8 @@ class Chain {
     q_lo_ = *std::min_element(all.q.begin(), all.q.end());
     q_hi_ = *std::max_element(all.q.begin(), all.q.end());
     positions_ = upload_.upload(all, stream_);
-    positions_.keys_sorted = std::all_of(keys_.begin(), keys_.end(),
-                                         [](const std::vector<int64_t>& k) { return std::is_sorted(k.begin(), k.end()); });
+    auto sorted = [](const std::vector<int64_t>& k) { return std::is_sorted(k.begin(), k.end()); };
+    positions_.keys_sorted = std::all_of(keys_.begin(), keys_.end(), sorted);
     local_ = make_local();
   }
 

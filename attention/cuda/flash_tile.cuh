@@ -266,26 +266,19 @@ __device__ __forceinline__ void store_carry(const CudaAttentionArgs& a, int64_t 
 template <int DT>
 __device__ __forceinline__ void merge_into_carry(const CudaAttentionArgs& a, int64_t carry_row0, int row0, int lane,
                                                  float (&o)[DT][4], float (&m_row)[2], float (&l_row)[2]) {
+  float carry_o[DT][4], carry_m[2], carry_l[2];
+  load_carry(a, carry_row0, row0, lane, carry_o, carry_m, carry_l);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int row = row0 + i * 8;
-    const bool valid = row < a.q_len;
-    const float stored_max = valid ? a.max[carry_row0 + row] : -INFINITY;
-    const float carry_m = stored_max == -INFINITY ? -INFINITY : stored_max * kLog2e;
-    const float m_new = fmaxf(m_row[i], carry_m);
+    const float m_new = fmaxf(m_row[i], carry_m[i]);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // both empty: every term below is 0
-    const float mine = fast_exp2(m_row[i] - m_use), theirs = fast_exp2(carry_m - m_use);
-    const float carry_l = valid && lane % 4 == 0 ? a.denominator[carry_row0 + row] : 0.0f;
-    l_row[i] = l_row[i] * mine + carry_l * theirs;
+    const float mine = fast_exp2(m_row[i] - m_use), theirs = fast_exp2(carry_m[i] - m_use);
+    l_row[i] = l_row[i] * mine + carry_l[i] * theirs;
     m_row[i] = m_new;
 #pragma unroll
-    for (int j = 0; j < DT; ++j) {
-      const int col = j * 8 + (lane % 4) * 2;
-      const float2 c =
-          valid ? *reinterpret_cast<const float2*>(a.numerator + (carry_row0 + row) * DT * 8 + col) : float2{0, 0};
-      o[j][2 * i] = o[j][2 * i] * mine + c.x * theirs;
-      o[j][2 * i + 1] = o[j][2 * i + 1] * mine + c.y * theirs;
-    }
+    for (int j = 0; j < DT; ++j)
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; ++e) o[j][e] = o[j][e] * mine + carry_o[j][e] * theirs;
   }
   store_carry(a, carry_row0, row0, lane, o, m_row, l_row);
 }

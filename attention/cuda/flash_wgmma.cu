@@ -38,15 +38,6 @@ __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b
                                    [](int r, int c) { return slab_offset<kRows>(r, c); });
 }
 
-// Pulls `bytes` (rounded down to 16) at `p` into L2 with no registers held; 16-byte aligned ranges
-// only. L2 is where writes from other SMs land, so this may run before the previous kernel ends.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (bytes >= 16 && reinterpret_cast<uintptr_t>(p) % 16 == 0)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes & ~15u) : "memory");
-#endif
-}
-
 // kAfterCarryWriter: launched behind the previous block's kernel (CudaAttentionArgs::after_carry_writer),
 // this block's part starts empty and meets the carry at the end (merge_into_carry); otherwise it
 // starts from the carry, whose loads then overlap Q's. Two instantiations rather than a branch: the
@@ -118,15 +109,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
       load_slabs<T, D, kBlockN>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
     if (i < tiles) load_slabs<T, D, kBlockN>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len, tid);
     copy_commit();
-    if constexpr (kAfterCarryWriter) {
-      if (i + 1 == tiles && tid == 0) {  // the carry rows the merge reads, during the last tile
-        const int64_t first_row = carry_row0 + m0;
-        const uint32_t rows = uint32_t(min(kBlockM, a.q_len - m0));
-        prefetch_l2(a.numerator + first_row * D, rows * D * sizeof(float));
-        prefetch_l2(a.max + first_row, rows * sizeof(float));
-        prefetch_l2(a.denominator + first_row, rows * sizeof(float));
-      }
-    }
   };
   auto issue_qk = [&](int i, float(&s)[kTilesN][4]) {
     const uint32_t k_tile = smem_address(k_smem + (i % 2) * kBlockN * D);

@@ -1,9 +1,9 @@
 // The GPU ring. Per step: the compute stream folds the held block into the carry; the communicator's
-// stream waits until the buffer it receives into is no longer read (the previous step's compute and
-// the check of the block it held), then shifts the held block; the host waits for the shift with a
-// deadline (NCCL errors are polled meanwhile) before it queues the next step, which reads the block
-// that arrived. Each step's kernel may start on the SMs the previous step's last blocks leave idle
-// (it waits for the previous kernel only before it reads the carry).
+// stream waits until the buffer it receives into is no longer read (by the previous step's compute
+// and by the checksum of the block it held), then shifts the held block; the host waits for the
+// shift with a deadline (NCCL errors are polled meanwhile) before it queues the next step, which
+// reads the block that arrived. Each step's kernel may start on the SMs the previous step's last
+// blocks leave idle (it waits for the previous kernel only before it reads the carry).
 #include "attention/cuda/ring_cuda.h"
 
 #include <algorithm>
@@ -137,7 +137,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
            rank, ", expected the local shard of ", query_positions_.size(), " rows");
   CudaEvent inputs_ready;     // q, k and v written (by whatever the caller queued before this call)
   CudaEvent arrived_block;    // on the communicator's stream, after a block arrived (the next kernel reads it)
-  CudaEvent arrival_checked;  // after the last arrival's checksum (the buffer's next writer waits for it)
+  CudaEvent checked[2];       // after the checksum of the block that arrived in buffer i (its next writer waits)
   CudaEvent compute_done;     // the last compute queued on the compute stream
   inputs_ready.record(stream_);
   // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
@@ -196,7 +196,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     const bool exchange = step + 1 < n;
     if (exchange && step > 0) {
       nccl->stream_wait(compute_done.get());
-      if (verify) nccl->stream_wait(arrival_checked.get());  // the checksum read the block that goes on now
+      if (verify) nccl->stream_wait(checked[1 - cur].get());  // the checksum of the block it replaces
     }
     if (step > 0) RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, arrived_block.get(), 0));  // the block it reads
     const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
@@ -246,11 +246,12 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
         // The block that arrived is checked on a stream of its own at the compute stream's priority:
         // its blocks then run after the attention kernel's last ones are dispatched, on the SMs its
         // last wave leaves idle, instead of taking SMs from it at the communicator's high priority.
+        // Only the transfer that overwrites this buffer (two steps on) waits for it.
         RA_CUDA_CHECK(cudaStreamWaitEvent(check_stream_->get(), arrived_block.get(), 0));
         RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], got + payload, sizeof(BlockTrailer), cudaMemcpyDeviceToDevice,
                                       check_stream_->get()));
         block_checksum_cuda(got, payload, &recomputed[step + 1].checksum, check_stream_->get());
-        arrival_checked.record(check_stream_->get());
+        checked[1 - cur].record(check_stream_->get());
       }
     }
     if (pending) {
