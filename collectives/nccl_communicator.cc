@@ -156,21 +156,11 @@ void NcclCommunicator::wait_enqueued(const std::string& what, std::chrono::milli
 }
 
 void NcclCommunicator::wait_event(cudaEvent_t event, std::chrono::milliseconds timeout, const std::string& what) {
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaSuccess) return;
-    if (status != cudaErrorNotReady) {
-      abort();
-      RA_FAIL(what, ": CUDA error ", cudaGetErrorName(status));
-    }
-    check_state(what.c_str());
-    if (Clock::now() > deadline) {
-      abort();
-      RA_FAIL(what, ": not done within ", timeout.count(), " ms; the NCCL communicator was aborted");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  const cudaError_t status = poll_event(event, timeout, [&] { check_state(what.c_str()); });
+  if (status == cudaSuccess) return;
+  abort();
+  if (status == cudaErrorTimeout) RA_FAIL(what, ": not done within ", timeout.count(), " ms; the NCCL communicator was aborted");
+  RA_FAIL(what, ": CUDA error ", cudaGetErrorName(status));
 }
 
 void NcclCommunicator::stream_wait(cudaEvent_t event) { RA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), event, 0)); }

@@ -42,18 +42,11 @@ class PeerCopyExchange final : public PendingExchange {
   PeerCopyExchange(cudaEvent_t done, int step, int rank, int previous, int next)
       : done_(done), step_(step), rank_(rank), previous_(previous), next_(next) {}
   void wait(std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      const cudaError_t status = cudaEventQuery(done_);
-      if (status == cudaSuccess) return;
-      RA_CHECK(status == cudaErrorNotReady, "ring step ", step_, " (copy engines): rank ", rank_,
-               " waiting for its copy to rank ", next_, " and the one from rank ", previous_, ": CUDA error ",
-               cudaGetErrorName(status));
-      RA_CHECK(Clock::now() < deadline, "ring step ", step_, " (copy engines): rank ", rank_, " waited ",
-               timeout.count(), " ms for its copy to rank ", next_, " and the one from rank ", previous_,
-               " to finish");
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    const cudaError_t status = poll_event(done_, timeout);
+    RA_CHECK(status != cudaErrorTimeout, "ring step ", step_, " (copy engines): rank ", rank_, " waited ",
+             timeout.count(), " ms for its copy to rank ", next_, " and the one from rank ", previous_, " to finish");
+    RA_CHECK(status == cudaSuccess, "ring step ", step_, " (copy engines): rank ", rank_, " waiting for its copy to rank ",
+             next_, " and the one from rank ", previous_, ": CUDA error ", cudaGetErrorName(status));
   }
 
  private:

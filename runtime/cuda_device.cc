@@ -1,6 +1,7 @@
 // CUDA runtime wrappers. Errors become ra::Error with the call and the CUDA error's name.
 #include "runtime/cuda_device.h"
 
+#include <thread>
 #include <utility>
 
 namespace ra {
@@ -76,6 +77,17 @@ CudaEvent::CudaEvent(bool timing) {
 }
 CudaEvent::~CudaEvent() { (void)cudaEventDestroy(event_); }
 void CudaEvent::record(cudaStream_t stream) const { RA_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+
+cudaError_t poll_event(cudaEvent_t event, std::chrono::milliseconds timeout, const std::function<void()>& between_polls) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status != cudaErrorNotReady) return status;
+    if (between_polls) between_polls();
+    if (std::chrono::steady_clock::now() > deadline) return cudaErrorTimeout;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
 float CudaEvent::milliseconds_since(const CudaEvent& start) const {
   float ms = 0;
   RA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));

@@ -4,7 +4,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "runtime/error.h"
@@ -68,5 +70,12 @@ class CudaEvent {
  private:
   cudaEvent_t event_ = nullptr;
 };
+
+// Waits on the host for `event` with a deadline, polling it every 20 us (a blocking synchronisation
+// could hang forever on a dead peer) and calling `between_polls` after each query that found it
+// unfinished (it may throw, e.g. on a communicator's asynchronous error). Returns cudaSuccess, the
+// error the event reported, or cudaErrorTimeout once `timeout` has passed; the caller names the wait.
+cudaError_t poll_event(cudaEvent_t event, std::chrono::milliseconds timeout,
+                       const std::function<void()>& between_polls = {});
 
 }  // namespace ra
