@@ -78,6 +78,12 @@ CudaEvent::CudaEvent(bool timing) {
 CudaEvent::~CudaEvent() { (void)cudaEventDestroy(event_); }
 void CudaEvent::record(cudaStream_t stream) const { RA_CUDA_CHECK(cudaEventRecord(event_, stream)); }
 
+float CudaEvent::milliseconds_since(const CudaEvent& start) const {
+  float ms = 0;
+  RA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+  return ms;
+}
+
 cudaError_t poll_event(cudaEvent_t event, std::chrono::milliseconds timeout, const std::function<void()>& between_polls) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -87,11 +93,6 @@ cudaError_t poll_event(cudaEvent_t event, std::chrono::milliseconds timeout, con
     if (std::chrono::steady_clock::now() > deadline) return cudaErrorTimeout;
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
-}
-float CudaEvent::milliseconds_since(const CudaEvent& start) const {
-  float ms = 0;
-  RA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
-  return ms;
 }
 
 }  // namespace ra
