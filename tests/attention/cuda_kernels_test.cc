@@ -166,7 +166,6 @@ TEST(CudaFlash, SplitKeysThroughTheCarryEqualsOneCall) {
   EXPECT_LT(worst, 2e-2);
 }
 
-// The device merge / fold / finalize against the host ones, with empty rows on either side.
 // The ring's chain of blocks: each kernel after the first starts while the previous one runs and
 // waits for it only before it merges its part into the carry. Against the f64 reference over all the
 // keys (a kernel that read the carry too early would drop a block's part), as is the same chain with
@@ -212,6 +211,7 @@ TEST(CudaFlash, BlocksStartingBeforeThePreviousEndsMatchTheReference) {
   }
 }
 
+// The device merge / fold / finalize against the host ones, with empty rows on either side.
 TEST(CudaCarry, MergeAndFinalizeMatchHost) {
   RA_REQUIRE_GPU();
   const int64_t B = 2, H = 3, T = 17, Dv = 40;
