@@ -9,7 +9,7 @@
 # per-step device times), `tables` (the ratio rows at 8192-32768 tokens per GPU), `wide` (head_dim 256), `scaling`
 # (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs), `transport` (the ring over NCCL and over copy
 # engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
-# build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `aim` (one GPU and the ring at 8192 and 16384 tokens per GPU, causal and not, with the variants), `checksums` (the ring with and without block checksums, and the variants);
+# build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `aim` (one GPU and the ring at 8192 and 16384 tokens per GPU, causal and not, with the variants), `checksums` (the ring with and without block checksums, and the variants), `outside` (every rank's time outside its kernels, and its kernel chain), `contention` (the ring with and without block checksums against the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -87,6 +87,35 @@ if has steps; then  # per-step device times of the ring (kernels, exchanges, gap
   for causal in "" "--causal --layout zigzag"; do
     bench 4 --impl ring --seq 32768 --iters 10 $causal --step-times
     bench 2 --impl ring --seq 32768 --iters 10 $causal --step-times
+  done
+fi
+if has outside; then  # where the ring's time goes outside its kernels: every rank's own times (--step-times), one GPU as a ring of 1, the kernel chains of all ranks
+  for round in 1 2; do
+    bench 1 --impl flash_attn2 --seq 32768 --iters 10 --causal
+    bench 1 --impl ring --seq 32768 --iters 10 --causal --step-times
+    bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag
+    bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag --step-times
+    bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag --step-times --no-block-checksums
+  done
+  for r in $(seq 0 $((gpus - 1))); do
+    $build/bin/ring_chain_gpu_bench --ranks "$gpus" --rank $r --seq 32768 --causal --iters 15 2>&1 | tee -a "$out/chain.txt"
+  done
+fi
+if has contention; then  # what the ring's side work costs its kernels: block checksums on and off, this build against the variants; a variant named *_diag runs with RA_DIAG_NOPACK=1 and no checks
+  [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
+  for round in 1 2; do
+    bench 1 --impl flash_attn2 --seq 32768 --iters 10 --causal
+    for b in $bin $build/variants/ringattn_*; do
+      echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
+      if [[ $b == *_diag ]]; then
+        RA_DIAG_NOPACK=1 bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag --no-block-checksums
+        continue
+      fi
+      for checks in "" "--no-block-checksums"; do
+        bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag $checks
+      done
+      bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10
+    done
   done
 fi
 if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer CTAs, larger chunks (4 GPUs)

@@ -140,7 +140,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   Carry carry = Carry::empty(batch, heads, local, head_dim, job.memory());
   Tensor o(dtype, {batch, local, heads, head_dim}, job.memory()), lse(DType::kF32, {batch, heads, local}, job.memory());
   IterationTimer timer(job);
-  std::vector<double> times, waits;
+  std::vector<double> times, waits, own_times;
   for (int64_t it = 0; it < warmup + iters; ++it) {
     job.world.barrier();
     timer.start();
@@ -150,6 +150,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     double t = timer.stop_seconds();
     const RingStats* stats = ring_stats(*impl);
     double w = stats ? stats->wait_seconds : 0.0;
+    if (it >= warmup) own_times.push_back(t);
     job.world.all_reduce(&t, 1, ReduceOp::kMax);
     job.world.all_reduce(&w, 1, ReduceOp::kMax);
     if (it >= warmup) {
@@ -182,6 +183,17 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   // On the host, the exchange time the ring did not spend blocked was hidden behind compute. On GPUs the
   // host waits while the device computes, so this measure does not apply (compare with one GPU instead).
   const double hidden = job.on_device ? NAN : comm > 0 ? std::clamp(1.0 - wait / comm, 0.0, 1.0) : 1.0;
+  // With --step-times, every rank's own device times: which rank sets the pace, and how much of its
+  // time is outside its kernels (carry reset, the wait for the first kernel, finalize).
+  const RingStats* ring = ring_stats(*impl);
+  const bool per_rank = ring && !ring->step_compute_ms.empty();
+  std::vector<double> rank_rows(4 * size_t(n));
+  if (per_rank) {
+    double kernels = 0;
+    for (float ms : ring->step_compute_ms) kernels += ms;
+    const double mine[4] = {median(own_times) * 1e3, ring->ring_ms, kernels, ring->host_before_first_kernel_ms};
+    job.world.all_gather(mine, rank_rows.data(), sizeof(mine));
+  }
   if (rank == 0) {
     std::printf("#%11s %8s %6s %5s %8s %4s %4s %4s %5s %6s %10s %11s %12s %10s %7s\n", "impl", "backend", "ranks", "B",
                 "T", "Hq", "Hkv", "D", "dtype", "causal", "layout", "time(ms)", "GFLOP/s/rank", "comm(ms)", "hidden");
@@ -201,6 +213,11 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                   "which between kernels %.2f | host: call to first kernel queued %.3f\n",
                   joined(stats->step_compute_ms).c_str(), joined(stats->step_exchange_ms).c_str(),
                   double(stats->ring_ms), double(stats->ring_ms - kernels), stats->host_before_first_kernel_ms);
+    }
+    for (int r = 0; per_rank && r < n; ++r) {
+      const double* row = &rank_rows[4 * size_t(r)];
+      std::printf("  rank %d (ms): time %.3f, first kernel start to last end %.3f (kernels %.3f), outside it %.3f, "
+                  "host: call to first kernel %.3f\n", r, row[0], row[1], row[2], row[0] - row[1], row[3]);
     }
     if (!json_path.empty()) {
       nlohmann::json row = {{"impl", impl->name()}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
