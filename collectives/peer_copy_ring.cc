@@ -174,10 +174,11 @@ void PeerCopyRing::await_announcement(int peer, int tag, int step, std::chrono::
            " to rank ", rank_, ": the ranks are out of step");
 }
 
-std::unique_ptr<PendingExchange> PeerCopyRing::shift(const void* send, size_t offset, size_t bytes, int step,
+std::unique_ptr<PendingExchange> PeerCopyRing::shift(const std::vector<Piece>& pieces, int step,
                                                      std::chrono::milliseconds timeout) {
-  RA_CHECK(offset + bytes <= bytes_, "ring step ", step, " (copy engines): ", bytes, " bytes at offset ", offset,
-           " do not fit the ", bytes_, "-byte window");
+  for (const Piece& piece : pieces)
+    RA_CHECK(piece.offset + piece.bytes <= bytes_, "ring step ", step, " (copy engines): ", piece.bytes,
+             " bytes at offset ", piece.offset, " do not fit the ", bytes_, "-byte window");
   // Ordering of the announcements (every rank runs the same): free(s) goes out before this rank waits
   // for anything, and pushed(s) only after the next rank's free(s) arrived; so each rank's step s
   // needs only its neighbours' step s - 1 and its own announcements, and no wait closes a cycle. An
@@ -186,7 +187,8 @@ std::unique_ptr<PendingExchange> PeerCopyRing::shift(const void* send, size_t of
   announce(previous_, kFreeTag, step);
   await_announcement(next_, kFreeTag, step, timeout, "that its window is free");
   RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, next_free_, 0));
-  RA_CUDA_CHECK(cudaMemcpyAsync(next_window_ + offset, send, bytes, cudaMemcpyDeviceToDevice, stream_));
+  for (const Piece& piece : pieces)
+    RA_CUDA_CHECK(cudaMemcpyAsync(next_window_ + piece.offset, piece.source, piece.bytes, cudaMemcpyDeviceToDevice, stream_));
   RA_CUDA_CHECK(cudaEventRecord(pushed_, stream_));
   announce(next_, kPushedTag, step);
   await_announcement(previous_, kPushedTag, step, timeout, "its copy into this rank's window");

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/mpi_communicator.h"
@@ -38,14 +39,23 @@ class PeerCopyRing {
 
   size_t window_bytes() const { return bytes_; }
 
+  // Bytes to copy into the next rank's window: `bytes` from `source` (device) to `offset` in it.
+  struct Piece {
+    const void* source;
+    size_t offset, bytes;
+  };
+
   // Ring step `step`, queued on the stream: announces to the previous rank that this rank's window
   // may be written (whatever last read it must be ordered before, on the stream); once the next rank
-  // announced the same, copies `bytes` from `send` to `offset` in the next rank's window; then waits
-  // for the previous rank's copy into this window. The host blocks only for announcements (a few
-  // microseconds when the peers keep pace), at most `timeout`, and then throws naming the step and
-  // peer. The returned exchange waits for the stream's part.
+  // announced the same, copies the pieces into the next rank's window (one copy each, in order); then
+  // waits for the previous rank's copies into this window. The host blocks only for announcements (a
+  // few microseconds when the peers keep pace), at most `timeout`, and then throws naming the step
+  // and peer. The returned exchange waits for the stream's part.
+  std::unique_ptr<PendingExchange> shift(const std::vector<Piece>& pieces, int step, std::chrono::milliseconds timeout);
   std::unique_ptr<PendingExchange> shift(const void* send, size_t offset, size_t bytes, int step,
-                                         std::chrono::milliseconds timeout);
+                                         std::chrono::milliseconds timeout) {
+    return shift({Piece{send, offset, bytes}}, step, timeout);
+  }
 
  private:
   void announce(int peer, int tag, int step);

@@ -6,40 +6,44 @@
 namespace ra {
 namespace {
 
-__device__ __forceinline__ uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+// The sum over 32-bit words x_i of (2i + 1) x_i, mod 2^64: one widening multiply-add per word. The
+// previous definition mixed every 64-bit word through SplitMix64 (about 25 integer operations per 8
+// bytes); the attention kernel holds each SM's whole register file, so the checksum only runs on SMs
+// it leaves idle, and there that arithmetic, not memory, set how long it held them.
+// Odd weights: a flipped bit changes the sum by an odd multiple of a power of two below 2^32 (never 0
+// mod 2^64); swapping two different words changes it by 2 (i - j) (x_j - x_i), nonzero and, for blocks
+// under 8 GiB, not a multiple of 2^64.
+__device__ __forceinline__ uint64_t weighted(uint32_t word, uint32_t weight, uint64_t sum) {
+  return sum + uint64_t(word) * weight;  // IMAD.WIDE.U32: weights stay below 2^32 (blocks under 8 GiB)
 }
 
-__device__ __forceinline__ uint64_t mixed_word(uint64_t word, size_t index) {
-  return mix64(word ^ (index * 0x9e3779b97f4a7c15ull));
-}
-
-// Word pairs as 16-byte loads, kLoads of them in flight per thread: with one 8-byte load at a time the
-// kernel waited on memory latency and held its SMs several times longer (the ring's first checksum
-// runs at high priority beside the attention kernel). The data is 16-byte aligned (block buffers).
+// 16-byte loads, kLoads of them in flight per thread (latency, not bandwidth, is what a lone block on
+// an SM waits for). The data is 16-byte aligned (block buffers).
 constexpr int kLoads = 4;
 
-__global__ void checksum_kernel(const uint64_t* words, size_t count, unsigned long long* sum) {
-  const auto* pairs = reinterpret_cast<const ulonglong2*>(words);
-  const size_t pair_count = count / 2, stride = size_t(gridDim.x) * blockDim.x;
+// The words of a piece that starts `first_word` words into its block carry the block's weights.
+__global__ void checksum_kernel(const uint32_t* words, size_t count, size_t first_word, unsigned long long* sum) {
+  const auto* quads = reinterpret_cast<const uint4*>(words);
+  const size_t quad_count = count / 4, stride = size_t(gridDim.x) * blockDim.x;
   size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   uint64_t local = 0;
-  for (; i + (kLoads - 1) * stride < pair_count; i += kLoads * stride) {
-    ulonglong2 v[kLoads];
+  auto add_quad = [&](const uint4& v, size_t quad) {
+    const uint32_t w = uint32_t(2 * (first_word + 4 * quad) + 1);  // the weight of the quad's first word
+    local = weighted(v.x, w, local);
+    local = weighted(v.y, w + 2, local);
+    local = weighted(v.z, w + 4, local);
+    local = weighted(v.w, w + 6, local);
+  };
+  for (; i + (kLoads - 1) * stride < quad_count; i += kLoads * stride) {
+    uint4 v[kLoads];
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) v[u] = pairs[i + u * stride];
+    for (int u = 0; u < kLoads; ++u) v[u] = quads[i + u * stride];
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const size_t w = 2 * (i + u * stride);
-      local += mixed_word(v[u].x, w) + mixed_word(v[u].y, w + 1);
-    }
+    for (int u = 0; u < kLoads; ++u) add_quad(v[u], i + u * stride);
   }
-  for (; i < pair_count; i += stride) local += mixed_word(pairs[i].x, 2 * i) + mixed_word(pairs[i].y, 2 * i + 1);
-  if (count % 2 == 1 && blockIdx.x == 0 && threadIdx.x == 0) local += mixed_word(words[count - 1], count - 1);
+  for (; i < quad_count; i += stride) add_quad(quads[i], i);
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    for (size_t tail = quad_count * 4; tail < count; ++tail) local = weighted(words[tail], uint32_t(2 * (first_word + tail) + 1), local);
   for (int offset = 16; offset > 0; offset >>= 1) local += __shfl_xor_sync(0xffffffffu, local, offset);
   if (threadIdx.x % 32 == 0) atomicAdd(sum, static_cast<unsigned long long>(local));
 }
@@ -48,15 +52,18 @@ __global__ void trailer_kernel(BlockTrailer* trailer, uint32_t origin_rank) {
   *trailer = BlockTrailer{0, origin_rank, BlockTrailer::kMagic};
 }
 
-void launch_checksum(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream) {
-  const size_t count = bytes / 8;
+void launch_checksum(const void* data, size_t bytes, size_t offset, uint64_t* sum, cudaStream_t stream) {
+  const size_t count = bytes / 4;
   if (count == 0) return;
-  RA_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0, "block checksum: the data at ", data,
-           " is not 16-byte aligned (the ring's block buffers are)");
-  const int threads = 256;
-  const size_t per_block = size_t(threads) * kLoads * 2;  // words one pass of a block covers
+  RA_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && offset % 4 == 0, "block checksum: the data at ", data,
+           " is not 16-byte aligned or its offset ", offset, " in the block is not a multiple of 4");
+  RA_CHECK(2 * (offset / 4 + count) < (size_t(1) << 32), "block checksum: ", bytes, " bytes at offset ", offset,
+           " is beyond its 32-bit word weights");
+  // Several blocks fit on an SM the attention kernel leaves idle: more loads in flight there.
+  const int threads = 512;
+  const size_t per_block = size_t(threads) * kLoads * 4;  // words one pass of a block covers
   const int blocks = int(std::min<size_t>((count + per_block - 1) / per_block, 1024));
-  checksum_kernel<<<blocks, threads, 0, stream>>>(static_cast<const uint64_t*>(data), count,
+  checksum_kernel<<<blocks, threads, 0, stream>>>(static_cast<const uint32_t*>(data), count, offset / 4,
                                                   reinterpret_cast<unsigned long long*>(sum));
   RA_CUDA_CHECK(cudaGetLastError());
 }
@@ -67,14 +74,19 @@ __global__ void flip_kernel(unsigned char* byte) { *byte ^= kCorruptionMask; }
 
 void block_checksum_cuda(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream) {
   RA_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(uint64_t), stream));
-  launch_checksum(data, bytes, sum, stream);
+  launch_checksum(data, bytes, 0, sum, stream);
+}
+
+void seal_pieces_cuda(BlockTrailer* trailer, const std::vector<BlockPiece>& pieces, uint32_t origin_rank,
+                      cudaStream_t stream) {
+  trailer_kernel<<<1, 1, 0, stream>>>(trailer, origin_rank);
+  RA_CUDA_CHECK(cudaGetLastError());
+  for (const BlockPiece& piece : pieces) launch_checksum(piece.data, piece.bytes, piece.offset, &trailer->checksum, stream);
 }
 
 void seal_block_cuda(void* data, size_t payload, uint32_t origin_rank, cudaStream_t stream) {
   auto* trailer = reinterpret_cast<BlockTrailer*>(static_cast<char*>(data) + payload);
-  trailer_kernel<<<1, 1, 0, stream>>>(trailer, origin_rank);
-  RA_CUDA_CHECK(cudaGetLastError());
-  launch_checksum(data, payload, &trailer->checksum, stream);
+  seal_pieces_cuda(trailer, {BlockPiece{data, 0, payload}}, origin_rank, stream);
 }
 
 void flip_byte_cuda(void* data, size_t offset, cudaStream_t stream) {

@@ -1,13 +1,15 @@
 // Checksums of K/V blocks in device memory, for the GPU ring's in-flight check (the host ring uses
-// CRC-32): a 64-bit sum over the block's 8-byte words, each mixed with its index (SplitMix64), so
-// that a flipped bit, a swapped word or a missing tail changes it. Addition mod 2^64 makes the sum
-// independent of thread order: one pass, atomics, no second kernel.
+// CRC-32): the sum over the block's 32-bit words x_i of (2i + 1) x_i, mod 2^64 (a position-weighted
+// sum, as Fletcher's and Adler's are). Any flipped bit and any swap of two different words changes
+// it (the weights are odd); other damage (a stale or misdirected span) almost surely does. Addition
+// mod 2^64 makes it independent of thread order: one pass, atomics, no second kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace ra {
 
@@ -21,12 +23,24 @@ struct BlockTrailer {
 };
 static_assert(sizeof(BlockTrailer) == 16);
 
-// *sum (device) <- the checksum of `bytes` (a multiple of 8) at `data` (device), queued on `stream`.
+// *sum (device) <- the checksum of `bytes` (a multiple of 8, below 8 GiB) at `data` (device), queued on `stream`.
 void block_checksum_cuda(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream);
 
 // Writes the trailer behind `payload` bytes at `data` (device): its checksum and `origin_rank`. All on
 // the device: a copy from pageable host memory would make the host wait for the stream.
 void seal_block_cuda(void* data, size_t payload, uint32_t origin_rank, cudaStream_t stream);
+
+// The bytes of a block that are not zero: `bytes` at `data` (device, 16-byte aligned), `offset` bytes
+// (a multiple of 4) into the block.
+struct BlockPiece {
+  const void* data;
+  size_t offset, bytes;
+};
+
+// Writes to `trailer` (device) the trailer of the block made of `pieces` and zeros elsewhere, without
+// the block ever being assembled: zero words add nothing to the checksum.
+void seal_pieces_cuda(BlockTrailer* trailer, const std::vector<BlockPiece>& pieces, uint32_t origin_rank,
+                      cudaStream_t stream);
 
 // Test hook for RINGATTN_FAULT=corrupt: XORs kCorruptionMask into the byte at `data + offset` (device).
 void flip_byte_cuda(void* data, size_t offset, cudaStream_t stream);

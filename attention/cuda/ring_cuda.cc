@@ -140,12 +140,14 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   CudaEvent checked[2];       // after the checksum of the block that arrived in buffer i (its next writer waits)
   CudaEvent compute_done;     // the last compute queued on the compute stream
   inputs_ready.record(stream_);
-  // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
-  // compared on the host while the last kernel runs, before anything is finalized.
-  reserve_scratch(checks_, 2 * n * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
+  // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here,
+  // compared on the host while the last kernel runs, before anything is finalized; then the trailer
+  // of this rank's own block when it travels without being packed (below).
+  reserve_scratch(checks_, (2 * n + 1) * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
   if (verify && !check_stream_) check_stream_ = std::make_unique<CudaStream>();
   auto* arrived = checks_.data<BlockTrailer>();
   auto* recomputed = arrived + n;
+  BlockTrailer* own_trailer = arrived + 2 * n;
   char* base[2] = {nullptr, nullptr};
   if (n > 1) {
     // The next rank maps these buffers: they are replaced (on every rank, the shapes agree) only after
@@ -157,25 +159,42 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       peers_ = std::make_unique<PeerCopyRing>(*ctx_.host_comm, blocks_.data<char>(), blocks_.view().nbytes(), nccl->stream());
   }
   const char* transport = copy_engines_ ? "copy engines" : "NCCL";
-  // Step 0 reads this rank's own k and v; the buffers only carry blocks around the ring, so this
-  // rank's block is packed on the communicator's stream while the first kernel runs.
-  auto pack_own_block = [&] {
-    cudaStream_t pack = nccl->stream();
+  // This rank's own block: step 0 reads k and v where they are. Over copy engines its pieces go
+  // straight from k, v and the segment ids into the next rank's window (packing them first cost the
+  // first step's kernel about 1%; bench/RESULTS.md), with the trailer sealed over the pieces; the
+  // window's alignment gaps, which no piece writes, are zeroed by their owner, so forwarded blocks
+  // carry zeros there. NCCL sends one buffer, so for it the block is packed.
+  std::vector<BlockPiece> own_pieces = {{in.k.data(), 0, in.k.nbytes()}, {in.v.data(), layout.v_offset, in.v.nbytes()}};
+  if (in.kv_segment_ids.defined())
+    own_pieces.push_back({in.kv_segment_ids.data(), layout.segments_offset, in.kv_segment_ids.nbytes()});
+  const bool send_pieces = peers_ && std::all_of(own_pieces.begin(), own_pieces.end(), [](const BlockPiece& piece) {
+    return reinterpret_cast<uintptr_t>(piece.data) % 16 == 0;  // what the checksum kernel reads
+  });
+  auto prepare_own_block = [&] {
+    cudaStream_t comm_stream = nccl->stream();
     if (!blocks_free_) blocks_free_ = std::make_unique<CudaEvent>();
     nccl->stream_wait(blocks_free_->get());  // the previous call's last reads (maybe on another stream)
     nccl->stream_wait(inputs_ready.get());
-    for (const KvBlockLayout::Span gap : layout.padding(in))  // the checksum covers the padding
-      RA_CUDA_CHECK(cudaMemsetAsync(base[0] + gap.offset, 0, gap.bytes, pack));
-    RA_CUDA_CHECK(cudaMemcpyAsync(base[0], in.k.data(), in.k.nbytes(), cudaMemcpyDeviceToDevice, pack));
-    RA_CUDA_CHECK(
-        cudaMemcpyAsync(base[0] + layout.v_offset, in.v.data(), in.v.nbytes(), cudaMemcpyDeviceToDevice, pack));
-    if (in.kv_segment_ids.defined())
-      RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + layout.segments_offset, in.kv_segment_ids.data(),
-                                    in.kv_segment_ids.nbytes(), cudaMemcpyDeviceToDevice, pack));
-    if (verify) {
-      seal_block_cuda(base[0], payload, uint32_t(rank), pack);
-      RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, checks_.view().nbytes(), pack));
+    if (verify) RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, 2 * n * sizeof(BlockTrailer), comm_stream));
+    // The checksum covers the gaps: zeros in the window this rank receives the first block into, or
+    // in the buffer its packed block leaves from.
+    char* gaps_of = send_pieces ? base[1] : base[0];
+    for (const KvBlockLayout::Span gap : layout.padding(in))
+      RA_CUDA_CHECK(cudaMemsetAsync(gaps_of + gap.offset, 0, gap.bytes, comm_stream));
+    if (send_pieces) {
+      if (verify) seal_pieces_cuda(own_trailer, own_pieces, uint32_t(rank), comm_stream);
+      return;
     }
+    for (const BlockPiece& piece : own_pieces)
+      RA_CUDA_CHECK(cudaMemcpyAsync(base[0] + piece.offset, piece.data, piece.bytes, cudaMemcpyDeviceToDevice, comm_stream));
+    if (verify) seal_block_cuda(base[0], payload, uint32_t(rank), comm_stream);
+  };
+  // The first shift's pieces (copy engines): the block's, then its trailer, into the window at `offset`.
+  auto own_block_pieces = [&](size_t offset) {
+    std::vector<PeerCopyRing::Piece> pieces;
+    for (const BlockPiece& piece : own_pieces) pieces.push_back({piece.data, offset + piece.offset, piece.bytes});
+    if (verify) pieces.push_back({own_trailer, offset + payload, sizeof(BlockTrailer)});
+    return pieces;
   };
 
   stats_ = RingStats{};
@@ -192,7 +211,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
                  transport, comm.previous(), comm.next(), src);
     // The compute is queued before the exchange (queuing NCCL work takes the host a while and the
     // compute stream would idle meanwhile), but the exchange waits only for the previous compute,
-    // which last read the buffer it receives into (at step 0: the previous call's, see pack_own_block).
+    // which last read the buffer it receives into (at step 0: the previous call's, see prepare_own_block).
     const bool exchange = step + 1 < n;
     if (exchange && step > 0) {
       nccl->stream_wait(compute_done.get());
@@ -232,10 +251,12 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     }
     std::unique_ptr<PendingExchange> pending;
     if (exchange) {
-      if (step == 0) pack_own_block();
+      if (step == 0) prepare_own_block();
       if (timed) step_event(step, 2)->record(nccl->stream());
-      pending = peers_ ? peers_->shift(base[cur], size_t(1 - cur) * stride, bytes, step, ctx_.step_timeout)
-                       : nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
+      const size_t window_offset = size_t(1 - cur) * stride;
+      if (step == 0 && send_pieces) pending = peers_->shift(own_block_pieces(window_offset), step, ctx_.step_timeout);
+      else if (peers_) pending = peers_->shift(base[cur], window_offset, bytes, step, ctx_.step_timeout);
+      else pending = nccl->ring_shift(base[cur], base[1 - cur], bytes, step);
       if (timed) step_event(step, 3)->record(nccl->stream());
       // The corruption fault lands before the check, as a flip in flight would.
       char* got = base[1 - cur];

@@ -368,13 +368,11 @@ TEST(BlockChecksum, SameBytesSameSumAnyChangeDiffers) {
     return out;
   };
   const uint64_t base = checksum(words);
-  // The definition, on the host: the sum of SplitMix64(word ^ index * golden ratio) over the words.
+  // The definition, on the host: the sum of (2i + 1) x_i over the little-endian 32-bit words x_i.
   uint64_t expected = 0;
-  for (size_t i = 0; i < words.size(); ++i) {
-    uint64_t x = words[i] ^ (i * 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    expected += x ^ (x >> 31);
+  for (size_t i = 0; i < 2 * words.size(); ++i) {
+    const uint64_t x = i % 2 == 0 ? words[i / 2] & 0xffffffffu : words[i / 2] >> 32;
+    expected += (2 * i + 1) * x;
   }
   EXPECT_EQ(base, expected);
   EXPECT_EQ(checksum(words), base);
@@ -390,6 +388,47 @@ TEST(BlockChecksum, SameBytesSameSumAnyChangeDiffers) {
   uint64_t after = 0;
   RA_CUDA_CHECK(cudaMemcpy(&after, sum.view().data(), 8, cudaMemcpyDeviceToHost));
   EXPECT_NE(after, base);
+}
+
+// The ring's own block travels as pieces (k, v, segment ids) without being packed: the trailer sealed
+// over the pieces is the checksum of the packed block, zeros in its gaps included.
+TEST(BlockChecksum, PiecesSealAsTheAssembledBlock) {
+  RA_REQUIRE_GPU();
+  std::mt19937_64 rng(11);
+  const size_t block_bytes = 3 * 4096 + 512;
+  const std::vector<std::pair<size_t, size_t>> placed = {{0, 4096 + 48}, {4096 + 256, 4096}, {2 * 4096 + 512, 4000}};
+  std::vector<uint8_t> assembled(block_bytes, 0);
+  std::vector<Tensor> sources;
+  std::vector<BlockPiece> pieces;
+  for (auto [offset, bytes] : placed) {
+    std::vector<uint8_t> host(bytes);
+    for (uint8_t& b : host) b = uint8_t(rng());
+    std::copy(host.begin(), host.end(), assembled.begin() + ptrdiff_t(offset));
+    sources.emplace_back(DType::kU8, Shape{int64_t(bytes)}, MemoryKind::kCuda);
+    RA_CUDA_CHECK(cudaMemcpy(sources.back().view().data(), host.data(), bytes, cudaMemcpyHostToDevice));
+    pieces.push_back({sources.back().view().data(), offset, bytes});
+  }
+  Tensor block(DType::kU8, {int64_t(block_bytes)}, MemoryKind::kCuda), trailer(DType::kU8, {16}, MemoryKind::kCuda);
+  Tensor sum(DType::kU8, {8}, MemoryKind::kCuda);
+  RA_CUDA_CHECK(cudaMemcpy(block.view().data(), assembled.data(), block_bytes, cudaMemcpyHostToDevice));
+  RA_CUDA_CHECK(cudaMemset(trailer.view().data(), 0xcd, 16));  // stale bytes
+  auto* sealed = static_cast<BlockTrailer*>(trailer.view().data());
+  seal_pieces_cuda(sealed, pieces, 2, nullptr);
+  block_checksum_cuda(block.view().data(), block_bytes, sum.data<uint64_t>(), nullptr);
+  BlockTrailer got{};
+  uint64_t assembled_sum = 0;
+  RA_CUDA_CHECK(cudaMemcpy(&got, sealed, sizeof(got), cudaMemcpyDeviceToHost));
+  RA_CUDA_CHECK(cudaMemcpy(&assembled_sum, sum.view().data(), 8, cudaMemcpyDeviceToHost));
+  uint64_t expected = 0;
+  for (size_t i = 0; i < block_bytes / 4; ++i) {
+    uint32_t x;
+    std::memcpy(&x, assembled.data() + 4 * i, 4);
+    expected += (2 * i + 1) * uint64_t(x);
+  }
+  EXPECT_EQ(assembled_sum, expected);
+  EXPECT_EQ(got.origin_rank, 2u);
+  EXPECT_EQ(got.magic, BlockTrailer::kMagic);
+  EXPECT_EQ(got.checksum, expected);
 }
 
 // The trailer a block starts its trip with: its own checksum, the origin rank and the magic word.
