@@ -44,6 +44,20 @@ bench() {  # ranks, then bench options ($bin may be set for one call)
   local n=$1; shift
   mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim "${head_dim:-128}" --dtype bf16 --warmup "${warmup:-2}" "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
 }
+# Calls the function $1 with this build's ringattn and then each variant (build/variants/ringattn_*, or
+# the ones matching $variants; unpacked from variants.tar.xz when it came along), two rounds, each run
+# under a header line: the builds interleave, so drift between them shows as a difference of rounds.
+for_each_build() {
+  [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
+  local round b
+  for round in 1 2; do
+    for b in $bin $build/variants/${variants:-ringattn_*}; do
+      [ -x "$b" ] || continue
+      echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
+      "$1" "$b"
+    done
+  done
+}
 if has priority; then  # the ring with its NCCL stream at the greatest priority (bin) and at the default (variant)
   for t in 32768 131072; do
     bench 1 --impl flash_attn2 --seq $t --iters 10
@@ -101,22 +115,15 @@ if has outside; then  # where the ring's time goes outside its kernels: every ra
     $build/bin/ring_chain_gpu_bench --ranks "$gpus" --rank $r --seq 32768 --causal --iters 15 2>&1 | tee -a "$out/chain.txt"
   done
 fi
-if has contention; then  # what the ring's side work costs its kernels: block checksums on and off, this build against the variants; a variant named *_diag runs with RA_DIAG_NOPACK=1 and no checks
-  [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
-  for round in 1 2; do
-    bench 1 --impl flash_attn2 --seq 32768 --iters 10 --causal
-    for b in $bin $build/variants/ringattn_*; do
-      echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
-      if [[ $b == *_diag ]]; then
-        RA_DIAG_NOPACK=1 bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag --no-block-checksums
-        continue
-      fi
-      for checks in "" "--no-block-checksums"; do
-        bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag $checks
-      done
-      bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10
+if has contention; then  # what the ring's side work costs its kernels: block checksums on and off, this build against the variants
+  contention_rows() {
+    bin=$1 bench 1 --impl flash_attn2 --seq 32768 --iters 10 --causal
+    for checks in "" "--no-block-checksums"; do
+      bin=$1 bench "$gpus" --impl ring --seq 32768 --iters 10 --causal --layout zigzag $checks
     done
-  done
+    bin=$1 bench "$gpus" --impl ring --seq 32768 --iters 10
+  }
+  for_each_build contention_rows
 fi
 if has ctas; then  # NCCL's send/recv kernels take SMs from the attention: fewer CTAs, larger chunks (4 GPUs)
   for causal in "" "--causal"; do bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal; done
@@ -158,42 +165,32 @@ if has ratio; then  # kernel check, then the issue-4 ratio rows at 8192 tokens p
   [ "$gpus" -ge 4 ] && bench 4 --impl ring --seq 32768 --iters 10 --causal --layout zigzag --ring-transport nccl
 fi
 if has ab; then  # the built binary (bin) against build/variants/ringattn_before_*, interleaved in one call
-  for variant in $build/variants/ringattn_before_*; do
-    for round in 1 2; do
-      for b in $variant $bin; do
-        echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
-        for t in 32768 8192; do for causal in "" "--causal"; do bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done; done
-        for causal in "" "--causal --layout zigzag"; do bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 $causal; done
-      done
-    done
-  done
+  ab_rows() {
+    for t in 32768 8192; do for causal in "" "--causal"; do bin=$1 bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done; done
+    for causal in "" "--causal --layout zigzag"; do bin=$1 bench "$gpus" --impl ring --seq 32768 --iters 10 $causal; done
+  }
+  variants='ringattn_before_*' for_each_build ab_rows
 fi
 if has versus; then  # this build's ringattn and every variants/ringattn_* (or the variants.tar.xz they travel in), in turn per round
-  [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
   ring_seqs=${ring_seqs:-32768}  # global T of the causal ring rows, e.g. ring_seqs="16384 32768"
-  for round in 1 2; do
-    for b in $bin $build/variants/ringattn_*; do
-      echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
-      for t in $(printf '%s\n' 32768 8192 $ring_seqs | sort -nu); do
-        for causal in "" "--causal"; do bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done
-      done
-      for t in $ring_seqs; do bin=$b bench "$gpus" --impl ring --seq $t --iters 10 --causal --layout zigzag; done
+  versus_rows() {
+    for t in $(printf '%s\n' 32768 8192 $ring_seqs | sort -nu); do
+      for causal in "" "--causal"; do bin=$1 bench 1 --impl flash_attn2 --seq $t --iters 10 $causal; done
     done
-  done
+    for t in $ring_seqs; do bin=$1 bench "$gpus" --impl ring --seq $t --iters 10 --causal --layout zigzag; done
+  }
+  for_each_build versus_rows
 fi
 if has aim; then  # issue 4's cells at 8192 and 16384 tokens per GPU on the GPUs lent: one GPU and the ring, causal and not, this build and every variant, interleaved
-  [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
-  for round in 1 2; do
-    for b in $bin $build/variants/ringattn_*; do
-      echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
-      for t in $((8192 * gpus)) $((16384 * gpus)); do
-        for causal in "" "--causal --layout zigzag"; do
-          bin=$b bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
-          bin=$b bench "$gpus" --impl ring --seq $t --iters 10 $causal
-        done
+  aim_rows() {
+    for t in $((8192 * gpus)) $((16384 * gpus)); do
+      for causal in "" "--causal --layout zigzag"; do
+        bin=$1 bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
+        bin=$1 bench "$gpus" --impl ring --seq $t --iters 10 $causal
       done
     done
-  done
+  }
+  for_each_build aim_rows
 fi
 if has chain; then  # the ring's kernels on one GPU without transfers (bin/ring_chain_gpu_bench), serial and overlapped
   for args in "--ranks 4 --seq 32768 --causal" "--ranks 4 --rank 3 --seq 32768 --causal" "--ranks 4 --seq 32768" \
@@ -201,19 +198,14 @@ if has chain; then  # the ring's kernels on one GPU without transfers (bin/ring_
     $build/bin/ring_chain_gpu_bench $args --iters 15 2>&1 | tee -a "$out/chain.txt"
   done
 fi
-if has checksums; then  # what the block checksums cost the ring at 8192 tokens per GPU: this build with and without them, and the variants
-  [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
+if has checksums; then  # what the block checksums cost the ring at 8192 tokens per GPU: this build and the variants, with and without them
   bench 1 --impl flash_attn2 --seq 32768 --iters 10 --causal
-  for round in 1 2; do
+  checksum_rows() {
     for causal in "--causal --layout zigzag" ""; do
-      for b in $bin $build/variants/ringattn_*; do
-        echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
-        bin=$b bench "$gpus" --impl ring --seq 32768 --iters 10 $causal
-      done
-      echo "# $(basename $bin) --no-block-checksums, round $round" | tee -a "$out/bench.txt"
-      bench "$gpus" --impl ring --seq 32768 --iters 10 $causal --no-block-checksums
+      for checks in "" "--no-block-checksums"; do bin=$1 bench "$gpus" --impl ring --seq 32768 --iters 10 $causal $checks; done
     done
-  done
+  }
+  for_each_build checksum_rows
 fi
 if has scaling; then  # issue 7's rows on the GPUs lent: one GPU, then the ring on 2 and 4 GPUs, same call
   for t in 65536 262144; do
