@@ -1,9 +1,10 @@
 // `ring` on GPUs: the same schedule as the host ring (attention/ring.h), with K/V double-buffered in
 // device memory, the local kernel on the compute stream and the transfer (NCCL send/recv, or copy
 // engines over CUDA IPC) on the communicator's stream, ordered by events, so that step i's compute
-// overlaps step i+1's transfer. Step 0 computes on the rank's own k and v while its copy is packed
-// for the first exchange (queued after that kernel, so the device starts computing as early as the
-// host can launch). Device memory per rank is the rank's Q, the carry, and two K/V blocks: O(T / N).
+// overlaps step i+1's transfer. Step 0 computes on the rank's own k and v while they leave for the
+// first exchange (as pieces over copy engines, packed into a buffer for NCCL; queued after that
+// kernel, so the device starts computing as early as the host can launch). Device memory per rank is
+// the rank's Q, the carry, and two K/V blocks: O(T / N).
 #pragma once
 
 #include <chrono>

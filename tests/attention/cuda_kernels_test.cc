@@ -351,6 +351,18 @@ TEST(CudaMemory, PinnedTensorsAreHostMemoryThatRoundTrips) {
 namespace ra::test {
 namespace {
 
+// The block checksum's definition, on the host: the sum of (2i + 1) x_i over the little-endian 32-bit
+// words x_i of `bytes` (a multiple of 4) at `data`, mod 2^64.
+uint64_t host_block_checksum(const void* data, size_t bytes) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < bytes / 4; ++i) {
+    uint32_t x;
+    std::memcpy(&x, static_cast<const char*>(data) + 4 * i, 4);
+    sum += (2 * i + 1) * uint64_t(x);
+  }
+  return sum;
+}
+
 // The ring's in-flight check: the device checksum is a function of the bytes (same bytes, same sum;
 // any flipped bit or swapped pair of words changes it), whatever the launch shape.
 TEST(BlockChecksum, SameBytesSameSumAnyChangeDiffers) {
@@ -368,13 +380,7 @@ TEST(BlockChecksum, SameBytesSameSumAnyChangeDiffers) {
     return out;
   };
   const uint64_t base = checksum(words);
-  // The definition, on the host: the sum of (2i + 1) x_i over the little-endian 32-bit words x_i.
-  uint64_t expected = 0;
-  for (size_t i = 0; i < 2 * words.size(); ++i) {
-    const uint64_t x = i % 2 == 0 ? words[i / 2] & 0xffffffffu : words[i / 2] >> 32;
-    expected += (2 * i + 1) * x;
-  }
-  EXPECT_EQ(base, expected);
+  EXPECT_EQ(base, host_block_checksum(words.data(), bytes));
   EXPECT_EQ(checksum(words), base);
   std::vector<uint64_t> flipped = words;
   flipped[77777] ^= uint64_t(1) << 41;
@@ -419,12 +425,7 @@ TEST(BlockChecksum, PiecesSealAsTheAssembledBlock) {
   uint64_t assembled_sum = 0;
   RA_CUDA_CHECK(cudaMemcpy(&got, sealed, sizeof(got), cudaMemcpyDeviceToHost));
   RA_CUDA_CHECK(cudaMemcpy(&assembled_sum, sum.view().data(), 8, cudaMemcpyDeviceToHost));
-  uint64_t expected = 0;
-  for (size_t i = 0; i < block_bytes / 4; ++i) {
-    uint32_t x;
-    std::memcpy(&x, assembled.data() + 4 * i, 4);
-    expected += (2 * i + 1) * uint64_t(x);
-  }
+  const uint64_t expected = host_block_checksum(assembled.data(), block_bytes);
   EXPECT_EQ(assembled_sum, expected);
   EXPECT_EQ(got.origin_rank, 2u);
   EXPECT_EQ(got.magic, BlockTrailer::kMagic);
