@@ -108,28 +108,43 @@ bool ring_block_skipped(int64_t q_lo, int64_t q_hi, const std::vector<int64_t>& 
          BlockKind::kSkip;
 }
 
-KvBlockLayout::KvBlockLayout(const AttentionInputs& in, size_t align) {
-  auto aligned = [align](size_t x) { return (x + align - 1) / align * align; };
-  v_offset = aligned(in.k.nbytes());
-  segments_offset = v_offset + aligned(in.v.nbytes());
-  payload = segments_offset + (in.kv_segment_ids.defined() ? aligned(in.kv_segment_ids.nbytes()) : 0);
+namespace {
+
+// A (B, rows, H, X) section of `t`'s dtype and batch / head / last dims.
+Shape with_rows(const TensorView& t, int64_t rows) {
+  Shape shape = t.shape();
+  shape[1] = rows;
+  return shape;
 }
 
-std::vector<KvBlockLayout::Span> KvBlockLayout::padding(const AttentionInputs& in) const {
-  const size_t segments_end = segments_offset + (in.kv_segment_ids.defined() ? in.kv_segment_ids.nbytes() : 0);
+size_t section_bytes(const TensorView& t, int64_t rows) {
+  return t.defined() ? size_t(with_rows(t, rows).numel()) * dtype_size(t.dtype()) : 0;
+}
+
+}  // namespace
+
+KvBlockLayout::KvBlockLayout(const AttentionInputs& in, int64_t slot_rows, size_t align) {
+  auto aligned = [align](size_t x) { return (x + align - 1) / align * align; };
+  v_offset = aligned(section_bytes(in.k, slot_rows));
+  segments_offset = v_offset + aligned(section_bytes(in.v, slot_rows));
+  payload = segments_offset + aligned(section_bytes(in.kv_segment_ids, slot_rows));
+}
+
+std::vector<KvBlockLayout::Span> KvBlockLayout::padding(const AttentionInputs& in, int64_t rows) const {
+  const size_t k_end = section_bytes(in.k, rows), v_end = v_offset + section_bytes(in.v, rows);
+  const size_t segments_end = segments_offset + section_bytes(in.kv_segment_ids, rows);
   std::vector<Span> gaps;
-  for (Span gap : {Span{in.k.nbytes(), v_offset - in.k.nbytes()}, Span{v_offset + in.v.nbytes(), segments_offset - v_offset - in.v.nbytes()},
-                   Span{segments_end, payload - segments_end}})
+  for (Span gap : {Span{k_end, v_offset - k_end}, Span{v_end, segments_offset - v_end}, Span{segments_end, payload - segments_end}})
     if (gap.bytes > 0) gaps.push_back(gap);
   return gaps;
 }
 
-AttentionInputs KvBlockLayout::view(const AttentionInputs& in, char* base, MemoryKind memory) const {
+AttentionInputs KvBlockLayout::view(const AttentionInputs& in, char* base, int64_t rows, MemoryKind memory) const {
   AttentionInputs block = in;
-  block.k = TensorView(base, in.k.dtype(), in.k.shape(), memory);
-  block.v = TensorView(base + v_offset, in.v.dtype(), in.v.shape(), memory);
+  block.k = TensorView(base, in.k.dtype(), with_rows(in.k, rows), memory);
+  block.v = TensorView(base + v_offset, in.v.dtype(), with_rows(in.v, rows), memory);
   if (in.kv_segment_ids.defined())
-    block.kv_segment_ids = TensorView(base + segments_offset, DType::kI32, in.kv_segment_ids.shape(), memory);
+    block.kv_segment_ids = TensorView(base + segments_offset, DType::kI32, with_rows(in.kv_segment_ids, rows), memory);
   return block;
 }
 
@@ -137,8 +152,6 @@ RingAttention::RingAttention(RingContext ctx, Backend backend) : ctx_(std::move(
   RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
   local_ = AttentionRegistry::builtin().create(ctx_.local_impl, backend);
-  check_layout_divides(ctx_.layout, ctx_.global_q_len, ctx_.comm->size(), "q dimension 1 (q_len)");
-  check_layout_divides(ctx_.layout, ctx_.global_kv_len, ctx_.comm->size(), "k dimension 1 (kv_len)");
 }
 
 void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
@@ -168,12 +181,14 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
                                   const BlockVisitor& visit) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
-  const int64_t local_kv = ctx_.global_kv_len / n;
+  const int64_t local_kv = layout_rows(ctx_.layout, ctx_.global_kv_len, n, rank);
   RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
            ", expected the local shard of ", local_kv, " rows");
-  // One contiguous buffer per block: the header, then k, v and the kv segment ids packed tight.
-  const KvBlockLayout layout(in, 1);
+  // One contiguous buffer per block: the header, then k, v and the kv segment ids packed tight, in
+  // sections sized for the longest shard (shards of a length that does not divide differ by a row).
+  const KvBlockLayout layout(in, layout_max_rows(ctx_.layout, ctx_.global_kv_len, n), 1);
   const size_t payload = layout.payload, bytes = kHeaderBytes + payload;
+  // Zeroed (make_unique value-initialises): unused rows of a short block are zeros under its CRC.
   std::unique_ptr<char[]> storage[2] = {std::make_unique<char[]>(bytes + 64), std::make_unique<char[]>(bytes + 64)};
   char* buffers[2];
   for (int i = 0; i < 2; ++i)  // 64-byte aligned payloads for the SIMD kernels
@@ -195,8 +210,10 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
     if (ctx_.verify_blocks) header.crc = crc32_bytes(buffers[0] + kHeaderBytes, payload);
     std::memcpy(buffers[0], &header, sizeof(header));
   }
-  const int64_t q_lo = *std::min_element(pos.q.begin(), pos.q.end());
-  const int64_t q_hi = *std::max_element(pos.q.begin(), pos.q.end());
+  // A rank that holds no query (fewer tokens than ranks) still forwards every block.
+  const bool no_queries = pos.q.empty();
+  const int64_t q_lo = no_queries ? 0 : *std::min_element(pos.q.begin(), pos.q.end());
+  const int64_t q_hi = no_queries ? -1 : *std::max_element(pos.q.begin(), pos.q.end());
 
   int cur = 0;
   for (int step = 0; step < n; ++step) {
@@ -216,10 +233,10 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
     block_pos.total_keys = ctx_.global_kv_len;
     const auto t0 = std::chrono::steady_clock::now();
     block_pos.k = layout_indices(ctx_.layout, ctx_.global_kv_len, n, src);
-    if (ring_block_skipped(q_lo, q_hi, block_pos.k, params)) {
+    if (no_queries || ring_block_skipped(q_lo, q_hi, block_pos.k, params)) {
       ++stats_.skipped;
     } else {
-      visit(layout.view(in, buffers[cur] + kHeaderBytes, MemoryKind::kHost), block_pos);
+      visit(layout.view(in, buffers[cur] + kHeaderBytes, int64_t(block_pos.k.size()), MemoryKind::kHost), block_pos);
     }
     stats_.compute_seconds += seconds_since(t0);
     // Phase 3: the next block must have arrived before the next step reads it.
@@ -242,6 +259,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
       check_arrived_block(buffers[cur], payload, rank, step, n, in);
     }
     ++stats_.steps;
+    if (ctx_.on_step) ctx_.on_step(step, n);
   }
 }
 

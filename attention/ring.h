@@ -45,6 +45,9 @@ struct RingContext {
   // carries the copy engines' handshakes; without it the ring uses NCCL.
   RingTransport transport = RingTransport::kAuto;
   MpiCommunicator* host_comm = nullptr;
+  // Called after each step (0-based, of `steps`) once its block is folded (host ring) or queued and
+  // the next block has arrived (GPU ring): progress lines for long runs. Empty: nothing.
+  std::function<void(int step, int steps)> on_step;
 };
 
 // Key-axis positions of the query rows that part `index` of `parts` holds under the layout: global
@@ -59,18 +62,20 @@ TokenPositions ring_positions(const RingContext& ctx);
 bool ring_block_skipped(int64_t q_lo, int64_t q_hi, const std::vector<int64_t>& source_keys, const AttentionParams& params);
 
 // Where k, v and the kv segment ids sit in a K/V block in flight: k at offset 0, then v, then the
-// segment ids (when present), each section starting on a multiple of `align` bytes (the host ring packs
-// them tight; the GPU ring aligns them for the kernels' row loads). `payload`: the end of the last one.
+// segment ids (when present), each section sized for `slot_rows` rows (the most any rank holds: shards
+// may differ by a row or two) and starting on a multiple of `align` bytes (the host ring packs them
+// tight; the GPU ring aligns them for the kernels' row loads). A block of fewer rows sits at the start
+// of each section. `payload`: the end of the last section; every block in flight is that long.
 struct KvBlockLayout {
-  KvBlockLayout(const AttentionInputs& in, size_t align);
+  KvBlockLayout(const AttentionInputs& in, int64_t slot_rows, size_t align);
   size_t v_offset = 0, segments_offset = 0, payload = 0;
   struct Span {
     size_t offset, bytes;
   };
-  // The alignment gaps behind k, v and the segment ids (empty ones left out).
-  std::vector<Span> padding(const AttentionInputs& in) const;
-  // `in` with k, v and (when present) the kv segment ids viewing the block at `base`.
-  AttentionInputs view(const AttentionInputs& in, char* base, MemoryKind memory) const;
+  // The bytes of a block of `rows` rows that no section holds: alignment gaps and unused rows.
+  std::vector<Span> padding(const AttentionInputs& in, int64_t rows) const;
+  // `in` with k, v and (when present) the kv segment ids of a block of `rows` rows at `base`.
+  AttentionInputs view(const AttentionInputs& in, char* base, int64_t rows, MemoryKind memory) const;
 };
 
 struct RingStats {

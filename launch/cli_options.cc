@@ -4,14 +4,31 @@
 #include <cstdio>
 #include <iostream>
 
+#include "attention/registry.h"
 #include "runtime/error.h"
 
 namespace ra::cli {
 
+namespace {
+
+// The implementations this build registers, as "a | b | c" (cudnn only where it was built in).
+std::string implementations_text(bool local) {
+  std::string text;
+  for (const std::string& name : AttentionRegistry::builtin().list_implementations()) {
+    if (local && (name == "ring" || name == "blockwise")) continue;
+    text += (text.empty() ? "" : " | ") + name;
+  }
+  return text;
+}
+
+}  // namespace
+
 void add_attention_options(po::options_description& desc, AttentionOptions& o) {
+  static const std::string impls = "implementation: " + implementations_text(false);
+  static const std::string local_impls = "the ring's local kernel: " + implementations_text(true);
   desc.add_options()
-    ("impl", po::value(&o.impl)->default_value("ring"), "implementation: ring | flash_attn2 | sdpa | blockwise")
-    ("local-impl", po::value(&o.local_impl)->default_value("flash_attn2"), "the ring's local kernel: flash_attn2 | sdpa")
+    ("impl", po::value(&o.impl)->default_value("ring"), impls.c_str())
+    ("local-impl", po::value(&o.local_impl)->default_value("flash_attn2"), local_impls.c_str())
     ("backend", po::value(&o.backend)->default_value("cpu"), "cpu | cuda | native")
     ("mesh", po::value(&o.mesh), "mesh axes, e.g. sp=4 or dp=2,sp=2 (default: all ranks on sp)")
     ("layout", po::value(&o.layout), "sequence layout: contiguous | zigzag | striped (default: zigzag when causal)")
@@ -69,10 +86,39 @@ std::string mesh_text(const AttentionOptions& o, int world_size) {
   return o.mesh.empty() ? "sp=" + std::to_string(world_size) : o.mesh;
 }
 
-bool parse(int argc, char** argv, const po::options_description& desc, const char* usage) {
+void add_dataset_options(po::options_description& desc, DatasetOptions& o) {
+  desc.add_options()
+    ("q-dataset", po::value(&o.names.q)->default_value(o.names.q), "path of q inside the input file (groups allowed)")
+    ("k-dataset", po::value(&o.names.k)->default_value(o.names.k), "path of k")
+    ("v-dataset", po::value(&o.names.v)->default_value(o.names.v), "path of v")
+    ("mask-dataset", po::value(&o.names.mask)->default_value(o.names.mask), "path of the optional mask (non-zero = attend)")
+    ("bias-dataset", po::value(&o.names.bias)->default_value(o.names.bias), "path of the optional additive bias")
+    ("segment-ids-dataset", po::value(&o.names.segment_ids)->default_value(o.names.segment_ids),
+     "path of the optional segment ids");
+}
+
+void check_named_datasets(const DatasetOptions& o, const H5File& file) {
+  for (const auto& [option, dataset] : o.named)
+    RA_CHECK(file.has(dataset), "--", option, " names dataset '", dataset, "', which '", file.path(),
+             "' does not have (or it is a group, not a dataset)");
+}
+
+bool parse(int argc, char** argv, const po::options_description& desc, const char* usage, DatasetOptions* datasets) {
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    // The default style minus guessing: "--no" never stands for one of --no-space-check and
+    // --no-block-checksums, and no prefix is completed.
+    const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    const po::parsed_options parsed = po::command_line_parser(argc, argv).options(desc).style(style).run();
+    // Without a positional description Boost keeps bare words aside; they are mistakes ("causal").
+    const std::vector<std::string> stray = po::collect_unrecognized(parsed.options, po::include_positional);
+    if (!stray.empty()) {
+      const std::string& word = stray.front();
+      const bool is_option = desc.find_nothrow(word, false) != nullptr;
+      RA_FAIL("unexpected argument '", word, "'", is_option ? " (did you mean --" + word + "?)" : "",
+              ": every option starts with -- (see --help)");
+    }
+    po::store(parsed, vm);
     if (vm.count("help")) {
       std::cout << usage << "\n" << desc << "\n";
       return false;
@@ -81,6 +127,9 @@ bool parse(int argc, char** argv, const po::options_description& desc, const cha
   } catch (const po::error& e) {
     RA_FAIL(e.what(), " (see --help)");
   }
+  if (datasets != nullptr)
+    for (const char* option : {"mask-dataset", "bias-dataset", "segment-ids-dataset"})
+      if (vm.count(option) && !vm[option].defaulted()) datasets->named.push_back({option, vm[option].as<std::string>()});
   return true;
 }
 

@@ -4,8 +4,11 @@
 
 #include <boost/program_options.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "attention/params.h"
+#include "launch/sharded_io.h"
 #include "mesh/sequence_layout.h"
 
 namespace ra::cli {
@@ -23,12 +26,24 @@ struct AttentionOptions {
 };
 
 void add_attention_options(po::options_description& desc, AttentionOptions& opts);
+
+// --q-dataset ... --segment-ids-dataset: where the inputs sit in the file. An optional dataset named
+// on the command line must exist (check_named_datasets), never be skipped silently.
+struct DatasetOptions {
+  DatasetNames names;
+  std::vector<std::pair<std::string, std::string>> named;  // (option, dataset) given on the command line
+};
+void add_dataset_options(po::options_description& desc, DatasetOptions& opts);
+void check_named_datasets(const DatasetOptions& opts, const H5File& file);
 AttentionParams to_params(const AttentionOptions& opts);
 SequenceLayout chosen_layout(const AttentionOptions& opts);  // zigzag when causal, else contiguous
 std::string mesh_text(const AttentionOptions& opts, int world_size);  // default: all ranks on sp
 
-// Parses argv after the subcommand; prints help and returns false on --help.
-bool parse(int argc, char** argv, const po::options_description& desc, const char* usage);
+// Parses argv after the subcommand; prints help and returns false on --help. A word that is no option
+// ("causal" for "--causal") and an option prefix that matches several options are errors. Fills
+// `datasets->named` when given.
+bool parse(int argc, char** argv, const po::options_description& desc, const char* usage,
+           DatasetOptions* datasets = nullptr);
 
 // Positive integers that must not wrap: "--heads -1" is an error naming the option.
 int64_t positive(int64_t value, const char* option);

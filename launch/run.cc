@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <utility>
@@ -20,30 +21,56 @@ namespace ra::cli {
 namespace {
 
 // NaN / Inf in the inputs: counted on every rank, summed, reported per dataset; an error unless
-// --allow-nonfinite.
-void check_finite_inputs(const LocalTensors& local, const std::string& input, bool allow, Job& job) {
-  const std::pair<const Tensor*, const char*> datasets[] = {{&local.q, "q"}, {&local.k, "k"}, {&local.v, "v"}, {&local.bias, "bias"}};
-  int64_t counts[4];
+// --allow-nonfinite. Returns the total.
+int64_t check_finite_inputs(const LocalTensors& local, const DatasetNames& names, const std::string& input, bool allow,
+                            Job& job) {
+  const std::pair<const Tensor*, const std::string*> datasets[] = {
+      {&local.q, &names.q}, {&local.k, &names.k}, {&local.v, &names.v}, {&local.bias, &names.bias}};
+  int64_t counts[4], all = 0;
   for (int i = 0; i < 4; ++i) counts[i] = count_nonfinite(datasets[i].first->view());
   job.world.all_reduce(counts, 4, ReduceOp::kSum);
   for (int i = 0; i < 4; ++i) {
     if (counts[i] == 0) continue;
-    RA_CHECK(allow, "input '", input, "' dataset '", datasets[i].second, "' holds ", counts[i],
+    all += counts[i];
+    RA_CHECK(allow, "input '", input, "' dataset '", *datasets[i].second, "' holds ", counts[i],
              " NaN or Inf values (summed over the ranks' slices); pass --allow-nonfinite to run anyway");
     if (job.world.rank() == 0)
       std::fprintf(stderr, "ringattn run: warning: dataset '%s' holds %ld NaN or Inf values (--allow-nonfinite)\n",
-                   datasets[i].second, long(counts[i]));
+                   datasets[i].second->c_str(), long(counts[i]));
   }
+  return all;
 }
 
-// The output must be creatable: its directory exists and is writable, and it is not there already
-// (unless --overwrite). Every rank checks the same path, so every rank fails alike.
-void check_output_path(const std::string& output, bool overwrite) {
+// With non-finite inputs (--allow-nonfinite) the outputs follow them: written, and counted here.
+void report_nonfinite_outputs(const AttentionOutput& out, Job& job) {
+  int64_t counts[2] = {count_nonfinite(out.o.view()), 0};
+  for (int64_t i = 0; i < out.lse.numel(); ++i) counts[1] += std::isnan(out.lse.data<float>()[i]) || out.lse.data<float>()[i] == INFINITY;
+  job.world.all_reduce(counts, 2, ReduceOp::kSum);
+  if (job.world.rank() == 0)
+    std::fprintf(stderr, "ringattn run: warning: the output holds %ld NaN or Inf values in o and %ld in lse, from the "
+                 "non-finite inputs (--allow-nonfinite); the range check of the outputs was skipped\n",
+                 long(counts[0]), long(counts[1]));
+}
+
+// The output must be creatable: its directory exists and is writable, it is not the input (by device
+// and inode: another path to the same file counts), it is not a directory, device, pipe or socket, and
+// it is not there already (unless --overwrite). Every rank checks the same path, so every rank fails alike.
+void check_output_path(const std::string& output, const std::string& input, bool overwrite) {
   namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(output, ec);  // through symbolic links
+  if (fs::exists(status)) {
+    RA_CHECK(!fs::is_directory(status), "output '", output, "' is a directory: name a file (e.g. '",
+             (fs::path(output) / "out.h5").string(), "')");
+    RA_CHECK(fs::is_regular_file(status), "output '", output, "' exists and is not a regular file (a device, pipe "
+             "or socket): ringattn replaces only regular files, even with --overwrite");
+    RA_CHECK(!fs::equivalent(output, input, ec), "output '", output, "' is the input file '", input,
+             "' (same device and inode): writing it would destroy the input; name another output");
+    RA_CHECK(overwrite, "output '", output, "' exists; refusing to replace it (pass --overwrite)");
+  }
   const fs::path dir = fs::absolute(output).parent_path();
   RA_CHECK(fs::is_directory(dir), "output '", output, "': directory '", dir.string(), "' does not exist");
   RA_CHECK(::access(dir.c_str(), W_OK) == 0, "output '", output, "': directory '", dir.string(), "' is not writable");
-  RA_CHECK(overwrite || !fs::exists(output), "output '", output, "' exists; refusing to replace it (pass --overwrite)");
 }
 
 // A full disk found before the compute rather than in the middle of the collective write: the free
@@ -64,40 +91,80 @@ void check_output_space(const std::string& output, uint64_t bytes) {
              " bytes (ulimit -f; pass --no-space-check to try anyway)");
 }
 
+#if RA_HAVE_CUDA
+// What this rank holds on its GPU besides the inputs: O, LSE, the f32 carry and the ring's two blocks.
+std::vector<MemoryNeed> device_working_set(const ShardPlan& p, int ranks) {
+  const uint64_t rows = uint64_t(p.b_count) * uint64_t(p.local_q()) * uint64_t(p.hq_count);
+  const uint64_t block = uint64_t(p.b_count) * uint64_t(layout_max_rows(p.layout, p.kv_len, p.sp_size)) *
+                         uint64_t(p.hkv_count) * uint64_t(p.head_dim + p.v_head_dim) * dtype_size(p.dtype);
+  std::vector<MemoryNeed> needs = {{"o", rows * uint64_t(p.v_head_dim) * dtype_size(p.dtype)},
+                                   {"lse", rows * 4},
+                                   {"f32 carry", rows * uint64_t(p.v_head_dim + 2) * 4}};
+  if (ranks > 1) needs.push_back({"two K/V block buffers", 2 * block});
+  return needs;
+}
+#endif
+
 }  // namespace
 
 int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
+  DatasetOptions datasets;
   std::string input, output;
-  bool overwrite = false, no_space_check = false, pageable = false;
+  bool overwrite = false, no_space_check = false, pageable = false, quiet = false;
   int64_t io_timeout_s = 600;
   po::options_description desc("ringattn run");
   desc.add_options()("help", "this text")
     ("input", po::value(&input)->required(), "HDF5 file with q, k, v (and optional mask, bias, segment_ids)")
     ("output", po::value(&output)->required(), "HDF5 file to write o and lse to")
-    ("overwrite", po::bool_switch(&overwrite), "replace an existing output file")
+    ("overwrite", po::bool_switch(&overwrite), "replace an existing output file (never the input, never a non-regular file)")
     ("no-space-check", po::bool_switch(&no_space_check), "skip the free-space and file-size-limit check of the output")
     ("pageable", po::bool_switch(&pageable), "with --backend cuda: stage inputs and outputs in pageable host memory "
      "instead of pinned (page-locked) buffers")
+    ("quiet", po::bool_switch(&quiet), "no progress lines on stderr")
     ("io-timeout", po::value(&io_timeout_s)->default_value(600), "seconds reading, checking or writing may take before the job is aborted");
+  add_dataset_options(desc, datasets);
   add_attention_options(desc, opts);
-  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]")) return kOk;
+  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]", &datasets)) return kOk;
   const AttentionParams params = to_params(opts);
+  positive(io_timeout_s, "io-timeout");
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
+  const auto started = std::chrono::steady_clock::now();
+  // Progress on rank 0, to stderr (stdout keeps the result lines), as training loops and nccl-tests do.
+  auto progress = [&](const char* what) {
+    if (quiet || rank != 0) return;
+    std::fprintf(stderr, "ringattn run: [%7.2f s] %s\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), what);
+  };
   // Phases without a deadline of their own get one: the ring's per-step timeout times (steps + 2)
   // for the attention, and --io-timeout for reading, checking and writing.
   Watchdog watchdog(rank);
   watchdog.phase("reading the inputs", std::chrono::seconds(io_timeout_s));
-  check_output_path(output, overwrite);  // before hours of compute, not after
+  check_output_path(output, input, overwrite);  // before hours of compute, not after
 
   H5File file(input, H5File::Mode::kRead, job.world.comm());
-  ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts));
+  check_named_datasets(datasets, file);
+  ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts), datasets.names);
+  // Before any allocation: the slices, and on GPUs the device's share, must fit.
+  check_host_memory(local_input_bytes(plan, file), input, job.world.comm());
+#if RA_HAVE_CUDA
+  if (job.on_device) {
+    std::vector<MemoryNeed> device = local_input_bytes(plan, file);
+    for (const MemoryNeed& need : device_working_set(plan, job.sequence_axis().size())) device.push_back(need);
+    check_device_memory(device, cuda_bytes_free(), job.world.comm());
+  }
+#endif
   if (!no_space_check) {
     const uint64_t rows = uint64_t(plan.batch) * uint64_t(plan.q_len) * uint64_t(plan.q_heads);
     check_output_space(output, rows * (uint64_t(plan.v_head_dim) * dtype_size(plan.dtype) + 4) + (1u << 20));
   }
   RingContext ctx;
+  if (!quiet && rank == 0)
+    ctx.on_step = [&](int step, int steps) {
+      const std::string line = "ring step " + std::to_string(step + 1) + " of " + std::to_string(steps);
+      progress(line.c_str());
+    };
   auto impl = make_impl(opts, job, plan.q_len, plan.kv_len, ctx);
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(plan.q_len, plan.kv_len);
   // Times of the slowest rank: [0] reading, [1] to the device, [2] the attention, [3] back to the host.
@@ -108,11 +175,12 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   };
   // On GPUs, HDF5 reads into page-locked buffers, from which the copies to the device are plain DMA.
   const MemoryKind staging = job.on_device && !pageable ? MemoryKind::kPinned : MemoryKind::kHost;
+  progress("reading the inputs");
   LocalTensors local = read_local(file, plan, false, staging);
   seconds[0] = lap();
   const AttentionInputs in = local.inputs();
   validate_attention(in, params, pos, impl->max_head_dim());  // before the first exchange
-  check_finite_inputs(local, input, opts.allow_nonfinite, job);
+  const bool nonfinite_inputs = check_finite_inputs(local, datasets.names, input, opts.allow_nonfinite, job) > 0;
   job.world.barrier();
 
   // The cuda backend copies the slices to the device, and O and LSE back to the same kind of host
@@ -121,6 +189,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   lap();  // the checks above are not staging
   const InputsCopy staged = job.on_device ? copy_inputs(in, MemoryKind::kCuda) : InputsCopy{};
   seconds[1] = lap();
+  progress(impl->name() == "ring" ? "the attention (ring steps follow)" : "the attention");
   AttentionOutput out = impl->forward(job.on_device ? staged.inputs : in, params, pos);
   job.synchronize();
   seconds[2] = lap();
@@ -129,13 +198,16 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   job.world.all_reduce(seconds, 4, ReduceOp::kMax);
 
   watchdog.phase("checking and writing the outputs", std::chrono::seconds(io_timeout_s));
-  check_output_invariants(in, params, out.o, out.lse, job.sequence_axis());
+  progress("checking and writing the outputs");
+  if (nonfinite_inputs) report_nonfinite_outputs(out, job);
+  else check_output_invariants(in, params, out.o, out.lse, job.sequence_axis());
   const std::map<std::string, std::string> attributes{
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", params.describe()},
       {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
   write_outputs(output, plan, out.o, out.lse, attributes, job.world.comm(), overwrite);
   watchdog.disarm();
+  progress("done");
   if (rank == 0) {
     double flops = 4.0 * plan.batch * plan.q_heads * double(plan.q_len) * double(plan.kv_len) * plan.head_dim;
     if (params.causal) flops /= 2;

@@ -6,9 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-test}
+# clang with its fuzzer and sanitizer runtimes (libclang-rt-14-dev) builds the fuzz targets.
 packages="g++ cmake ninja-build ccache openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev
-  pkg-config python3-h5py zlib1g-dev unzip clang"
+  pkg-config python3-h5py zlib1g-dev unzip clang libclang-rt-14-dev"
+# With CUDA, pip fetches cudnn-frontend (below).
+command -v nvcc >/dev/null && ! python3 -m pip --version >/dev/null 2>&1 && packages="$packages python3-pip"
 missing=$(for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   echo "installing: $missing"
@@ -18,16 +21,20 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 jobs=$(nproc)
 # cudnn-frontend (header-only, MIT) for the `cudnn` implementation, when CUDA is here: from its
-# PyPI wheel, pinned. Without network the build goes on without `cudnn`.
+# PyPI wheel, pinned by version and hash. A CUDA build that cannot get it stops here, loudly;
+# RA_WITHOUT_CUDNN=1 builds without `cudnn` on purpose.
 frontend=build/_deps/cudnn_frontend
-if command -v nvcc >/dev/null && [ ! -f $frontend/include/cudnn_frontend.h ]; then
+if command -v nvcc >/dev/null && [ -z "${RA_WITHOUT_CUDNN:-}" ] && [ ! -f $frontend/include/cudnn_frontend.h ]; then
   mkdir -p $frontend/wheel
-  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
-       --platform manylinux_2_28_x86_64 nvidia-cudnn-frontend==1.32.0 -d $frontend/wheel 2>/dev/null; then
-    unzip -q -o $frontend/wheel/*.whl 'include/*' -d $frontend
-  else
-    echo "note: could not fetch cudnn-frontend; building without the cudnn implementation"
+  echo "nvidia-cudnn-frontend==1.32.0 --hash=sha256:c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0" \
+    > $frontend/requirements.txt
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+       --platform manylinux_2_28_x86_64 -r $frontend/requirements.txt -d $frontend/wheel; then
+    echo "error: could not fetch cudnn-frontend 1.32.0 (pinned by hash) from PyPI for the cudnn implementation;" >&2
+    echo "       RA_WITHOUT_CUDNN=1 builds without it, RA_CMAKE_ARGS=-DRA_ENABLE_CUDA=OFF without CUDA" >&2
+    exit 1
   fi
+  unzip -q -o $frontend/wheel/*.whl 'include/*' -d $frontend
 fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${RA_CMAKE_ARGS:-}
 cmake --build build -j "$jobs"

@@ -4,6 +4,7 @@
 
 #include "launch/output_manifest.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "mesh/sharding.h"
@@ -13,9 +14,9 @@
 namespace ra::cli {
 namespace {
 
-std::string where(const H5File& f, const char* dataset) { return "dataset '" + std::string(dataset) + "' of '" + f.path() + "'"; }
+std::string where(const H5File& f, const std::string& dataset) { return "dataset '" + dataset + "' of '" + f.path() + "'"; }
 
-DatasetInfo required(const H5File& f, const char* name, int rank, const char* layout) {
+DatasetInfo required(const H5File& f, const std::string& name, int rank, const char* layout) {
   RA_CHECK(f.has(name), "input '", f.path(), "' has no dataset '", name, "' ", layout);
   DatasetInfo info = f.info(name);
   RA_CHECK(info.shape.rank == rank, where(f, name), " has rank ", info.shape.rank, " (shape ", info.shape.str(),
@@ -23,7 +24,22 @@ DatasetInfo required(const H5File& f, const char* name, int rank, const char* la
   return info;
 }
 
-void expect_dim(const H5File& f, const char* name, const DatasetInfo& info, int dim, const char* dim_name,
+// The dataset's element type must be one of `allowed`; the error names what the file holds.
+void expect_dtype(const H5File& f, const std::string& name, const DatasetInfo& info, std::initializer_list<DType> allowed,
+                  const char* expected) {
+  const bool ok = info.supported && std::find(allowed.begin(), allowed.end(), info.dtype) != allowed.end();
+  RA_CHECK(ok, where(f, name), " holds ", info.type_name, ", expected ", expected,
+           " (ringattn never converts: write it as one of those, e.g. numpy's .astype)");
+}
+
+// Zero-length dimensions leave nothing to attend: refused by name before any read.
+void expect_nonempty(const H5File& f, const std::string& name, const DatasetInfo& info, const char* dim_names) {
+  for (int d = 0; d < info.shape.rank; ++d)
+    RA_CHECK(info.shape[d] > 0, where(f, name), " has shape ", info.shape.str(), ": dimension ", d, " of ", dim_names,
+             " is 0, expected at least 1");
+}
+
+void expect_dim(const H5File& f, const std::string& name, const DatasetInfo& info, int dim, const char* dim_name,
                 int64_t expected, const char* because) {
   RA_CHECK(info.shape[dim] == expected, where(f, name), " dimension ", dim, " (", dim_name, ") is ", info.shape[dim],
            ", expected ", expected, " ", because);
@@ -53,13 +69,19 @@ int64_t run_rows(const std::vector<IndexRun>& runs) {
 }
 
 // mask / bias: (B|1, H|1, T|1, S|1) with rows by the query runs; size-1 dims are read whole.
-Tensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p, MemoryKind memory) {
+// mask / bias: rank 4, each dimension 1 or the full size.
+DatasetInfo check_pairwise(const H5File& f, const std::string& name, const ShardPlan& p) {
   DatasetInfo info = f.info(name);
   RA_CHECK(info.shape.rank == 4, where(f, name), " has rank ", info.shape.rank, ", expected 4 (batch, heads, q_len, kv_len)");
   const int64_t full[4] = {p.batch, p.q_heads, p.q_len, p.kv_len};
   for (int d = 0; d < 4; ++d)
     RA_CHECK(info.shape[d] == 1 || info.shape[d] == full[d], where(f, name), " dimension ", d, " is ", info.shape[d],
              ", expected 1 or ", full[d], " to broadcast to (B, Hq, T, S)");
+  return info;
+}
+
+Tensor read_pairwise(const H5File& f, const std::string& name, const ShardPlan& p, MemoryKind memory) {
+  DatasetInfo info = check_pairwise(f, name, p);
   const bool b1 = info.shape[0] == 1, h1 = info.shape[1] == 1, t1 = info.shape[2] == 1;
   Selection sel;
   std::vector<IndexRun> runs = t1 ? std::vector<IndexRun>{{0, 1, 1}} : p.q_runs;
@@ -74,7 +96,7 @@ Tensor read_pairwise(const H5File& f, const char* name, const ShardPlan& p, Memo
 Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs, MemoryKind memory) {
   Selection sel;
   for (const IndexRun& r : runs) sel.push_back({{p.b_offset, r.start}, {p.b_count, r.count}, {1, r.stride}});
-  return f.read("segment_ids", sel, {p.b_count, run_rows(runs)}, memory);
+  return f.read(p.names.segment_ids, sel, {p.b_count, run_rows(runs)}, memory);
 }
 
 }  // namespace
@@ -82,24 +104,26 @@ Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<Inde
 int64_t ShardPlan::local_q() const { return run_rows(q_runs); }
 int64_t ShardPlan::local_kv() const { return run_rows(kv_runs); }
 
-ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, SequenceLayout layout) {
-  DatasetInfo q = required(f, "q", 4, "(batch, q_len, q_heads, head_dim)");
-  DatasetInfo k = required(f, "k", 4, "(batch, kv_len, kv_heads, head_dim)");
-  DatasetInfo v = required(f, "v", 4, "(batch, kv_len, kv_heads, v_head_dim)");
-  for (auto [name, info] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}})
-    RA_CHECK(info->dtype == DType::kF32 || info->dtype == DType::kF16 || info->dtype == DType::kBF16, where(f, name),
-             " has dtype ", dtype_name(info->dtype), ", expected f32, f16 or bf16");
+ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, SequenceLayout layout, const DatasetNames& names) {
+  DatasetInfo q = required(f, names.q, 4, "(batch, q_len, q_heads, head_dim)");
+  DatasetInfo k = required(f, names.k, 4, "(batch, kv_len, kv_heads, head_dim)");
+  DatasetInfo v = required(f, names.v, 4, "(batch, kv_len, kv_heads, v_head_dim)");
+  for (auto [name, info] : {std::pair{&names.q, &q}, std::pair{&names.k, &k}, std::pair{&names.v, &v}})
+    expect_dtype(f, *name, *info, {DType::kF32, DType::kF16, DType::kBF16}, "float32, float16 or bfloat16");
+  expect_nonempty(f, names.q, q, "(batch, q_len, q_heads, head_dim)");
+  expect_nonempty(f, names.k, k, "(batch, kv_len, kv_heads, head_dim)");
+  expect_nonempty(f, names.v, v, "(batch, kv_len, kv_heads, v_head_dim)");
   RA_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, "q, k and v of '", f.path(), "' must share a dtype (q is ",
            dtype_name(q.dtype), ", k ", dtype_name(k.dtype), ", v ", dtype_name(v.dtype), ")");
-  expect_dim(f, "k", k, 0, "batch", q.shape[0], "(q's batch)");
-  expect_dim(f, "v", v, 0, "batch", q.shape[0], "(q's batch)");
-  expect_dim(f, "k", k, 3, "head_dim", q.shape[3], "(q's head_dim)");
-  expect_dim(f, "v", v, 1, "kv_len", k.shape[1], "(k's kv_len)");
-  expect_dim(f, "v", v, 2, "kv_heads", k.shape[2], "(k's kv_heads)");
-  RA_CHECK(k.shape[2] > 0 && q.shape[2] % k.shape[2] == 0, where(f, "q"), " dimension 2 (q_heads) is ", q.shape[2],
+  expect_dim(f, names.k, k, 0, "batch", q.shape[0], "(q's batch)");
+  expect_dim(f, names.v, v, 0, "batch", q.shape[0], "(q's batch)");
+  expect_dim(f, names.k, k, 3, "head_dim", q.shape[3], "(q's head_dim)");
+  expect_dim(f, names.v, v, 1, "kv_len", k.shape[1], "(k's kv_len)");
+  expect_dim(f, names.v, v, 2, "kv_heads", k.shape[2], "(k's kv_heads)");
+  RA_CHECK(q.shape[2] % k.shape[2] == 0, where(f, names.q), " dimension 2 (q_heads) is ", q.shape[2],
            ", expected a multiple of k's kv_heads = ", k.shape[2]);
 
-  ShardPlan p{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.dtype};
+  ShardPlan p{names, q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.dtype};
   auto spec_for = [&](const char* axis) { return mesh.has_axis(axis) ? std::vector<std::string>{axis} : std::vector<std::string>{}; };
   NamedSharding sharding(mesh, PartitionSpec{spec_for("dp"), {}, spec_for("tp"), {}});
   LocalSlice qs = sharding.local_slice(q.shape, rank, "q");
@@ -115,18 +139,41 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
     p.sp_index = mesh.coords(rank)[size_t(mesh.axis_index("sp"))];
   }
   p.layout = layout;
-  check_layout_divides(layout, p.q_len, p.sp_size, ("q dimension 1 (q_len) of '" + f.path() + "'").c_str());
-  check_layout_divides(layout, p.kv_len, p.sp_size, ("k dimension 1 (kv_len) of '" + f.path() + "'").c_str());
   p.q_runs = layout_runs(layout, p.q_len, p.sp_size, p.sp_index);
   p.kv_runs = layout_runs(layout, p.kv_len, p.sp_size, p.sp_index);
-  if (f.has("segment_ids")) {
-    DatasetInfo seg = required(f, "segment_ids", 2, "(batch, seq_len)");
-    RA_CHECK(seg.dtype == DType::kI32, where(f, "segment_ids"), " has dtype ", dtype_name(seg.dtype), ", expected int32");
-    RA_CHECK(p.q_len == p.kv_len, where(f, "segment_ids"), " needs q_len == kv_len (", p.q_len, " vs ", p.kv_len, ")");
-    expect_dim(f, "segment_ids", seg, 0, "batch", p.batch, "(q's batch)");
-    expect_dim(f, "segment_ids", seg, 1, "seq_len", p.q_len, "(q's q_len)");
+  if (f.has(names.mask))
+    expect_dtype(f, names.mask, check_pairwise(f, names.mask, p), {DType::kU8}, "bool or uint8 (non-zero = attend)");
+  if (f.has(names.bias)) expect_dtype(f, names.bias, check_pairwise(f, names.bias, p), {DType::kF32}, "float32");
+  if (f.has(names.segment_ids)) {
+    DatasetInfo seg = required(f, names.segment_ids, 2, "(batch, seq_len)");
+    expect_dtype(f, names.segment_ids, seg, {DType::kI32}, "int32");
+    RA_CHECK(p.q_len == p.kv_len, where(f, names.segment_ids), " needs q_len == kv_len (", p.q_len, " vs ", p.kv_len, ")");
+    expect_dim(f, names.segment_ids, seg, 0, "batch", p.batch, "(q's batch)");
+    expect_dim(f, names.segment_ids, seg, 1, "seq_len", p.q_len, "(q's q_len)");
   }
   return p;
+}
+
+std::vector<MemoryNeed> local_input_bytes(const ShardPlan& p, const H5File& f, bool whole_kv) {
+  const int64_t rows_q = p.local_q(), rows_kv = whole_kv ? p.kv_len : p.local_kv();
+  std::vector<MemoryNeed> needs;
+  // In doubles: a crafted shape's product may overflow 64 bits.
+  auto add = [&](const std::string& name, const Shape& shape, DType dtype) {
+    double bytes = double(dtype_size(dtype));
+    for (int d = 0; d < shape.rank; ++d) bytes *= double(shape[d]);
+    needs.push_back({"'" + name + "' slice " + shape.str() + " " + std::string(dtype_name(dtype)),
+                     bytes >= 1.8e19 ? UINT64_MAX : uint64_t(bytes)});
+  };
+  add(p.names.q, {p.b_count, rows_q, p.hq_count, p.head_dim}, p.dtype);
+  add(p.names.k, {p.b_count, rows_kv, p.hkv_count, p.head_dim}, p.dtype);
+  add(p.names.v, {p.b_count, rows_kv, p.hkv_count, p.v_head_dim}, p.dtype);
+  for (auto [name, dtype] : {std::pair{&p.names.mask, DType::kU8}, std::pair{&p.names.bias, DType::kF32}}) {
+    if (!f.has(*name)) continue;
+    const Shape s = f.info(*name).shape;
+    add(*name, {s[0] == 1 ? 1 : p.b_count, s[1] == 1 ? 1 : p.hq_count, s[2] == 1 ? 1 : rows_q, s[3]}, dtype);
+  }
+  if (f.has(p.names.segment_ids)) add(p.names.segment_ids, {p.b_count, rows_q + rows_kv}, DType::kI32);
+  return needs;
 }
 
 AttentionInputs LocalTensors::inputs() const {
@@ -137,21 +184,15 @@ LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv, Memo
   const std::vector<IndexRun> kv_runs = whole_kv ? std::vector<IndexRun>{{0, p.kv_len, 1}} : p.kv_runs;
   const int64_t kv_rows = run_rows(kv_runs);
   LocalTensors t;
-  t.q = f.read("q", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim),
+  t.q = f.read(p.names.q, select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim),
                {p.b_count, p.local_q(), p.hq_count, p.head_dim}, memory);
-  t.k = f.read("k", select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.head_dim),
+  t.k = f.read(p.names.k, select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.head_dim),
                {p.b_count, kv_rows, p.hkv_count, p.head_dim}, memory);
-  t.v = f.read("v", select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim),
+  t.v = f.read(p.names.v, select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim),
                {p.b_count, kv_rows, p.hkv_count, p.v_head_dim}, memory);
-  if (f.has("mask")) {
-    t.mask = read_pairwise(f, "mask", p, memory);
-    RA_CHECK(t.mask.dtype() == DType::kU8, where(f, "mask"), " has dtype ", dtype_name(t.mask.dtype()), ", expected bool or uint8");
-  }
-  if (f.has("bias")) {
-    t.bias = read_pairwise(f, "bias", p, memory);
-    RA_CHECK(t.bias.dtype() == DType::kF32, where(f, "bias"), " has dtype ", dtype_name(t.bias.dtype()), ", expected f32");
-  }
-  if (f.has("segment_ids")) {
+  if (f.has(p.names.mask)) t.mask = read_pairwise(f, p.names.mask, p, memory);  // types checked by plan_shards
+  if (f.has(p.names.bias)) t.bias = read_pairwise(f, p.names.bias, p, memory);
+  if (f.has(p.names.segment_ids)) {
     t.q_segment_ids = read_segments(f, p, p.q_runs, memory);
     t.kv_segment_ids = read_segments(f, p, kv_runs, memory);
   }

@@ -10,13 +10,20 @@
 #include <vector>
 
 #include "attention/inputs.h"
+#include "launch/memory_budget.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/sequence_layout.h"
 #include "runtime/hdf5_file.h"
 
 namespace ra::cli {
 
+// Where the datasets sit in the input file (paths through groups allowed, e.g. /layer3/attn/q).
+struct DatasetNames {
+  std::string q = "q", k = "k", v = "v", mask = "mask", bias = "bias", segment_ids = "segment_ids";
+};
+
 struct ShardPlan {
+  DatasetNames names;
   int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim;
   DType dtype;
   int64_t b_offset, b_count, hq_offset, hq_count, hkv_offset, hkv_count;
@@ -27,9 +34,16 @@ struct ShardPlan {
   int64_t local_kv() const;
 };
 
-// Reads the shapes of q / k / v, checks them (naming file, dataset, dimension) and plans this rank's
-// slice. Every rank computes the same checks, so a bad file fails everywhere before any exchange.
-ShardPlan plan_shards(const H5File& file, const MeshShape& mesh, int rank, SequenceLayout layout);
+// Reads the shapes and types of every dataset, checks them (naming file, dataset, dimension, what was
+// found and what is expected) and plans this rank's slice. Every rank computes the same checks, so a
+// bad file fails everywhere before any exchange. Any length splits over any number of ranks (shards
+// differ by a row; a rank may hold none).
+ShardPlan plan_shards(const H5File& file, const MeshShape& mesh, int rank, SequenceLayout layout,
+                      const DatasetNames& names = {});
+
+// What this rank's slices take once read (with the whole of K/V when `whole_kv`), per dataset, named
+// with the slice's shape and dtype.
+std::vector<MemoryNeed> local_input_bytes(const ShardPlan& plan, const H5File& file, bool whole_kv = false);
 
 struct LocalTensors {
   Tensor q, k, v, mask, bias, q_segment_ids, kv_segment_ids;

@@ -15,20 +15,25 @@ namespace ra::cli {
 
 int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
+  DatasetOptions datasets;
   std::string input, output;
   po::options_description desc("ringattn verify");
   desc.add_options()("help", "this text")
     ("input", po::value(&input)->required(), "the input HDF5 file")
     ("output", po::value(&output)->required(), "the output HDF5 file of ringattn run");
+  add_dataset_options(desc, datasets);
   add_attention_options(desc, opts);
-  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]"))
+  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]",
+             &datasets))
     return kOk;
   const AttentionParams params = to_params(opts);
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   H5File in_file(input, H5File::Mode::kRead, job.world.comm());
   H5File out_file(output, H5File::Mode::kRead, job.world.comm());
-  ShardPlan plan = plan_shards(in_file, job.shape, rank, chosen_layout(opts));
+  check_named_datasets(datasets, in_file);
+  ShardPlan plan = plan_shards(in_file, job.shape, rank, chosen_layout(opts), datasets.names);
+  check_host_memory(local_input_bytes(plan, in_file, /*whole_kv=*/true), input, job.world.comm());
   LocalTensors local = read_local(in_file, plan, /*whole_kv=*/true);
   Tensor o, lse;
   read_outputs(out_file, plan, o, lse);

@@ -1,6 +1,8 @@
 // Sequence layouts as runs of global indices.
 #include "mesh/sequence_layout.h"
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace ra {
@@ -21,26 +23,43 @@ const char* layout_name(SequenceLayout layout) {
   return "?";
 }
 
-void check_layout_divides(SequenceLayout layout, int64_t length, int parts, const char* what) {
-  const int64_t pieces = layout == SequenceLayout::kZigzag ? 2 * int64_t(parts) : parts;
-  RA_CHECK(length % pieces == 0, what, " has length ", length, ", which the ", layout_name(layout),
-           " layout cannot split over ", parts, " ranks: expected a multiple of ", pieces);
+namespace {
+
+// Chunk i of `pieces` over `length`: floor division keeps sizes within one of each other.
+IndexRun chunk(int64_t length, int64_t pieces, int64_t i) {
+  const int64_t begin = i * length / pieces, end = (i + 1) * length / pieces;
+  return {begin, end - begin, 1};
 }
 
+}  // namespace
+
 std::vector<IndexRun> layout_runs(SequenceLayout layout, int64_t length, int parts, int index) {
-  check_layout_divides(layout, length, parts, "the sequence");
+  RA_CHECK(length >= 0 && parts > 0 && index >= 0 && index < parts, "layout_runs: part ", index, " of ", parts,
+           " over length ", length);
+  std::vector<IndexRun> runs;
   switch (layout) {
-    case SequenceLayout::kContiguous: {
-      const int64_t n = length / parts;
-      return {{index * n, n, 1}};
-    }
+    case SequenceLayout::kContiguous: runs = {chunk(length, parts, index)}; break;
     case SequenceLayout::kZigzag: {
-      const int64_t n = length / (2 * int64_t(parts));
-      return {{index * n, n, 1}, {(2 * int64_t(parts) - 1 - index) * n, n, 1}};
+      const int64_t pieces = 2 * int64_t(parts);
+      runs = {chunk(length, pieces, index), chunk(length, pieces, pieces - 1 - index)};
+      break;
     }
-    case SequenceLayout::kStriped: return {{index, length / parts, parts}};
+    case SequenceLayout::kStriped: runs = {{index, length > index ? (length - 1 - index) / parts + 1 : 0, parts}}; break;
   }
-  return {};
+  std::erase_if(runs, [](const IndexRun& r) { return r.count == 0; });
+  return runs;
+}
+
+int64_t layout_rows(SequenceLayout layout, int64_t length, int parts, int index) {
+  int64_t rows = 0;
+  for (const IndexRun& run : layout_runs(layout, length, parts, index)) rows += run.count;
+  return rows;
+}
+
+int64_t layout_max_rows(SequenceLayout layout, int64_t length, int parts) {
+  int64_t most = 0;
+  for (int r = 0; r < parts; ++r) most = std::max(most, layout_rows(layout, length, parts, r));
+  return most;
 }
 
 std::vector<int64_t> layout_indices(SequenceLayout layout, int64_t length, int parts, int index) {

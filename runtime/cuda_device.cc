@@ -24,6 +24,12 @@ int cuda_select_device(int local_rank) {
   return device;
 }
 
+size_t cuda_bytes_free() {
+  size_t free_bytes = 0, total_bytes = 0;
+  RA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return free_bytes;
+}
+
 size_t cuda_bytes_in_use() {
   size_t free_bytes = 0, total_bytes = 0;
   RA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));

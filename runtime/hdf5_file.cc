@@ -4,8 +4,14 @@
 
 #include <hdf5.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <exception>
+#include <filesystem>
+#include <optional>
+#include <utility>
 
 #include "runtime/error.h"
 
@@ -22,6 +28,7 @@ class Id {
   }
   Id(const Id&) = delete;
   Id& operator=(const Id&) = delete;
+  Id(Id&& other) noexcept : id_(std::exchange(other.id_, -1)), closer_(other.closer_) {}
   operator hid_t() const { return id_; }
   bool valid() const { return id_ >= 0; }
 
@@ -59,26 +66,140 @@ hid_t file_type_of(DType dtype) {
 // The memory type for reading a dataset of `dtype`: its little-endian layout, so HDF5 only swaps bytes.
 hid_t memory_type_of(DType dtype) { return file_type_of(dtype); }
 
-DType classify(hid_t type, const std::string& where) {
+// What the file holds, in numpy's words (int64 is numpy's default integer, float64 its default float).
+std::string type_name(hid_t type) {
+  const size_t bits = 8 * H5Tget_size(type);
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER: return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+    case H5T_FLOAT: {
+      size_t spos, epos, esize, mpos, msize;
+      H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize);
+      if (bits == 16 && esize == 8) return "bfloat16";
+      const std::string name = "float" + std::to_string(bits);
+      const bool ieee = (bits == 16 && esize == 5) || (bits == 32 && esize == 8) || (bits == 64 && esize == 11);
+      return ieee ? name : name + " with " + std::to_string(esize) + " exponent bits";
+    }
+    case H5T_ENUM: return H5Tget_size(type) == 1 ? "bool (enum)" : "enum of " + std::to_string(bits) + " bits";
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound (a struct)";
+    case H5T_ARRAY: return "array";
+    case H5T_VLEN: return "variable-length sequence";
+    case H5T_OPAQUE: return "opaque";
+    case H5T_REFERENCE: return "reference";
+    case H5T_BITFIELD: return "bitfield";
+    default: return "an unknown HDF5 type class";
+  }
+}
+
+// The dtype ringattn reads a type as, or nothing.
+std::optional<DType> classify(hid_t type) {
   H5T_class_t cls = H5Tget_class(type);
   size_t size = H5Tget_size(type);
   if (cls == H5T_FLOAT) {
     size_t spos, epos, esize, mpos, msize;
     H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize);
     if (size == 4 && esize == 8 && msize == 23) return DType::kF32;
-    if (size == 8) return DType::kF64;
+    if (size == 8 && esize == 11 && msize == 52) return DType::kF64;
     if (size == 2 && esize == 5 && msize == 10) return DType::kF16;
     if (size == 2 && esize == 8 && msize == 7) return DType::kBF16;
-    RA_FAIL(where, " has an unsupported float type (", size, " bytes, ", esize, " exponent bits, ", msize,
-            " mantissa bits): expected f32, f16 or bf16");
+    return std::nullopt;
   }
-  if (cls == H5T_INTEGER && size == 4) return DType::kI32;
+  if (cls == H5T_INTEGER && size == 4 && H5Tget_sign(type) == H5T_SGN_2) return DType::kI32;
   if ((cls == H5T_INTEGER || cls == H5T_ENUM) && size == 1) return DType::kU8;  // h5py writes bool as an enum
-  RA_FAIL(where, " has an unsupported datatype (class ", int(cls), ", ", size, " bytes)");
+  return std::nullopt;
 }
 
+// HDF5's own account of the last failed call: the descriptions on its error stack, outermost first.
+std::string hdf5_error_stack() {
+  std::string text;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+        auto& t = *static_cast<std::string*>(out);
+        if (e->desc != nullptr && *e->desc != 0) t += (t.empty() ? "" : "; ") + std::string(e->desc);
+        return 0;
+      },
+      &text);
+  return text.empty() ? "no detail" : text;
+}
+
+bool mentions(std::string text, const char* word) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return text.find(word) != std::string::npos;
+}
+
+// Why H5Fopen failed, in the user's terms: missing, a directory, unreadable, locked by a writer, not
+// HDF5, or what HDF5 said.
+std::string why_open_failed(const std::string& path) {
+  const std::string stack = hdf5_error_stack();  // before any other HDF5 call replaces it
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return "it does not exist";
+  if (std::filesystem::is_directory(path, ec)) return "it is a directory";
+  if (::access(path.c_str(), R_OK) != 0) return "this user may not read it";
+  if (mentions(stack, "lock") || mentions(stack, "already open for write"))
+    return "it is locked: another process holds it open for writing (an h5py File in 'w', 'a' or 'r+' mode?). "
+           "Close it there first; if nothing is writing it any more, HDF5_USE_FILE_LOCKING=FALSE skips the lock "
+           "(HDF5 says: " + stack + ")";
+  if (H5Fis_hdf5(path.c_str()) <= 0) return "it is not an HDF5 file (no HDF5 signature)";
+  return "HDF5 says: " + stack;
+}
+
+// Filters HDF5 registers by number that users meet in h5py files.
+const char* known_filter(H5Z_filter_t id) {
+  switch (id) {
+    case 32000: return "lzf, h5py's own filter";
+    case 32001: return "blosc";
+    case 32004: return "lz4";
+    case 32008: return "bitshuffle";
+    case 32015: return "zstd";
+    default: return nullptr;
+  }
+}
+
+// A compressed dataset whose filter this libhdf5 lacks reads as a failure deep in H5Dread: refused up
+// front instead, naming the filter and what to do.
+void check_filters(hid_t dcpl, const std::string& where) {
+  const int count = H5Pget_nfilters(dcpl);
+  for (int i = 0; i < count; ++i) {
+    unsigned flags = 0, config = 0;
+    size_t values = 0;
+    char name[128] = {0};
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, unsigned(i), &flags, &values, nullptr, sizeof(name), name, &config);
+    if (id < 0 || H5Zfilter_avail(id) > 0) continue;
+    const char* known = known_filter(id);
+    RA_FAIL(where, " is compressed with HDF5 filter ", id, " (", known ? known : (*name ? name : "unnamed"),
+            "), which this libhdf5 does not have: rewrite the dataset without it (h5py: compression=None or "
+            "compression='gzip') or install the filter's plugin and point HDF5_PLUGIN_PATH at it");
+  }
+}
+
+// The source files a virtual dataset maps: a missing one would read as fill values without an error.
+void check_virtual_sources(hid_t dcpl, const std::string& file, const std::string& where) {
+  size_t count = 0;
+  if (H5Pget_virtual_count(dcpl, &count) < 0) return;
+  namespace fs = std::filesystem;
+  for (size_t i = 0; i < count; ++i) {
+    const ssize_t length = H5Pget_virtual_filename(dcpl, i, nullptr, 0);
+    if (length <= 0) continue;
+    std::string source(size_t(length) + 1, '\0');
+    H5Pget_virtual_filename(dcpl, i, source.data(), source.size());
+    source.resize(size_t(length));
+    if (source == ".") continue;  // the same file
+    std::error_code ec;
+    const fs::path beside = fs::path(file).parent_path() / source;
+    RA_CHECK(fs::exists(source, ec) || fs::exists(beside, ec), where, " is a virtual dataset whose source file '",
+             source, "' is missing (looked in the working directory and beside '", file,
+             "'): HDF5 would read its part as fill values");
+  }
+}
+
+// An empty selection (a rank that holds no rows: fewer tokens than ranks) selects nothing, and still
+// takes part in a collective read or write.
 Id select(hid_t space, const Selection& selection, const std::string& where) {
-  RA_CHECK(!selection.empty(), where, ": empty selection");
+  if (selection.empty()) {
+    H5Sselect_none(space);
+    return Id(H5Scopy(space), H5Sclose);
+  }
   H5S_seloper_t op = H5S_SELECT_SET;
   for (const Hyperslab& slab : selection) {
     std::vector<hsize_t> start(slab.start.begin(), slab.start.end());
@@ -89,6 +210,14 @@ Id select(hid_t space, const Selection& selection, const std::string& where) {
     op = H5S_SELECT_OR;
   }
   return Id(H5Scopy(space), H5Sclose);
+}
+
+// The memory side of a transfer of `n` elements (none selected when n is 0).
+Id memory_space(int64_t n) {
+  hsize_t extent = hsize_t(std::max<int64_t>(n, 1));
+  Id space(H5Screate_simple(1, &extent, nullptr), H5Sclose);
+  if (n == 0) H5Sselect_none(space);
+  return space;
 }
 
 // A compact dataset keeps its bytes in its header, next to a size field that a corrupt file can get
@@ -131,10 +260,10 @@ H5File::H5File(const std::string& path, Mode mode, MPI_Comm comm) : path_(path) 
 #endif
   if (mode == Mode::kRead) {
     file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
-    RA_CHECK(file_ >= 0, "cannot open HDF5 file '", path, "' for reading (missing, unreadable or not HDF5)");
+    RA_CHECK(file_ >= 0, "cannot open HDF5 file '", path, "' for reading: ", why_open_failed(path));
   } else {
     file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    RA_CHECK(file_ >= 0, "cannot create HDF5 file '", path, "' (directory missing or not writable?)");
+    RA_CHECK(file_ >= 0, "cannot create HDF5 file '", path, "': HDF5 says: ", hdf5_error_stack());
   }
 }
 
@@ -143,6 +272,7 @@ H5File::~H5File() {
   // may never join (a dead or stalled peer), so the handle is left to the job's abort instead of
   // blocking here and turning a clean failure into a hang.
   if (file_ >= 0 && !(collective_ && std::uncaught_exceptions() > 0)) H5Fclose(file_);
+  if (serial_file_ >= 0) H5Fclose(serial_file_);
 }
 
 void H5File::close() {
@@ -154,21 +284,37 @@ void H5File::close() {
 }
 
 bool H5File::has(const std::string& dataset) const {
-  return H5Lexists(file_, dataset.c_str(), H5P_DEFAULT) > 0;
+  // H5Lexists fails on a path whose groups are missing, so each prefix is checked in turn.
+  std::string prefix;
+  for (size_t at = 0; at != std::string::npos;) {
+    const size_t next = dataset.find('/', at + 1);
+    prefix = dataset.substr(0, next);
+    at = next;
+    if (prefix.empty() || prefix == "/") continue;
+    if (H5Lexists(file_, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+  }
+  H5O_info_t object{};
+  return H5Oget_info_by_name(file_, dataset.c_str(), &object, H5P_DEFAULT) >= 0 && object.type == H5O_TYPE_DATASET;
 }
 
 DatasetInfo H5File::info(const std::string& dataset) const {
   std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
   RA_CHECK(has(dataset), where, " does not exist");
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
-  RA_CHECK(ds.valid(), where, " cannot be opened");
+  RA_CHECK(ds.valid(), where, " cannot be opened (HDF5 says: ", hdf5_error_stack(), ")");
   Id type(H5Dget_type(ds), H5Tclose);
   Id space(H5Dget_space(ds), H5Sclose);
   int rank = H5Sget_simple_extent_ndims(space);
   RA_CHECK(rank >= 0 && rank <= kMaxRank, where, " has rank ", rank, ", expected at most ", kMaxRank);
   hsize_t dims[kMaxRank];
   H5Sget_simple_extent_dims(space, dims, nullptr);
-  DatasetInfo out{classify(type, where), Shape{}};
+  Id dcpl(H5Dget_create_plist(ds), H5Pclose);
+  if (dcpl.valid()) {
+    check_filters(dcpl, where);
+    if (H5Pget_layout(dcpl) == H5D_VIRTUAL) check_virtual_sources(dcpl, path_, where);
+  }
+  const std::optional<DType> dtype = classify(type);
+  DatasetInfo out{dtype.value_or(DType::kU8), Shape{}, dtype.has_value(), type_name(type)};
   for (int i = 0; i < rank; ++i) out.shape.dims[out.shape.rank++] = int64_t(dims[i]);
   return out;
 }
@@ -178,22 +324,36 @@ Tensor H5File::read(const std::string& dataset, const Selection& selection, cons
   RA_CHECK(host_accessible(memory), "dataset '", dataset, "' of '", path_, "': HDF5 reads into host memory");
   std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
   DatasetInfo meta = info(dataset);
-  Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
+  RA_CHECK(meta.supported, where, " holds ", meta.type_name, ", which ringattn does not read");
+  hid_t file = file_;
+  bool collective = collective_;
+  {
+    Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    Id dcpl(H5Dget_create_plist(ds), H5Pclose);
+    if (collective_ && dcpl.valid() && H5Pget_layout(dcpl) == H5D_VIRTUAL) {
+      // This libhdf5 reads virtual datasets only without MPI-IO: each rank reads its slice alone.
+      if (serial_file_ < 0) serial_file_ = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      RA_CHECK(serial_file_ >= 0, where, " is a virtual dataset, read without MPI-IO, but '", path_,
+               "' cannot be opened so: ", why_open_failed(path_));
+      file = hid_t(serial_file_);
+      collective = false;
+    }
+  }
+  Id ds(H5Dopen2(file, dataset.c_str(), H5P_DEFAULT), H5Dclose);
   Id file_space(H5Dget_space(ds), H5Sclose);
   check_compact_size(ds, file_space, where);
   Id selected = select(file_space, selection, where);
   RA_CHECK(H5Sget_select_npoints(selected) == local_shape.numel(), where, ": selection of ",
            H5Sget_select_npoints(selected), " elements does not fill the local shape ", local_shape.str());
-  hsize_t n = hsize_t(local_shape.numel());
-  Id mem_space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  Id mem_space = memory_space(local_shape.numel());
   Id mem_type(memory_type_of(meta.dtype), H5Tclose);
   Id dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
 #ifdef H5_HAVE_PARALLEL
-  if (collective_) H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+  if (collective) H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
 #endif
   Tensor out(meta.dtype, local_shape, memory);
   RA_CHECK(H5Dread(ds, mem_type, mem_space, selected, dxpl, out.view().data()) >= 0, where,
-           ": read failed (truncated or corrupted file?)");
+           ": read failed; HDF5 says: ", hdf5_error_stack());
   return out;
 }
 
@@ -220,8 +380,7 @@ void H5File::write(const std::string& dataset, const Selection& selection, const
   Id selected = select(file_space, selection, where);
   RA_CHECK(H5Sget_select_npoints(selected) == data.numel(), where, ": selection does not match ",
            data.shape().str());
-  hsize_t n = hsize_t(data.numel());
-  Id mem_space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  Id mem_space = memory_space(data.numel());
   Id mem_type(memory_type_of(data.dtype()), H5Tclose);
   Id dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
 #ifdef H5_HAVE_PARALLEL

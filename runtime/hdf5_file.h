@@ -28,6 +28,8 @@ Selection whole(const Shape& shape);
 struct DatasetInfo {
   DType dtype;
   Shape shape;
+  bool supported = true;  // false: a type ringattn does not read (dtype is then meaningless)
+  std::string type_name;  // what the file holds, e.g. "float32", "int64", "bfloat16"
 };
 
 class H5File {
@@ -41,7 +43,10 @@ class H5File {
   H5File& operator=(const H5File&) = delete;
 
   const std::string& path() const { return path_; }
+  // `dataset` may be a path through groups ("/layer3/attn/q"); false for a group or another object.
   bool has(const std::string& dataset) const;
+  // Shape and type; throws naming the dataset when HDF5 could not decode it here (a compression
+  // filter this libhdf5 lacks).
   DatasetInfo info(const std::string& dataset) const;
   // Reads the selection (which covers `local_shape` elements) into a new host tensor of that shape.
   // `memory`: kHost, or kPinned for slices on their way to a GPU.
@@ -60,6 +65,9 @@ class H5File {
   std::string path_;
   int64_t file_ = -1;  // hid_t
   bool collective_ = false;
+  // Virtual datasets are read through a second, per-rank handle: this libhdf5 cannot read them over
+  // MPI-IO. Opened on first need.
+  mutable int64_t serial_file_ = -1;
 };
 
 }  // namespace ra

@@ -3,6 +3,8 @@
 #include "runtime/cuda_device.h"
 #include "runtime/fault_injection.h"
 
+#include <type_traits>
+
 namespace ra {
 namespace {
 
@@ -11,10 +13,17 @@ namespace {
 // bytes); the attention kernel holds each SM's whole register file, so the checksum only runs on SMs
 // it leaves idle, and there that arithmetic, not memory, set how long it held them.
 // Odd weights: a flipped bit changes the sum by an odd multiple of a power of two below 2^32 (never 0
-// mod 2^64); swapping two different words changes it by 2 (i - j) (x_j - x_i), nonzero and, for blocks
-// under 8 GiB, not a multiple of 2^64.
-__device__ __forceinline__ uint64_t weighted(uint32_t word, uint32_t weight, uint64_t sum) {
-  return sum + uint64_t(word) * weight;  // IMAD.WIDE.U32: weights stay below 2^32 (blocks under 8 GiB)
+// mod 2^64); swapping two different words changes it by 2 (i - j) (x_j - x_i), which is not a multiple
+// of 2^64 when the words are less than 8 GiB apart (at most 1 + 30 + 31 factors of two); farther
+// apart it is missed only when (i - j) (x_j - x_i) ends in 63 zero bits.
+// Weights below 2^32 (blocks under 8 GiB, kWide false) take one IMAD.WIDE.U32 per word; larger blocks
+// (1M tokens on 2 GPUs holds 8 GiB of K/V) take the 64-bit weights, same sum, one more IMAD per word.
+template <bool kWide>
+using Weight = std::conditional_t<kWide, uint64_t, uint32_t>;
+
+template <bool kWide>
+__device__ __forceinline__ uint64_t weighted(uint32_t word, Weight<kWide> weight, uint64_t sum) {
+  return sum + uint64_t(word) * weight;
 }
 
 // 16-byte loads, kLoads of them in flight per thread (latency, not bandwidth, is what a lone block on
@@ -22,17 +31,18 @@ __device__ __forceinline__ uint64_t weighted(uint32_t word, uint32_t weight, uin
 constexpr int kLoads = 4;
 
 // The words of a piece that starts `first_word` words into its block carry the block's weights.
+template <bool kWide>
 __global__ void checksum_kernel(const uint32_t* words, size_t count, size_t first_word, unsigned long long* sum) {
   const auto* quads = reinterpret_cast<const uint4*>(words);
   const size_t quad_count = count / 4, stride = size_t(gridDim.x) * blockDim.x;
   size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   uint64_t local = 0;
   auto add_quad = [&](const uint4& v, size_t quad) {
-    const uint32_t w = uint32_t(2 * (first_word + 4 * quad) + 1);  // the weight of the quad's first word
-    local = weighted(v.x, w, local);
-    local = weighted(v.y, w + 2, local);
-    local = weighted(v.z, w + 4, local);
-    local = weighted(v.w, w + 6, local);
+    const auto w = Weight<kWide>(2 * (first_word + 4 * quad) + 1);  // the weight of the quad's first word
+    local = weighted<kWide>(v.x, w, local);
+    local = weighted<kWide>(v.y, w + 2, local);
+    local = weighted<kWide>(v.z, w + 4, local);
+    local = weighted<kWide>(v.w, w + 6, local);
   };
   for (; i + (kLoads - 1) * stride < quad_count; i += kLoads * stride) {
     uint4 v[kLoads];
@@ -43,7 +53,7 @@ __global__ void checksum_kernel(const uint32_t* words, size_t count, size_t firs
   }
   for (; i < quad_count; i += stride) add_quad(quads[i], i);
   if (blockIdx.x == 0 && threadIdx.x == 0)
-    for (size_t tail = quad_count * 4; tail < count; ++tail) local = weighted(words[tail], uint32_t(2 * (first_word + tail) + 1), local);
+    for (size_t tail = quad_count * 4; tail < count; ++tail) local = weighted<kWide>(words[tail], Weight<kWide>(2 * (first_word + tail) + 1), local);
   for (int offset = 16; offset > 0; offset >>= 1) local += __shfl_xor_sync(0xffffffffu, local, offset);
   if (threadIdx.x % 32 == 0) atomicAdd(sum, static_cast<unsigned long long>(local));
 }
@@ -57,14 +67,13 @@ void launch_checksum(const void* data, size_t bytes, size_t offset, uint64_t* su
   if (count == 0) return;
   RA_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && offset % 4 == 0, "block checksum: the data at ", data,
            " is not 16-byte aligned or its offset ", offset, " in the block is not a multiple of 4");
-  RA_CHECK(2 * (offset / 4 + count) < (size_t(1) << 32), "block checksum: ", bytes, " bytes at offset ", offset,
-           " is beyond its 32-bit word weights");
   // Several blocks fit on an SM the attention kernel leaves idle: more loads in flight there.
   const int threads = 512;
   const size_t per_block = size_t(threads) * kLoads * 4;  // words one pass of a block covers
   const int blocks = int(std::min<size_t>((count + per_block - 1) / per_block, 1024));
-  checksum_kernel<<<blocks, threads, 0, stream>>>(static_cast<const uint32_t*>(data), count, offset / 4,
-                                                  reinterpret_cast<unsigned long long*>(sum));
+  const bool wide = 2 * (offset / 4 + count) >= (size_t(1) << 32);  // a weight would not fit 32 bits
+  (wide ? checksum_kernel<true> : checksum_kernel<false>)<<<blocks, threads, 0, stream>>>(
+      static_cast<const uint32_t*>(data), count, offset / 4, reinterpret_cast<unsigned long long*>(sum));
   RA_CUDA_CHECK(cudaGetLastError());
 }
 

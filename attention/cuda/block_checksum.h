@@ -1,8 +1,9 @@
 // Checksums of K/V blocks in device memory, for the GPU ring's in-flight check (the host ring uses
 // CRC-32): the sum over the block's 32-bit words x_i of (2i + 1) x_i, mod 2^64 (a position-weighted
-// sum, as Fletcher's and Adler's are). Any flipped bit and any swap of two different words changes
-// it (the weights are odd); other damage (a stale or misdirected span) almost surely does. Addition
-// mod 2^64 makes it independent of thread order: one pass, atomics, no second kernel.
+// sum, as Fletcher's and Adler's are), for blocks of any size (64-bit weights past 8 GiB). Any flipped
+// bit and any swap of two different words less than 8 GiB apart changes it (the weights are odd);
+// other damage (a stale or misdirected span) almost surely does. Addition mod 2^64 makes it
+// independent of thread order: one pass, atomics, no second kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,7 +24,7 @@ struct BlockTrailer {
 };
 static_assert(sizeof(BlockTrailer) == 16);
 
-// *sum (device) <- the checksum of `bytes` (a multiple of 8, below 8 GiB) at `data` (device), queued on `stream`.
+// *sum (device) <- the checksum of `bytes` (a multiple of 4, any size) at `data` (device), queued on `stream`.
 void block_checksum_cuda(const void* data, size_t bytes, uint64_t* sum, cudaStream_t stream);
 
 // Writes the trailer behind `payload` bytes at `data` (device): its checksum and `origin_rank`. All on

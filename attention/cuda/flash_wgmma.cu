@@ -189,10 +189,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   copy_wait_all();
   if constexpr (!kAfterCarryWriter) {
     store_carry(a, carry_row0, row0, lane, o, m_row, l_row);
-  } else if (tiles > 0) {  // a block that sees no key leaves the carry as it is
-    // The kernel this one was launched behind has finished and its carry writes are visible.
+  } else {
+    // The kernel this one was launched behind has finished and its carry writes are visible. Every
+    // block waits, those that see no key too: the next kernel waits only for this grid, so a grid of
+    // empty blocks that ended early would let it merge before the carry writer before this one is done.
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    merge_into_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+    if (tiles > 0) merge_into_carry(a, carry_row0, row0, lane, o, m_row, l_row);  // empty: carry left as it is
   }
 #endif
 }

@@ -60,14 +60,13 @@ RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)) {
   local_.reset(dynamic_cast<CudaAttentionImpl*>(local.release()));
   RA_CHECK(local_ != nullptr, "local kernel '", ctx_.local_impl, "' has no device implementation");
   const int n = ctx_.comm->size(), rank = ctx_.comm->rank();
-  check_layout_divides(ctx_.layout, ctx_.global_q_len, n, "q dimension 1 (q_len)");
-  check_layout_divides(ctx_.layout, ctx_.global_kv_len, n, "k dimension 1 (kv_len)");
   query_positions_ = layout_query_positions(ctx_.layout, ctx_.global_q_len, ctx_.global_kv_len, n, rank);
   if (!query_positions_.empty()) {
     q_lo_ = *std::min_element(query_positions_.begin(), query_positions_.end());
     q_hi_ = *std::max_element(query_positions_.begin(), query_positions_.end());
   }
   for (int r = 0; r < n; ++r) {
+    key_offsets_.push_back(key_offsets_.empty() ? 0 : key_offsets_.back() + int64_t(source_keys_.back().size()));
     source_keys_.push_back(layout_indices(ctx_.layout, ctx_.global_kv_len, n, r));
     source_keys_sorted_ = source_keys_sorted_ && std::is_sorted(source_keys_.back().begin(), source_keys_.back().end());
   }
@@ -120,7 +119,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
   if (nccl) nccl->set_timeout(ctx_.step_timeout);
   const int n = comm.size(), rank = comm.rank();
-  const int64_t local_kv = ctx_.global_kv_len / n;
+  const int64_t local_kv = int64_t(source_keys_[size_t(rank)].size());
   RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
            ", expected the local shard of ", local_kv, " rows");
   for (auto [t, name] : {std::pair{&in.k, "k"}, std::pair{&in.v, "v"}, std::pair{&in.kv_segment_ids, "kv_segment_ids"}})
@@ -129,7 +128,11 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   // Block layout: k, v, then the kv segment ids, each 256-byte aligned (the kernels' row loads stay
   // on whole cache sectors), then the trailer: the block's checksum and origin rank, computed once by
   // the rank it starts on and forwarded with it. The two buffers start 4096 bytes apart or more.
-  const KvBlockLayout layout(in, 256);
+  // Sections are sized for the longest shard; a shorter block (a length that does not divide) sits at
+  // the start of each, zeros behind it.
+  int64_t slot_rows = 0;
+  for (const std::vector<int64_t>& keys : source_keys_) slot_rows = std::max(slot_rows, int64_t(keys.size()));
+  const KvBlockLayout layout(in, slot_rows, 256);
   const size_t payload = layout.payload, bytes = payload + sizeof(BlockTrailer);
   const size_t stride = (bytes + 4095) / 4096 * 4096;
   const bool verify = ctx_.verify_blocks && n > 1;
@@ -176,11 +179,14 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     nccl->stream_wait(blocks_free_->get());  // the previous call's last reads (maybe on another stream)
     nccl->stream_wait(inputs_ready.get());
     if (verify) RA_CUDA_CHECK(cudaMemsetAsync(checks_.data<char>(), 0, 2 * n * sizeof(BlockTrailer), comm_stream));
-    // The checksum covers the gaps: zeros in the window this rank receives the first block into, or
-    // in the buffer its packed block leaves from.
-    char* gaps_of = send_pieces ? base[1] : base[0];
-    for (const KvBlockLayout::Span gap : layout.padding(in))
-      RA_CUDA_CHECK(cudaMemsetAsync(gaps_of + gap.offset, 0, gap.bytes, comm_stream));
+    // The checksum covers the gaps: zeros in the buffer this rank's packed block leaves from, and in
+    // the window it receives the first block into (the previous rank may send it as pieces).
+    auto zero_gaps = [&](char* buffer, int64_t rows) {
+      for (const KvBlockLayout::Span gap : layout.padding(in, rows))
+        RA_CUDA_CHECK(cudaMemsetAsync(buffer + gap.offset, 0, gap.bytes, comm_stream));
+    };
+    if (!send_pieces) zero_gaps(base[0], local_kv);
+    if (peers_) zero_gaps(base[1], int64_t(source_keys_[size_t(comm.previous())].size()));
     if (send_pieces) {
       if (verify) seal_pieces_cuda(own_trailer, own_pieces, uint32_t(rank), comm_stream);
       return;
@@ -221,11 +227,12 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
     const auto t0 = std::chrono::steady_clock::now();
     if (timed) step_event(step, 0)->record(stream_);
-    if (ring_block_skipped(q_lo_, q_hi_, k_host, params)) {
+    if (query_positions_.empty() || ring_block_skipped(q_lo_, q_hi_, k_host, params)) {
       ++stats_.skipped;
     } else {
-      const AttentionInputs block = step > 0 ? layout.view(in, base[cur], MemoryKind::kCuda) : in;
-      const DevicePositions block_pos{pos.q, pos.k + int64_t(src) * local_kv, pos.total_keys, pos.keys_sorted,
+      const AttentionInputs block =
+          step > 0 ? layout.view(in, base[cur], int64_t(k_host.size()), MemoryKind::kCuda) : in;
+      const DevicePositions block_pos{pos.q, pos.k + key_offsets_[size_t(src)], pos.total_keys, pos.keys_sorted,
                                       query_positions_.data(), k_host.data()};
       // After the first kernel of this call, the compute stream holds only this call's kernels (and
       // events): the previous one writes nothing this one reads but the carry.
@@ -284,6 +291,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       cur = 1 - cur;
     }
     ++stats_.steps;
+    if (ctx_.on_step) ctx_.on_step(step, n);
   }
   if (blocks_free_) blocks_free_->record(stream_);
   step_times_pending_ = timed;  // read from the events by last_stats(), once the caller has waited

@@ -46,6 +46,7 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   std::vector<int64_t> query_positions_;
   int64_t q_lo_ = 0, q_hi_ = -1;
   std::vector<std::vector<int64_t>> source_keys_;
+  std::vector<int64_t> key_offsets_;  // where each rank's keys start in the uploaded positions
   bool source_keys_sorted_ = true;  // each rank's block ascending (their concatenation need not be)
   // accumulate()'s upload (the caller's query positions, then every rank's keys), sent again only when
   // the caller's query positions change: the host work per call stays off the device's critical path.

@@ -211,6 +211,62 @@ TEST(CudaFlash, BlocksStartingBeforeThePreviousEndsMatchTheReference) {
   }
 }
 
+// A kernel whose blocks all see no key (zigzag or striped ring steps under a narrow window can make
+// one) still waits for the kernel before it: the kernel behind it waits only for that one, so a grid
+// that ended early would let it merge while the first still writes the carry. Chain: A (long blocks,
+// every key visible), B (every key in the queries' future), C (short blocks): A + C, every time.
+TEST(CudaFlash, AGridOfEmptyBlocksStillOrdersTheCarryWriters) {
+  RA_REQUIRE_GPU();
+  const int64_t a_keys = 4096, c_keys = 256, T = 1024;
+  ProblemSpec spec{1, T, a_keys + c_keys, 16, 4, 128, 128, DType::kBF16, Options{}, 17};
+  spec.options.causal = true;
+  Problem p(spec);
+  const AttentionInputs host_in = p.inputs();
+  const InputsCopy dev = copy_inputs(host_in, MemoryKind::kCuda);
+  std::unique_ptr<AttentionImpl> impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  auto* flash = dynamic_cast<CudaAttentionImpl*>(impl.get());
+  ASSERT_NE(flash, nullptr);
+  CudaStream stream;
+  flash->set_cuda_stream(stream.get());
+  TokenPositions all;  // every query after every key of A and C
+  for (int64_t i = 0; i < spec.kv_len; ++i) all.k.push_back(i);
+  for (int64_t i = 0; i < T; ++i) all.q.push_back(spec.kv_len + i);
+  all.total_keys = 1 << 20;
+  TokenPositions future = all;  // B: C's rows at positions no query may see
+  future.k.clear();
+  for (int64_t i = 0; i < c_keys; ++i) future.k.push_back((1 << 19) + i);
+  DevicePositionBuffer upload_all, upload_future;
+  const DevicePositions pos = upload_all.upload(all, stream.get());
+  const DevicePositions future_pos = upload_future.upload(future, stream.get());
+  const ReferenceOutput ref = reference_attention_f64(host_in, p.params(), all);
+  auto rows = [&](int64_t start, int64_t count) {
+    AttentionInputs block = dev.inputs;
+    block.k = narrow(dev.inputs.k, 1, start, count);
+    block.v = narrow(dev.inputs.v, 1, start, count);
+    return block;
+  };
+  for (int round = 0; round < 5; ++round) {
+    Carry carry = Carry::empty(1, spec.q_heads, T, 128, MemoryKind::kCuda);
+    reset(carry, stream.get());
+    flash->set_after_carry_writer(false);
+    flash->accumulate_device(rows(0, a_keys), pos, p.params(), carry);
+    flash->set_after_carry_writer(true);
+    flash->accumulate_device(rows(a_keys, c_keys), future_pos, p.params(), carry);
+    DevicePositions c_pos = pos;
+    c_pos.k = pos.k + a_keys;
+    flash->accumulate_device(rows(a_keys, c_keys), c_pos, p.params(), carry);
+    Tensor o(spec.dtype, {1, T, spec.q_heads, 128}, MemoryKind::kCuda);
+    Tensor lse(DType::kF32, {1, spec.q_heads, T}, MemoryKind::kCuda);
+    finalize(carry, TensorView(), o, lse, stream.get());
+    stream.synchronize();
+    const Comparison cmp = compare(to_memory(o, MemoryKind::kHost), to_memory(lse, MemoryKind::kHost), ref,
+                                   output_tolerance(spec.dtype, max_abs_value(host_in.v)), kLseTolerance);
+    EXPECT_EQ(cmp.nan, 0) << "round " << round;
+    ASSERT_EQ(cmp.wrong, 0) << "round " << round << ": max |error| " << cmp.max_abs_error << ", max LSE error "
+                            << cmp.max_lse_error;
+  }
+}
+
 // The device merge / fold / finalize against the host ones, with empty rows on either side.
 TEST(CudaCarry, MergeAndFinalizeMatchHost) {
   RA_REQUIRE_GPU();
@@ -353,12 +409,13 @@ namespace {
 
 // The block checksum's definition, on the host: the sum of (2i + 1) x_i over the little-endian 32-bit
 // words x_i of `bytes` (a multiple of 4) at `data`, mod 2^64.
-uint64_t host_block_checksum(const void* data, size_t bytes) {
+// The checksum's definition: words `first_word` words into their block weigh 2 (first_word + i) + 1.
+uint64_t host_block_checksum(const void* data, size_t bytes, uint64_t first_word = 0) {
   uint64_t sum = 0;
   for (size_t i = 0; i < bytes / 4; ++i) {
     uint32_t x;
     std::memcpy(&x, static_cast<const char*>(data) + 4 * i, 4);
-    sum += (2 * i + 1) * uint64_t(x);
+    sum += (2 * (first_word + i) + 1) * uint64_t(x);
   }
   return sum;
 }
@@ -430,6 +487,37 @@ TEST(BlockChecksum, PiecesSealAsTheAssembledBlock) {
   EXPECT_EQ(got.origin_rank, 2u);
   EXPECT_EQ(got.magic, BlockTrailer::kMagic);
   EXPECT_EQ(got.checksum, expected);
+}
+
+// Blocks past 8 GiB (1M tokens on 2 GPUs): a piece that straddles the word whose weight first needs 33
+// bits, and one far beyond it, sum as the definition says (no 8 GiB allocation: a piece's offset in
+// its block is what sets its weights). A flipped bit and a swap there still change the sum.
+TEST(BlockChecksum, WeightsPastEightGiBFollowTheDefinition) {
+  RA_REQUIRE_GPU();
+  const size_t bytes = 64 * 1024 + 12;
+  std::vector<uint8_t> host(bytes);
+  std::mt19937_64 rng(13);
+  for (uint8_t& b : host) b = uint8_t(rng());
+  Tensor piece(DType::kU8, {int64_t(bytes)}, MemoryKind::kCuda), trailer(DType::kU8, {16}, MemoryKind::kCuda);
+  auto sealed_sum = [&](const std::vector<uint8_t>& data, size_t offset) {
+    RA_CUDA_CHECK(cudaMemcpy(piece.view().data(), data.data(), bytes, cudaMemcpyHostToDevice));
+    auto* sealed = static_cast<BlockTrailer*>(trailer.view().data());
+    seal_pieces_cuda(sealed, {BlockPiece{piece.view().data(), offset, bytes}}, 0, nullptr);
+    BlockTrailer got{};
+    RA_CUDA_CHECK(cudaMemcpy(&got, sealed, sizeof(got), cudaMemcpyDeviceToHost));
+    return got.checksum;
+  };
+  const size_t boundary = size_t(1) << 33;  // word 2^31: weight 2^32 + 1
+  for (size_t offset : {boundary - 32 * 1024, boundary, (size_t(1) << 40) + 4, 3 * boundary - 4}) {
+    const uint64_t expected = host_block_checksum(host.data(), bytes, offset / 4);
+    EXPECT_EQ(sealed_sum(host, offset), expected) << "piece at byte " << offset;
+    std::vector<uint8_t> flipped = host;
+    flipped[bytes - 5] ^= 0x10;
+    EXPECT_NE(sealed_sum(flipped, offset), expected) << "flipped bit, piece at byte " << offset;
+    std::vector<uint8_t> swapped = host;
+    std::swap_ranges(swapped.begin() + 40, swapped.begin() + 44, swapped.begin() + 40000);
+    EXPECT_NE(sealed_sum(swapped, offset), expected) << "swapped words, piece at byte " << offset;
+  }
 }
 
 // The trailer a block starts its trip with: its own checksum, the origin rank and the magic word.

@@ -81,6 +81,7 @@ struct RingCase {
   DType dtype;
   int64_t q_len, kv_len, q_heads, kv_heads;
   std::string local_impl;
+  int64_t head_dim = 64;  // 128: the production shape (on Hopper GPUs the wgmma kernel)
 };
 
 class RingVsReference : public testing::TestWithParam<RingCase> {};
@@ -92,9 +93,9 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   if (c.local_impl == "cudnn") GTEST_SKIP() << "built without cudnn";
 #endif
   const int n = g_world->size(), r = g_world->rank();
-  ProblemSpec spec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, 64, 32, c.dtype, c.options, 42};
+  ProblemSpec spec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, 32, c.dtype, c.options, 42};
   if (g_cuda) {
-    spec.v_head_dim = 64;
+    spec.v_head_dim = c.head_dim;
     if (c.dtype == DType::kF32 && c.local_impl == "flash_attn2") spec.dtype = DType::kBF16;
   }
   const DType dtype = spec.dtype;
@@ -169,13 +170,30 @@ std::vector<RingCase> ring_cases() {
   cases.push_back({SequenceLayout::kContiguous, opts[1], DType::kBF16, 96, 96, 4, 2, "cudnn"});
   cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kF16, 96, 96, 8, 1, "cudnn"});
   cases.push_back({SequenceLayout::kZigzag, Options{true, false, false, true}, DType::kBF16, 96, 96, 4, 4, "cudnn"});
+  // Lengths as users have them: odd, not a multiple of the ranks (or of 2N for zigzag), S != T, and
+  // fewer tokens than ranks (some ranks hold no query and no key), every layout, causal and not, GQA.
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped}) {
+    cases.push_back({layout, opts[0], DType::kF32, 97, 97, 4, 2, "flash_attn2"});
+    cases.push_back({layout, opts[1], DType::kF32, 97, 97, 4, 2, "flash_attn2"});
+    cases.push_back({layout, opts[6], DType::kF32, 97, 97, 4, 2, "flash_attn2"});
+    cases.push_back({layout, opts[1], DType::kF32, 53, 97, 4, 1, "flash_attn2"});
+    cases.push_back({layout, opts[2], DType::kBF16, 97, 61, 4, 2, "sdpa"});
+    cases.push_back({layout, opts[1], DType::kF32, 3, 3, 2, 2, "flash_attn2"});
+    cases.push_back({layout, opts[0], DType::kF32, 2, 5, 2, 1, "flash_attn2"});
+  }
+  cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kBF16, 99, 99, 4, 2, "cudnn"});
+  // head_dim 128, the production shape: on Hopper the ring's steps run the wgmma kernel.
+  cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kBF16, 256, 256, 4, 2, "flash_attn2", 128});
+  cases.push_back({SequenceLayout::kContiguous, opts[0], DType::kBF16, 256, 256, 4, 4, "flash_attn2", 128});
+  cases.push_back({SequenceLayout::kStriped, opts[7], DType::kF16, 203, 203, 4, 1, "flash_attn2", 128});
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Mpi, RingVsReference, testing::ValuesIn(ring_cases()), [](const auto& info) {
   const RingCase& c = info.param;
   return std::string(layout_name(c.layout)) + "_" + c.options.name() + "_" + std::string(dtype_name(c.dtype)) + "_T" +
-         std::to_string(c.q_len) + "_S" + std::to_string(c.kv_len) + "_" + c.local_impl;
+         std::to_string(c.q_len) + "_S" + std::to_string(c.kv_len) + "_" + c.local_impl + "_D" + std::to_string(c.head_dim) +
+         "_H" + std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads);
 });
 
 // --deterministic: rings of 1, 2, ... world-size ranks (the first n ranks of the world) give the same
@@ -243,6 +261,7 @@ std::vector<DeterministicCase> deterministic_cases() {
   for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped}) {
     cases.push_back({layout, all, DType::kF32, 96, 96, 4, 2});
     cases.push_back({layout, causal_sinks, DType::kBF16, 96, 96, 4, 1});
+    cases.push_back({layout, all, DType::kF32, 97, 97, 4, 2});  // uneven shards
   }
   cases.push_back({SequenceLayout::kContiguous, causal_sinks, DType::kF16, 48, 120, 2, 2});  // S != T
   return cases;

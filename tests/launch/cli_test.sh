@@ -47,7 +47,9 @@ check mesh-size-mismatch 2 "has 4 ranks but the job has 2" -- mpi 2 "$ra" run --
 check missing-file 2 "cannot open HDF5 file '$dir/none.h5'" -- "$ra" run --input "$dir/none.h5" --output "$dir/x.h5"
 check unknown-option 2 "unrecognised option '--bogus'" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --bogus
 check unknown-ring-transport 2 "ring transport 'ipc' is unknown: expected auto, nccl or copy-engines" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --ring-transport ipc
-check layout-does-not-divide 2 "expected a multiple of 6" -- mpi 3 "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --causal
+# 128 tokens over 3 ranks (zigzag: 6 chunks of 21 or 22): uneven shards, no padding asked.
+check uneven-shards-run 0 "on mesh sp=3, layout zigzag" -- mpi 3 "$ra" run --input "$dir/in.h5" --output "$dir/uneven.h5" --causal
+check uneven-shards-verify 0 "#wrong 0  OK" -- mpi 3 "$ra" verify --input "$dir/in.h5" --output "$dir/uneven.h5" --causal
 if [ -e "$dir/x.h5" ] || [ -e "$dir/x.h5.partial" ]; then fails=$((fails+1)); echo "FAIL an output file was left behind"; fi
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

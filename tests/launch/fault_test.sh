@@ -82,8 +82,11 @@ expect missing-output-dir nonzero 60 "directory '$dir/none' does not exist" "$di
 mkdir -p "$dir/ro/out" && chmod 755 "$dir" "$dir/ro" && chmod 644 "$dir/in.h5" && chmod 555 "$dir/ro/out"
 as_user=(); [ "$(id -u)" = 0 ] && command -v runuser >/dev/null && as_user=(runuser -u nobody --)
 if [ "$(id -u)" != 0 ] || [ ${#as_user[@]} -gt 0 ]; then
+  # nobody may not reach the build tree (a checkout under /root is not theirs): a copy of the binary
+  # in the test's own directory, whatever the clone's path.
+  cp "$ra" "$dir/ringattn_copy" && chmod 755 "$dir/ringattn_copy"
   expect unwritable-output-dir nonzero 60 "directory '$dir/ro/out' is not writable" "$dir/ro/out/o.h5" -- \
-    "${as_user[@]}" "$ra" run --input "$dir/in.h5" --backend "$backend" --output "$dir/ro/out/o.h5"
+    "${as_user[@]}" "$dir/ringattn_copy" run --input "$dir/in.h5" --backend "$backend" --output "$dir/ro/out/o.h5"
 fi
 if $python -c "import h5py" 2>/dev/null; then
   $python - "$dir" <<'PY'
@@ -103,8 +106,8 @@ mk("rank3", f32(192, 4, 64), f32(1, 192, 4, 64), f32(1, 192, 4, 64))
 mk("nov", f32(1, 192, 4, 64), f32(1, 192, 4, 64))
 PY
   bad missing-dataset "input '$dir/nov.h5' has no dataset 'v'" "$dir/nov.h5"
-  bad int-dtype "dataset 'q' of '$dir/int.h5' has dtype i32, expected f32, f16 or bf16" "$dir/int.h5"
-  bad f64-dtype-not-converted "has dtype f64, expected f32, f16 or bf16" "$dir/f64.h5"
+  bad int-dtype "dataset 'q' of '$dir/int.h5' holds int32, expected float32, float16 or bfloat16" "$dir/int.h5"
+  bad f64-dtype-not-converted "holds float64, expected float32, float16 or bfloat16" "$dir/f64.h5"
   bad kv-lengths-differ "dataset 'v' of '$dir/kvlen.h5' dimension 1 (kv_len) is 180, expected 192" "$dir/kvlen.h5"
   bad heads-not-multiple "dimension 2 (q_heads) is 3, expected a multiple of k's kv_heads = 2" "$dir/heads.h5"
   bad wrong-rank "has rank 3 (shape (192, 4, 64)), expected 4" "$dir/rank3.h5"

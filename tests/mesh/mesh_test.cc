@@ -82,20 +82,29 @@ TEST(Sharding, RejectsShapesThatDoNotDivide) {
 
 class Layouts : public testing::TestWithParam<SequenceLayout> {};
 
+// Any length on any number of ranks, lengths that do not divide and lengths below the ranks included:
+// every token exactly once, shards within one token (two for zigzag's two chunks) of each other.
 TEST_P(Layouts, PartitionEveryTokenExactlyOnce) {
-  for (int n : {1, 2, 3, 4}) {
-    const int64_t length = 24 * n;
-    std::vector<int64_t> all;
-    for (int r = 0; r < n; ++r) {
-      auto idx = layout_indices(GetParam(), length, n, r);
-      EXPECT_EQ(int64_t(idx.size()), length / n);
-      all.insert(all.end(), idx.begin(), idx.end());
+  for (int n : {1, 2, 3, 4, 5, 8})
+    for (int64_t length : {int64_t(0), int64_t(1), int64_t(3), int64_t(7), int64_t(24) * n, int64_t(97), int64_t(1001)}) {
+      std::vector<int64_t> all;
+      int64_t fewest = length, most = 0;
+      for (int r = 0; r < n; ++r) {
+        auto idx = layout_indices(GetParam(), length, n, r);
+        EXPECT_EQ(int64_t(idx.size()), layout_rows(GetParam(), length, n, r));
+        fewest = std::min(fewest, int64_t(idx.size())), most = std::max(most, int64_t(idx.size()));
+        all.insert(all.end(), idx.begin(), idx.end());
+      }
+      EXPECT_EQ(most, layout_max_rows(GetParam(), length, n));
+      EXPECT_LE(most - fewest, GetParam() == SequenceLayout::kZigzag ? 2 : 1) << "L=" << length << " N=" << n;
+      std::sort(all.begin(), all.end());
+      std::vector<int64_t> expect(static_cast<size_t>(length));
+      std::iota(expect.begin(), expect.end(), 0);
+      EXPECT_EQ(all, expect) << "L=" << length << " N=" << n;
+      if (n == 1) {
+        EXPECT_EQ(layout_indices(GetParam(), length, 1, 0), expect) << "one rank: the identity";
+      }
     }
-    std::sort(all.begin(), all.end());
-    std::vector<int64_t> expect(static_cast<size_t>(length));
-    std::iota(expect.begin(), expect.end(), 0);
-    EXPECT_EQ(all, expect);
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Layouts,
@@ -106,7 +115,11 @@ TEST(Layouts, ZigzagHoldsChunksRAndMirror) {
   EXPECT_EQ(layout_indices(SequenceLayout::kZigzag, 8, 2, 0), (std::vector<int64_t>{0, 1, 6, 7}));
   EXPECT_EQ(layout_indices(SequenceLayout::kZigzag, 8, 2, 1), (std::vector<int64_t>{2, 3, 4, 5}));
   EXPECT_EQ(layout_indices(SequenceLayout::kStriped, 8, 4, 1), (std::vector<int64_t>{1, 5}));
-  EXPECT_THROW(layout_runs(SequenceLayout::kZigzag, 12, 4, 0), Error);
+  // Uneven: 2N = 4 chunks of 7 tokens are 1, 2, 2, 2 long; striped leaves rank 2 of 3 one short.
+  EXPECT_EQ(layout_indices(SequenceLayout::kZigzag, 7, 2, 0), (std::vector<int64_t>{0, 5, 6}));
+  EXPECT_EQ(layout_indices(SequenceLayout::kZigzag, 7, 2, 1), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(layout_indices(SequenceLayout::kStriped, 7, 3, 2), (std::vector<int64_t>{2, 5}));
+  EXPECT_TRUE(layout_runs(SequenceLayout::kContiguous, 2, 4, 0).empty());  // fewer tokens than ranks
 }
 
 TEST(RingSchedule, SourceRankWalksBackwards) {
