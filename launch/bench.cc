@@ -122,11 +122,12 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   auto impl = make_impl(opts, job, seq, seq, ctx);
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(seq, seq);
   const int n = ctx.comm->size();
-  const int64_t local = seq / n;
+  // Any --seq on any number of ranks: shards differ by a row where it does not divide.
+  const int64_t local = int64_t(pos.q.size()), local_kv = int64_t(pos.k.size());
   std::mt19937_64 rng(1000 + uint64_t(rank));
   Tensor q = random_normal(dtype, {batch, local, heads, head_dim}, rng);
-  Tensor k = random_normal(dtype, {batch, local, kv_heads, head_dim}, rng);
-  Tensor v = random_normal(dtype, {batch, local, kv_heads, head_dim}, rng);
+  Tensor k = random_normal(dtype, {batch, local_kv, kv_heads, head_dim}, rng);
+  Tensor v = random_normal(dtype, {batch, local_kv, kv_heads, head_dim}, rng);
   AttentionInputs in;
   in.q = q;
   in.k = k;
@@ -159,7 +160,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     }
   }
   // The same N-1 exchanges with nothing to hide them behind.
-  const int64_t block_bytes = int64_t(k.view().nbytes() + v.view().nbytes());
+  int64_t block_bytes = int64_t(k.view().nbytes() + v.view().nbytes());
+  job.world.all_reduce(&block_bytes, 1, ReduceOp::kMax);  // the ring sends blocks of the longest shard
   Tensor a(DType::kU8, {block_bytes}, job.memory()), b(DType::kU8, {block_bytes}, job.memory());
   std::vector<double> comm_times;
   for (int64_t it = 0; it < std::max<int64_t>(iters, 3); ++it) {
@@ -180,13 +182,35 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const double time = median(times), wait = median(waits), comm = median(comm_times);
   double flops = 4.0 * batch * heads * double(seq) * double(seq) * head_dim / n;
   if (params.causal) flops /= 2;
-  // On the host, the exchange time the ring did not spend blocked was hidden behind compute. On GPUs the
-  // host waits while the device computes, so this measure does not apply (compare with one GPU instead).
-  const double hidden = job.on_device ? NAN : comm > 0 ? std::clamp(1.0 - wait / comm, 0.0, 1.0) : 1.0;
   // With --step-times, every rank's own device times: which rank sets the pace, and how much of its
   // time is outside its kernels (carry reset, the wait for the first kernel, finalize).
   const RingStats* ring = ring_stats(*impl);
   const bool per_rank = ring && !ring->step_compute_ms.empty();
+  // The share of the exchanges hidden behind compute. On the host: the exchange time the ring did not
+  // spend blocked. On GPUs (the host does not wait for the device there) from the device times of
+  // --step-times: the compute stream's gaps between kernels are the exposed part of the exchanges,
+  // the slowest rank's; without them it is not measured ("-").
+  double hidden = NAN;
+  if (!job.on_device) {
+    hidden = comm > 0 ? std::clamp(1.0 - wait / comm, 0.0, 1.0) : 1.0;
+  } else if (per_rank || n == 1) {
+    double exchanged = 0, kernels = 0;
+    if (per_rank) {
+      for (float ms : ring->step_exchange_ms) exchanged += ms;
+      for (float ms : ring->step_compute_ms) kernels += ms;
+    }
+    const double gaps = per_rank ? std::max(0.0, double(ring->ring_ms) - kernels) : 0.0;
+    hidden = exchanged > 0 ? std::clamp(1.0 - gaps / exchanged, 0.0, 1.0) : 1.0;
+    job.world.all_reduce(&hidden, 1, ReduceOp::kMin);
+  }
+  // Uneven shards and causal masks give ranks different work: visible (query, key) pairs per rank,
+  // the busiest against the mean (1.00 = balanced).
+  double pairs = 0;
+  for (int64_t p : pos.q) pairs += params.causal ? double(std::min<int64_t>(p + 1, seq)) : double(seq);
+  double most = pairs, all_pairs = pairs;
+  job.world.all_reduce(&most, 1, ReduceOp::kMax);
+  job.world.all_reduce(&all_pairs, 1, ReduceOp::kSum);
+  const double imbalance = all_pairs > 0 ? most / (all_pairs / n) : 1.0;
   std::vector<double> rank_rows(4 * size_t(n));
   if (per_rank) {
     double kernels = 0;
@@ -197,10 +221,20 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   if (rank == 0) {
     std::printf("#%11s %8s %6s %5s %8s %4s %4s %4s %5s %6s %10s %11s %12s %10s %7s\n", "impl", "backend", "ranks", "B",
                 "T", "Hq", "Hkv", "D", "dtype", "causal", "layout", "time(ms)", "GFLOP/s/rank", "comm(ms)", "hidden");
-    std::printf(" %11s %8s %6d %5ld %8ld %4ld %4ld %4ld %5s %6d %10s %11.2f %12.2f %10.3f %6.0f%%\n",
+    char hidden_text[16] = "      -";
+    if (!std::isnan(hidden)) std::snprintf(hidden_text, sizeof(hidden_text), "%6.0f%%", hidden * 100);
+    std::printf(" %11s %8s %6d %5ld %8ld %4ld %4ld %4ld %5s %6d %10s %11.2f %12.2f %10.3f %s\n",
                 std::string(impl->name()).c_str(), opts.backend.c_str(), n, long(batch), long(seq), long(heads),
                 long(kv_heads), long(head_dim), dtype_text.c_str(), int(params.causal), layout_name(ctx.layout),
-                time * 1e3, flops / time * 1e-9, comm * 1e3, hidden * 100);
+                time * 1e3, flops / time * 1e-9, comm * 1e3, hidden_text);
+    if (n > 1) {
+      int64_t fewest = seq;
+      for (int r = 0; r < n; ++r) fewest = std::min(fewest, layout_rows(ctx.layout, seq, n, r));
+      std::printf("  work per rank: the busiest rank has %.3fx the mean (visible query-key pairs; shards of %ld..%ld "
+                  "tokens)\n", imbalance, long(fewest), long(layout_max_rows(ctx.layout, seq, n)));
+    }
+    if (job.on_device && std::isnan(hidden))
+      std::printf("  hidden: not measured on GPUs without --step-times (the device times of the steps give it)\n");
     if (job.on_device) std::printf("  device memory in use on the busiest rank: %.2f GiB (CUDA context and NCCL included)\n", device_gib);
     const RingStats* stats = ring_stats(*impl);
     if (stats && n > 1)  // comm(ms) above times the communicator's own shifts, whatever moved the ring's blocks
@@ -225,7 +259,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                             {"head_dim", head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
                             {"layout", layout_name(ctx.layout)}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
                             {"comm_s", comm}, {"device_gib", device_gib},
-                            {"transport", stats && n > 1 ? stats->transport : ""}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)}, {"times_s", times}};
+                            {"transport", stats && n > 1 ? stats->transport : ""}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)},
+                            {"work_imbalance", imbalance}, {"times_s", times}};
       std::ofstream(json_path) << row.dump(2) << "\n";
     }
   }

@@ -10,6 +10,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 python=/usr/bin/python3; [ -x $python ] || python=python3
 n=3; [ "$backend" = cuda ] && n=2
+if [ "$backend" = cuda ] && ! nvidia-smi -L 2>/dev/null | grep -q "^GPU 1"; then
+  echo "skip: the cuda cases need 2 GPUs"; exit 77
+fi
 fails=0; passes=0
 # expect NAME WANT(zero|nonzero) DEADLINE_S PATTERN OUTPUT -- command...
 expect() {

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# What a new user meets with their own h5py-written files and the CLI (issue 19): every case below
+# failed, crashed or was silently wrong before its fix. Errors must exit 2 on every rank with a message
+# naming the cause, before any compute, and leave no output; valid inputs must run and verify.
+# Usage: real_data_test.sh RINGATTN MPIEXEC
+set -u
+ra=$1; mpiexec=$2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMPI_MCA_orte_base_help_aggregate=0
+python=/usr/bin/python3; [ -x $python ] || python=python3
+$python -c "import h5py" 2>/dev/null || { echo "skip: no h5py"; exit 77; }
+dir=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$dir"' EXIT
+cd "$dir"
+fails=0; passes=0
+# check NAME WANT_CODE PATTERN [-r RANKS] -- command...: exit code, message, and (with -r) the message
+# on every one of RANKS ranks.
+check() {
+  local name=$1 want=$2 pattern=$3 ranks=0; shift 3
+  [ "$1" = -r ] && { ranks=$2; shift 2; }
+  shift
+  [ "$1" = mpi ] && { shift; set -- "$mpiexec" --oversubscribe -np "$@"; }
+  local out code ok=1
+  out=$(timeout 120 "$@" 2>&1); code=$?
+  [ "$code" -eq "$want" ] || ok=0
+  grep -q -- "$pattern" <<<"$out" || ok=0
+  local r
+  for ((r = 0; r < ranks; r++)); do grep -q -- "\[rank $r\] ringattn: error: .*$pattern" <<<"$out" || ok=0; done
+  if [ $ok -eq 1 ]; then passes=$((passes+1)); echo "ok   $name";
+  else fails=$((fails+1)); echo "FAIL $name (exit $code, wanted $want; pattern '$pattern')"; echo "$out" | grep -v "^$" | tail -6; fi
+}
+mpi() { "$mpiexec" --oversubscribe -np "$@"; }
+no_output() {  # no_output NAME FILE: nothing under the name, nor its .partial
+  if [ -e "$2" ] || [ -e "$2.partial" ]; then fails=$((fails+1)); echo "FAIL $1: output $2 left behind"; else passes=$((passes+1)); echo "ok   $1"; fi
+}
+
+$python - <<'PY'
+import h5py, numpy as np
+r = np.random.default_rng(0)
+f32 = lambda *s: r.standard_normal(s).astype(np.float32)
+def mk(name, q, k, v, **extra):
+    with h5py.File(name, "w") as f:
+        f["q"], f["k"], f["v"] = q, k, v
+        for key, value in extra.items():
+            f[key] = value
+mk("in.h5", f32(1, 97, 4, 32), f32(1, 97, 2, 32), f32(1, 97, 2, 32))
+mk("sne.h5", f32(1, 53, 4, 32), f32(1, 97, 1, 32), f32(1, 97, 1, 32))        # S != T, MQA
+mk("tiny.h5", f32(1, 3, 2, 16), f32(1, 3, 2, 16), f32(1, 3, 2, 16))          # fewer tokens than ranks
+mk("one.h5", f32(2, 1, 4, 32), f32(2, 40, 4, 32), f32(2, 40, 4, 32))         # T = 1: decoding
+for dim, shape in [("T", (1, 0, 4, 32)), ("B", (0, 8, 4, 32)), ("H", (1, 8, 0, 32)), ("D", (1, 8, 4, 0))]:
+    kv = list(shape); kv[1] = 8 if dim != "T" else 0
+    mk(f"zero_{dim}.h5", np.zeros(shape, np.float32), np.zeros(kv, np.float32), np.zeros(kv, np.float32))
+mk("zero_S.h5", f32(1, 8, 4, 32), np.zeros((1, 0, 4, 32), np.float32), np.zeros((1, 0, 4, 32), np.float32))
+mk("i64seg.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), f32(1, 16, 4, 32), segment_ids=np.zeros((1, 16), np.int64))
+mk("i64q.h5", r.integers(0, 3, (1, 16, 4, 32)), f32(1, 16, 4, 32), f32(1, 16, 4, 32))
+v = f32(1, 16, 4, 32); v[0, 3, 1, 5] = np.nan
+mk("nan_v.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), v)
+with h5py.File("lzf.h5", "w") as f:
+    f.create_dataset("q", data=f32(1, 16, 4, 32), compression="lzf")
+    f["k"], f["v"] = f32(1, 16, 4, 32), f32(1, 16, 4, 32)
+for i in range(2):
+    with h5py.File(f"part{i}.h5", "w") as f:
+        f["x"] = f32(1, 8, 4, 32)
+layout = h5py.VirtualLayout(shape=(1, 16, 4, 32), dtype=np.float32)
+for i in range(2):
+    layout[:, 8 * i:8 * i + 8] = h5py.VirtualSource(f"part{i}.h5", "x", shape=(1, 8, 4, 32))
+with h5py.File("vds.h5", "w") as f:
+    f.create_virtual_dataset("q", layout)
+    f["k"], f["v"] = f32(1, 16, 4, 32), f32(1, 16, 4, 32)
+with h5py.File("huge.h5", "w") as f:  # claims 2^40 keys, stores nothing
+    f["q"] = f32(1, 16, 4, 32)
+    for name in ("k", "v"):
+        f.create_dataset(name, shape=(1, 2**40, 4, 32), dtype=np.float32, chunks=(1, 1024, 4, 32))
+with h5py.File("groups.h5", "w") as f:
+    g = f.create_group("layer3/attn")
+    g["q"], g["k"], g["v"] = f32(1, 40, 4, 32), f32(1, 40, 4, 32), f32(1, 40, 4, 32)
+PY
+
+# 1. Bare words and option prefixes.
+check bare-word-refused 2 "unexpected argument 'causal' (did you mean --causal?)" -- "$ra" run --input in.h5 --output x.h5 causal
+check ambiguous-prefix-refused 2 "unrecognised option '--no'" -- "$ra" run --input in.h5 --output x.h5 --no
+check prefix-not-completed 2 "unrecognised option '--caus'" -- "$ra" run --input in.h5 --output x.h5 --caus
+no_output bare-words-wrote-nothing x.h5
+# 2. The output is the input, by any path.
+before=$(md5sum < in.h5)
+ln in.h5 hardlink.h5; ln -s "$dir/in.h5" symlink.h5
+check output-is-input 2 "is the input file" -r 2 -- mpi 2 "$ra" run --input in.h5 --output in.h5 --overwrite
+check output-is-input-hardlink 2 "is the input file" -- "$ra" run --input in.h5 --output hardlink.h5 --overwrite
+check output-is-input-symlink 2 "is the input file" -- "$ra" run --input "$dir/./in.h5" --output symlink.h5 --overwrite
+[ "$before" = "$(md5sum < in.h5)" ] && { passes=$((passes+1)); echo "ok   input-unchanged"; } || { fails=$((fails+1)); echo "FAIL input-unchanged"; }
+# 3. Outputs that are not regular files.
+mkfifo fifo.h5; mkdir outdir; ln -s /dev/null devnull.h5
+check output-fifo 2 "is not a regular file" -- "$ra" run --input in.h5 --output fifo.h5 --overwrite
+check output-device-via-symlink 2 "is not a regular file" -- "$ra" run --input in.h5 --output devnull.h5 --overwrite
+[ -c /dev/null ] && { passes=$((passes+1)); echo "ok   dev-null-still-a-device"; } || { fails=$((fails+1)); echo "FAIL /dev/null replaced"; }
+check output-directory-up-front 2 "is a directory: name a file" -r 2 -- mpi 2 "$ra" run --input in.h5 --output outdir --overwrite
+# 4. Zero-length dimensions, any implementation, any number of ranks.
+for dim in T B H D S; do
+  check "zero-$dim-ring-1" 2 "is 0, expected at least 1" -- "$ra" run --input zero_$dim.h5 --output x.h5
+  check "zero-$dim-ring-2" 2 "is 0, expected at least 1" -r 2 -- mpi 2 "$ra" run --input zero_$dim.h5 --output x.h5
+done
+for impl in sdpa flash_attn2 blockwise; do
+  check "zero-T-$impl" 2 "dimension 1 of (batch, q_len, q_heads, head_dim) is 0" -- "$ra" run --input zero_T.h5 --output x.h5 --impl $impl
+done
+no_output zero-dims-wrote-nothing x.h5
+# 5. + sequences as users have them: T = 1, odd T, T < ranks, S != T, every layout, 1 to 4 ranks.
+for layout in contiguous zigzag striped; do
+  for n in 1 2 3 4; do
+    for causal in "" --causal; do
+      for file in in sne tiny one; do
+        name="$file-$layout-$n${causal:+-causal}"
+        if mpi $n "$ra" run --input $file.h5 --output "$name.h5" --layout $layout $causal --window 30,-1 --quiet >/dev/null 2>&1 &&
+           mpi $n "$ra" verify --input $file.h5 --output "$name.h5" --layout $layout $causal --window 30,-1 2>&1 | grep -q "#wrong 0  OK"; then
+          passes=$((passes+1))
+        else
+          fails=$((fails+1)); echo "FAIL uneven $name"
+        fi
+      done
+    done
+  done
+done
+echo "ok   uneven shards: 96 run + verify pairs done (failures listed above)"
+check causal-T1-default-layout 0 "layout zigzag" -- "$ra" run --input one.h5 --output one_causal.h5 --causal
+# 6. Valid files HDF5 reads differently: a missing filter is named, a virtual dataset reads on 2 ranks.
+check lzf-filter-named 2 "compressed with HDF5 filter 32000 (lzf" -r 2 -- mpi 2 "$ra" run --input lzf.h5 --output x.h5
+check virtual-dataset-2-ranks 0 "ringattn run: ring" -- mpi 2 "$ra" run --input vds.h5 --output vds_out.h5
+check virtual-dataset-verify 0 "#wrong 0  OK" -- mpi 2 "$ra" verify --input vds.h5 --output vds_out.h5
+mv part1.h5 part1.moved
+check virtual-source-missing 2 "source file 'part1.h5' is missing" -- "$ra" run --input vds.h5 --output x.h5
+mv part1.moved part1.h5
+# 7. --allow-nonfinite: the output is written, its non-finite values reported.
+check nonfinite-refused 2 "holds 1 NaN or Inf" -- mpi 2 "$ra" run --input nan_v.h5 --output nan_out.h5
+check nonfinite-allowed-written 0 "the output holds [1-9][0-9]* NaN or Inf values in o" -- mpi 2 "$ra" run --input nan_v.h5 --output nan_out.h5 --allow-nonfinite
+[ -f nan_out.h5 ] && { passes=$((passes+1)); echo "ok   nonfinite-output-exists"; } || { fails=$((fails+1)); echo "FAIL nonfinite output missing"; }
+# 8. Shapes that cannot fit: refused by name before any allocation, on every rank.
+check huge-claimed-shape 2 "'k' slice (1, 549755813888, 4, 32) f32" -r 2 -- mpi 2 "$ra" run --input huge.h5 --output x.h5
+# 9. A file open for writing elsewhere.
+$python -c "import h5py, time; f = h5py.File('locked.h5', 'w'); f['q'] = [1.0]; f.flush(); open('locked.ready', 'w'); time.sleep(120)" &
+for _ in $(seq 100); do [ -e locked.ready ] && break; sleep 0.1; done
+check locked-file 2 "it is locked: another process holds it open for writing" -- "$ra" run --input locked.h5 --output x.h5
+kill %1 2>/dev/null
+# 10. Datatypes: what was found, what is expected.
+check int64-segment-ids 2 "dataset 'segment_ids' of 'i64seg.h5' holds int64, expected int32" -- "$ra" run --input i64seg.h5 --output x.h5
+check int64-q 2 "dataset 'q' of 'i64q.h5' holds int64, expected float32, float16 or bfloat16" -- "$ra" run --input i64q.h5 --output x.h5
+# 11. --io-timeout as --timeout.
+check io-timeout-zero 2 "--io-timeout is 0, expected a positive integer" -- "$ra" run --input in.h5 --output x.h5 --io-timeout 0
+check io-timeout-negative 2 "--io-timeout is -5, expected a positive integer" -- "$ra" run --input in.h5 --output x.h5 --io-timeout -5
+# 13. Help lists what this build runs.
+help=$("$ra" run --help | tr -s ' \n' ' ')
+for impl in blockwise flash_attn2 ring sdpa; do
+  grep -q "implementation: .*$impl" <<<"$help" && passes=$((passes+1)) || { fails=$((fails+1)); echo "FAIL help lacks $impl"; }
+done
+if ldd "$ra" | grep -q libcudnn; then  # a build with cudnn says so in both lists
+  grep -q "implementation: .*cudnn" <<<"$help" && grep -q "local kernel: .*cudnn" <<<"$help" && passes=$((passes+1)) ||
+    { fails=$((fails+1)); echo "FAIL help lacks cudnn"; }
+fi
+# Dataset paths inside the file; a named optional dataset must exist.
+check dataset-paths 0 "ringattn run: ring" -- mpi 2 "$ra" run --input groups.h5 --output g.h5 --causal \
+  --q-dataset /layer3/attn/q --k-dataset layer3/attn/k --v-dataset /layer3/attn/v
+check dataset-paths-verify 0 "#wrong 0  OK" -- mpi 2 "$ra" verify --input groups.h5 --output g.h5 --causal \
+  --q-dataset /layer3/attn/q --k-dataset layer3/attn/k --v-dataset /layer3/attn/v
+check named-mask-missing 2 "--mask-dataset names dataset '/layer3/mask'" -- "$ra" run --input groups.h5 --output x.h5 \
+  --q-dataset /layer3/attn/q --k-dataset layer3/attn/k --v-dataset /layer3/attn/v --mask-dataset /layer3/mask
+check dataset-missing 2 "has no dataset '/layer3/attn/x'" -- "$ra" run --input groups.h5 --output x.h5 --q-dataset /layer3/attn/x
+# Progress on long work: rank 0, stderr, off with --quiet.
+check progress-lines 0 "ring step 2 of 2" -- mpi 2 "$ra" run --input in.h5 --output p.h5 --causal
+if mpi 2 "$ra" run --input in.h5 --output p.h5 --causal --overwrite --quiet 2>&1 | grep -q "ring step"; then
+  fails=$((fails+1)); echo "FAIL quiet still prints progress"
+else passes=$((passes+1)); echo "ok   quiet"; fi
+no_output nothing-left-behind x.h5
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
