@@ -20,24 +20,26 @@ printf -- '--layout\nzigzag\n--softcap\n30\n--scale\n0.1\n' > "$work/cli/b"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1
 export LSAN_OPTIONS=suppressions=$src/lsan.supp:print_suppressions=0
 cd "$work"  # crash and leak artifacts land here, not in the caller's tree
-# A crash whose frames above our code are all libhdf5's (or libc's / the sanitizer's): HDF5 itself
-# failing on a corrupt file, which we cannot fix here; counted and reported, then fuzzing goes on
-# with the next seed, up to 8 times (how many a run meets depends on the instrumented binary's layout,
-# which steers libFuzzer's comparison tables). The ones met so far, a compact dataset's size field
-# (H5VM_memcpyvv reading NULL), are now refused by H5File::read before libhdf5 reads. Any frame of
-# ours (ra::) at the top of the stack fails the test.
+# A crash whose frames above our code are all libhdf5's (or libc's / the sanitizer's) is HDF5 itself
+# failing on a corrupt file, which we cannot fix here: reported, and fuzzing goes on with the next
+# seed. How many such crashes a run meets follows the instrumented binary's layout (it steers
+# libFuzzer's comparison tables), so their number never decides the verdict: only a crash, sanitizer
+# report or leak with a frame of ours (ra::, the fuzz target) on top fails the test. After 40 seeds
+# the target stops either way (bounded time), saying so. The ones met so far, a compact dataset's size
+# field (H5VM_memcpyvv reading NULL), are now refused by H5File::read before libhdf5 reads.
 inside_libhdf5() {
   awk '/^    #[0-9]+ /{ if ($0 ~ /ra::|LLVMFuzzerTestOneInput/) exit; if ($0 ~ /libhdf5/) found = 1 } END { exit !found }' "$1"
 }
 fuzz() {  # fuzz TARGET OPTIONS...: on failure, the sanitizer's report and the input that caused it
   local target=$1; shift
-  local seed=1 hdf5_crashes=0
+  local seed=1
   while ! "$work/build/$target" -seed=$seed -runs="$runs" "$@" > "$work/$target.log" 2>&1; do
-    if inside_libhdf5 "$work/$target.log" && [ $hdf5_crashes -lt 8 ]; then
-      hdf5_crashes=$((hdf5_crashes + 1)); seed=$((seed + 1))
-      echo "$target: libhdf5 crashed inside its own code on a corrupt file (not ours):"
+    if inside_libhdf5 "$work/$target.log"; then
+      echo "$target: seed $seed: libhdf5 crashed inside its own code on a corrupt file (not ours; not a failure):"
       # (the report may lack HDF5 symbol names, e.g. an out-of-memory in a stripped libhdf5: not an error)
       grep -m1 SUMMARY "$work/$target.log" || true; grep -m3 -E '^    #[0-9]+ .*(H5|libhdf5)' "$work/$target.log" || true
+      seed=$((seed + 1))
+      if [ $seed -gt 40 ]; then echo "$target: stopped after 40 seeds, every crash inside libhdf5"; return 0; fi
       continue
     fi
     grep -v -E '^#[0-9]+ +(NEW|REDUCE|pulse|INITED|RELOAD)' "$work/$target.log" | tail -n 60
