@@ -42,7 +42,7 @@ if has cudnn; then
 fi
 bench() {  # ranks, then bench options ($bin may be set for one call)
   local n=$1; shift
-  mpirun -np $n $bin bench --backend cuda --batch 1 --heads 32 --head-dim "${head_dim:-128}" --dtype bf16 --warmup "${warmup:-2}" "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
+  mpirun -np $n $bin bench --backend cuda --batch 1 --heads "${heads:-32}" --head-dim "${head_dim:-128}" --dtype bf16 --warmup "${warmup:-2}" "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
 }
 # Calls the function $1 with this build's ringattn and then each variant (build/variants/ringattn_*, or
 # the ones matching $variants; unpacked from variants.tar.xz when it came along), two rounds, each run
@@ -244,6 +244,44 @@ if has staging; then  # HDF5 -> host -> GPU and back, pinned against pageable ho
     mpirun -np "$gpus" $bin run --backend cuda --input $d/big.h5 --output $d/o.h5 $mode 2>&1 | tee -a "$out/staging.txt"
   done
   rm -rf "$d"
+fi
+if has hardening; then  # issue 19 on GPUs: kernel tests, the ring over both transports (D=128, uneven shards), faults, CLI
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 25
+  for transport in auto nccl; do
+    mpirun -np 2 $build/tests/ring_mpi_test --backend=cuda --transport=$transport --gtest_brief=1 2>&1 |
+      tee "$out/ring_cuda_2_$transport.log" | tail -n 8
+  done
+  bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
+  d=$(mktemp -d)
+  $bin generate --output $d/odd.h5 --batch 1 --seq 1001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 >/dev/null
+  for local_impl in flash_attn2 cudnn; do
+    for transport in auto nccl; do
+      mpirun -np 2 $bin run --backend cuda --local-impl $local_impl --ring-transport $transport --input $d/odd.h5 \
+        --output $d/odd_out.h5 --causal --overwrite --quiet && $bin verify --input $d/odd.h5 --output $d/odd_out.h5 --causal |
+        sed "s/^/T=1001 on 2 GPUs, $local_impl, $transport: /"
+    done
+  done
+  rm -rf "$d"
+fi
+if has million2; then  # the 1M-token regression on 2 GPUs (8 GiB K/V blocks): both kernels, both transports
+  for transport in auto nccl; do warmup=1 bench 2 --impl ring --seq 1048576 --iters 1 --causal --ring-transport $transport; done
+  warmup=1 bench 2 --impl ring --local-impl cudnn --seq 1048576 --iters 1 --causal
+fi
+if has readme; then  # the README's performance table, 2-GPU rows, in one call
+  for t in 32768 131072; do
+    for causal in "" "--causal"; do
+      bench 1 --impl cudnn --seq $t --iters 10 $causal
+      bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
+    done
+    for causal in "" "--causal --layout zigzag"; do
+      bench 2 --impl ring --local-impl cudnn --seq $t --iters 10 $causal
+      bench 2 --impl ring --seq $t --iters 10 $causal
+    done
+  done
+  for causal in "" "--causal"; do  # head_dim 256: cudnn (as the installed cuDNN allows) next to flash_attn2
+    heads=16 head_dim=256 bench 1 --impl cudnn --seq 32768 --iters 10 $causal
+    heads=16 head_dim=256 bench 1 --impl flash_attn2 --seq 32768 --iters 10 $causal
+  done
 fi
 if has bench; then
   for t in 8192 32768 131072; do

@@ -54,15 +54,19 @@ class CudnnAttention final : public CudaAttentionImpl {
   CudnnAttention() { RA_CUDNN_CHECK(cudnnCreate(&handle_)); }
   ~CudnnAttention() override { (void)cudnnDestroy(handle_); }
   std::string_view name() const override { return "cudnn"; }
-  int64_t max_head_dim() const override { return 128; }
+  // The installed cuDNN decides (check_supported asks it); this only bounds what validation lets through.
+  int64_t max_head_dim() const override { return 512; }
 
   void check_supported(const AttentionInputs& in, const AttentionParams& p) const override {
     const DType dt = in.q.dtype();
     RA_CHECK(dt == DType::kF16 || dt == DType::kBF16, "q has dtype ", dtype_name(dt),
              ": cudnn attention takes f16 or bf16; use --impl sdpa for f32 on cuda");
     const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
-    RA_CHECK(D == Dv && D % 8 == 0 && D <= 128, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ", Dv,
-             ": cudnn attention here needs head_dim == v_head_dim, a multiple of 8, at most 128; use flash_attn2 or sdpa");
+    RA_CHECK(D == Dv && D % 8 == 0, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ", Dv,
+             ": cudnn attention here needs head_dim == v_head_dim, a multiple of 8; use flash_attn2 or sdpa");
+    const std::string& refusal = head_dim_refusal(D, dt);
+    RA_CHECK(refusal.empty(), "q dimension 3 (head_dim) is ", D, ": the installed cuDNN (", cudnnGetVersion(),
+             ") does not run it on this GPU at ", dtype_name(dt), " (", refusal, "); use flash_attn2 or sdpa");
     const char* unsupported = in.bias.defined() ? "a bias" : in.mask.defined() ? "a mask" : in.q_segment_ids.defined()
                               ? "segment ids" : p.logits_soft_cap > 0 ? "a logits soft cap" : p.dropout_prob > 0
                               ? "ringattn's deterministic dropout" : p.has_window() ? "a sliding window" : nullptr;
@@ -127,10 +131,32 @@ class CudnnAttention final : public CudaAttentionImpl {
                          TensorView(lse, DType::kF32, {B, H, Tq}, MemoryKind::kCuda), qr.index, stream_);
   }
 
+  // Whether this cuDNN runs head_dim D at this dtype here, asked once per (D, dtype) by building a
+  // small graph: its support differs by version and GPU, so nothing is assumed. "" when it runs.
+  const std::string& head_dim_refusal(int64_t D, DType dt) const {
+    const auto key = std::pair{D, int(dt)};
+    auto it = head_dim_refusals_.find(key);
+    if (it != head_dim_refusals_.end()) return it->second;
+    const TensorView probe(nullptr, dt, {1, 128, 1, D}, MemoryKind::kCuda);
+    fe::error_t status;
+    make_graph(probe, probe, probe, MaskMode::kCausalBottomRight, 1.0f, status);
+    return head_dim_refusals_.emplace(key, status.is_good() ? "" : status.get_message()).first->second;
+  }
+
   fe::graph::Graph& graph_for(const GraphKey& key, const TensorView& q, const TensorView& k, const TensorView& v,
                               MaskMode mask, float scale) const {
     auto it = graphs_.find(key);
     if (it != graphs_.end()) return *it->second;
+    fe::error_t status;
+    auto graph = make_graph(q, k, v, mask, scale, status);
+    RA_CHECK(status.is_good(), "cudnn cannot run this attention block (B=", q.dim(0), " T=", q.dim(1), " S=", k.dim(1),
+             " H=", q.dim(2), " Hkv=", k.dim(2), " D=", q.dim(3), "): ", status.get_message(), "; use --impl flash_attn2");
+    return *graphs_.emplace(key, std::move(graph)).first->second;
+  }
+
+  // cuDNN's SDPA graph for these views (their shapes and strides; data is bound at execution).
+  std::shared_ptr<fe::graph::Graph> make_graph(const TensorView& q, const TensorView& k, const TensorView& v,
+                                               MaskMode mask, float scale, fe::error_t& status) const {
     auto graph = std::make_shared<fe::graph::Graph>();
     const fe::DataType_t io = q.dtype() == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
     graph->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
@@ -148,10 +174,8 @@ class CudnnAttention final : public CudaAttentionImpl {
     const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3);
     O->set_output(true).set_uid(kO).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
-    fe::error_t status = graph->build(handle_, {fe::HeurMode_t::A});
-    RA_CHECK(status.is_good(), "cudnn cannot run this attention block (B=", B, " T=", T, " S=", k.dim(1), " H=", H,
-             " Hkv=", k.dim(2), " D=", D, "): ", status.get_message(), "; use --impl flash_attn2");
-    return *graphs_.emplace(key, std::move(graph)).first->second;
+    status = graph->build(handle_, {fe::HeurMode_t::A});
+    return graph;
   }
 
   char* reserve(size_t bytes) const {
@@ -164,6 +188,7 @@ class CudnnAttention final : public CudaAttentionImpl {
 
   cudnnHandle_t handle_ = nullptr;
   mutable std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs_;
+  mutable std::map<std::pair<int64_t, int>, std::string> head_dim_refusals_;
   mutable Tensor scratch_;
 };
 
