@@ -15,6 +15,7 @@
 #if RA_HAVE_CUDA
 #include "attention/cuda/ring_cuda.h"
 #endif
+#include "attention/registry.h"
 #include "launch/commands.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
@@ -105,7 +106,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("json", po::value(&json_path), "also write the row as JSON to this file")
     ("step-times", po::bool_switch(&step_times), "ring on GPUs: time each step with CUDA events (they keep each "
      "step's kernel from starting before the previous one ends, so the ring runs a little slower)");
-  add_attention_options(desc, opts);
+  add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn bench --seq T --heads H --head-dim D [options]")) return kOk;
   if (kv_heads == 0) kv_heads = heads;
   for (auto [v, name] : {std::pair{batch, "batch"}, {seq, "seq"}, {heads, "heads"}, {kv_heads, "kv-heads"},

@@ -25,7 +25,9 @@ struct AttentionOptions {
   uint64_t seed = 0;
 };
 
-void add_attention_options(po::options_description& desc, AttentionOptions& opts);
+// `implementations`: the registry's names (the help lists what this build runs; cudnn only where built).
+void add_attention_options(po::options_description& desc, AttentionOptions& opts,
+                           const std::vector<std::string>& implementations);
 
 // --q-dataset ... --segment-ids-dataset: where the inputs sit in the file. An optional dataset named
 // on the command line must exist (check_named_datasets), never be skipped silently.

@@ -11,6 +11,7 @@
 
 #include "attention/invariants.h"
 #include "attention/validate.h"
+#include "attention/registry.h"
 #include "launch/commands.h"
 #include "launch/sharded_io.h"
 #include "launch/watchdog.h"
@@ -124,7 +125,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     ("quiet", po::bool_switch(&quiet), "no progress lines on stderr")
     ("io-timeout", po::value(&io_timeout_s)->default_value(600), "seconds reading, checking or writing may take before the job is aborted");
   add_dataset_options(desc, datasets);
-  add_attention_options(desc, opts);
+  add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]", &datasets)) return kOk;
   const AttentionParams params = to_params(opts);
   positive(io_timeout_s, "io-timeout");

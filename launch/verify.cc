@@ -7,6 +7,7 @@
 #include "attention/sdpa_cpu.h"
 #include "attention/tolerance.h"
 #include "attention/compare.h"
+#include "attention/registry.h"
 #include "launch/commands.h"
 #include "launch/output_manifest.h"
 #include "launch/sharded_io.h"
@@ -22,7 +23,7 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
     ("input", po::value(&input)->required(), "the input HDF5 file")
     ("output", po::value(&output)->required(), "the output HDF5 file of ringattn run");
   add_dataset_options(desc, datasets);
-  add_attention_options(desc, opts);
+  add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]",
              &datasets))
     return kOk;

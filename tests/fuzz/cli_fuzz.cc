@@ -1,5 +1,5 @@
-// libFuzzer target: the CLI's option parsing and value checks (AttentionOptions, --window, --mesh,
-// --layout) on arbitrary argument lists. Errors must be ra::Error or Boost's parse errors, never a
+// libFuzzer target: the CLI's option parsing (ra::cli::parse: bare words, prefixes) and value checks
+// (AttentionOptions, --window, --mesh, --layout) on arbitrary argument lists. Errors must be ra::Error or Boost's parse errors, never a
 // crash, an overflow, or a wrapped negative number.
 #include <boost/program_options.hpp>
 
@@ -31,11 +31,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace po = boost::program_options;
   po::options_description desc("fuzz");
   desc.add_options()("input", po::value(&input))("output", po::value(&output));
-  ra::cli::add_attention_options(desc, opts);
+  ra::cli::add_attention_options(desc, opts, {"blockwise", "cudnn", "flash_attn2", "ring", "sdpa"});
   try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(int(argv.size()), argv.data()).options(desc).run(), vm);
-    po::notify(vm);
+    if (!ra::cli::parse(int(argv.size()), argv.data(), desc, "fuzz")) return 0;  // --help
     const ra::AttentionParams params = ra::cli::to_params(opts);
     (void)ra::cli::chosen_layout(opts);
     const ra::MeshShape shape = ra::MeshShape::parse(ra::cli::mesh_text(opts, 4));

@@ -20,6 +20,9 @@ cleanup() { for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "$root/${mo
 trap cleanup EXIT
 for m in "${mounts[@]}"; do mkdir -p "$root/$m" && mount --bind "/$m" "$root/$m"; done
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# debootstrap writes no /etc/hosts, which an installed Debian has: without it every MPI start waits
+# seconds on DNS for the host's own name.
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n' "$(hostname)" > "$root/etc/hosts"
 chmod 700 "$root/root"
 rm -rf "$root/root/ringattn" && mkdir -p "$root/root/ringattn"
 (cd "$src" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$root/root/ringattn"

@@ -78,6 +78,9 @@ PY
 check bare-word-refused 2 "unexpected argument 'causal' (did you mean --causal?)" -- "$ra" run --input in.h5 --output x.h5 causal
 check ambiguous-prefix-refused 2 "unrecognised option '--no'" -- "$ra" run --input in.h5 --output x.h5 --no
 check prefix-not-completed 2 "unrecognised option '--caus'" -- "$ra" run --input in.h5 --output x.h5 --caus
+# Boost loops forever formatting an error about text that holds its own placeholders (fuzzing found it).
+check placeholder-in-option 2 "cannot be parsed" -- "$ra" run --input in.h5 --output x.h5 --%option%
+check placeholder-in-value 2 "cannot be parsed" -- "$ra" run --input in.h5 --output x.h5 --softcap %value%
 no_output bare-words-wrote-nothing x.h5
 # 2. The output is the input, by any path.
 before=$(md5sum < in.h5)
@@ -107,8 +110,11 @@ for layout in contiguous zigzag striped; do
     for causal in "" --causal; do
       for file in in sne tiny one; do
         name="$file-$layout-$n${causal:+-causal}"
-        if mpi $n "$ra" run --input $file.h5 --output "$name.h5" --layout $layout $causal --window 30,-1 --quiet >/dev/null 2>&1 &&
-           mpi $n "$ra" verify --input $file.h5 --output "$name.h5" --layout $layout $causal --window 30,-1 2>&1 | grep -q "#wrong 0  OK"; then
+        # verify on one process: its reference does not depend on the ranks that wrote the file
+        if timeout 60 "$mpiexec" --oversubscribe -np $n "$ra" run --input $file.h5 --output "$name.h5" --layout $layout \
+             $causal --window 30,-1 --quiet >/dev/null 2>&1 &&
+           timeout 60 "$ra" verify --input $file.h5 --output "$name.h5" --layout $layout $causal --window 30,-1 2>&1 |
+             grep -q "#wrong 0  OK"; then
           passes=$((passes+1))
         else
           fails=$((fails+1)); echo "FAIL uneven $name"
