@@ -148,10 +148,11 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   check_named_datasets(datasets, file);
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts), datasets.names);
   // Before any allocation: the slices, and on GPUs the device's share, must fit.
-  check_host_memory(local_input_bytes(plan, file), input, job.world.comm());
+  const std::vector<MemoryNeed> slices = local_input_bytes(plan, file);
+  check_host_memory(slices, input, job.world.comm());
 #if RA_HAVE_CUDA
   if (job.on_device) {
-    std::vector<MemoryNeed> device = local_input_bytes(plan, file);
+    std::vector<MemoryNeed> device = slices;
     for (const MemoryNeed& need : device_working_set(plan, job.sequence_axis().size())) device.push_back(need);
     check_device_memory(device, cuda_bytes_free(), job.world.comm());
   }

@@ -29,6 +29,11 @@ class Id {
   Id(const Id&) = delete;
   Id& operator=(const Id&) = delete;
   Id(Id&& other) noexcept : id_(std::exchange(other.id_, -1)), closer_(other.closer_) {}
+  Id& operator=(Id&& other) noexcept {  // the id this held closes with `other`
+    std::swap(id_, other.id_);
+    std::swap(closer_, other.closer_);
+    return *this;
+  }
   operator hid_t() const { return id_; }
   bool valid() const { return id_ >= 0; }
 
@@ -325,21 +330,17 @@ Tensor H5File::read(const std::string& dataset, const Selection& selection, cons
   std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
   DatasetInfo meta = info(dataset);
   RA_CHECK(meta.supported, where, " holds ", meta.type_name, ", which ringattn does not read");
-  hid_t file = file_;
+  Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
   bool collective = collective_;
-  {
-    Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
-    Id dcpl(H5Dget_create_plist(ds), H5Pclose);
-    if (collective_ && dcpl.valid() && H5Pget_layout(dcpl) == H5D_VIRTUAL) {
-      // This libhdf5 reads virtual datasets only without MPI-IO: each rank reads its slice alone.
-      if (serial_file_ < 0) serial_file_ = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-      RA_CHECK(serial_file_ >= 0, where, " is a virtual dataset, read without MPI-IO, but '", path_,
-               "' cannot be opened so: ", why_open_failed(path_));
-      file = hid_t(serial_file_);
-      collective = false;
-    }
+  Id dcpl(H5Dget_create_plist(ds), H5Pclose);
+  if (collective_ && dcpl.valid() && H5Pget_layout(dcpl) == H5D_VIRTUAL) {
+    // This libhdf5 reads virtual datasets only without MPI-IO: each rank reads its slice alone.
+    if (serial_file_ < 0) serial_file_ = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    RA_CHECK(serial_file_ >= 0, where, " is a virtual dataset, read without MPI-IO, but '", path_,
+             "' cannot be opened so: ", why_open_failed(path_));
+    ds = Id(H5Dopen2(hid_t(serial_file_), dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    collective = false;
   }
-  Id ds(H5Dopen2(file, dataset.c_str(), H5P_DEFAULT), H5Dclose);
   Id file_space(H5Dget_space(ds), H5Sclose);
   check_compact_size(ds, file_space, where);
   Id selected = select(file_space, selection, where);

@@ -130,9 +130,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   // the rank it starts on and forwarded with it. The two buffers start 4096 bytes apart or more.
   // Sections are sized for the longest shard; a shorter block (a length that does not divide) sits at
   // the start of each, zeros behind it.
-  int64_t slot_rows = 0;
-  for (const std::vector<int64_t>& keys : source_keys_) slot_rows = std::max(slot_rows, int64_t(keys.size()));
-  const KvBlockLayout layout(in, slot_rows, 256);
+  const KvBlockLayout layout(in, layout_max_rows(ctx_.layout, ctx_.global_kv_len, n), 256);
   const size_t payload = layout.payload, bytes = payload + sizeof(BlockTrailer);
   const size_t stride = (bytes + 4095) / 4096 * 4096;
   const bool verify = ctx_.verify_blocks && n > 1;
