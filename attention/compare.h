@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "attention/sdpa_cpu.h"
+#include "attention/cpu/sdpa_cpu.h"
 #include "runtime/tensor.h"
 
 namespace ra {

@@ -13,7 +13,7 @@
 
 namespace ra {
 
-struct RingContext;  // attention/ring.h: what `ring` needs (communicator, layout, global lengths)
+struct RingContext;  // attention/ring/ring.h: what `ring` needs (communicator, layout, global lengths)
 
 class AttentionRegistry {
  public:

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/flash_cpu.h"
+#include "attention/cpu/flash_cpu.h"
 #include "attention/registry.h"
 #include "runtime/random.h"
 

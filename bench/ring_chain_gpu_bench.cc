@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "attention/block_schedule.h"
+#include "attention/ring/block_schedule.h"
 #include "attention/carry.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/registry.h"
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 #include "mesh/sequence_layout.h"
 #include "runtime/cuda_device.h"
 #include "runtime/error.h"

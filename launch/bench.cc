@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 #include "attention/validate.h"
 #if RA_HAVE_CUDA
-#include "attention/cuda/ring_cuda.h"
+#include "attention/ring/ring_cuda.h"
 #endif
 #include "attention/registry.h"
 #include "launch/commands.h"

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 #include "collectives/mpi_communicator.h"
 #include "collectives/mpi_session.h"
 #include "launch/cli_options.h"

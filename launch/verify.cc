@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "attention/sdpa_cpu.h"
+#include "attention/cpu/sdpa_cpu.h"
 #include "attention/tolerance.h"
 #include "attention/compare.h"
 #include "attention/registry.h"

@@ -1,7 +1,7 @@
 // The CUDA implementations as registry entries: flash_attn2 (tensor cores) and sdpa (cuBLAS).
 #include "attention/cuda/cuda_attention.h"
 #include "attention/cuda/flash_cuda.h"
-#include "attention/cuda/ring_cuda.h"
+#include "attention/ring/ring_cuda.h"
 #include "attention/cuda/sdpa_cuda.h"
 #include "attention/registry.h"
 #include "runtime/error.h"

@@ -12,7 +12,7 @@
 #include <map>
 #include <tuple>
 
-#include "attention/block_schedule.h"
+#include "attention/block_kind.h"
 #include "attention/cuda/carry_cuda.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/registry.h"

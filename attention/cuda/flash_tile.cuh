@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/block_schedule.h"
+#include "attention/block_kind.h"
 #include "attention/cuda/cuda_inputs.h"
 #include "attention/online_softmax.h"
 

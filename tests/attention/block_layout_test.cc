@@ -1,7 +1,7 @@
 // Where k, v and the segment ids sit in a K/V block in flight, and the gaps the ring zeroes.
 #include <gtest/gtest.h>
 
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 
 namespace ra {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "attention/blockwise_cpu.h"
+#include "attention/cpu/blockwise_cpu.h"
 #include "attention/carry.h"
 #include "attention/registry.h"
 #include "tests/support/problem.h"

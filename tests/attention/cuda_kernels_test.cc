@@ -8,7 +8,7 @@
 #include <random>
 
 #include "attention/carry.h"
-#include "attention/cuda/block_checksum.h"
+#include "attention/ring/block_checksum.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_wgmma.h"

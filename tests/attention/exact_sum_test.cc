@@ -1,4 +1,4 @@
-// The exact-sum mode of the ring (attention/exact_sum_cpu): keys cut into uneven blocks and visited in
+// The exact-sum mode of the ring (attention/cpu/exact_sum_cpu): keys cut into uneven blocks and visited in
 // a shuffled order give the same bits as one block, and the result matches the f64 reference.
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <cstring>
 #include <random>
 
-#include "attention/blockwise_cpu.h"
-#include "attention/exact_sum_cpu.h"
+#include "attention/cpu/blockwise_cpu.h"
+#include "attention/cpu/exact_sum_cpu.h"
 #include "tests/support/problem.h"
 
 namespace ra::test {

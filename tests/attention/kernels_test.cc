@@ -2,7 +2,7 @@
 // D in {32, 64, 80, 128}, GQA 1/2/4/8), each dtype, every option alone and all combined.
 #include <gtest/gtest.h>
 
-#include "attention/flash_cpu.h"
+#include "attention/cpu/flash_cpu.h"
 #include "attention/registry.h"
 #include "tests/support/problem.h"
 

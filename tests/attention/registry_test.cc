@@ -1,6 +1,6 @@
 // The registry: names and aliases, backends, and errors that name what is missing.
 #include "attention/registry.h"
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 
 #include <gtest/gtest.h>
 

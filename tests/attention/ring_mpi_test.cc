@@ -11,7 +11,7 @@
 #include <cmath>
 
 #include "attention/registry.h"
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 #include "collectives/mpi_communicator.h"
 #include "collectives/mpi_session.h"
 #include "mesh/mesh_shape.h"

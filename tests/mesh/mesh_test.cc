@@ -6,7 +6,7 @@
 #include <map>
 #include <numeric>
 
-#include "attention/block_schedule.h"
+#include "attention/ring/block_schedule.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/sequence_layout.h"
 #include "mesh/sharding.h"

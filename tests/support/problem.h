@@ -9,7 +9,7 @@
 #include "attention/compare.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
-#include "attention/sdpa_cpu.h"
+#include "attention/cpu/sdpa_cpu.h"
 #include "attention/tolerance.h"
 
 namespace ra::test {

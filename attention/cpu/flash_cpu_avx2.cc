@@ -3,4 +3,4 @@
 #define RA_VEC_BYTES 32
 #define RA_TILE_ROWS 4
 #define RA_TILE_VECS 2
-#include "attention/flash_cpu_kernel.inc"
+#include "attention/cpu/flash_cpu_kernel.inc"

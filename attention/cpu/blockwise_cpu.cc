@@ -1,9 +1,9 @@
 // Blockwise attention: a scan over key chunks per query chunk, combining chunk carries with merge().
-#include "attention/blockwise_cpu.h"
+#include "attention/cpu/blockwise_cpu.h"
 
 #include <algorithm>
 
-#include "attention/sdpa_cpu.h"
+#include "attention/cpu/sdpa_cpu.h"
 
 namespace ra {
 

@@ -1,14 +1,14 @@
 // Ring attention on host memory: pack the local K/V (and kv segment ids) into one buffer behind a
 // small header (the rank it started on, its CRC-32), then N steps of { start the shift of the held
 // block to the next rank; fold Q against it; wait; check the block that arrived }.
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "attention/block_schedule.h"
-#include "attention/exact_sum_cpu.h"
+#include "attention/ring/block_schedule.h"
+#include "attention/cpu/exact_sum_cpu.h"
 #include "attention/registry.h"
 #include "runtime/activity.h"
 #include "runtime/checksum.h"

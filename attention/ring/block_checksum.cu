@@ -1,4 +1,4 @@
-#include "attention/cuda/block_checksum.h"
+#include "attention/ring/block_checksum.h"
 
 #include "runtime/cuda_device.h"
 #include "runtime/fault_injection.h"

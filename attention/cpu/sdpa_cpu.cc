@@ -1,6 +1,6 @@
 // CPU scaled-dot-product attention, one template over the accumulation type (float for the
 // implementation, double for the oracle), parallel over (batch, head).
-#include "attention/sdpa_cpu.h"
+#include "attention/cpu/sdpa_cpu.h"
 
 #include <cmath>
 #include <limits>

@@ -1,6 +1,6 @@
 // Fixed-point sums of the exact-sum ring mode. Scaling by powers of two is exact, a product of two
 // f32 values is exact in f64, and each term is rounded to an integer once, on its own.
-#include "attention/exact_sum_cpu.h"
+#include "attention/cpu/exact_sum_cpu.h"
 
 #include <cmath>
 #include <limits>

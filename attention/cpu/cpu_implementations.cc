@@ -1,11 +1,11 @@
 // The CPU implementations as registry entries: sdpa, flash_attn2 (cpu: best SIMD; native: portable
 // code only) and blockwise. Names and aliases follow the seeds.
-#include "attention/blockwise_cpu.h"
-#include "attention/flash_cpu.h"
+#include "attention/cpu/blockwise_cpu.h"
+#include "attention/cpu/flash_cpu.h"
 #include "attention/registry.h"
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 #include "runtime/error.h"
-#include "attention/sdpa_cpu.h"
+#include "attention/cpu/sdpa_cpu.h"
 
 namespace ra {
 namespace {

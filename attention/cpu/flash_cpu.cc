@@ -1,5 +1,5 @@
 // Front of the CPU flash kernel: f32 views, the plain params struct, and the ISA dispatch.
-#include "attention/flash_cpu.h"
+#include "attention/cpu/flash_cpu.h"
 
 #include "attention/validate.h"
 #include "runtime/error.h"

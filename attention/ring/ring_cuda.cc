@@ -4,12 +4,12 @@
 // shift with a deadline (NCCL errors are polled meanwhile) before it queues the next step, which
 // reads the block that arrived. Each step's kernel may start on the SMs the previous step's last
 // blocks leave idle (it waits for the previous kernel only before it reads the carry).
-#include "attention/cuda/ring_cuda.h"
+#include "attention/ring/ring_cuda.h"
 
 #include <algorithm>
 
-#include "attention/block_schedule.h"
-#include "attention/cuda/block_checksum.h"
+#include "attention/ring/block_schedule.h"
+#include "attention/ring/block_checksum.h"
 #include "attention/registry.h"
 #include "collectives/nccl_communicator.h"
 #include "collectives/peer_copy_ring.h"

@@ -1,5 +1,5 @@
-// The ring schedule and block classification as pure functions, shared by the ring, the CPU flash
-// kernel (internal linkage, see online_softmax.h) and the tests.
+// Block classification as a pure function, shared by the kernels (CPU flash, CUDA flash tiles,
+// cudnn), the ring's schedule and the tests. Internal linkage, see online_softmax.h.
 #pragma once
 
 #include <cstdint>
@@ -7,9 +7,6 @@
 #include "attention/online_softmax.h"
 
 namespace ra {
-
-// At step s of a ring of n ranks, rank r holds the K/V block that started on rank (r - s) mod n.
-RA_HD_INLINE int ring_source_rank(int rank, int step, int n) { return ((rank - step) % n + n) % n; }
 
 enum class BlockKind : uint8_t { kSkip, kFull, kPartial };
 

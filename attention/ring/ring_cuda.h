@@ -1,4 +1,4 @@
-// `ring` on GPUs: the same schedule as the host ring (attention/ring.h), with K/V double-buffered in
+// `ring` on GPUs: the same schedule as the host ring (attention/ring/ring.h), with K/V double-buffered in
 // device memory, the local kernel on the compute stream and the transfer (NCCL send/recv, or copy
 // engines over CUDA IPC) on the communicator's stream, ordered by events, so that step i's compute
 // overlaps step i+1's transfer. Step 0 computes on the rank's own k and v while they leave for the
@@ -10,7 +10,7 @@
 #include <chrono>
 
 #include "attention/cuda/cuda_attention.h"
-#include "attention/ring.h"
+#include "attention/ring/ring.h"
 #include "runtime/cuda_device.h"
 
 namespace ra {
