@@ -60,12 +60,11 @@ void merge(Carry& into, const Carry& other, int64_t row_offset, void* cuda_strea
   for (int64_t bh = 0; bh < into.batch * into.heads; ++bh)
     for (int64_t t = 0; t < other.rows; ++t) {
       int64_t r = bh * into.rows + row_offset + t, o = bh * other.rows + t;
-      float m = std::fmax(mx[r], omx[o]);
-      if (m == -INFINITY) continue;  // both empty: stays empty
-      float a = rescale_factor(mx[r], m), b = rescale_factor(omx[o], m);
-      den[r] = den[r] * a + oden[o] * b;
+      SoftmaxState<float> state{mx[r], den[r]};
+      const auto [a, b] = softmax_merge(state, {omx[o], oden[o]});
       for (int64_t d = 0; d < dv; ++d) num[r * dv + d] = num[r * dv + d] * a + onum[o * dv + d] * b;
-      mx[r] = m;
+      mx[r] = state.max;
+      den[r] = state.sum;
     }
 }
 
@@ -91,18 +90,10 @@ void finalize(const Carry& carry, const TensorView& sinks, const TensorView& o, 
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
         int64_t r = (b * H + h) * T + t;
-        float m = mx[r], l = den[r], scale_num = 1.0f;
-        if (sinks.defined()) {  // the sink joins the softmax as one more logit with a zero value row
-          float s = sinks.data_as<float>()[h * sinks.stride(0)];
-          float m2 = std::fmax(m, s);
-          scale_num = rescale_factor(m, m2);
-          l = l * scale_num + std::exp(s - m2);
-          m = m2;
-        }
-        // Empty row (no visible key, no sink): O = 0 and LSE = -inf, never 0/0.
-        float inv = l > 0.0f ? scale_num / l : 0.0f;
-        for (int64_t d = 0; d < dv; ++d) row[d] = num[r * dv + d] * inv;
-        lse_out[r] = l > 0.0f ? m + std::log(l) : -INFINITY;
+        const float sink = sinks.defined() ? sinks.data_as<float>()[h * sinks.stride(0)] : 0.0f;
+        const auto [scale, row_lse] = softmax_normalize(SoftmaxState<float>{mx[r], den[r]}, sinks.defined(), sink);
+        for (int64_t d = 0; d < dv; ++d) row[d] = num[r * dv + d] * scale;
+        lse_out[r] = row_lse;
         char* dst = static_cast<char*>(o.data()) +
                     (b * o.stride(0) + t * o.stride(1) + h * o.stride(2)) * int64_t(dtype_size(o.dtype()));
         convert_from_f32(row.data(), dst, o.dtype(), size_t(dv));

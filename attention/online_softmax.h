@@ -1,5 +1,6 @@
 // Scalar pieces of online softmax shared by the CPU kernels, the carry merge and the CUDA kernels:
-// the NaN-safe rescale factor, visibility of a (query, key) pair and the dropout hash. Internal
+// the row state with its merge and normalize, the NaN-safe rescale factor, visibility of a (query,
+// key) pair and the dropout hash. Internal
 // linkage on purpose: ISA-specific translation units include this and must not share copies.
 #pragma once
 
@@ -19,6 +20,53 @@ namespace ra {
 // irrelevant (everything is 0), so return 0 instead of exp(-inf + inf) = NaN.
 RA_HD_INLINE float rescale_factor(float old_max, float new_max) {
   return old_max == -INFINITY ? 0.0f : expf(old_max - new_max);
+}
+
+// One row's online-softmax state (as flashinfer's state_t): the running max of the logits and the sum
+// of exp(logit - max), in f32 (the carry, the kernels) or f64 (the oracle). The numerator (the
+// weighted sum of V) lives beside it; merge and normalize say how to scale it.
+template <typename Acc>
+struct SoftmaxState {
+  Acc max = -INFINITY, sum = 0;
+};
+
+RA_HD_INLINE float softmax_exp(float x) { return expf(x); }
+RA_HD_INLINE double softmax_exp(double x) { return exp(x); }
+RA_HD_INLINE float softmax_log(float x) { return logf(x); }
+RA_HD_INLINE double softmax_log(double x) { return log(x); }
+
+// The factors the two numerators are scaled by when two states merge: into = into * self + other * other.
+template <typename Acc>
+struct MergeScales {
+  Acc self, other;
+};
+
+// into <- into (+) other (the state of the union of both key sets). Both empty: into stays empty and
+// the scales are {1, 0}, so a numerator update leaves into's (zero) numerator as it is, never NaN.
+template <typename Acc>
+RA_HD_INLINE MergeScales<Acc> softmax_merge(SoftmaxState<Acc>& into, SoftmaxState<Acc> other) {
+  const Acc m = into.max > other.max ? into.max : other.max;
+  if (m == -Acc(INFINITY)) return {Acc(1), Acc(0)};
+  const Acc a = into.max == -Acc(INFINITY) ? Acc(0) : softmax_exp(into.max - m);
+  const Acc b = other.max == -Acc(INFINITY) ? Acc(0) : softmax_exp(other.max - m);
+  into.sum = into.sum * a + other.sum * b;
+  into.max = m;
+  return {a, b};
+}
+
+// Normalizing a finished row: O = numerator * scale and its LSE (natural log). An attention sink is one
+// more logit with a zero value row: it joins the sum only, counted once here. A row with nothing (no
+// visible key, no sink) gives scale 0 and LSE -inf: O = 0, never 0/0.
+template <typename Acc>
+struct Normalized {
+  Acc scale, lse;
+};
+template <typename Acc>
+RA_HD_INLINE Normalized<Acc> softmax_normalize(SoftmaxState<Acc> state, bool has_sink, Acc sink) {
+  Acc numerator_scale = 1;
+  if (has_sink) numerator_scale = softmax_merge(state, SoftmaxState<Acc>{sink, Acc(1)}).self;
+  if (!(state.sum > 0)) return {Acc(0), -Acc(INFINITY)};
+  return {numerator_scale / state.sum, state.max + softmax_log(state.sum)};
 }
 
 // Causal / sliding-window visibility of key position kpos from query position qpos (-1: unbounded).

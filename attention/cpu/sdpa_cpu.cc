@@ -60,12 +60,11 @@ void sdpa_accumulate_cpu(const AttentionInputs& in_raw, const TokenPositions& po
   float* mx = carry.max.data<float>();
   sdpa_rows<float>(in, pos, p, [&](int64_t b, int64_t h, int64_t t, float m, float l, const float* o) {
     const int64_t r = (b * Hq + h) * T + t;
-    const float m_new = std::fmax(mx[r], m);
-    if (m_new == -INFINITY) return;  // nothing visible yet
-    const float a = rescale_factor(mx[r], m_new), c = rescale_factor(m, m_new);
-    den[r] = den[r] * a + l * c;
+    SoftmaxState<float> state{mx[r], den[r]};
+    const auto [a, c] = softmax_merge(state, {m, l});
     for (int64_t d = 0; d < Dv; ++d) num[r * Dv + d] = num[r * Dv + d] * a + o[d] * c;
-    mx[r] = m_new;
+    mx[r] = state.max;
+    den[r] = state.sum;
   });
 }
 
@@ -75,17 +74,11 @@ ReferenceOutput reference_attention_f64(const AttentionInputs& in_raw, const Att
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   ReferenceOutput out{std::vector<double>(size_t(B * T * Hq * Dv)), std::vector<double>(size_t(B * Hq * T))};
   sdpa_rows<double>(in, pos, p, [&](int64_t b, int64_t h, int64_t t, double m, double l, const double* o) {
-    double scale_o = 1.0;
-    if (in.sinks.defined()) {
-      double s = in.sinks.data_as<float>()[h * in.sinks.stride(0)];
-      double m2 = std::fmax(m, s);
-      scale_o = m == -INFINITY ? 0.0 : std::exp(m - m2);
-      l = l * scale_o + std::exp(s - m2);
-      m = m2;
-    }
+    const double sink = in.sinks.defined() ? in.sinks.data_as<float>()[h * in.sinks.stride(0)] : 0.0;
+    const auto [scale, lse] = softmax_normalize(SoftmaxState<double>{m, l}, in.sinks.defined(), sink);
     double* dst = &out.o[size_t(((b * T + t) * Hq + h) * Dv)];
-    for (int64_t d = 0; d < Dv; ++d) dst[d] = l > 0 ? o[d] * scale_o / l : 0.0;
-    out.lse[size_t((b * Hq + h) * T + t)] = l > 0 ? m + std::log(l) : -INFINITY;
+    for (int64_t d = 0; d < Dv; ++d) dst[d] = o[d] * scale;
+    out.lse[size_t((b * Hq + h) * T + t)] = lse;
   });
   return out;
 }

@@ -27,15 +27,13 @@ __global__ void merge_kernel(float* num, float* den, float* mx, const float* onu
   const int lane = threadIdx.x % 32;
   const int64_t bh = row / rows_other, t = row % rows_other;
   const int64_t r = bh * rows_into + row_offset + t;
-  const float m_old = mx[r], m_other = omx[row];
-  const float m = fmaxf(m_old, m_other);
-  if (m == -INFINITY) return;
-  const float a = rescale_factor(m_old, m), b = rescale_factor(m_other, m);
-  for (int d = lane; d < dv; d += 32) num[r * dv + d] = num[r * dv + d] * a + onum[row * dv + d] * b;
+  SoftmaxState<float> state{mx[r], den[r]};
+  const MergeScales<float> scales = softmax_merge(state, {omx[row], oden[row]});
+  for (int d = lane; d < dv; d += 32) num[r * dv + d] = num[r * dv + d] * scales.self + onum[row * dv + d] * scales.other;
   __syncwarp();
   if (lane == 0) {
-    den[r] = den[r] * a + oden[row] * b;
-    mx[r] = m;
+    den[r] = state.sum;
+    mx[r] = state.max;
   }
 }
 
@@ -46,16 +44,16 @@ __global__ void fold_kernel(float* num, float* den, float* mx, const void* o, DT
   const int lane = threadIdx.x % 32;
   const int64_t t = block_row % rows, bh = block_row / rows, h = bh % heads, b = bh / heads;
   const int64_t row = bh * carry_rows + row_offset + t;
-  const float m_old = mx[row], m_block = lse_block[block_row];
-  const float m = fmaxf(m_old, m_block);
-  if (m == -INFINITY) return;
-  const float a = rescale_factor(m_old, m), c = rescale_factor(m_block, m);
+  // A finished block is the state (max = its LSE, sum = 1) with numerator O.
+  SoftmaxState<float> state{mx[row], den[row]};
+  const MergeScales<float> scales = softmax_merge(state, {lse_block[block_row], 1.0f});
   const int64_t o_row = ((b * rows + t) * heads + h) * dv;
-  for (int d = lane; d < dv; d += 32) num[row * dv + d] = num[row * dv + d] * a + load_as_f32(o, o_row + d, o_dtype) * c;
+  for (int d = lane; d < dv; d += 32)
+    num[row * dv + d] = num[row * dv + d] * scales.self + load_as_f32(o, o_row + d, o_dtype) * scales.other;
   __syncwarp();
   if (lane == 0) {
-    den[row] = den[row] * a + c;
-    mx[row] = m;
+    den[row] = state.sum;
+    mx[row] = state.max;
   }
 }
 
@@ -66,18 +64,11 @@ __global__ void finalize_kernel(const float* num, const float* den, const float*
   if (row < 0) return;
   const int lane = threadIdx.x % 32;
   const int64_t t = row % rows, bh = row / rows, h = bh % heads, b = bh / heads;
-  float m = mx[row], l = den[row], scale_num = 1.0f;
-  if (sinks != nullptr) {  // one extra logit with a zero value row, counted once here
-    const float s = sinks[h * sink_stride];
-    const float m2 = fmaxf(m, s);
-    scale_num = rescale_factor(m, m2);
-    l = l * scale_num + expf(s - m2);
-    m = m2;
-  }
-  const float inv = l > 0.0f ? scale_num / l : 0.0f;
+  const Normalized<float> done = softmax_normalize(SoftmaxState<float>{mx[row], den[row]}, sinks != nullptr,
+                                                    sinks != nullptr ? sinks[h * sink_stride] : 0.0f);
   const int64_t o_row = ((b * rows + t) * heads + h) * dv;
-  for (int d = lane; d < dv; d += 32) store_from_f32(o, o_row + d, o_dtype, num[row * dv + d] * inv);
-  if (lane == 0) lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
+  for (int d = lane; d < dv; d += 32) store_from_f32(o, o_row + d, o_dtype, num[row * dv + d] * done.scale);
+  if (lane == 0) lse[row] = done.lse;
 }
 
 __global__ void fill_kernel(float* p, int64_t n, float value) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_tile.cuh"
 #include "attention/cuda/flash_wgmma.h"
 #include "attention/cuda/pair_logit.cuh"
@@ -315,10 +316,11 @@ FlashCudaKernel flash_cuda_kernel() { return chosen_kernel(); }
 void flash_accumulate_cuda(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   if (a.q_len == 0 || a.kv_len == 0) return;
   if (use_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
-  const bool bf16 = dtype == DType::kBF16;
-  if (a.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(a, stream) : launch<__half, 64>(a, stream);
-  else if (a.head_dim == 128) bf16 ? launch<__nv_bfloat16, 128>(a, stream) : launch<__half, 128>(a, stream);
-  else bf16 ? launch<__nv_bfloat16, 256>(a, stream) : launch<__half, 256>(a, stream);
+  dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
+    dispatch_head_dim<64, 128, 256>(a.head_dim, "the cuda flash_attn2 kernel", [&](auto head_dim) {
+      launch<decltype(element), decltype(head_dim)::value>(a, stream);
+    });
+  });
 }
 
 }  // namespace ra

@@ -7,6 +7,7 @@
 // schedule are the mma.sync kernel's (flash_tile.cuh); the body is compiled for sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
 
+#include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_tile.cuh"
 #include "attention/cuda/wgmma.cuh"
 #include "runtime/cuda_device.h"
@@ -236,9 +237,11 @@ bool flash_wgmma_available() {
 }
 
 void flash_wgmma_accumulate(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
-  const bool bf16 = dtype == DType::kBF16;
-  if (a.head_dim == 64) bf16 ? launch<__nv_bfloat16, 64>(a, stream) : launch<__half, 64>(a, stream);
-  else bf16 ? launch<__nv_bfloat16, 128>(a, stream) : launch<__half, 128>(a, stream);
+  dispatch_half_dtype(dtype, "the wgmma flash_attn2 kernel", [&](auto element) {
+    dispatch_head_dim<64, 128>(a.head_dim, "the wgmma flash_attn2 kernel", [&](auto head_dim) {
+      launch<decltype(element), decltype(head_dim)::value>(a, stream);
+    });
+  });
 }
 
 }  // namespace ra

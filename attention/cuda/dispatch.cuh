@@ -1,0 +1,47 @@
+// Static-switch dispatch from runtime values (dtype, head dim, flags) to template instances. Every
+// switch's default throws naming the value and what the kernel has: a value a kernel was not built
+// for is refused, never run as a neighbouring instance.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+
+namespace ra {
+
+// f(T{}) with T the CUDA element type of a 16-bit float dtype.
+template <typename F>
+void dispatch_half_dtype(DType dtype, const char* kernel, F&& f) {
+  switch (dtype) {
+    case DType::kF16: f(__half{}); return;
+    case DType::kBF16: f(__nv_bfloat16{}); return;
+    default: RA_FAIL(kernel, " has no instance for dtype ", dtype_name(dtype), " (it takes f16 or bf16)");
+  }
+}
+
+// f(std::integral_constant<int, D>{}) for the D in kDims equal to head_dim.
+template <int... kDims, typename F>
+void dispatch_head_dim(int64_t head_dim, const char* kernel, F&& f) {
+  const bool found = ((head_dim == kDims ? (f(std::integral_constant<int, kDims>{}), true) : false) || ...);
+  if (!found) {
+    const int dims[] = {kDims...};
+    std::string have;
+    for (int d : dims) have += (have.empty() ? "" : ", ") + std::to_string(d);
+    RA_FAIL(kernel, " has no instance for head_dim ", head_dim, " (it has ", have, ")");
+  }
+}
+
+// f(std::bool_constant<flag>{}).
+template <typename F>
+void dispatch_bool(bool flag, F&& f) {
+  if (flag) f(std::true_type{});
+  else f(std::false_type{});
+}
+
+}  // namespace ra
