@@ -1,12 +1,14 @@
 // AttentionImpl: one attention implementation on one backend, as in the seeds. Every implementation
 // folds a query block against one K/V block into the f32 carry (`accumulate`), which is what lets
-// `ring` call any local kernel once per step; `forward` is the single-call convenience on top.
+// `ring` call any local kernel once per step; `forward` is the single-call convenience on top. The
+// backward mirrors it: `accumulate_backward` per K/V block, `backward` for a single call.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "attention/backward.h"
 #include "attention/carry.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
@@ -42,6 +44,17 @@ class AttentionImpl {
   // device the result is ready once cuda_stream() has reached this point).
   AttentionOutput forward(const AttentionInputs& in, const AttentionParams& params) const;
   AttentionOutput forward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos) const;
+
+  // The backward of `accumulate` (attention/backward.h): dq, dk, dv (and dbias) of this K/V block added
+  // into f32 accumulators the caller holds. Validated inputs. Implementations without a backward throw.
+  virtual bool has_backward() const { return false; }
+  virtual void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                                   const BackwardInputs& grad, const GradViews& acc) const;
+
+  // Validates, runs the forward unless its output is given, computes delta, one accumulate_backward and
+  // returns the gradients in q's dtype (f32 with f32_gradients) and dbias / dsinks in f32.
+  Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TensorView& d_o,
+                     const AttentionOutput* forward_output = nullptr, bool f32_gradients = false) const;
 };
 
 // The effective softmax scale: params' value, or 1/sqrt(head_dim) when it is 0.

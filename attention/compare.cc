@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention/tolerance.h"
+
 namespace ra {
 
 Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
@@ -26,6 +28,24 @@ Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOu
     const double e = std::fabs(x - r);
     c.max_lse_error = std::max(c.max_lse_error, e);
     if (!(e <= lse_tolerance)) ++c.wrong;
+  }
+  return c;
+}
+
+GradientComparison compare_gradient(const TensorView& got, const std::vector<double>& ref, DType rounded_operands) {
+  GradientComparison c;
+  for (double r : ref) c.max_abs_reference = std::max(c.max_abs_reference, std::fabs(r));
+  c.tolerance = gradient_tolerance(got.dtype(), c.max_abs_reference, rounded_operands);
+  if (got.numel() != int64_t(ref.size())) {
+    c.wrong = std::max<int64_t>(1, int64_t(ref.size()));
+    return c;
+  }
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double x = load_as_f32(got.data(), got.dtype(), size_t(i));
+    if (!std::isfinite(x)) ++c.nan;
+    const double e = std::fabs(x - ref[size_t(i)]);
+    c.max_abs_error = std::max(c.max_abs_error, std::isnan(e) ? INFINITY : e);
+    if (!(e <= c.tolerance)) ++c.wrong;
   }
   return c;
 }

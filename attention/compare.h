@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "attention/cpu/sdpa_cpu.h"
 #include "runtime/tensor.h"
@@ -18,5 +19,14 @@ struct Comparison {
 // o (any float dtype) and lse (f32) are contiguous host tensors in the reference's element order.
 Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOutput& ref, double tolerance,
                    double lse_tolerance);
+
+// A gradient (contiguous host tensor, any float dtype) against the f64 reference's, with the tolerance
+// of attention/tolerance.h for its dtype (rounded_operands: the dtype a kernel rounds P / dS to).
+struct GradientComparison {
+  double max_abs_error = 0, max_abs_reference = 0, tolerance = 0;
+  int64_t wrong = 0, nan = 0;
+};
+GradientComparison compare_gradient(const TensorView& got, const std::vector<double>& ref,
+                                    DType rounded_operands = DType::kF32);
 
 }  // namespace ra

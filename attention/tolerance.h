@@ -11,6 +11,14 @@ namespace ra {
 inline double output_tolerance(DType dtype, double max_abs_v) {
   return (2.0 * dtype_unit_roundoff(dtype) + 2e-5) * std::max(1.0, max_abs_v);
 }
+// Gradients against the f64 reference, scaled by the largest reference gradient of the tensor: the
+// stored gradient's rounding (2u of its dtype) plus f32 accumulation over the keys (or queries) and,
+// where a kernel rounds P and dS to the input dtype before its matrix products (the GPU kernels), 8u
+// of that dtype.
+inline double gradient_tolerance(DType stored, double max_abs_reference, DType rounded_operands = DType::kF32) {
+  const double rounding = rounded_operands == DType::kF32 ? 0.0 : 8.0 * dtype_unit_roundoff(rounded_operands);
+  return (2.0 * dtype_unit_roundoff(stored) + rounding + 1e-4) * std::max(1e-3, max_abs_reference);
+}
 inline constexpr double kLseTolerance = 1e-4;  // natural-log units; f32 logits summed over <= 1M keys
 
 }  // namespace ra

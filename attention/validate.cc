@@ -3,7 +3,10 @@
 
 #include <cmath>
 #include <sstream>
+#include <string_view>
+#include <utility>
 
+#include "attention/backward.h"
 #include "runtime/error.h"
 
 namespace ra {
@@ -25,6 +28,8 @@ void check_dim(const TensorView& t, const char* name, int dim, const char* dim_n
            expected, " ", what, " (shape ", t.shape().str(), ")");
 }
 
+}  // namespace
+
 Tensor f32_copy(const TensorView& t) {
   Tensor out(DType::kF32, t.shape());
   float* dst = out.data<float>();
@@ -40,8 +45,6 @@ Tensor f32_copy(const TensorView& t) {
       }
   return out;
 }
-
-}  // namespace
 
 void validate_attention(const AttentionInputs& in, const AttentionParams& p, const TokenPositions& pos,
                         int64_t max_head_dim) {
@@ -105,6 +108,39 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
   RA_CHECK(p.dropout_prob >= 0.0f && p.dropout_prob < 1.0f, "dropout_prob is ", p.dropout_prob,
            ", expected 0 <= p < 1");
   RA_CHECK(p.block_q >= 1 && p.block_k >= 1, "block sizes (", p.block_q, ", ", p.block_k, ") must be >= 1");
+}
+
+void validate_backward(const AttentionInputs& in, const TensorView& o, const BackwardInputs& grad, bool need_lse) {
+  const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
+  RA_CHECK(grad.d_o.defined(), "do (the gradient of o) is required for the backward pass, expected (", B, ", ", T,
+           ", ", Hq, ", ", Dv, ")");
+  check_rank(grad.d_o, "do", 4, "(batch, q_len, q_heads, v_head_dim)");
+  check_dim(grad.d_o, "do", 0, "batch", B, "(q's batch)");
+  check_dim(grad.d_o, "do", 1, "q_len", T, "(q's q_len)");
+  check_dim(grad.d_o, "do", 2, "q_heads", Hq, "(q's q_heads)");
+  check_dim(grad.d_o, "do", 3, "v_head_dim", Dv, "(v's v_head_dim)");
+  RA_CHECK(grad.d_o.dtype() == in.q.dtype() || grad.d_o.dtype() == DType::kF32, "do has dtype ",
+           dtype_name(grad.d_o.dtype()), ", expected q's ", dtype_name(in.q.dtype()), " or f32");
+  RA_CHECK(grad.d_o.memory() == in.q.memory(), "do must be in q's memory (host or device)");
+  for (auto [t, name] : {std::pair{&grad.lse, "lse"}, std::pair{&grad.delta, "delta"}}) {
+    const bool is_lse = std::string_view(name) == "lse";
+    if (!t->defined() && (!is_lse || !need_lse)) continue;  // delta: computed from o and do
+    RA_CHECK(t->defined(), "lse (the forward's log-sum-exp) is required for the backward pass, expected f32 (", B,
+             ", ", Hq, ", ", T, ")");
+    RA_CHECK(t->dtype() == DType::kF32 && t->rank() == 3 && t->is_contiguous(), name, " has shape ",
+             t->shape().str(), " and dtype ", dtype_name(t->dtype()), ", expected contiguous f32 (", B, ", ", Hq, ", ",
+             T, ")");
+    check_dim(*t, name, 0, "batch", B, "(q's batch)");
+    check_dim(*t, name, 1, "q_heads", Hq, "(q's q_heads)");
+    check_dim(*t, name, 2, "q_len", T, "(q's q_len)");
+    RA_CHECK(t->memory() == in.q.memory(), name, " must be in q's memory (host or device)");
+  }
+  if (o.defined()) {
+    check_rank(o, "o", 4, "(batch, q_len, q_heads, v_head_dim)");
+    for (int d = 0; d < 4; ++d)
+      RA_CHECK(o.dim(d) == grad.d_o.dim(d), "o dimension ", d, " is ", o.dim(d), ", expected do's ", grad.d_o.dim(d),
+               " (o ", o.shape().str(), ", do ", grad.d_o.shape().str(), ")");
+  }
 }
 
 F32Inputs as_f32_inputs(const AttentionInputs& in, const TokenPositions& pos) {

@@ -19,6 +19,11 @@ class SdpaCpu final : public AttentionImpl {
                   Carry& carry) const override {
     sdpa_accumulate_cpu(in, pos, params, carry);
   }
+  bool has_backward() const override { return true; }
+  void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                           const BackwardInputs& grad, const GradViews& acc) const override {
+    sdpa_accumulate_backward_cpu(in, pos, params, grad, acc);
+  }
 
  private:
   Backend backend_;

@@ -1,5 +1,6 @@
 // The CPU `sdpa`: scores materialised row by row, softmax, weighted sum. In f32 it folds into the
-// carry like every implementation; in f64 it is the test oracle (reference_attention_f64).
+// carry like every implementation; in f64 it is the test oracle (reference_attention_f64), forward and
+// backward.
 #pragma once
 
 #include <vector>
@@ -18,5 +19,19 @@ struct ReferenceOutput {
 // All arithmetic in f64, sinks included; inputs are read as given (f16 / bf16 values are exact in f64).
 ReferenceOutput reference_attention_f64(const AttentionInputs& in, const AttentionParams& params,
                                         const TokenPositions& pos);
+
+// The backward (attention/backward.h), materialised row by row in f32.
+void sdpa_accumulate_backward_cpu(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                                  const BackwardInputs& grad, const GradViews& acc);
+
+// The oracle's gradients of loss = sum(dO * O), all in f64 from the f64 forward (its O and LSE in `forward`).
+struct ReferenceGradients {
+  ReferenceOutput forward;
+  std::vector<double> dq, dk, dv;  // shaped as q, k, v (contiguous)
+  std::vector<double> dbias;       // the bias's shape; empty without a bias
+  std::vector<double> dsinks;      // (Hq); empty without sinks
+};
+ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in, const AttentionParams& params,
+                                                    const TokenPositions& pos, const TensorView& d_o);
 
 }  // namespace ra

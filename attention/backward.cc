@@ -1,0 +1,120 @@
+// The backward's per-call pieces on the host (delta, the sinks' gradient, the accumulators) and
+// AttentionImpl::backward, the single-call convenience.
+#include "attention/backward.h"
+
+#include <cmath>
+#include <utility>
+
+#include "attention/attention_impl.h"
+#include "attention/validate.h"
+#include "runtime/error.h"
+#include "runtime/memory.h"
+
+#if RA_HAVE_CUDA
+#include "attention/cuda/backward_cuda.h"
+#endif
+
+namespace ra {
+
+GradAccumulators GradAccumulators::zeros(const AttentionInputs& in, MemoryKind memory) {
+  GradAccumulators acc;
+  acc.dq = Tensor(DType::kF32, in.q.shape(), memory);
+  acc.dk = Tensor(DType::kF32, in.k.shape(), memory);
+  acc.dv = Tensor(DType::kF32, in.v.shape(), memory);
+  if (in.bias.defined()) acc.dbias = Tensor(DType::kF32, in.bias.shape(), memory);
+  return acc;
+}
+
+Tensor compute_delta(const TensorView& o, const TensorView& d_o, void* cuda_stream) {
+  const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3);
+  Tensor delta(DType::kF32, {B, H, T}, o.memory());
+  if (o.memory() == MemoryKind::kCuda) {
+#if RA_HAVE_CUDA
+    compute_delta_cuda(o, d_o, delta, static_cast<cudaStream_t>(cuda_stream));
+#endif
+    return delta;
+  }
+  const Tensor o32 = f32_copy(o), do32 = f32_copy(d_o);
+  const float *po = o32.data<float>(), *pd = do32.data<float>();
+  float* out = delta.data<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t row = ((b * T + t) * H + h) * Dv;
+        float sum = 0;
+        for (int64_t d = 0; d < Dv; ++d) sum += po[row + d] * pd[row + d];
+        out[(b * H + h) * T + t] = sum;
+      }
+  return delta;
+}
+
+Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const TensorView& delta, void* cuda_stream) {
+  const int64_t B = lse.dim(0), H = lse.dim(1), T = lse.dim(2);
+  Tensor dsinks(DType::kF32, {H}, lse.memory());
+  if (lse.memory() == MemoryKind::kCuda) {
+#if RA_HAVE_CUDA
+    sinks_gradient_cuda(sinks, lse, delta, dsinks, static_cast<cudaStream_t>(cuda_stream));
+#endif
+    return dsinks;
+  }
+  const float *l = lse.data_as<float>(), *dl = delta.data_as<float>();
+  for (int64_t h = 0; h < H; ++h) {
+    const float sink = sinks.data_as<float>()[h * sinks.stride(0)];
+    double sum = 0;  // B * T terms: summed in f64, stored in f32
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t r = (b * H + h) * T + t;
+        if (l[r] != -INFINITY) sum -= std::exp(double(sink) - double(l[r])) * double(dl[r]);
+      }
+    dsinks.data<float>()[h] = float(sum);
+  }
+  return dsinks;
+}
+
+namespace {
+
+// A gradient in `dtype` from its f32 accumulator (the accumulator itself for f32).
+Tensor in_dtype(Tensor acc, DType dtype, void* cuda_stream) {
+  if (dtype == DType::kF32 || !acc.defined()) return acc;
+  Tensor out(dtype, acc.shape(), acc.view().memory());
+  if (acc.view().memory() == MemoryKind::kCuda) {
+#if RA_HAVE_CUDA
+    convert_f32_cuda(acc, out, static_cast<cudaStream_t>(cuda_stream));
+#endif
+    return out;
+  }
+  convert_from_f32(acc.data<float>(), out.data<void>(), dtype, size_t(acc.numel()));
+  return out;
+}
+
+}  // namespace
+
+void AttentionImpl::accumulate_backward(const AttentionInputs&, const TokenPositions&, const AttentionParams&,
+                                        const BackwardInputs&, const GradViews&) const {
+  RA_FAIL("attention implementation '", name(), "' on ", backend_name(backend()), " has no backward pass");
+}
+
+Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TensorView& d_o,
+                                  const AttentionOutput* forward_output, bool f32_gradients) const {
+  const TokenPositions pos = TokenPositions::dense(in.q.dim(1), in.k.dim(1));
+  validate_attention(in, params, pos, max_head_dim());
+  validate_backward(in, TensorView(), BackwardInputs{TensorView(), d_o, TensorView()}, /*need_lse=*/false);
+  AttentionOutput own;
+  if (forward_output == nullptr) own = forward(in, params, pos);
+  const TensorView o = forward_output != nullptr ? forward_output->o.view() : own.o.view();
+  const TensorView lse = forward_output != nullptr ? forward_output->lse.view() : own.lse.view();
+  BackwardInputs grad{lse, d_o, TensorView()};
+  validate_backward(in, o, grad);
+  void* stream = cuda_stream();
+  const Tensor delta = compute_delta(o, d_o, stream);
+  grad.delta = delta;
+  GradAccumulators acc = GradAccumulators::zeros(in, in.q.memory());
+  accumulate_backward(in, pos, params, grad, acc.views());
+  const DType dtype = f32_gradients ? DType::kF32 : in.q.dtype();
+  Gradients g{in_dtype(std::move(acc.dq), dtype, stream), in_dtype(std::move(acc.dk), dtype, stream),
+              in_dtype(std::move(acc.dv), dtype, stream), std::move(acc.dbias), Tensor()};
+  if (in.sinks.defined()) g.dsinks = sinks_gradient(in.sinks, lse, delta, stream);
+  return g;
+}
+
+}  // namespace ra

@@ -1,0 +1,56 @@
+// The backward pass's contract, the mirror of `accumulate`. For the query rows of a call (or of a ring
+// rank) and one K/V block:
+//   dQ (B, T, Hq, D)   += this block's part, into an f32 accumulator the caller holds;
+//   dK (B, S, Hkv, D)  += this block's dK, f32 (summed over the query heads of a GQA group);
+//   dV (B, S, Hkv, Dv) += this block's dV, f32;
+//   dBias               += this block's columns, f32, reduced to the bias's broadcast shape.
+// The probabilities are recomputed from the forward's final LSE (never stored T x S); delta =
+// rowsum(dO * O) is computed once per call (FlashAttention's preprocess) and reused for every block.
+// The sinks' gradient needs only LSE and delta: sinks_gradient, once per call.
+#pragma once
+
+#include "attention/inputs.h"
+#include "runtime/tensor.h"
+
+namespace ra {
+
+struct BackwardInputs {
+  TensorView lse;    // (B, Hq, T) f32: the forward's final LSE of these rows, natural log (-inf: no key seen)
+  TensorView d_o;    // (B, T, Hq, Dv): the loss's gradient with respect to O, q's dtype or f32
+  TensorView delta;  // (B, Hq, T) f32: rowsum(dO * O), from compute_delta
+};
+
+// Where accumulate_backward adds: contiguous f32 views shaped as q (dq), k (dk), v (dv) and the bias
+// (dbias, undefined without a bias). The caller owns them: the ring carries dk / dv between ranks.
+struct GradViews {
+  TensorView dq, dk, dv, dbias;
+};
+
+// Owned f32 accumulators, zeroed, in `memory`, for the inputs `in`.
+struct GradAccumulators {
+  Tensor dq, dk, dv, dbias;
+  static GradAccumulators zeros(const AttentionInputs& in, MemoryKind memory);
+  GradViews views() const { return {dq.view(), dk.view(), dv.view(), dbias.view()}; }
+};
+
+// What backward() returns: dq, dk, dv in the input dtype (f32 on request), dbias and dsinks in f32
+// (undefined when there is no bias / no sinks).
+struct Gradients {
+  Tensor dq, dk, dv, dbias, dsinks;
+};
+
+// delta (B, Hq, T) f32 = sum over Dv of dO * O, row by row (f32 products and sums). On the device when
+// o is (then on `cuda_stream`).
+Tensor compute_delta(const TensorView& o, const TensorView& d_o, void* cuda_stream = nullptr);
+
+// dsinks (Hq) f32 = -sum over (b, t) of exp(sink_h - lse) * delta: a sink is one more logit whose value
+// row is zero, so its dS is P_sink * (0 - delta). Rows with lse = -inf contribute nothing.
+Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
+                      void* cuda_stream = nullptr);
+
+// Checks dO, LSE (when need_lse), delta and O (when given) against validated inputs, naming the tensor and
+// the dimension.
+void validate_backward(const AttentionInputs& in, const TensorView& o, const BackwardInputs& grad,
+                       bool need_lse = true);
+
+}  // namespace ra

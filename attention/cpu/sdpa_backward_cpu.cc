@@ -1,0 +1,151 @@
+// CPU scaled-dot-product attention backward, one template over the accumulation type (float for the
+// implementation, double for the oracle), as the forward. Each row's probabilities are recomputed from
+// its final LSE, so no T x S matrix is kept. Parallel over (batch, K/V head): a thread owns the dK / dV
+// rows of its head and the dQ rows of the query heads of its group; dBias, which a broadcast bias shares
+// across threads, is added atomically.
+#include <cmath>
+#include <vector>
+
+#include "attention/cpu/sdpa_cpu.h"
+#include "attention/online_softmax.h"
+#include "attention/pair_logit.h"
+#include "attention/validate.h"
+
+namespace ra {
+namespace {
+
+template <typename Acc>
+struct BackwardBuffers {
+  const float* d_o;   // (B, T, Hq, Dv) contiguous
+  const Acc* lse;     // (B, Hq, T)
+  const Acc* delta;   // (B, Hq, T)
+  Acc *dq, *dk, *dv;  // contiguous, shaped as q, k, v
+  Acc* dbias;         // nullptr without a bias; else indexed with dbias_strides over (B, Hq, T, S_total)
+  std::array<int64_t, kMaxRank> dbias_strides{};
+};
+
+template <typename Acc>
+void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionParams& p,
+                        const BackwardBuffers<Acc>& buf) {
+  const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
+  const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3), group = Hq / Hkv;
+  const Acc scale = effective_scale(p, D), cap = p.logits_soft_cap;
+  const Acc keep_scale = Acc(1) / (Acc(1) - Acc(p.dropout_prob));
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kh = 0; kh < Hkv; ++kh) {
+      std::vector<Acc> dq_row(static_cast<size_t>(D));
+      for (int64_t h = kh * group; h < (kh + 1) * group; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t r = (b * Hq + h) * T + t;
+          const Acc lse = buf.lse[r], delta = buf.delta[r];
+          if (lse == -INFINITY) continue;  // the row saw nothing: no gradient flows through it
+          const float* q = in.q.data_as<float>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
+          const float* d_o = buf.d_o + ((b * T + t) * Hq + h) * Dv;
+          std::fill(dq_row.begin(), dq_row.end(), Acc(0));
+          for (int64_t j = 0; j < S; ++j) {
+            const Acc s = pair_logit<Acc>(in, pos, p, scale, q, b, h, kh, t, j);
+            if (s == -INFINITY) continue;
+            const int64_t kpos = pos.k[size_t(j)];
+            const Acc prob = std::exp(s - lse);
+            const Acc weight = dropout_weight(p, keep_scale, Acc(1), b, h, pos.q[size_t(t)], kpos);
+            const float* v = in.v.data_as<float>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
+            Acc* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
+            Acc dp = 0;
+            for (int64_t d = 0; d < Dv; ++d) {
+              dp += Acc(d_o[d]) * Acc(v[d]);
+              dv[d] += prob * weight * Acc(d_o[d]);
+            }
+            const Acc ds = prob * (dp * weight - delta);  // d loss / d logit
+            const int64_t bias_at = b * buf.dbias_strides[0] + h * buf.dbias_strides[1] + t * buf.dbias_strides[2] +
+                                    kpos * buf.dbias_strides[3];
+            if (buf.dbias != nullptr) {
+#pragma omp atomic
+              buf.dbias[bias_at] += ds;
+            }
+            Acc dx = ds * scale;  // through the soft cap: d(cap tanh(x / cap)) / dx = 1 - tanh^2
+            if (cap > 0) {
+              const Acc capped = in.bias.defined() ? s - Acc(in.bias.data_as<float>()[b * in.bias.stride(0) +
+                                                                                     h * in.bias.stride(1) +
+                                                                                     t * in.bias.stride(2) +
+                                                                                     kpos * in.bias.stride(3)])
+                                                   : s;
+              const Acc th = capped / cap;
+              dx *= Acc(1) - th * th;
+            }
+            const float* k = in.k.data_as<float>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
+            Acc* dk = buf.dk + ((b * S + j) * Hkv + kh) * D;
+            for (int64_t d = 0; d < D; ++d) {
+              dq_row[size_t(d)] += dx * Acc(k[d]);
+              dk[d] += dx * Acc(q[d]);
+            }
+          }
+          Acc* dq = buf.dq + ((b * T + t) * Hq + h) * D;
+          for (int64_t d = 0; d < D; ++d) dq[d] += dq_row[size_t(d)];
+        }
+    }
+}
+
+std::array<int64_t, kMaxRank> bias_strides(const AttentionInputs& in, const TokenPositions& pos) {
+  const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
+  static float any;
+  return broadcast_to(TensorView(&any, DType::kF32, in.bias.shape()), full, "bias").strides();
+}
+
+}  // namespace
+
+void sdpa_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPositions& pos, const AttentionParams& p,
+                                  const BackwardInputs& grad, const GradViews& acc) {
+  const F32Inputs in = as_f32_inputs(in_raw, pos);
+  const Tensor d_o = f32_copy(grad.d_o);
+  BackwardBuffers<float> buf{d_o.data<float>(),     grad.lse.data_as<float>(), grad.delta.data_as<float>(),
+                             acc.dq.data_as<float>(), acc.dk.data_as<float>(),  acc.dv.data_as<float>(),
+                             acc.dbias.data_as<float>()};
+  if (in_raw.bias.defined()) buf.dbias_strides = bias_strides(in_raw, pos);
+  sdpa_backward_rows<float>(in, pos, p, buf);
+}
+
+ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_raw, const AttentionParams& p,
+                                                    const TokenPositions& pos, const TensorView& d_o_raw) {
+  const F32Inputs in = as_f32_inputs(in_raw, pos);
+  const Tensor d_o = f32_copy(d_o_raw);
+  const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
+  const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3);
+  ReferenceGradients g;
+  g.forward = reference_attention_f64(in_raw, p, pos);
+  std::vector<double> delta(size_t(B * Hq * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t row = ((b * T + t) * Hq + h) * Dv;
+        double sum = 0;
+        for (int64_t d = 0; d < Dv; ++d) sum += g.forward.o[size_t(row + d)] * double(d_o.data<float>()[row + d]);
+        delta[size_t((b * Hq + h) * T + t)] = sum;
+      }
+  g.dq.assign(size_t(B * T * Hq * D), 0.0);
+  g.dk.assign(size_t(B * S * Hkv * D), 0.0);
+  g.dv.assign(size_t(B * S * Hkv * Dv), 0.0);
+  BackwardBuffers<double> buf{d_o.data<float>(), g.forward.lse.data(), delta.data(), g.dq.data(), g.dk.data(),
+                              g.dv.data(),       nullptr};
+  if (in_raw.bias.defined()) {
+    g.dbias.assign(size_t(in_raw.bias.numel()), 0.0);
+    buf.dbias = g.dbias.data();
+    buf.dbias_strides = bias_strides(in_raw, pos);
+  }
+  sdpa_backward_rows<double>(in, pos, p, buf);
+  if (in.sinks.defined()) {
+    g.dsinks.assign(size_t(Hq), 0.0);
+    for (int64_t h = 0; h < Hq; ++h) {
+      const double sink = in.sinks.data_as<float>()[h * in.sinks.stride(0)];
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t r = (b * Hq + h) * T + t;
+          const double lse = g.forward.lse[size_t(r)];
+          if (lse != -INFINITY) g.dsinks[size_t(h)] -= std::exp(sink - lse) * delta[size_t(r)];
+        }
+    }
+  }
+  return g;
+}
+
+}  // namespace ra
