@@ -51,8 +51,9 @@ class AttentionImpl {
   virtual void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                    const BackwardInputs& grad, const GradViews& acc) const;
 
-  // Validates, runs the forward unless its output is given, computes delta, one accumulate_backward and
-  // returns the gradients in q's dtype (f32 with f32_gradients) and dbias / dsinks in f32.
+  // Validates, runs the forward unless its output is given (then keeping O in f32 for delta), computes
+  // delta, one accumulate_backward and returns the gradients in q's dtype (f32 with f32_gradients) and
+  // dbias / dsinks in f32.
   Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TensorView& d_o,
                      const AttentionOutput* forward_output = nullptr, bool f32_gradients = false) const;
 };

@@ -100,7 +100,16 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   validate_attention(in, params, pos, max_head_dim());
   validate_backward(in, TensorView(), BackwardInputs{TensorView(), d_o, TensorView()}, /*need_lse=*/false);
   AttentionOutput own;
-  if (forward_output == nullptr) own = forward(in, params, pos);
+  if (forward_output == nullptr) {
+    // Our own forward keeps O in f32 for delta: an O rounded to bf16 would put its rounding into every
+    // dS (visible in dbias and dsinks, which sum dS over rows).
+    const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
+    const MemoryKind memory = in.q.memory();
+    Carry carry = Carry::empty(B, Hq, T, Dv, memory);
+    accumulate(in, pos, params, carry);
+    own = AttentionOutput{Tensor(DType::kF32, {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
+    finalize(carry, in.sinks, own.o, own.lse, cuda_stream());
+  }
   const TensorView o = forward_output != nullptr ? forward_output->o.view() : own.o.view();
   const TensorView lse = forward_output != nullptr ? forward_output->lse.view() : own.lse.view();
   BackwardInputs grad{lse, d_o, TensorView()};

@@ -137,6 +137,8 @@ void validate_backward(const AttentionInputs& in, const TensorView& o, const Bac
   }
   if (o.defined()) {
     check_rank(o, "o", 4, "(batch, q_len, q_heads, v_head_dim)");
+    RA_CHECK(o.dtype() == in.q.dtype() || o.dtype() == DType::kF32, "o has dtype ", dtype_name(o.dtype()),
+             ", expected q's ", dtype_name(in.q.dtype()), " or f32");
     for (int d = 0; d < 4; ++d)
       RA_CHECK(o.dim(d) == grad.d_o.dim(d), "o dimension ", d, " is ", o.dim(d), ", expected do's ", grad.d_o.dim(d),
                " (o ", o.shape().str(), ", do ", grad.d_o.shape().str(), ")");

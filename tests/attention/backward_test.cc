@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "attention/online_softmax.h"
 #include "attention/registry.h"
@@ -132,6 +133,227 @@ TEST_P(OracleGradients, MatchFiniteDifferencesOfAnIndependentDenseAttention) {
 
 INSTANTIATE_TEST_SUITE_P(F64, OracleGradients, testing::ValuesIn(option_sets()),
                          [](const auto& info) { return info.param.name(); });
+
+}  // namespace
+}  // namespace ra::test
+
+namespace ra::test {
+namespace {
+
+struct GradCase {
+  std::string impl;
+  Backend backend;
+  ProblemSpec spec;
+};
+
+void PrintTo(const GradCase& c, std::ostream* os) { *os << c.impl << "/" << backend_name(c.backend); }
+
+std::string grad_case_name(const testing::TestParamInfo<GradCase>& info) {
+  const GradCase& c = info.param;
+  const ProblemSpec& s = c.spec;
+  return c.impl + "_" + std::string(backend_name(c.backend)) + "_" + std::string(dtype_name(s.dtype)) + "_" +
+         s.options.name() + "_T" + std::to_string(s.q_len) + "_S" + std::to_string(s.kv_len) + "_D" +
+         std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
+}
+
+// Odd lengths, S != T, T = 1, D in {32, 64, 80, 128}, Dv != D, GQA 1/2/4/8.
+std::vector<GradCase> cpu_grad_cases() {
+  struct Shape {
+    int64_t b, t, s, hq, hkv, d, dv;
+  };
+  const Shape shapes[] = {{2, 37, 37, 4, 4, 32, 32}, {1, 41, 67, 8, 4, 64, 64}, {1, 29, 50, 4, 1, 80, 48},
+                          {1, 33, 21, 8, 1, 128, 128}, {2, 1, 45, 8, 2, 64, 64}, {1, 50, 43, 8, 8, 128, 80}};
+  const std::pair<const char*, Backend> impls[] = {{"sdpa", Backend::kCpu},
+                                                   {"flash_attn2", Backend::kCpu},
+                                                   {"flash_attn2", Backend::kNative},
+                                                   {"blockwise", Backend::kCpu}};
+  std::vector<GradCase> cases;
+  uint64_t seed = 1;
+  for (auto [impl, backend] : impls)
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+      for (const Options& opt : option_sets()) {
+        const Shape& sh = shapes[seed % std::size(shapes)];
+        cases.push_back({impl, backend, ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.dv, dtype, opt, seed++}});
+      }
+  return cases;
+}
+
+Tensor random_d_o(const ProblemSpec& s, DType dtype) {
+  std::mt19937_64 rng(s.seed * 31 + 7);
+  return random_normal(dtype, {s.batch, s.q_len, s.q_heads, s.v_head_dim}, rng, 1.0f);
+}
+
+void expect_gradient(const TensorView& got, const std::vector<double>& want, const char* name,
+                     DType rounded_operands = DType::kF32) {
+  const GradientComparison c = compare_gradient(got, want, rounded_operands);
+  EXPECT_EQ(c.nan, 0) << name;
+  EXPECT_EQ(c.wrong, 0) << name << ": max |error| " << c.max_abs_error << " (tolerance " << c.tolerance
+                        << ", max |reference| " << c.max_abs_reference << ")";
+}
+
+class BackwardVsReference : public testing::TestWithParam<GradCase> {};
+
+TEST_P(BackwardVsReference, MatchesF64Gradients) {
+  const GradCase& c = GetParam();
+  Problem problem(c.spec);
+  if (c.impl == "blockwise") {  // uneven chunks exercise the scan
+    problem.params().block_q = 13;
+    problem.params().block_k = 17;
+  }
+  auto impl = AttentionRegistry::builtin().create(c.impl, c.backend);
+  ASSERT_TRUE(impl->has_backward()) << c.impl << " has no backward";
+  const AttentionInputs in = problem.inputs();
+  const Tensor d_o = random_d_o(c.spec, c.spec.dtype);
+  const Gradients g = impl->backward(in, problem.params(), d_o);
+  const ReferenceGradients ref =
+      reference_attention_backward_f64(in, problem.params(), TokenPositions::dense(c.spec.q_len, c.spec.kv_len), d_o);
+  EXPECT_EQ(g.dq.dtype(), c.spec.dtype);
+  expect_gradient(g.dq, ref.dq, "dq");
+  expect_gradient(g.dk, ref.dk, "dk");
+  expect_gradient(g.dv, ref.dv, "dv");
+  if (in.bias.defined()) expect_gradient(g.dbias, ref.dbias, "dbias");
+  if (in.sinks.defined()) expect_gradient(g.dsinks, ref.dsinks, "dsinks");
+  if (c.spec.options.mask) {  // Problem masks row T/2 of every batch entirely: its dq is exactly 0
+    const int64_t T = c.spec.q_len, H = c.spec.q_heads, D = c.spec.head_dim;
+    for (int64_t b = 0; b < c.spec.batch; ++b)
+      for (int64_t i = 0; i < H * D; ++i)
+        ASSERT_EQ(load_as_f32(g.dq.data<void>(), g.dq.dtype(), size_t((b * T + T / 2) * H * D + i)), 0.0f);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BackwardVsReference, testing::ValuesIn(cpu_grad_cases()), grad_case_name);
+
+// K/V cut into blocks of any sizes, accumulate_backward once per block (dq shared, dk / dv per block):
+// the same gradients as one call, up to f32 rounding.
+class BackwardBlocks : public testing::TestWithParam<std::string> {};
+
+TEST_P(BackwardBlocks, SplittingKeysIntoBlocksEqualsOneBlock) {
+  const Options all{true, true, true, true, true, true, true, true};
+  ProblemSpec spec{2, 23, 61, 4, 2, 32, 24, DType::kF32, all, 5};
+  Problem problem(spec);
+  auto impl = AttentionRegistry::builtin().create(GetParam(), Backend::kCpu);
+  const AttentionInputs in = problem.inputs();
+  const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+  const Tensor d_o = random_d_o(spec, DType::kF32);
+  const AttentionOutput out = impl->forward(in, problem.params());
+  const Gradients whole = impl->backward(in, problem.params(), d_o, &out, true);
+  const Tensor delta = compute_delta(out.o, d_o);
+  const BackwardInputs grad{out.lse, d_o, delta};
+  GradAccumulators total = GradAccumulators::zeros(in, MemoryKind::kHost);
+  const int64_t cuts[] = {0, 1, 14, 15, 40, 61};
+  for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
+    const int64_t lo = cuts[i], len = cuts[i + 1] - cuts[i];
+    AttentionInputs block = in;
+    block.k = narrow(in.k, 1, lo, len);
+    block.v = narrow(in.v, 1, lo, len);
+    block.kv_segment_ids = narrow(in.kv_segment_ids, 1, lo, len);
+    TokenPositions block_pos = pos;
+    block_pos.k.assign(pos.k.begin() + lo, pos.k.begin() + lo + len);
+    GradAccumulators part = GradAccumulators::zeros(block, MemoryKind::kHost);
+    impl->accumulate_backward(block, block_pos, problem.params(), grad,
+                              GradViews{total.dq, part.dk, part.dv, total.dbias});
+    for (int64_t b = 0; b < spec.batch; ++b)
+      for (auto [from, into, width] : {std::tuple{&part.dk, &total.dk, spec.kv_heads * spec.head_dim},
+                                       std::tuple{&part.dv, &total.dv, spec.kv_heads * spec.v_head_dim}})
+        std::copy_n(from->data<float>() + b * len * width, len * width,
+                    into->data<float>() + (b * spec.kv_len + lo) * width);
+  }
+  for (auto [got, want, name] : {std::tuple{&total.dq, &whole.dq, "dq"}, std::tuple{&total.dk, &whole.dk, "dk"},
+                                 std::tuple{&total.dv, &whole.dv, "dv"}, std::tuple{&total.dbias, &whole.dbias, "dbias"}}) {
+    double worst = 0, scale = 1e-3;
+    for (int64_t i = 0; i < want->numel(); ++i) scale = std::max(scale, double(std::fabs(want->data<float>()[i])));
+    for (int64_t i = 0; i < want->numel(); ++i)
+      worst = std::max(worst, double(std::fabs(got->data<float>()[i] - want->data<float>()[i])));
+    EXPECT_LT(worst, 1e-5 * scale) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BackwardBlocks, testing::Values("sdpa", "flash_attn2", "blockwise"));
+
+// Closed forms: dO = 0 gives zero gradients exactly; constant V rows make every dP equal delta, so
+// dQ = dK = 0 and dV = P^T dO.
+TEST(BackwardClosedForm, ZeroUpstreamGradientGivesZeroGradients) {
+  for (const char* name : {"sdpa", "flash_attn2", "blockwise"}) {
+    ProblemSpec spec{1, 19, 27, 4, 2, 32, 32, DType::kF32, Options{true, false, true, true, true}, 3};
+    Problem problem(spec);
+    const Tensor d_o(DType::kF32, {1, 19, 4, 32});
+    const Gradients g = AttentionRegistry::builtin().create(name, Backend::kCpu)->backward(problem.inputs(), problem.params(), d_o);
+    for (const Tensor* t : {&g.dq, &g.dk, &g.dv, &g.dbias, &g.dsinks})
+      for (int64_t i = 0; i < t->numel(); ++i) ASSERT_EQ(t->data<float>()[i], 0.0f) << name;
+  }
+}
+
+TEST(BackwardClosedForm, ConstantValuesGiveZeroDqDkAndDvIsPTransposeDo) {
+  for (const char* name : {"sdpa", "flash_attn2", "blockwise"}) {
+    const int64_t T = 21, S = 30, H = 2, D = 16, Dv = 8;
+    ProblemSpec spec{1, T, S, H, H, D, Dv, DType::kF32, Options{true}, 9};
+    Problem problem(spec);
+    for (int64_t j = 0; j < S * H; ++j)
+      for (int64_t d = 0; d < Dv; ++d) problem.v.data<float>()[j * Dv + d] = 0.25f * float(d + 1);
+    const Tensor d_o = random_d_o(spec, DType::kF32);
+    auto impl = AttentionRegistry::builtin().create(name, Backend::kCpu);
+    const AttentionOutput out = impl->forward(problem.inputs(), problem.params());
+    const Gradients g = impl->backward(problem.inputs(), problem.params(), d_o, &out);
+    double worst_qk = 0, worst_v = 0;
+    for (const Tensor* t : {&g.dq, &g.dk})
+      for (int64_t i = 0; i < t->numel(); ++i) worst_qk = std::max(worst_qk, double(std::fabs(t->data<float>()[i])));
+    const float scale = 1.0f / std::sqrt(float(D));
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < S; ++j)
+        for (int64_t d = 0; d < Dv; ++d) {
+          double want = 0;
+          for (int64_t t = 0; t < T; ++t) {
+            if (j > t + S - T) continue;  // causal
+            double x = 0;
+            for (int64_t e = 0; e < D; ++e)
+              x += double(problem.q.data<float>()[(t * H + h) * D + e]) * problem.k.data<float>()[(j * H + h) * D + e];
+            const double p = std::exp(x * scale - double(out.lse.data<float>()[h * T + t]));
+            want += p * d_o.data<float>()[(t * H + h) * Dv + d];
+          }
+          worst_v = std::max(worst_v, std::fabs(want - g.dv.data<float>()[(j * H + h) * Dv + d]));
+        }
+    EXPECT_LT(worst_qk, 1e-5) << name;
+    EXPECT_LT(worst_v, 1e-5) << name;
+  }
+}
+
+// Bad input is refused naming the tensor and dimension, before any work.
+TEST(BackwardValidation, RefusesWrongDoAndMissingLse) {
+  ProblemSpec spec{1, 9, 11, 4, 2, 32, 24, DType::kBF16, Options{}, 4};
+  Problem problem(spec);
+  auto impl = AttentionRegistry::builtin().create("sdpa", Backend::kCpu);
+  auto message = [&](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Tensor wrong_dim(DType::kBF16, {1, 9, 4, 32});
+  EXPECT_NE(message([&] { impl->backward(problem.inputs(), problem.params(), wrong_dim); })
+                .find("do dimension 3 (v_head_dim) is 32, expected 24"),
+            std::string::npos);
+  const Tensor wrong_len(DType::kBF16, {1, 8, 4, 24});
+  EXPECT_NE(message([&] { impl->backward(problem.inputs(), problem.params(), wrong_len); })
+                .find("do dimension 1 (q_len) is 8, expected 9"),
+            std::string::npos);
+  const Tensor wrong_dtype(DType::kF16, {1, 9, 4, 24});
+  EXPECT_NE(message([&] { impl->backward(problem.inputs(), problem.params(), wrong_dtype); })
+                .find("do has dtype f16, expected q's bf16 or f32"),
+            std::string::npos);
+  EXPECT_NE(message([&] { impl->backward(problem.inputs(), problem.params(), TensorView()); }).find("do (the gradient of o) is required"),
+            std::string::npos);
+  const Tensor d_o(DType::kBF16, {1, 9, 4, 24});
+  AttentionOutput no_lse{Tensor(DType::kBF16, {1, 9, 4, 24}), Tensor()};
+  EXPECT_NE(message([&] { impl->backward(problem.inputs(), problem.params(), d_o, &no_lse); })
+                .find("lse (the forward's log-sum-exp) is required"),
+            std::string::npos);
+  AttentionOutput short_lse{Tensor(DType::kBF16, {1, 9, 4, 24}), Tensor(DType::kF32, {1, 4, 8})};
+  EXPECT_NE(message([&] { impl->backward(problem.inputs(), problem.params(), d_o, &short_lse); })
+                .find("lse dimension 2 (q_len) is 8, expected 9"),
+            std::string::npos);
+}
 
 }  // namespace
 }  // namespace ra::test
