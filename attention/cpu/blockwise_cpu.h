@@ -9,6 +9,9 @@ namespace ra {
 
 void blockwise_accumulate_cpu(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                               Carry& carry);
+// The backward of the same scan: sdpa's backward per (query chunk, key chunk), chunk gradients summed.
+void blockwise_accumulate_backward_cpu(const AttentionInputs& in, const TokenPositions& pos,
+                                       const AttentionParams& params, const BackwardInputs& grad, const GradViews& acc);
 
 // The inputs restricted to query rows [q0, q0 + nq) and key rows [k0, k0 + nk), with their positions.
 // Bias and mask keep their global key columns.

@@ -35,9 +35,15 @@ class FlashCpu final : public AttentionImpl {
   std::string_view name() const override { return "flash_attn2"; }
   Backend backend() const override { return backend_; }
   int64_t max_head_dim() const override { return kFlashCpuMaxHeadDim; }
+  CpuIsa isa() const { return backend_ == Backend::kNative ? CpuIsa::kGeneric : best_cpu_isa(); }
   void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                   Carry& carry) const override {
-    flash_accumulate_cpu(in, pos, params, carry, backend_ == Backend::kNative ? CpuIsa::kGeneric : best_cpu_isa());
+    flash_accumulate_cpu(in, pos, params, carry, isa());
+  }
+  bool has_backward() const override { return true; }
+  void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                           const BackwardInputs& grad, const GradViews& acc) const override {
+    flash_accumulate_backward_cpu(in, pos, params, grad, acc, isa());
   }
 
  private:
@@ -52,6 +58,11 @@ class BlockwiseCpu final : public AttentionImpl {
   void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                   Carry& carry) const override {
     blockwise_accumulate_cpu(in, pos, params, carry);
+  }
+  bool has_backward() const override { return true; }
+  void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                           const BackwardInputs& grad, const GradViews& acc) const override {
+    blockwise_accumulate_backward_cpu(in, pos, params, grad, acc);
   }
 
  private:

@@ -22,9 +22,10 @@ const char* cpu_isa_name(CpuIsa isa) {
   }
 }
 
-void flash_accumulate_cpu(const AttentionInputs& in_raw, const TokenPositions& pos, const AttentionParams& params,
-                          Carry& carry, CpuIsa isa) {
-  F32Inputs in = as_f32_inputs(in_raw, pos);
+namespace {
+
+// The plain kernel parameters of f32 inputs (no carry).
+FlashCpuParams kernel_params(const F32Inputs& in, const TokenPositions& pos, const AttentionParams& params) {
   FlashCpuParams p{};
   p.q = in.q.data_as<float>();
   p.k = in.k.data_as<float>();
@@ -66,6 +67,15 @@ void flash_accumulate_cpu(const AttentionInputs& in_raw, const TokenPositions& p
   }
   p.dropout_prob = params.dropout_prob;
   p.dropout_seed = params.dropout_seed;
+  return p;
+}
+
+}  // namespace
+
+void flash_accumulate_cpu(const AttentionInputs& in_raw, const TokenPositions& pos, const AttentionParams& params,
+                          Carry& carry, CpuIsa isa) {
+  const F32Inputs in = as_f32_inputs(in_raw, pos);
+  FlashCpuParams p = kernel_params(in, pos, params);
   p.carry_num = carry.numerator.data<float>();
   p.carry_den = carry.denominator.data<float>();
   p.carry_max = carry.max.data<float>();
@@ -76,6 +86,30 @@ void flash_accumulate_cpu(const AttentionInputs& in_raw, const TokenPositions& p
     case CpuIsa::kAvx2: isa_avx2::flash_forward(p); return;
 #endif
     default: isa_generic::flash_forward(p); return;
+  }
+}
+
+void flash_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPositions& pos,
+                                   const AttentionParams& params, const BackwardInputs& grad, const GradViews& acc,
+                                   CpuIsa isa) {
+  const F32Inputs in = as_f32_inputs(in_raw, pos);
+  const Tensor d_o = f32_copy(grad.d_o);
+  FlashCpuBackwardParams g{kernel_params(in, pos, params), d_o.data<float>(), grad.lse.data_as<float>(),
+                           grad.delta.data_as<float>(), acc.dq.data_as<float>(), acc.dk.data_as<float>(),
+                           acc.dv.data_as<float>(), nullptr, {}};
+  if (in_raw.bias.defined()) {
+    const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
+    const TensorView dbias = broadcast_to(acc.dbias, full, "dbias");
+    g.dbias = dbias.data_as<float>();
+    for (int i = 0; i < 4; ++i) g.dbias_stride[i] = dbias.stride(i);
+  }
+  if (in.q.dim(1) == 0 || in.k.dim(1) == 0) return;
+  switch (isa) {
+#if defined(RA_HAVE_X86_ISAS)
+    case CpuIsa::kAvx512: isa_avx512::flash_backward(g); return;
+    case CpuIsa::kAvx2: isa_avx2::flash_backward(g); return;
+#endif
+    default: isa_generic::flash_backward(g); return;
   }
 }
 

@@ -1,6 +1,7 @@
 // The CPU `flash_attn2`: tiled online softmax over 64-row query and key blocks, f32 accumulation in
 // the carry, parallel over (batch, head, query block), vectorised for AVX-512, AVX2 or portable
 // SIMD, chosen at run time. Blocks that the causal mask, the window or segments empty are skipped.
+// The backward (flash_cpu_backward.inc) shares the tiles, the ISA variants and the skipping.
 #pragma once
 
 #include <cstdint>
@@ -41,13 +42,28 @@ struct FlashCpuParams {
   float* carry_max;  // (B, Hq, T)
 };
 
+// The backward's extra operands (attention/backward.h), contiguous f32; the carry fields unused.
+struct FlashCpuBackwardParams {
+  FlashCpuParams forward;
+  const float* d_o;    // (B, T, Hq, Dv)
+  const float* lse;    // (B, Hq, T)
+  const float* delta;  // (B, Hq, T)
+  float* dq;           // (B, T, Hq, D)   +=
+  float* dk;           // (B, S, Hkv, D)  +=
+  float* dv;           // (B, S, Hkv, Dv) +=
+  float* dbias;        // optional, indexed as the bias (broadcast strides)
+  int64_t dbias_stride[4];
+};
+
 inline constexpr int64_t kFlashCpuMaxHeadDim = 256;
 
 void flash_accumulate_cpu(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                           Carry& carry, CpuIsa isa);
+void flash_accumulate_backward_cpu(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                                   const BackwardInputs& grad, const GradViews& acc, CpuIsa isa);
 
-namespace isa_generic { void flash_forward(const FlashCpuParams& p); }
-namespace isa_avx2 { void flash_forward(const FlashCpuParams& p); }
-namespace isa_avx512 { void flash_forward(const FlashCpuParams& p); }
+namespace isa_generic { void flash_forward(const FlashCpuParams& p); void flash_backward(const FlashCpuBackwardParams& g); }
+namespace isa_avx2 { void flash_forward(const FlashCpuParams& p); void flash_backward(const FlashCpuBackwardParams& g); }
+namespace isa_avx512 { void flash_forward(const FlashCpuParams& p); void flash_backward(const FlashCpuBackwardParams& g); }
 
 }  // namespace ra

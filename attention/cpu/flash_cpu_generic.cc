@@ -4,3 +4,4 @@
 #define RA_TILE_ROWS 4
 #define RA_TILE_VECS 2
 #include "attention/cpu/flash_cpu_kernel.inc"
+#include "attention/cpu/flash_cpu_backward.inc"

@@ -86,10 +86,12 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
     }
 }
 
-std::array<int64_t, kMaxRank> bias_strides(const AttentionInputs& in, const TokenPositions& pos) {
+// dbias's strides over (B, Hq, T, S_total): 0 where the bias broadcasts; a strided view (a blockwise
+// chunk of a larger accumulator) keeps its own.
+std::array<int64_t, kMaxRank> dbias_strides(const TensorView& dbias, const AttentionInputs& in,
+                                            const TokenPositions& pos) {
   const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
-  static float any;
-  return broadcast_to(TensorView(&any, DType::kF32, in.bias.shape()), full, "bias").strides();
+  return broadcast_to(dbias, full, "dbias").strides();
 }
 
 }  // namespace
@@ -101,7 +103,7 @@ void sdpa_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPosi
   BackwardBuffers<float> buf{d_o.data<float>(),     grad.lse.data_as<float>(), grad.delta.data_as<float>(),
                              acc.dq.data_as<float>(), acc.dk.data_as<float>(),  acc.dv.data_as<float>(),
                              acc.dbias.data_as<float>()};
-  if (in_raw.bias.defined()) buf.dbias_strides = bias_strides(in_raw, pos);
+  if (in_raw.bias.defined()) buf.dbias_strides = dbias_strides(acc.dbias, in_raw, pos);
   sdpa_backward_rows<float>(in, pos, p, buf);
 }
 
@@ -130,7 +132,7 @@ ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_ra
   if (in_raw.bias.defined()) {
     g.dbias.assign(size_t(in_raw.bias.numel()), 0.0);
     buf.dbias = g.dbias.data();
-    buf.dbias_strides = bias_strides(in_raw, pos);
+    buf.dbias_strides = dbias_strides(TensorView(buf.dbias, DType::kF32, in_raw.bias.shape()), in_raw, pos);
   }
   sdpa_backward_rows<double>(in, pos, p, buf);
   if (in.sinks.defined()) {

@@ -9,6 +9,7 @@
 #include <random>
 #include <tuple>
 
+#include "attention/cpu/flash_cpu.h"
 #include "attention/online_softmax.h"
 #include "attention/registry.h"
 #include "runtime/error.h"
@@ -354,6 +355,34 @@ TEST(BackwardValidation, RefusesWrongDoAndMissingLse) {
                 .find("lse dimension 2 (q_len) is 8, expected 9"),
             std::string::npos);
 }
+
+// Each SIMD variant of the CPU flash backward on its own (the registry picks only the best one).
+class FlashBackwardIsa : public testing::TestWithParam<CpuIsa> {};
+
+TEST_P(FlashBackwardIsa, MatchesF64Gradients) {
+  const CpuIsa isa = GetParam();
+  if (isa == CpuIsa::kAvx512 && best_cpu_isa() != CpuIsa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+  if (isa == CpuIsa::kAvx2 && best_cpu_isa() == CpuIsa::kGeneric) GTEST_SKIP() << "no AVX2 here";
+  const ProblemSpec spec{2, 97, 130, 8, 2, 80, 72, DType::kF32, Options{true, true, true, true, true, true, true, true}, 11};
+  Problem problem(spec);
+  const AttentionInputs in = problem.inputs();
+  const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+  const Tensor d_o = random_d_o(spec, DType::kF32);
+  const ReferenceGradients ref = reference_attention_backward_f64(in, problem.params(), pos, d_o);
+  Tensor lse(DType::kF32, {2, 8, 97}), o(DType::kF32, {2, 97, 8, 72});
+  for (size_t i = 0; i < ref.forward.lse.size(); ++i) lse.data<float>()[i] = float(ref.forward.lse[i]);
+  for (size_t i = 0; i < ref.forward.o.size(); ++i) o.data<float>()[i] = float(ref.forward.o[i]);
+  const Tensor delta = compute_delta(o, d_o);
+  GradAccumulators acc = GradAccumulators::zeros(in, MemoryKind::kHost);
+  flash_accumulate_backward_cpu(in, pos, problem.params(), BackwardInputs{lse, d_o, delta}, acc.views(), isa);
+  expect_gradient(acc.dq, ref.dq, "dq");
+  expect_gradient(acc.dk, ref.dk, "dk");
+  expect_gradient(acc.dv, ref.dv, "dv");
+  expect_gradient(acc.dbias, ref.dbias, "dbias");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, FlashBackwardIsa, testing::Values(CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512),
+                         [](const auto& info) { return std::string(cpu_isa_name(info.param)); });
 
 }  // namespace
 }  // namespace ra::test
