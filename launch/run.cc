@@ -1,4 +1,5 @@
-// `ringattn run`: read this rank's slices, run the chosen implementation, write o and lse.
+// `ringattn run`: read this rank's slices, run the chosen implementation, write o and lse (and, with
+// --backward, dq, dk, dv and dbias from the input's dO).
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -112,7 +113,9 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   DatasetOptions datasets;
   std::string input, output;
-  bool overwrite = false, no_space_check = false, pageable = false, quiet = false;
+  bool overwrite = false, no_space_check = false, pageable = false, quiet = false, backward = false,
+       f32_gradients = false;
+  std::string do_dataset = "do";
   int64_t io_timeout_s = 600;
   po::options_description desc("ringattn run");
   desc.add_options()("help", "this text")
@@ -123,12 +126,18 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     ("pageable", po::bool_switch(&pageable), "with --backend cuda: stage inputs and outputs in pageable host memory "
      "instead of pinned (page-locked) buffers")
     ("quiet", po::bool_switch(&quiet), "no progress lines on stderr")
+    ("backward", po::bool_switch(&backward), "also compute dq, dk, dv (and dbias) from dO and write them beside o and "
+     "lse (one sequence shard: no ring yet)")
+    ("do-dataset", po::value(&do_dataset)->default_value(do_dataset), "with --backward: path of dO (B, T, Hq, Dv) in the input")
+    ("f32-gradients", po::bool_switch(&f32_gradients), "with --backward: write dq, dk, dv in f32 instead of the input dtype")
     ("io-timeout", po::value(&io_timeout_s)->default_value(600), "seconds reading, checking or writing may take before the job is aborted");
   add_dataset_options(desc, datasets);
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]", &datasets)) return kOk;
   const AttentionParams params = to_params(opts);
   positive(io_timeout_s, "io-timeout");
+  RA_CHECK(backward || (!f32_gradients && do_dataset == "do"), "--f32-gradients and --do-dataset apply to the "
+           "backward pass: add --backward");
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   const auto started = std::chrono::steady_clock::now();
@@ -147,6 +156,14 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   H5File file(input, H5File::Mode::kRead, job.world.comm());
   check_named_datasets(datasets, file);
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts), datasets.names);
+  if (backward) {  // every rank decides alike, before any exchange
+    RA_CHECK(job.sequence_axis().size() == 1, "--backward runs on one sequence shard for now: the mesh ",
+             job.shape.str(), " splits the sequence over ", job.sequence_axis().size(), " ranks (the ring's backward is "
+             "not built yet); use sp=1 (batch and heads may be sharded, e.g. --mesh dp=", job.world.size(), ")");
+    RA_CHECK(!file.has(plan.names.bias) || job.world.size() == 1, "--backward with a bias runs on one rank: dbias "
+             "of a bias shared by several ranks would need a reduction that is not built yet");
+    check_upstream_gradient(file, plan, do_dataset);
+  }
   // Before any allocation: the slices, and on GPUs the device's share, must fit.
   const std::vector<MemoryNeed> slices = local_input_bytes(plan, file);
   check_host_memory(slices, input, job.world.comm());
@@ -159,7 +176,13 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
 #endif
   if (!no_space_check) {
     const uint64_t rows = uint64_t(plan.batch) * uint64_t(plan.q_len) * uint64_t(plan.q_heads);
-    check_output_space(output, rows * (uint64_t(plan.v_head_dim) * dtype_size(plan.dtype) + 4) + (1u << 20));
+    uint64_t bytes = rows * (uint64_t(plan.v_head_dim) * dtype_size(plan.dtype) + 4) + (1u << 20);
+    if (backward) {  // dq, dk, dv in the input dtype or f32 (dbias: at most the bias's size again)
+      const uint64_t kv_rows = uint64_t(plan.batch) * uint64_t(plan.kv_len) * uint64_t(plan.kv_heads);
+      bytes += (rows * uint64_t(plan.head_dim) + kv_rows * uint64_t(plan.head_dim + plan.v_head_dim)) *
+               (f32_gradients ? 4 : dtype_size(plan.dtype));
+    }
+    check_output_space(output, bytes);
   }
   RingContext ctx;
   if (!quiet && rank == 0)
@@ -168,6 +191,15 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
       progress(line.c_str());
     };
   auto impl = make_impl(opts, job, plan.q_len, plan.kv_len, ctx);
+  // On one sequence shard the ring is its local implementation, whose backward runs here.
+  std::unique_ptr<AttentionImpl> local_for_ring;
+  if (backward && impl->name() == "ring") {
+    local_for_ring = AttentionRegistry::builtin().create(opts.local_impl, parse_backend(opts.backend));
+    local_for_ring->set_cuda_stream(job.stream());
+  }
+  const AttentionImpl& backward_impl = local_for_ring ? *local_for_ring : *impl;
+  RA_CHECK(!backward || backward_impl.has_backward(), "--backward: implementation '", backward_impl.name(), "' on ",
+           opts.backend, " has no backward pass");
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(plan.q_len, plan.kv_len);
   // Times of the slowest rank: [0] reading, [1] to the device, [2] the attention, [3] back to the host.
   double seconds[4] = {0, 0, 0, 0};
@@ -197,7 +229,24 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   seconds[2] = lap();
   if (job.on_device) out = AttentionOutput{to_memory(out.o, staging), to_memory(out.lse, staging)};
   seconds[3] = lap();
+  // The backward recomputes its own forward (keeping O in f32 for delta) and returns the gradients.
+  Gradients grads;
+  double backward_seconds = 0;
+  if (backward) {
+    progress("the backward pass");
+    const Tensor d_o = read_upstream_gradient(file, plan, do_dataset, staging);
+    const Tensor d_o_device = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();
+    lap();
+    grads = backward_impl.backward(job.on_device ? staged.inputs : in, params, job.on_device ? d_o_device.view() : d_o.view(),
+                           nullptr, f32_gradients);
+    job.synchronize();
+    backward_seconds = lap();
+    if (job.on_device)
+      for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv, &grads.dbias})
+        if (t->defined()) *t = to_memory(*t, staging);
+  }
   job.world.all_reduce(seconds, 4, ReduceOp::kMax);
+  job.world.all_reduce(&backward_seconds, 1, ReduceOp::kMax);
 
   watchdog.phase("checking and writing the outputs", std::chrono::seconds(io_timeout_s));
   progress("checking and writing the outputs");
@@ -207,7 +256,9 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", params.describe()},
       {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
-  write_outputs(output, plan, out.o, out.lse, attributes, job.world.comm(), overwrite);
+  const GradientSlices gradient_slices{grads.dq, grads.dk, grads.dv, grads.dbias};
+  write_outputs(output, plan, out.o, out.lse, attributes, job.world.comm(), overwrite,
+                backward ? &gradient_slices : nullptr);
   watchdog.disarm();
   progress("done");
   if (rank == 0) {
@@ -219,6 +270,10 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
                 long(plan.batch), long(plan.q_len), long(plan.kv_len), long(plan.q_heads), long(plan.kv_heads),
                 long(plan.head_dim), std::string(dtype_name(plan.dtype)).c_str(), seconds[2], flops / seconds[2] * 1e-9,
                 output.c_str());
+    if (backward)  // FlashAttention's count: 2.5 times the forward's (five products instead of two)
+      std::printf("ringattn run: backward (forward recomputed) %.3f s, %.2f GFLOP/s total; dq, dk, dv%s -> %s\n",
+                  backward_seconds, 2.5 * flops / backward_seconds * 1e-9, grads.dbias.defined() ? ", dbias" : "",
+                  output.c_str());
     std::printf("ringattn run: reading %.3f s", seconds[0]);
     if (job.on_device)
       std::printf(", %s host -> device %.3f s, device -> host %.3f s", pageable ? "pageable" : "pinned", seconds[1],

@@ -200,7 +200,8 @@ LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv, Memo
 }
 
 void write_outputs(const std::string& path, const ShardPlan& p, const TensorView& o, const TensorView& lse,
-                   const std::map<std::string, std::string>& attributes, MPI_Comm comm, bool overwrite) {
+                   const std::map<std::string, std::string>& attributes, MPI_Comm comm, bool overwrite,
+                   const GradientSlices* gradients) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   RA_CHECK(overwrite || !std::filesystem::exists(path), "output '", path,
@@ -213,6 +214,19 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
     f.create_dataset("lse", DType::kF32, {p.batch, p.q_heads, p.q_len});
     f.write("o", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim), o);
     f.write("lse", select_lse(p), lse);
+    if (gradients != nullptr) {
+      const DType dtype = gradients->dq.dtype();
+      f.create_dataset("dq", dtype, {p.batch, p.q_len, p.q_heads, p.head_dim});
+      f.create_dataset("dk", dtype, {p.batch, p.kv_len, p.kv_heads, p.head_dim});
+      f.create_dataset("dv", dtype, {p.batch, p.kv_len, p.kv_heads, p.v_head_dim});
+      f.write("dq", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim), gradients->dq);
+      f.write("dk", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.head_dim), gradients->dk);
+      f.write("dv", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim), gradients->dv);
+      if (gradients->dbias.defined()) {
+        f.create_dataset("dbias", DType::kF32, gradients->dbias.shape());
+        f.write("dbias", whole(gradients->dbias.shape()), gradients->dbias);
+      }
+    }
     for (const auto& [name, value] : attributes) f.set_attribute(name, value);
     f.set_attribute("manifest", manifest_json(p, o.dtype(), output_checksums(p, o, lse, comm), attributes));
     f.close();
@@ -232,6 +246,43 @@ void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse) {
            ", expected (", p.batch, ", ", p.q_heads, ", ", p.q_len, ")");
   o = f.read("o", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim), {p.b_count, p.local_q(), p.hq_count, p.v_head_dim});
   lse = f.read("lse", select_lse(p), {p.b_count, p.hq_count, p.local_q()});
+}
+
+void check_upstream_gradient(const H5File& f, const ShardPlan& p, const std::string& name) {
+  RA_CHECK(f.has(name), "--backward needs dO: '", f.path(), "' has no dataset '", name, "' of shape (", p.batch, ", ",
+           p.q_len, ", ", p.q_heads, ", ", p.v_head_dim, ") (write one with generate --with-grad, or name it with "
+           "--do-dataset)");
+  const DatasetInfo info = required(f, name, 4, "(batch, q_len, q_heads, v_head_dim)");
+  expect_dim(f, name, info, 0, "batch", p.batch, "(q's batch)");
+  expect_dim(f, name, info, 1, "q_len", p.q_len, "(q's q_len)");
+  expect_dim(f, name, info, 2, "q_heads", p.q_heads, "(q's q_heads)");
+  expect_dim(f, name, info, 3, "v_head_dim", p.v_head_dim, "(v's v_head_dim)");
+  expect_dtype(f, name, info, {p.dtype, DType::kF32}, "q's dtype or float32");
+}
+
+Tensor read_upstream_gradient(const H5File& f, const ShardPlan& p, const std::string& name, MemoryKind memory) {
+  return f.read(name, select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim),
+                {p.b_count, p.local_q(), p.hq_count, p.v_head_dim}, memory);
+}
+
+void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias) {
+  const std::pair<const char*, Shape> expected[] = {{"dq", {p.batch, p.q_len, p.q_heads, p.head_dim}},
+                                                    {"dk", {p.batch, p.kv_len, p.kv_heads, p.head_dim}},
+                                                    {"dv", {p.batch, p.kv_len, p.kv_heads, p.v_head_dim}}};
+  for (const auto& [name, shape] : expected) {
+    const DatasetInfo info = required(f, name, 4, "(batch, len, heads, dim)");
+    RA_CHECK(info.shape == shape, where(f, name), " has shape ", info.shape.str(), ", expected ", shape.str());
+  }
+  dq = f.read("dq", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim),
+              {p.b_count, p.local_q(), p.hq_count, p.head_dim});
+  dk = f.read("dk", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.head_dim),
+              {p.b_count, p.local_kv(), p.hkv_count, p.head_dim});
+  dv = f.read("dv", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim),
+              {p.b_count, p.local_kv(), p.hkv_count, p.v_head_dim});
+  if (f.has("dbias")) {
+    const DatasetInfo info = f.info("dbias");
+    dbias = f.read("dbias", whole(info.shape), info.shape);
+  }
 }
 
 }  // namespace ra::cli

@@ -54,12 +54,29 @@ struct LocalTensors {
 LocalTensors read_local(const H5File& file, const ShardPlan& plan, bool whole_kv = false,
                         MemoryKind memory = MemoryKind::kHost);
 
-// Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices collectively to `path` through a temporary name,
-// renamed by rank 0 after every rank has closed the file. Refuses an existing file unless overwrite.
+// The backward's gradients of this rank's slices: dq (B, T, Hq, D), dk (B, S, Hkv, D), dv (B, S, Hkv, Dv),
+// and dbias in the bias's shape (one rank only: a bias broadcast over ranks would need a reduction).
+struct GradientSlices {
+  TensorView dq, dk, dv, dbias;
+};
+
+// Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices (and the gradients, when given) collectively to
+// `path` through a temporary name, renamed by rank 0 after every rank has closed the file. Refuses an
+// existing file unless overwrite.
 void write_outputs(const std::string& path, const ShardPlan& plan, const TensorView& o, const TensorView& lse,
-                   const std::map<std::string, std::string>& attributes, MPI_Comm comm, bool overwrite);
+                   const std::map<std::string, std::string>& attributes, MPI_Comm comm, bool overwrite,
+                   const GradientSlices* gradients = nullptr);
 
 // Reads this rank's slices of o and lse from an output file.
 void read_outputs(const H5File& file, const ShardPlan& plan, Tensor& o, Tensor& lse);
+
+// dO (B, T, Hq, Dv), the backward's input: checked (shape, dtype q's or f32, naming file, dataset and
+// dimension) and read as this rank's slice of the query rows.
+void check_upstream_gradient(const H5File& file, const ShardPlan& plan, const std::string& name);
+Tensor read_upstream_gradient(const H5File& file, const ShardPlan& plan, const std::string& name,
+                              MemoryKind memory = MemoryKind::kHost);
+
+// Reads this rank's slices of dq, dk, dv (and the whole dbias, when the file has it) from an output file.
+void read_gradients(const H5File& file, const ShardPlan& plan, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias);
 
 }  // namespace ra::cli

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string_view>
+#include <utility>
 
 #include "attention/cpu/sdpa_cpu.h"
 #include "attention/tolerance.h"
@@ -11,17 +13,55 @@
 #include "launch/commands.h"
 #include "launch/output_manifest.h"
 #include "launch/sharded_io.h"
+#include "runtime/error.h"
 
 namespace ra::cli {
+namespace {
+
+// The gradients of `run --backward` against the f64 oracle's; returns the wrong elements of all ranks.
+int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const ShardPlan& plan, const LocalTensors& local,
+                         const TokenPositions& pos, const AttentionParams& params, const std::string& do_dataset,
+                         Job& job) {
+  RA_CHECK(plan.sp_size == 1, "'", out_file.path(), "' holds gradients, which run --backward writes on one sequence "
+           "shard: verify it with the same mesh (sp=1)");
+  check_upstream_gradient(in_file, plan, do_dataset);
+  const Tensor d_o = read_upstream_gradient(in_file, plan, do_dataset);
+  Tensor dq, dk, dv, dbias;
+  read_gradients(out_file, plan, dq, dk, dv, dbias);
+  const ReferenceGradients ref = reference_attention_backward_f64(local.inputs(), params, pos, d_o);
+  // The GPU kernels round P and dS to the input dtype before their products; the CPU ones keep f32.
+  const bool on_gpu = out_file.string_attribute("backend") == "cuda";
+  const DType rounded = on_gpu ? plan.dtype : DType::kF32;
+  std::pair<const char*, GradientComparison> results[4] = {
+      {"dq", compare_gradient(dq, ref.dq, rounded)}, {"dk", compare_gradient(dk, ref.dk, rounded)},
+      {"dv", compare_gradient(dv, ref.dv, rounded)}, {"dbias", GradientComparison{}}};
+  if (dbias.defined()) results[3].second = compare_gradient(dbias, ref.dbias, rounded);
+  int64_t wrong = 0;
+  for (auto& [name, c] : results) {
+    double error = c.max_abs_error, tolerance = c.tolerance;
+    int64_t bad = c.wrong + c.nan;
+    job.world.all_reduce(&error, 1, ReduceOp::kMax);
+    job.world.all_reduce(&tolerance, 1, ReduceOp::kMax);
+    job.world.all_reduce(&bad, 1, ReduceOp::kSum);
+    wrong += bad;
+    if (job.world.rank() == 0 && (std::string_view(name) != "dbias" || dbias.defined()))
+      std::printf("ringattn verify: %s vs f64 reference: max |err| %.3e (tolerance %.3e), #wrong %ld  %s\n", name,
+                  error, tolerance, long(bad), bad ? "FAILED" : "OK");
+  }
+  return wrong;
+}
+
+}  // namespace
 
 int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   DatasetOptions datasets;
-  std::string input, output;
+  std::string input, output, do_dataset = "do";
   po::options_description desc("ringattn verify");
   desc.add_options()("help", "this text")
     ("input", po::value(&input)->required(), "the input HDF5 file")
-    ("output", po::value(&output)->required(), "the output HDF5 file of ringattn run");
+    ("output", po::value(&output)->required(), "the output HDF5 file of ringattn run")
+    ("do-dataset", po::value(&do_dataset)->default_value(do_dataset), "path of dO in the input (outputs of run --backward)");
   add_dataset_options(desc, datasets);
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]",
@@ -60,6 +100,7 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   if (rank == 0)
     std::printf("ringattn verify: %s vs f64 reference: max |err| o %.3e (rel %.3e, tolerance %.3e), lse %.3e, #wrong %ld  %s\n",
                 output.c_str(), err[0], err[1], tol, err[2], long(wrong), wrong ? "FAILED" : "OK");
+  if (out_file.has("dq")) wrong += verify_gradients(in_file, out_file, plan, local, pos, params, do_dataset, job);
   return wrong ? kWrongResults : kOk;
 }
 
