@@ -112,7 +112,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   }
   const TensorView o = forward_output != nullptr ? forward_output->o.view() : own.o.view();
   const TensorView lse = forward_output != nullptr ? forward_output->lse.view() : own.lse.view();
-  BackwardInputs grad{lse, d_o, TensorView()};
+  BackwardInputs grad{lse, d_o, TensorView(), o};
   validate_backward(in, o, grad);
   void* stream = cuda_stream();
   const Tensor delta = compute_delta(o, d_o, stream);

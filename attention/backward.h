@@ -18,6 +18,7 @@ struct BackwardInputs {
   TensorView lse;    // (B, Hq, T) f32: the forward's final LSE of these rows, natural log (-inf: no key seen)
   TensorView d_o;    // (B, T, Hq, Dv): the loss's gradient with respect to O, q's dtype or f32
   TensorView delta;  // (B, Hq, T) f32: rowsum(dO * O), from compute_delta
+  TensorView o;      // (B, T, Hq, Dv): the forward's final O (cudnn computes its own delta from it)
 };
 
 // Where accumulate_backward adds: contiguous f32 views shaped as q (dq), k (dk), v (dv) and the bias

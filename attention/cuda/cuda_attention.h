@@ -26,6 +26,16 @@ class CudaAttentionImpl : public AttentionImpl {
   virtual void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                  Carry& carry) const = 0;
 
+  // The backward the same way: check_backward_supported, positions uploaded, accumulate_backward_device.
+  void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                           const BackwardInputs& grad, const GradViews& acc) const override;
+  virtual void check_backward_supported(const AttentionInputs& in, const AttentionParams& params) const {
+    check_supported(in, params);
+  }
+  virtual void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos,
+                                          const AttentionParams& params, const BackwardInputs& grad,
+                                          const GradViews& acc) const {}
+
   // Set by the ring before each block: whether the kernel queued on the stream just before the next
   // accumulate_device writes nothing that call reads but the carry (CudaAttentionArgs::after_carry_writer).
   void set_after_carry_writer(bool value) { after_carry_writer_ = value; }

@@ -6,6 +6,8 @@
 #include "attention/registry.h"
 #include "runtime/error.h"
 
+#include <utility>
+
 namespace ra {
 
 void register_cudnn_implementation(AttentionRegistry& registry);  // cudnn_attention.cc
@@ -14,6 +16,17 @@ void CudaAttentionImpl::accumulate(const AttentionInputs& in, const TokenPositio
                                    Carry& carry) const {
   check_supported(in, params);
   accumulate_device(in, positions_.upload(pos, stream_), params, carry);
+}
+
+void CudaAttentionImpl::accumulate_backward(const AttentionInputs& in, const TokenPositions& pos,
+                                            const AttentionParams& params, const BackwardInputs& grad,
+                                            const GradViews& acc) const {
+  RA_CHECK(has_backward(), "attention implementation '", name(), "' on cuda has no backward pass");
+  check_backward_supported(in, params);
+  for (auto [t, what] : {std::pair{&grad.d_o, "do"}, std::pair{&grad.lse, "lse"}, std::pair{&grad.delta, "delta"},
+                         std::pair{&acc.dq, "dq"}, std::pair{&acc.dk, "dk"}, std::pair{&acc.dv, "dv"}})
+    RA_CHECK(t->memory() == MemoryKind::kCuda, what, " is in host memory; the cuda backward needs it on the device");
+  accumulate_backward_device(in, positions_.upload(pos, stream_), params, grad, acc);
 }
 
 namespace {
@@ -39,6 +52,11 @@ class SdpaCuda final : public CudaAttentionImpl {
   void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                          Carry& carry) const override {
     runner_.accumulate(in, make_cuda_args(in, pos, params, carry), stream_);
+  }
+  bool has_backward() const override { return true; }
+  void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                                  const BackwardInputs& grad, const GradViews& acc) const override {
+    runner_.accumulate_backward(in, make_cuda_args(in, pos, params), grad, acc, stream_);
   }
 
  private:

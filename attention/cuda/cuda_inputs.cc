@@ -25,6 +25,16 @@ DeviceView4 device_view(const TensorView& t, const char* name) {
 
 CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                                  Carry& carry) {
+  RA_CHECK(carry.numerator.view().memory() == MemoryKind::kCuda, "the carry is in host memory; the cuda backend "
+           "needs Carry::empty(..., MemoryKind::kCuda)");
+  CudaAttentionArgs a = make_cuda_args(in, pos, p);
+  a.numerator = carry.numerator.data<float>();
+  a.denominator = carry.denominator.data<float>();
+  a.max = carry.max.data<float>();
+  return a;
+}
+
+CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p) {
   CudaAttentionArgs a;
   a.q = device_view(in.q, "q");
   a.k = device_view(in.k, "k");
@@ -34,8 +44,6 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
   if (in.mask.defined()) a.mask = device_view(broadcast_to(in.mask, full, "mask"), "mask");
   a.q_segment_ids = device_view(in.q_segment_ids, "q_segment_ids");
   a.kv_segment_ids = device_view(in.kv_segment_ids, "kv_segment_ids");
-  RA_CHECK(carry.numerator.view().memory() == MemoryKind::kCuda, "the carry is in host memory; the cuda backend "
-           "needs Carry::empty(..., MemoryKind::kCuda)");
   a.pos = pos;
   a.batch = int(in.q.dim(0));
   a.q_len = int(in.q.dim(1));
@@ -51,9 +59,6 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
   a.causal = p.causal;
   a.window_left = p.window_left;
   a.window_right = p.window_right;
-  a.numerator = carry.numerator.data<float>();
-  a.denominator = carry.denominator.data<float>();
-  a.max = carry.max.data<float>();
   return a;
 }
 

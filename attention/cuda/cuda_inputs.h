@@ -54,6 +54,8 @@ struct CudaAttentionArgs {
 // and fills the arguments. `pos` must already be on the device.
 CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                  Carry& carry);
+// The same without a carry (the backward's kernels): the carry pointers stay null.
+CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params);
 
 // Device copies of host positions, reused across calls (grows as needed).
 class DevicePositionBuffer {

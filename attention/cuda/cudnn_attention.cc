@@ -6,13 +6,15 @@
 // each (query run, key run) pair is skipped, computed without a mask, or computed with cuDNN's
 // causal mask when its diagonal is one cuDNN can express (top-left or bottom-right aligned). What
 // cuDNN cannot express here (bias, mask, segment ids, soft cap, our deterministic dropout, sliding
-// windows, other diagonals) is refused by name, pointing at flash_attn2.
+// windows, other diagonals) is refused by name, pointing at flash_attn2. The backward runs cuDNN's
+// fused SDPA backward on the same blocks, adding each block's gradients into the f32 accumulators.
 #include <cudnn_frontend.h>
 
 #include <map>
 #include <tuple>
 
 #include "attention/block_kind.h"
+#include "attention/cuda/backward_cuda.h"
 #include "attention/cuda/carry_cuda.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/registry.h"
@@ -47,7 +49,7 @@ std::vector<Run> consecutive_runs(const int64_t* positions, int64_t count) {
 
 // One built cuDNN graph per shape, strides and mask.
 using GraphKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, std::array<int64_t, 9>>;
-constexpr int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5;
+constexpr int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kDO = 6, kDQ = 7, kDK = 8, kDV = 9;
 
 class CudnnAttention final : public CudaAttentionImpl {
  public:
@@ -79,6 +81,30 @@ class CudnnAttention final : public CudaAttentionImpl {
   void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                          Carry& carry) const override {
     check_supported(in, p);
+    for_each_block(in, pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) { run_block(in, qr, kr, mask, p, carry); });
+  }
+
+  bool has_backward() const override { return true; }
+  void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
+                                  const BackwardInputs& grad, const GradViews& acc) const override {
+    RA_CHECK(grad.o.defined() && grad.o.memory() == MemoryKind::kCuda && grad.o.stride(3) == 1,
+             "cudnn's backward needs the forward's o on the device (it computes delta from o and do)");
+    RA_CHECK(grad.d_o.dtype() == in.q.dtype() && grad.o.dtype() == in.q.dtype() && grad.d_o.stride(3) == 1,
+             "cudnn's backward needs o and do in q's dtype (", dtype_name(in.q.dtype()), ") with a contiguous last "
+             "dimension; do is ", dtype_name(grad.d_o.dtype()), ", o ", dtype_name(grad.o.dtype()));
+    // cuDNN recomputes P = exp(S - stats): a row that saw nothing (LSE -inf) would give exp(+inf). Its
+    // stats become +inf, so P = 0 and the row adds no gradient.
+    const Tensor stats = finite_or_positive_infinity(grad.lse, stream_);
+    for_each_block(in, pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) {
+      run_backward_block(in, grad, stats, qr, kr, mask, p, acc);
+    });
+  }
+
+ private:
+  // Calls fn(query run, key run, mask) for each pair of runs of consecutive positions that is not
+  // skipped, with the causal mask cuDNN can express for it (or a refusal naming why not).
+  template <typename Fn>
+  void for_each_block(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p, Fn&& fn) const {
     RA_CHECK(pos.q_host != nullptr && pos.k_host != nullptr, "cudnn attention needs the token positions on the host");
     RA_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
     const int64_t T = in.q.dim(1), S = in.k.dim(1);
@@ -102,11 +128,81 @@ class CudnnAttention final : public CudaAttentionImpl {
                    "this block (queries from position ", q_lo, ", keys from ", k_lo, ", ", qr.length, " x ", kr.length,
                    "); use --impl flash_attn2");
         }
-        run_block(in, qr, kr, mask, p, carry);
+        fn(qr, kr, mask);
       }
   }
 
- private:
+  // One (query run, key run) block of the backward: cuDNN's dQ, dK, dV in the input dtype, added into
+  // the f32 accumulators at the runs' rows.
+  void run_backward_block(const AttentionInputs& in, const BackwardInputs& grad, const Tensor& stats, const Run& qr,
+                          const Run& kr, MaskMode mask, const AttentionParams& p, const GradViews& acc) const {
+    const TensorView q = narrow(in.q, 1, qr.index, qr.length), o = narrow(grad.o, 1, qr.index, qr.length);
+    const TensorView d_o = narrow(grad.d_o, 1, qr.index, qr.length);
+    const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
+    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
+    const int64_t T = in.q.dim(1);
+    const GraphKey key{B, Tq, Sk, H, Hkv, D, int(q.dtype()) + 100 * int(T), int(mask),
+                       {q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), o.stride(1),
+                        d_o.stride(1), v.stride(1)}};
+    auto it = backward_graphs_.find(key);
+    if (it == backward_graphs_.end()) {
+      fe::error_t status;
+      auto graph = make_backward_graph(q, k, v, o, d_o, T, mask, effective_scale(p, D), status);
+      RA_CHECK(status.is_good(), "cudnn cannot run the backward of this attention block (B=", B, " T=", Tq, " S=", Sk,
+               " H=", H, " Hkv=", Hkv, " D=", D, "): ", status.get_message(), "; use --impl flash_attn2 or sdpa");
+      it = backward_graphs_.emplace(key, std::move(graph)).first;
+    }
+    fe::graph::Graph& graph = *it->second;
+    const size_t elem = dtype_size(q.dtype());
+    const size_t dq_bytes = size_t(B * Tq * H * D) * elem, dkv_bytes = size_t(B * Sk * Hkv * D) * elem;
+    int64_t workspace_bytes = 0;
+    RA_CHECK(graph.get_workspace_size(workspace_bytes).is_good(), "cudnn: querying the workspace size failed");
+    auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+    char* scratch = reserve(align(dq_bytes) + 2 * align(dkv_bytes) + size_t(workspace_bytes) + 256);
+    char* dq = scratch;
+    char* dk = dq + align(dq_bytes);
+    char* dv = dk + align(dkv_bytes);
+    char* workspace = dv + align(dkv_bytes);
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, q.data()},   {kK, k.data()},   {kV, v.data()},   {kO, o.data()}, {kDO, d_o.data()},
+        {kStats, stats.data<float>() + qr.index}, {kDQ, dq}, {kDK, dk}, {kDV, dv}};
+    fe::error_t status = graph.execute(handle_, pack, workspace);
+    RA_CHECK(status.is_good(), "cudnn's attention backward failed to run: ", status.get_message());
+    add_rows_cuda(narrow(acc.dq, 1, qr.index, qr.length), TensorView(dq, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda), stream_);
+    add_rows_cuda(narrow(acc.dk, 1, kr.index, kr.length), TensorView(dk, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
+    add_rows_cuda(narrow(acc.dv, 1, kr.index, kr.length), TensorView(dv, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
+  }
+
+  // cuDNN's SDPA backward graph for these views; stats is (B, H, T) of the whole call, read from the
+  // run's first row (a pointer offset at execution).
+  std::shared_ptr<fe::graph::Graph> make_backward_graph(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                        const TensorView& o, const TensorView& d_o, int64_t T,
+                                                        MaskMode mask, float scale, fe::error_t& status) const {
+    auto graph = std::make_shared<fe::graph::Graph>();
+    const fe::DataType_t io = q.dtype() == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+    graph->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
+    auto tensor = [&](const char* name, int64_t uid, const TensorView& t) {
+      return graph->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid)
+                               .set_dim({t.dim(0), t.dim(2), t.dim(1), t.dim(3)})
+                               .set_stride({t.stride(0), t.stride(2), t.stride(1), 1}));
+    };
+    auto Q = tensor("Q", kQ, q), K = tensor("K", kK, k), V = tensor("V", kV, v), O = tensor("O", kO, o);
+    auto dO = tensor("dO", kDO, d_o);
+    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
+    auto stats = graph->tensor(fe::graph::Tensor_attributes().set_name("stats").set_uid(kStats)
+                                   .set_dim({B, H, Tq, 1}).set_stride({H * T, T, 1, 1})
+                                   .set_data_type(fe::DataType_t::FLOAT));
+    auto options = fe::graph::SDPA_backward_attributes().set_name("ringattn_block_backward").set_attn_scale(scale);
+    if (mask == MaskMode::kCausalTopLeft) options.set_causal_mask(true);
+    if (mask == MaskMode::kCausalBottomRight) options.set_causal_mask_bottom_right(true);
+    auto [dQ, dK, dV] = graph->sdpa_backward(Q, K, V, O, dO, stats, options);
+    dQ->set_output(true).set_uid(kDQ).set_dim({B, H, Tq, D}).set_stride({Tq * H * D, D, H * D, 1});
+    dK->set_output(true).set_uid(kDK).set_dim({B, Hkv, Sk, D}).set_stride({Sk * Hkv * D, D, Hkv * D, 1});
+    dV->set_output(true).set_uid(kDV).set_dim({B, Hkv, Sk, D}).set_stride({Sk * Hkv * D, D, Hkv * D, 1});
+    status = graph->build(handle_, {fe::HeurMode_t::A});
+    return graph;
+  }
+
   void run_block(const AttentionInputs& in, const Run& qr, const Run& kr, MaskMode mask, const AttentionParams& p,
                  Carry& carry) const {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length);
@@ -187,7 +283,7 @@ class CudnnAttention final : public CudaAttentionImpl {
   }
 
   cudnnHandle_t handle_ = nullptr;
-  mutable std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs_;
+  mutable std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs_, backward_graphs_;
   mutable std::map<std::pair<int64_t, int>, std::string> head_dim_refusals_;
   mutable Tensor scratch_;
 };

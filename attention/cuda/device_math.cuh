@@ -28,6 +28,11 @@ __device__ __forceinline__ void store_from_f32(void* base, int64_t index, DType 
   }
 }
 
+// Element strides of a 4-D view, passed by value to kernels.
+struct DeviceStrides4 {
+  int64_t s[4];
+};
+
 inline unsigned blocks_for(int64_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 
 }  // namespace ra

@@ -82,6 +82,51 @@ __global__ void softmax_fold_kernel(const CudaAttentionArgs a, int b, int h, int
   }
 }
 
+// The backward's per-row operands: LSE, delta and where dBias goes (broadcast strides over
+// (B, Hq, T, S_total); data null without a bias).
+struct GradientRowArgs {
+  const float* lse;
+  const float* delta;
+  float* dbias;
+  int64_t dbias_stride[4];
+};
+
+// One block per query row t0 + blockIdx.x of (b, h): scores (q.k) and dp (dO.v) rows in, then
+// scores <- dS times the soft cap's derivative and the scale (what dQ and dK need) and dp <- P after
+// dropout (what dV needs); dBias gets dS.
+__global__ void gradient_rows_kernel(const CudaAttentionArgs a, const GradientRowArgs g, int b, int h, int t0,
+                                     float* scores, float* dp) {
+  const int t = t0 + blockIdx.x;
+  float* s_row = scores + int64_t(blockIdx.x) * a.kv_len;
+  float* dp_row = dp + int64_t(blockIdx.x) * a.kv_len;
+  const int64_t qpos = a.pos.q[t], r = (int64_t(b) * a.q_heads + h) * a.q_len + t;
+  const float lse = g.lse[r], delta = g.delta[r];
+  const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
+  for (int j = threadIdx.x; j < a.kv_len; j += blockDim.x) {
+    const int64_t kpos = a.pos.k[j];
+    const float s = pair_logit_cuda(a, s_row[j], b, h, t, j, qpos, kpos);
+    if (s == -INFINITY || lse == -INFINITY) {
+      s_row[j] = dp_row[j] = 0.0f;
+      continue;
+    }
+    const float p = expf(s - lse);
+    float weight = 1.0f;
+    if (a.dropout_prob > 0.0f) weight = dropout_uniform(a.dropout_seed, b, h, qpos, kpos) < a.dropout_prob ? 0.0f : keep_scale;
+    const float ds = p * (dp_row[j] * weight - delta);
+    const int64_t bias_at = b * a.bias.stride[0] + h * a.bias.stride[1] + int64_t(t) * a.bias.stride[2] + kpos * a.bias.stride[3];
+    if (g.dbias)
+      atomicAdd(g.dbias + b * g.dbias_stride[0] + h * g.dbias_stride[1] + int64_t(t) * g.dbias_stride[2] +
+                    kpos * g.dbias_stride[3], ds);
+    float dx = ds * a.scale;
+    if (a.soft_cap > 0.0f) {  // d(cap tanh(x / cap)) / dx = 1 - tanh^2
+      const float capped = (s - (a.bias.data ? static_cast<const float*>(a.bias.data)[bias_at] : 0.0f)) / a.soft_cap;
+      dx *= 1.0f - capped * capped;
+    }
+    s_row[j] = dx;
+    dp_row[j] = p * weight;
+  }
+}
+
 }  // namespace
 
 struct SdpaCudaRunner::State {
@@ -133,6 +178,64 @@ void SdpaCudaRunner::accumulate(const AttentionInputs& in, const CudaAttentionAr
       }
     }
   // The temporaries are freed on return; cudaFree waits for the work that reads them.
+}
+
+void SdpaCudaRunner::accumulate_backward(const AttentionInputs& in, const CudaAttentionArgs& a,
+                                         const BackwardInputs& grad, const GradViews& acc, cudaStream_t stream) const {
+  if (a.q_len == 0 || a.kv_len == 0) return;
+  const int64_t B = a.batch, T = a.q_len, S = a.kv_len, Hq = a.q_heads, Hkv = a.kv_heads, D = a.head_dim,
+                Dv = a.value_dim;
+  auto as_f32 = [&](const TensorView& t, int64_t L, int64_t H, int64_t width) {
+    Tensor out(DType::kF32, {B, L, H, width}, MemoryKind::kCuda);
+    DeviceView4 view{t.data(), {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
+    const int64_t n = out.numel();
+    if (n > 0)
+      to_f32_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(t.data(), t.dtype(), view, L, H, width, out.data<float>(), n);
+    RA_CUDA_CHECK(cudaGetLastError());
+    return out;
+  };
+  const Tensor q = as_f32(in.q, T, Hq, D), k = as_f32(in.k, S, Hkv, D), v = as_f32(in.v, S, Hkv, Dv);
+  const Tensor d_o = as_f32(grad.d_o, T, Hq, Dv);
+  GradientRowArgs g{grad.lse.data_as<float>(), grad.delta.data_as<float>(), nullptr, {0, 0, 0, 0}};
+  if (acc.dbias.defined()) {
+    const TensorView dbias = broadcast_to(acc.dbias, Shape{B, Hq, T, a.pos.total_keys}, "dbias");
+    g.dbias = dbias.data_as<float>();
+    for (int i = 0; i < 4; ++i) g.dbias_stride[i] = dbias.stride(i);
+  }
+  const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 27) / S));
+  const Tensor scores(DType::kF32, {chunk_rows, S}, MemoryKind::kCuda), dp(DType::kF32, {chunk_rows, S}, MemoryKind::kCuda);
+  cublasHandle_t handle = state_->handle;
+  RA_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  const float one = 1.0f, zero = 0.0f;
+  float *dq = acc.dq.data_as<float>(), *dk = acc.dk.data_as<float>(), *dv = acc.dv.data_as<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t kh = h / (Hq / Hkv), k_at = (b * S * Hkv + kh) * D, v_at = (b * S * Hkv + kh) * Dv;
+      for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
+        const int64_t rows = std::min(chunk_rows, T - t0), q_at = ((b * T + t0) * Hq + h) * D;
+        const int64_t do_at = ((b * T + t0) * Hq + h) * Dv;
+        // Column-major views of row-major matrices: scores^T (S x rows) = K . Q^T, dp^T = V . dO^T.
+        RA_CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(S), int(rows), int(D), &one,
+                                    k.data<float>() + k_at, int(Hkv * D), q.data<float>() + q_at, int(Hq * D), &zero,
+                                    scores.data<float>(), int(S)));
+        RA_CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(S), int(rows), int(Dv), &one,
+                                    v.data<float>() + v_at, int(Hkv * Dv), d_o.data<float>() + do_at, int(Hq * Dv),
+                                    &zero, dp.data<float>(), int(S)));
+        gradient_rows_kernel<<<unsigned(rows), kSoftmaxThreads, 0, stream>>>(a, g, int(b), int(h), int(t0),
+                                                                             scores.data<float>(), dp.data<float>());
+        RA_CUDA_CHECK(cudaGetLastError());
+        // dV^T (Dv x S) += dO^T . PW;  dK^T (D x S) += Q^T . dS;  dQ^T (D x rows) += K^T . dS^T.
+        RA_CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, int(Dv), int(S), int(rows), &one,
+                                    d_o.data<float>() + do_at, int(Hq * Dv), dp.data<float>(), int(S), &one, dv + v_at,
+                                    int(Hkv * Dv)));
+        RA_CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, int(D), int(S), int(rows), &one,
+                                    q.data<float>() + q_at, int(Hq * D), scores.data<float>(), int(S), &one, dk + k_at,
+                                    int(Hkv * D)));
+        RA_CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(rows), int(S), &one,
+                                    k.data<float>() + k_at, int(Hkv * D), scores.data<float>(), int(S), &one, dq + q_at,
+                                    int(Hq * D)));
+      }
+    }
 }
 
 }  // namespace ra

@@ -7,6 +7,7 @@
 
 #include <memory>
 
+#include "attention/backward.h"
 #include "attention/cuda/cuda_inputs.h"
 
 namespace ra {
@@ -19,6 +20,10 @@ class SdpaCudaRunner {
   SdpaCudaRunner& operator=(const SdpaCudaRunner&) = delete;
   // `in` gives the dtypes (any float dtype) of the tensors that `args` points to.
   void accumulate(const AttentionInputs& in, const CudaAttentionArgs& args, cudaStream_t stream) const;
+  // The backward (attention/backward.h) the same way: per (batch, head, query chunk), cuBLAS f32 GEMMs
+  // for Q K^T and dO V^T, a kernel for P and dS with every option, GEMMs adding dV, dK and dQ.
+  void accumulate_backward(const AttentionInputs& in, const CudaAttentionArgs& args, const BackwardInputs& grad,
+                           const GradViews& acc, cudaStream_t stream) const;
 
  private:
   struct State;

@@ -1,0 +1,27 @@
+// The backward's per-call pieces on the device (attention/backward.h): delta, the sinks' gradient and
+// the f32 -> input dtype conversion of the gradients.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "runtime/tensor.h"
+
+namespace ra {
+
+// delta (B, H, T) f32 = rowsum(dO * O); o and d_o (B, T, H, Dv), any float dtypes, any strides.
+void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const TensorView& delta, cudaStream_t stream);
+// dsinks (H) f32 = -sum over (b, t) of exp(sink_h - lse) * delta.
+void sinks_gradient_cuda(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
+                         const TensorView& dsinks, cudaStream_t stream);
+// out (any float dtype) <- in (f32), both contiguous with the same element count.
+void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t stream);
+
+// into (f32, strided: rows of a larger accumulator) += from (any float dtype, contiguous), both
+// (B, L, H, X).
+void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream);
+
+// A copy of an f32 LSE with -inf (rows that saw no key) replaced by +inf: kernels that recompute
+// P = exp(S - LSE) then give P = 0 there instead of exp(+inf).
+Tensor finite_or_positive_infinity(const TensorView& lse, cudaStream_t stream);
+
+}  // namespace ra
