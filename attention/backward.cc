@@ -71,19 +71,23 @@ Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const Tens
   return dsinks;
 }
 
+void convert_gradient(const TensorView& acc, const TensorView& out, void* cuda_stream) {
+  if (acc.memory() == MemoryKind::kCuda) {
+#if RA_HAVE_CUDA
+    convert_f32_cuda(acc, out, static_cast<cudaStream_t>(cuda_stream));
+#endif
+    return;
+  }
+  convert_from_f32(acc.data_as<float>(), out.data(), out.dtype(), size_t(acc.numel()));
+}
+
 namespace {
 
 // A gradient in `dtype` from its f32 accumulator (the accumulator itself for f32).
 Tensor in_dtype(Tensor acc, DType dtype, void* cuda_stream) {
   if (dtype == DType::kF32 || !acc.defined()) return acc;
   Tensor out(dtype, acc.shape(), acc.view().memory());
-  if (acc.view().memory() == MemoryKind::kCuda) {
-#if RA_HAVE_CUDA
-    convert_f32_cuda(acc, out, static_cast<cudaStream_t>(cuda_stream));
-#endif
-    return out;
-  }
-  convert_from_f32(acc.data<float>(), out.data<void>(), dtype, size_t(acc.numel()));
+  convert_gradient(acc, out, cuda_stream);
   return out;
 }
 

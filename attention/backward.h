@@ -49,6 +49,9 @@ Tensor compute_delta(const TensorView& o, const TensorView& d_o, void* cuda_stre
 Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
                       void* cuda_stream = nullptr);
 
+// out (any float dtype, contiguous) <- the f32 accumulator `acc` (same shape), on acc's memory.
+void convert_gradient(const TensorView& acc, const TensorView& out, void* cuda_stream = nullptr);
+
 // Checks dO, LSE (when need_lse), delta and O (when given) against validated inputs, naming the tensor and
 // the dimension.
 void validate_backward(const AttentionInputs& in, const TensorView& o, const BackwardInputs& grad,

@@ -16,55 +16,14 @@
 #include "attention/ring/ring_cuda.h"
 #endif
 #include "attention/registry.h"
+#include "launch/bench_backward.h"
+#include "launch/bench_timing.h"
 #include "launch/commands.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
 
 namespace ra::cli {
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Wall time on the host; with --backend cuda, CUDA events on the compute stream around the iteration
-// (the GPU's own timeline, waits for the ring's transfers included).
-class IterationTimer {
- public:
-  explicit IterationTimer(const Job& job) : job_(job) {
-#if RA_HAVE_CUDA
-    if (job_.on_device) begin_ = std::make_unique<CudaEvent>(true), end_ = std::make_unique<CudaEvent>(true);
-#endif
-  }
-  void start() {
-#if RA_HAVE_CUDA
-    if (job_.on_device) return begin_->record(static_cast<cudaStream_t>(job_.stream()));
-#endif
-    t0_ = now_seconds();
-  }
-  double stop_seconds() {
-#if RA_HAVE_CUDA
-    if (job_.on_device) {
-      end_->record(static_cast<cudaStream_t>(job_.stream()));
-      job_.synchronize();
-      return end_->milliseconds_since(*begin_) * 1e-3;
-    }
-#endif
-    return now_seconds() - t0_;
-  }
-
- private:
-  const Job& job_;
-  double t0_ = 0;
-#if RA_HAVE_CUDA
-  std::unique_ptr<CudaEvent> begin_, end_;  // with --backend cuda only: a CPU run needs no GPU or driver
-#endif
-};
 
 // The ring's statistics of its last call (nullptr for other implementations).
 const RingStats* ring_stats(const AttentionImpl& impl) {
@@ -92,7 +51,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, iters = 5, warmup = 1;
   std::string dtype_text = "f32", json_path;
-  bool step_times = false;
+  bool step_times = false, backward = false;
   po::options_description desc("ringattn bench");
   desc.add_options()("help", "this text")
     ("batch", po::value(&batch)->default_value(1), "B")
@@ -104,6 +63,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("iters", po::value(&iters)->default_value(5), "timed iterations (median reported)")
     ("warmup", po::value(&warmup)->default_value(1), "untimed iterations first")
     ("json", po::value(&json_path), "also write the row as JSON to this file")
+    ("backward", po::bool_switch(&backward), "time the local implementation's backward pass on one rank (delta, "
+     "accumulate_backward, gradients in the input dtype) instead of the forward")
     ("step-times", po::bool_switch(&step_times), "ring on GPUs: time each step with CUDA events (they keep each "
      "step's kernel from starting before the previous one ends, so the ring runs a little slower)");
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
@@ -116,6 +77,10 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
   Job job(opts, mpi, args_text(argc, argv));
+  if (backward) {
+    RA_CHECK(json_path.empty() && !step_times, "--json and --step-times apply to the forward bench, not --backward");
+    return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, iters, warmup, dtype}, opts, job);
+  }
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");
   RingContext ctx;

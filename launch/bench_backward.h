@@ -1,0 +1,15 @@
+// `ringattn bench --backward` (launch/bench_backward.cc): one rank's local backward, timed.
+#pragma once
+
+#include "launch/commands.h"
+
+namespace ra::cli {
+
+struct BackwardBenchShape {
+  int64_t batch, seq, heads, kv_heads, head_dim, iters, warmup;
+  DType dtype;
+};
+
+int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts, Job& job);
+
+}  // namespace ra::cli
