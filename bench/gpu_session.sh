@@ -10,6 +10,7 @@
 # (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs), `transport` (the ring over NCCL and over copy
 # engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
 # build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `aim` (one GPU and the ring at 8192 and 16384 tokens per GPU, causal and not, with the variants), `checksums` (the ring with and without block checksums, and the variants), `outside` (every rank's time outside its kernels, and its kernel chain), `contention` (the ring with and without block checksums against the variants);
+# `backward` (issue 20: GPU tests, CLI --backward round trips, bench --backward beside PyTorch's SDPA backward);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -336,4 +337,23 @@ if has causal; then  # the causal rows only (single GPU, ring on 2 and 4 GPUs, 1
     for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do bench $n --impl ring --seq $t --iters 10 --causal --layout zigzag; done
   done
   [ "$gpus" -ge 4 ] && bench 4 --impl ring --seq 1048576 --iters 2 --causal --layout zigzag
+fi
+if has backward; then  # issue 20: the backward's GPU tests, CLI round trips, then ours and PyTorch's side by side
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 40
+  d=$(mktemp -d)
+  $bin generate --output $d/g.h5 --batch 1 --seq 1001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
+  for impl in flash_attn2 cudnn sdpa; do
+    $bin run --backend cuda --impl $impl --input $d/g.h5 --output $d/g_$impl.h5 --causal --backward --quiet &&
+    $bin verify --input $d/g.h5 --output $d/g_$impl.h5 --causal | tee -a "$out/backward_cli.txt"; echo "cli --backward $impl exit $?"
+  done
+  backward_bench() {  # impl, heads, head_dim, seq, causal flag
+    $bin bench --backward --backend cuda --impl $1 --batch 1 --heads $2 --head-dim $3 --seq $4 --dtype bf16 --warmup 2 \
+      --iters 10 $5 2>&1 | tee -a "$out/backward_bench.txt"
+  }
+  for causal in "" "--causal"; do
+    for shape in "32 128" "64 64"; do
+      for impl in flash_attn2 cudnn; do backward_bench $impl $shape 32768 "$causal"; done
+    done
+  done
+  python3 bench/torch_backward.py 2>&1 | tee "$out/torch_backward.txt"
 fi

@@ -1,5 +1,6 @@
 // The CUDA implementations as registry entries: flash_attn2 (tensor cores) and sdpa (cuBLAS).
 #include "attention/cuda/cuda_attention.h"
+#include "attention/cuda/flash_backward_cuda.h"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/ring/ring_cuda.h"
 #include "attention/cuda/sdpa_cuda.h"
@@ -43,6 +44,20 @@ class FlashCuda final : public CudaAttentionImpl {
     CudaAttentionArgs args = make_cuda_args(in, pos, params, carry);
     args.after_carry_writer = after_carry_writer_;
     flash_accumulate_cuda(args, in.q.dtype(), stream_);
+  }
+  bool has_backward() const override { return true; }
+  void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                                  const BackwardInputs& grad, const GradViews& acc) const override {
+    check_flash_backward_cuda_supported(in, grad, acc);
+    FlashBackwardArgs g{make_cuda_args(in, pos, params), DeviceView4{grad.d_o.data(), {grad.d_o.stride(0),
+                        grad.d_o.stride(1), grad.d_o.stride(2), grad.d_o.stride(3)}}, grad.lse.data_as<float>(),
+                        grad.delta.data_as<float>(), acc.dq.data_as<float>(), acc.dk.data_as<float>(),
+                        acc.dv.data_as<float>(), DeviceView4{}};
+    if (acc.dbias.defined()) {
+      const TensorView dbias = broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias");
+      g.dbias = DeviceView4{dbias.data(), {dbias.stride(0), dbias.stride(1), dbias.stride(2), dbias.stride(3)}};
+    }
+    flash_backward_cuda(g, in.q.dtype(), stream_);
   }
 };
 

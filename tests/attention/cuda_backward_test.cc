@@ -32,6 +32,15 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       const Shape& sh = shapes[seed % std::size(shapes)];
       cases.push_back({"sdpa", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
     }
+  // flash_attn2: every option alone and combined, D 64 / 128, GQA, T = 1, S != T.
+  const Shape flash_shapes[] = {{2, 77, 77, 4, 4, 64},  {1, 131, 203, 8, 4, 128}, {1, 150, 97, 4, 1, 64},
+                                {2, 1, 97, 8, 2, 128},  {1, 190, 190, 2, 2, 128}, {1, 300, 517, 4, 1, 64}};
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (const Options& opt : option_sets())
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        const Shape& sh = flash_shapes[seed % std::size(flash_shapes)];
+        cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
+      }
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},

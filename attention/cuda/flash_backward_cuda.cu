@@ -1,0 +1,279 @@
+// FlashAttention-2's backward on tensor cores. A block owns 64 keys (4 warps x 16) of one (batch, K/V
+// head); for each query head of the group and each 64-row query block that can see its keys it
+// computes, per warp and in registers, S^T = K Q^T and dP^T = V dO^T (keys as rows, so that P^T and
+// dS^T are ready-made A operands), P^T from LSE, dS^T = P^T (dP^T - delta), then dV += P^T dO and
+// dK += dS^T Q. dS^T goes through shared memory once so that each warp can form 16 rows of
+// dQ = dS K, which are added to the f32 dQ accumulator with atomics (as FlashAttention-2 does).
+// Every option: positions, and with kExtras the mask, bias (dBias by atomics), segment ids, soft cap
+// (chain rule through tanh) and dropout regenerated from the forward's hash.
+#include "attention/cuda/flash_backward_cuda.h"
+
+#include "attention/cuda/dispatch.cuh"
+#include "attention/cuda/flash_tile.cuh"
+#include "attention/cuda/mma_sync.cuh"
+#include "attention/cuda/pair_logit.cuh"
+#include "runtime/cuda_device.h"
+
+namespace ra {
+namespace {
+
+using namespace flash;
+
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kBlockN = 64;  // keys per block, 16 per warp
+constexpr int kBlockM = 64;  // query rows per step
+constexpr int kQTiles = kBlockM / 8;
+
+// Shared memory of one block: K, V, Q, dO tiles (rows of D) and dS^T (64 x 64), all 16-bit.
+template <typename T, int D>
+struct BackwardTraits {
+  static constexpr size_t kSmemBytes = size_t(4 * kBlockN * D + kBlockN * kBlockM) * sizeof(T);
+  static_assert(D % 16 == 0 && D <= 128, "dK and dV of 16 keys x D stay in registers: D <= 128");
+  static_assert(kBlockN == kWarps * 16 && kBlockM == 64, "one 16-key MMA tile per warp; dS^T rows of 64 queries");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block on sm_90");
+};
+
+// The position range [lo, hi] of `count` rows from row0 (every warp computes the same).
+__device__ __forceinline__ void position_range(const int64_t* positions, int row0, int rows_total, int lane,
+                                               int64_t& lo, int64_t& hi) {
+  lo = INT64_MAX;
+  hi = INT64_MIN;
+  for (int r = lane; r < 64; r += 32)
+    if (row0 + r < rows_total) lo = min(lo, positions[row0 + r]), hi = max(hi, positions[row0 + r]);
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+}
+
+template <typename T, int D, bool kExtras>
+__global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
+  const CudaAttentionArgs& a = g.a;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* k_s = reinterpret_cast<T*>(smem_raw);
+  T* v_s = k_s + kBlockN * D;
+  T* q_s = v_s + kBlockN * D;
+  T* do_s = q_s + kBlockM * D;
+  T* ds_s = do_s + kBlockM * D;  // dS^T: 64 keys x 64 queries
+  __shared__ float lse_s[kBlockM], delta_s[kBlockM];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mi = lane / 8;
+  const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
+  const int group = a.q_heads / a.kv_heads;
+  constexpr int kTilesD = D / 8;
+  auto swz = [](int r, int c) { return swizzled<D>(r, c); };
+
+  load_rows<T, D, kBlockN, kThreads>(k_s, a.k, b, kh, n0, a.kv_len, tid, swz);
+  load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, swz);
+  copy_commit();
+  int64_t k_lo, k_hi;
+  position_range(a.pos.k, n0, a.kv_len, lane, k_lo, k_hi);
+
+  float dk[kTilesD][4], dv[kTilesD][4];
+#pragma unroll
+  for (int j = 0; j < kTilesD; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+
+  const float scale_log2 = a.scale * kLog2e, keep_scale = 1.0f / (1.0f - a.dropout_prob);
+  const int key_row = warp * 16 + lane / 4;  // this thread's keys: key_row and key_row + 8 of the block
+  for (int h = kh * group; h < (kh + 1) * group; ++h) {
+    const int64_t row_base = (int64_t(b) * a.q_heads + h) * a.q_len;
+    for (int m0 = 0; m0 < a.q_len; m0 += kBlockM) {
+      int64_t q_lo, q_hi;
+      position_range(a.pos.q, m0, a.q_len, lane, q_lo, q_hi);
+      const BlockKind kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+      if (kind == BlockKind::kSkip) continue;  // the same for every thread
+      __syncthreads();  // the previous step is done with q_s, do_s, ds_s and the row values
+      load_rows<T, D, kBlockM, kThreads>(q_s, a.q, b, h, m0, a.q_len, tid, swz);
+      load_rows<T, D, kBlockM, kThreads>(do_s, g.d_o, b, h, m0, a.q_len, tid, swz);
+      copy_commit();
+      if (tid < kBlockM) {
+        // LSE in log2 units; a row that saw nothing (or is past the end) gets +inf, so its P is 0.
+        const int row = m0 + tid;
+        const float lse = row < a.q_len ? g.lse[row_base + row] : -INFINITY;
+        lse_s[tid] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        delta_s[tid] = row < a.q_len ? g.delta[row_base + row] : 0.0f;
+      }
+      copy_wait_all();
+      __syncthreads();
+
+      // S^T and dP^T: this warp's 16 keys x 64 queries.
+      float st[kQTiles][4], dpt[kQTiles][4];
+#pragma unroll
+      for (int j = 0; j < kQTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t kf[4], vf[4];
+        const int ar = warp * 16 + (mi % 2) * 8 + lane % 8, ac = kk * 2 + mi / 2;
+        ldmatrix_x4(kf, k_s + swizzled<D>(ar, ac));
+        ldmatrix_x4(vf, v_s + swizzled<D>(ar, ac));
+#pragma unroll
+        for (int j = 0; j < kQTiles; j += 2) {
+          uint32_t qf[4], df[4];
+          const int br = (j + mi / 2) * 8 + lane % 8, bc = kk * 2 + mi % 2;
+          ldmatrix_x4(qf, q_s + swizzled<D>(br, bc));
+          ldmatrix_x4(df, do_s + swizzled<D>(br, bc));
+          mma_16816<T>(st[j], kf, qf[0], qf[1]);
+          mma_16816<T>(st[j + 1], kf, qf[2], qf[3]);
+          mma_16816<T>(dpt[j], vf, df[0], df[1]);
+          mma_16816<T>(dpt[j + 1], vf, df[2], df[3]);
+        }
+      }
+
+      // P^T (after dropout, into st) and dS^T times the soft cap's derivative (into dpt).
+      const bool masked = kind == BlockKind::kPartial || kExtras || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
+#pragma unroll
+      for (int j = 0; j < kQTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + key_row + (e >= 2 ? 8 : 0), qcol = j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
+          float s_log2 = st[j][e] * scale_log2, derivative = 1.0f;
+          if (masked) {
+            if (key >= a.kv_len || query >= a.q_len) {
+              s_log2 = -INFINITY;
+            } else if constexpr (kExtras) {
+              const float logit = pair_logit_cuda(a, st[j][e], b, h, query, key, a.pos.q[query], a.pos.k[key]);
+              s_log2 = logit * kLog2e;
+              if (a.soft_cap > 0.0f) {
+                const float th = tanhf(st[j][e] * a.scale / a.soft_cap);
+                derivative = 1.0f - th * th;
+              }
+            } else if (!position_visible(a.pos.q[query], a.pos.k[key], a.causal, a.window_left, a.window_right)) {
+              s_log2 = -INFINITY;
+            }
+          }
+          const float p = fast_exp2(s_log2 - lse_s[qcol]);
+          float weight = 1.0f;
+          if (kExtras && a.dropout_prob > 0.0f && p > 0.0f)
+            weight = dropout_uniform(a.dropout_seed, b, h, a.pos.q[query], a.pos.k[key]) < a.dropout_prob ? 0.0f : keep_scale;
+          const float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
+          if (kExtras && g.dbias.data && p > 0.0f)
+            atomicAdd(static_cast<float*>(const_cast<void*>(g.dbias.data)) + b * g.dbias.stride[0] + h * g.dbias.stride[1] +
+                          int64_t(query) * g.dbias.stride[2] + a.pos.k[key] * g.dbias.stride[3], ds);
+          st[j][e] = p * weight;
+          dpt[j][e] = ds * derivative;
+        }
+
+      // dV += P^T dO and dK += dS^T Q (dO and Q through transposing ldmatrix: queries are the k axis).
+#pragma unroll
+      for (int kc = 0; kc < kBlockM / 16; ++kc) {
+        uint32_t pf[4], sf[4];
+        pack_probabilities<T>(st, kc, pf);
+        pack_probabilities<T>(dpt, kc, sf);
+#pragma unroll
+        for (int j = 0; j < kTilesD; j += 2) {
+          uint32_t of[4], qf[4];
+          const int r = kc * 16 + (mi % 2) * 8 + lane % 8, c = j + mi / 2;
+          ldmatrix_x4_trans(of, do_s + swizzled<D>(r, c));
+          ldmatrix_x4_trans(qf, q_s + swizzled<D>(r, c));
+          mma_16816<T>(dv[j], pf, of[0], of[1]);
+          mma_16816<T>(dv[j + 1], pf, of[2], of[3]);
+          mma_16816<T>(dk[j], sf, qf[0], qf[1]);
+          mma_16816<T>(dk[j + 1], sf, qf[2], qf[3]);
+        }
+      }
+
+      // dS^T to shared memory (16-bit, rows of 64 queries), then dQ rows warp * 16 .. of this block.
+#pragma unroll
+      for (int j = 0; j < kQTiles; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          *reinterpret_cast<uint32_t*>(ds_s + swizzled<kBlockM>(key_row + i * 8, j) + (lane % 4) * 2) =
+              pack2<T>(dpt[j][2 * i], dpt[j][2 * i + 1]);
+      __syncthreads();
+      // In two halves of D: dQ's accumulators live beside dK's and dV's.
+      constexpr int kHalf = kTilesD / 2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float dq[kHalf][4];
+#pragma unroll
+        for (int j = 0; j < kHalf; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < kBlockN / 16; ++kc) {
+          uint32_t af[4];
+          ldmatrix_x4_trans(af, ds_s + swizzled<kBlockM>(kc * 16 + (mi / 2) * 8 + lane % 8, warp * 2 + mi % 2));
+#pragma unroll
+          for (int j = 0; j < kHalf; j += 2) {
+            uint32_t kf[4];
+            ldmatrix_x4_trans(kf, k_s + swizzled<D>(kc * 16 + (mi % 2) * 8 + lane % 8, half * kHalf + j + mi / 2));
+            mma_16816<T>(dq[j], af, kf[0], kf[1]);
+            mma_16816<T>(dq[j + 1], af, kf[2], kf[3]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = m0 + warp * 16 + lane / 4 + i * 8;
+          if (row >= a.q_len) continue;
+          float* out = g.dq + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * D + half * kHalf * 8 + (lane % 4) * 2;
+#pragma unroll
+          for (int j = 0; j < kHalf; ++j) {
+            atomicAdd(out + j * 8, dq[j][2 * i] * a.scale);
+            atomicAdd(out + j * 8 + 1, dq[j][2 * i + 1] * a.scale);
+          }
+        }
+      }
+    }
+  }
+
+  // This block's dK (times the scale: Q entered unscaled) and dV, added into the accumulators.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = n0 + key_row + i * 8;
+    if (key >= a.kv_len) continue;
+    float* dk_out = g.dk + ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * D + (lane % 4) * 2;
+    float* dv_out = g.dv + ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * D + (lane % 4) * 2;
+#pragma unroll
+    for (int j = 0; j < kTilesD; ++j) {
+      dk_out[j * 8] += dk[j][2 * i] * a.scale;
+      dk_out[j * 8 + 1] += dk[j][2 * i + 1] * a.scale;
+      dv_out[j * 8] += dv[j][2 * i];
+      dv_out[j * 8 + 1] += dv[j][2 * i + 1];
+    }
+  }
+}
+
+bool needs_extras(const CudaAttentionArgs& a) {
+  return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
+}
+
+template <typename T, int D>
+void launch_backward(const FlashBackwardArgs& g, cudaStream_t stream) {
+  constexpr size_t smem = BackwardTraits<T, D>::kSmemBytes;
+  auto kernel = needs_extras(g.a) ? flash_backward_kernel<T, D, true> : flash_backward_kernel<T, D, false>;
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned((g.a.kv_len + kBlockN - 1) / kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
+  kernel<<<grid, kThreads, smem, stream>>>(g);
+  RA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc) {
+  const DType dt = in.q.dtype();
+  const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
+  RA_CHECK(D == Dv && (D == 64 || D == 128), "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ", Dv,
+           ": the cuda flash_attn2 backward runs head_dim 64 or 128 with v_head_dim equal to it; use --impl cudnn "
+           "(head_dim 256 on Hopper) or sdpa");
+  RA_CHECK(grad.d_o.dtype() == dt, "do has dtype ", dtype_name(grad.d_o.dtype()), ": the cuda flash_attn2 backward "
+           "needs it in q's dtype ", dtype_name(dt), " (tensor-core operands)");
+  const TensorView& d_o = grad.d_o;
+  const bool aligned = d_o.stride(3) == 1 && d_o.stride(0) % 8 == 0 && d_o.stride(1) % 8 == 0 && d_o.stride(2) % 8 == 0 &&
+                       reinterpret_cast<uintptr_t>(d_o.data()) % 16 == 0;
+  RA_CHECK(aligned, "do must have a contiguous last dimension and 16-byte aligned rows for the cuda flash_attn2 backward");
+  for (auto [t, name] : {std::pair{&acc.dq, "dq"}, std::pair{&acc.dk, "dk"}, std::pair{&acc.dv, "dv"}})
+    RA_CHECK(t->dtype() == DType::kF32 && t->is_contiguous(), "the ", name, " accumulator must be contiguous f32");
+}
+
+void flash_backward_cuda(const FlashBackwardArgs& g, DType dtype, cudaStream_t stream) {
+  if (g.a.q_len == 0 || g.a.kv_len == 0) return;
+  dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
+    dispatch_head_dim<64, 128>(g.a.head_dim, "the cuda flash_attn2 backward", [&](auto head_dim) {
+      launch_backward<decltype(element), decltype(head_dim)::value>(g, stream);
+    });
+  });
+}
+
+}  // namespace ra

@@ -1,0 +1,29 @@
+// The CUDA flash_attn2 backward (FlashAttention-2's algorithm on mma.sync, sm_80 and later, every
+// option): one block of 4 warps owns 64 keys of one (batch, K/V head) and walks the query blocks of
+// every query head of its group, keeping dK and dV in registers; dQ is added to its f32 accumulator
+// with atomics.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "attention/backward.h"
+#include "attention/cuda/cuda_inputs.h"
+
+namespace ra {
+
+struct FlashBackwardArgs {
+  CudaAttentionArgs a;   // inputs, positions and options (no carry)
+  DeviceView4 d_o;       // (B, T, Hq, D), q's dtype, contiguous last dimension
+  const float* lse;      // (B, Hq, T)
+  const float* delta;    // (B, Hq, T)
+  float *dq, *dk, *dv;   // contiguous f32 accumulators shaped as q, k, v
+  DeviceView4 dbias;     // broadcast to (B, Hq, T, S_total); data null without a bias
+};
+
+// Throws naming the tensor and what the kernel needs (f16 / bf16, D == Dv in {64, 128}, dO in q's dtype,
+// contiguous accumulators), pointing at cudnn or sdpa.
+void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc);
+
+void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, cudaStream_t stream);
+
+}  // namespace ra
