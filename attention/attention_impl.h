@@ -51,6 +51,15 @@ class AttentionImpl {
   virtual void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                    const BackwardInputs& grad, const GradViews& acc) const;
 
+  // Where an implementation can do better than accumulate_backward for a whole call: its backward reads O
+  // itself (cudnn: our own forward keeps O in q's dtype for it), and it writes the gradients in q's
+  // dtype directly (true; false: the f32-accumulator path runs).
+  virtual bool backward_reads_output() const { return false; }
+  virtual bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                             const BackwardInputs& grad, Gradients& out) const {
+    return false;
+  }
+
   // Validates, runs the forward unless its output is given (then keeping O in f32 for delta), computes
   // delta, one accumulate_backward and returns the gradients in q's dtype (f32 with f32_gradients) and
   // dbias / dsinks in f32.

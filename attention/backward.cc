@@ -111,7 +111,8 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
     const MemoryKind memory = in.q.memory();
     Carry carry = Carry::empty(B, Hq, T, Dv, memory);
     accumulate(in, pos, params, carry);
-    own = AttentionOutput{Tensor(DType::kF32, {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
+    const DType o_dtype = backward_reads_output() ? in.q.dtype() : DType::kF32;
+    own = AttentionOutput{Tensor(o_dtype, {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
     finalize(carry, in.sinks, own.o, own.lse, cuda_stream());
   }
   const TensorView o = forward_output != nullptr ? forward_output->o.view() : own.o.view();
@@ -119,6 +120,11 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   BackwardInputs grad{lse, d_o, TensorView(), o};
   validate_backward(in, o, grad);
   void* stream = cuda_stream();
+  Gradients direct;
+  if (!f32_gradients && backward_into(in, pos, params, grad, direct)) {
+    if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, compute_delta(o, d_o, stream), stream);
+    return direct;
+  }
   const Tensor delta = compute_delta(o, d_o, stream);
   grad.delta = delta;
   GradAccumulators acc = GradAccumulators::zeros(in, in.q.memory());

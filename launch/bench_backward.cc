@@ -1,6 +1,8 @@
 // `ringattn bench --backward`: the backward of one local implementation on one rank. O and LSE come
-// from one forward; a timed iteration is what a training step's backward call does: delta, zeroed
-// f32 accumulators, accumulate_backward, and dq / dk / dv in the input dtype. Reported: TFLOP/s with
+// from one forward; a timed iteration is the single-call backward a training step makes
+// (AttentionImpl::backward with the forward's output: delta, zeroed f32 accumulators,
+// accumulate_backward and dq / dk / dv in the input dtype, or what the implementation does instead,
+// e.g. cuDNN writing them directly). Reported: TFLOP/s with
 // FlashAttention's count (2.5 times the forward's FLOPs, halved for causal) and, on GPUs, the peak
 // device memory of the call against the memory its tensors need.
 #include "launch/bench_backward.h"
@@ -52,13 +54,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   double device_gib = 0;
   for (int64_t it = 0; it < shape.warmup + shape.iters; ++it) {
     timer.start();
-    const Tensor delta = compute_delta(out.o, d_o_view, stream);
-    GradAccumulators acc = GradAccumulators::zeros(in, memory);
-    impl->accumulate_backward(in, pos, params, BackwardInputs{out.lse, d_o_view, delta, out.o}, acc.views());
-    Tensor dq(shape.dtype, acc.dq.shape(), memory), dk(shape.dtype, acc.dk.shape(), memory),
-        dv(shape.dtype, acc.dv.shape(), memory);
-    for (auto [from, to] : {std::pair{&acc.dq, &dq}, std::pair{&acc.dk, &dk}, std::pair{&acc.dv, &dv}})
-      convert_gradient(*from, *to, stream);
+    const Gradients grads = impl->backward(in, params, d_o_view, &out);
     const double t = timer.stop_seconds();
     if (it >= shape.warmup) times.push_back(t);
 #if RA_HAVE_CUDA  // in use with every tensor of the call still alive: the call's peak

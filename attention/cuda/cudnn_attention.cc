@@ -85,19 +85,32 @@ class CudnnAttention final : public CudaAttentionImpl {
   }
 
   bool has_backward() const override { return true; }
+  bool backward_reads_output() const override { return true; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
-    RA_CHECK(grad.o.defined() && grad.o.memory() == MemoryKind::kCuda && grad.o.stride(3) == 1,
-             "cudnn's backward needs the forward's o on the device (it computes delta from o and do)");
-    RA_CHECK(grad.d_o.dtype() == in.q.dtype() && grad.o.dtype() == in.q.dtype() && grad.d_o.stride(3) == 1,
-             "cudnn's backward needs o and do in q's dtype (", dtype_name(in.q.dtype()), ") with a contiguous last "
-             "dimension; do is ", dtype_name(grad.d_o.dtype()), ", o ", dtype_name(grad.o.dtype()));
-    // cuDNN recomputes P = exp(S - stats): a row that saw nothing (LSE -inf) would give exp(+inf). Its
-    // stats become +inf, so P = 0 and the row adds no gradient.
-    const Tensor stats = finite_or_positive_infinity(grad.lse, stream_);
+    const Tensor stats = checked_stats(in, grad);
     for_each_block(in, pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) {
-      run_backward_block(in, grad, stats, qr, kr, mask, p, acc);
+      run_backward_block(in, grad, stats, qr, kr, mask, p, &acc, nullptr);
     });
+  }
+
+  // One block covering the whole call (dense positions): cuDNN writes dq, dk, dv in q's dtype itself,
+  // with no f32 accumulators and no delta of ours (cuDNN computes it from O).
+  bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& p,
+                     const BackwardInputs& grad, Gradients& out) const override {
+    const std::vector<Run> q_runs = consecutive_runs(pos.q.data(), int64_t(pos.q.size()));
+    const std::vector<Run> k_runs = consecutive_runs(pos.k.data(), int64_t(pos.k.size()));
+    if (q_runs.size() != 1 || k_runs.size() != 1) return false;
+    check_supported(in, p);
+    const Tensor stats = checked_stats(in, grad);
+    out.dq = Tensor(in.q.dtype(), in.q.shape(), MemoryKind::kCuda);
+    out.dk = Tensor(in.q.dtype(), in.k.shape(), MemoryKind::kCuda);
+    out.dv = Tensor(in.q.dtype(), in.v.shape(), MemoryKind::kCuda);
+    const DevicePositions device_pos = positions_.upload(pos, stream_);
+    for_each_block(in, device_pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) {
+      run_backward_block(in, grad, stats, qr, kr, mask, p, nullptr, &out);
+    });
+    return true;
   }
 
  private:
@@ -132,10 +145,22 @@ class CudnnAttention final : public CudaAttentionImpl {
       }
   }
 
+  // O and dO as cuDNN needs them, and its stats: cuDNN recomputes P = exp(S - stats), so a row that
+  // saw nothing (LSE -inf) would give exp(+inf); its stats become +inf, so P = 0 and it adds nothing.
+  Tensor checked_stats(const AttentionInputs& in, const BackwardInputs& grad) const {
+    RA_CHECK(grad.o.defined() && grad.o.memory() == MemoryKind::kCuda && grad.o.stride(3) == 1,
+             "cudnn's backward needs the forward's o on the device (it computes delta from o and do)");
+    RA_CHECK(grad.d_o.dtype() == in.q.dtype() && grad.o.dtype() == in.q.dtype() && grad.d_o.stride(3) == 1,
+             "cudnn's backward needs o and do in q's dtype (", dtype_name(in.q.dtype()), ") with a contiguous last "
+             "dimension; do is ", dtype_name(grad.d_o.dtype()), ", o ", dtype_name(grad.o.dtype()));
+    return finite_or_positive_infinity(grad.lse, stream_);
+  }
+
   // One (query run, key run) block of the backward: cuDNN's dQ, dK, dV in the input dtype, added into
-  // the f32 accumulators at the runs' rows.
+  // the f32 accumulators at the runs' rows (acc), or written straight into `direct` (one block only).
   void run_backward_block(const AttentionInputs& in, const BackwardInputs& grad, const Tensor& stats, const Run& qr,
-                          const Run& kr, MaskMode mask, const AttentionParams& p, const GradViews& acc) const {
+                          const Run& kr, MaskMode mask, const AttentionParams& p, const GradViews* acc,
+                          Gradients* direct) const {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length), o = narrow(grad.o, 1, qr.index, qr.length);
     const TensorView d_o = narrow(grad.d_o, 1, qr.index, qr.length);
     const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
@@ -158,19 +183,21 @@ class CudnnAttention final : public CudaAttentionImpl {
     int64_t workspace_bytes = 0;
     RA_CHECK(graph.get_workspace_size(workspace_bytes).is_good(), "cudnn: querying the workspace size failed");
     auto align = [](size_t n) { return (n + 255) / 256 * 256; };
-    char* scratch = reserve(align(dq_bytes) + 2 * align(dkv_bytes) + size_t(workspace_bytes) + 256);
-    char* dq = scratch;
-    char* dk = dq + align(dq_bytes);
-    char* dv = dk + align(dkv_bytes);
-    char* workspace = dv + align(dkv_bytes);
+    const size_t outputs = direct ? 0 : align(dq_bytes) + 2 * align(dkv_bytes);
+    char* scratch = reserve(outputs + size_t(workspace_bytes) + 256);
+    char* dq = direct ? direct->dq.data<char>() : scratch;
+    char* dk = direct ? direct->dk.data<char>() : dq + align(dq_bytes);
+    char* dv = direct ? direct->dv.data<char>() : dk + align(dkv_bytes);
+    char* workspace = scratch + outputs;
     std::unordered_map<int64_t, void*> pack = {
         {kQ, q.data()},   {kK, k.data()},   {kV, v.data()},   {kO, o.data()}, {kDO, d_o.data()},
         {kStats, stats.data<float>() + qr.index}, {kDQ, dq}, {kDK, dk}, {kDV, dv}};
     fe::error_t status = graph.execute(handle_, pack, workspace);
     RA_CHECK(status.is_good(), "cudnn's attention backward failed to run: ", status.get_message());
-    add_rows_cuda(narrow(acc.dq, 1, qr.index, qr.length), TensorView(dq, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda), stream_);
-    add_rows_cuda(narrow(acc.dk, 1, kr.index, kr.length), TensorView(dk, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
-    add_rows_cuda(narrow(acc.dv, 1, kr.index, kr.length), TensorView(dv, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
+    if (direct) return;
+    add_rows_cuda(narrow(acc->dq, 1, qr.index, qr.length), TensorView(dq, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda), stream_);
+    add_rows_cuda(narrow(acc->dk, 1, kr.index, kr.length), TensorView(dk, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
+    add_rows_cuda(narrow(acc->dv, 1, kr.index, kr.length), TensorView(dv, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
   }
 
   // cuDNN's SDPA backward graph for these views; stats is (B, H, T) of the whole call, read from the

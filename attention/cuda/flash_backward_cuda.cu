@@ -24,13 +24,14 @@ constexpr int kBlockN = 64;  // keys per block, 16 per warp
 constexpr int kBlockM = 64;  // query rows per step
 constexpr int kQTiles = kBlockM / 8;
 
-// Shared memory of one block: K, V, Q, dO tiles (rows of D) and dS^T (64 x 64), all 16-bit.
+// Shared memory of one block: K and V tiles, two buffers each of Q and dO (rows of D) and dS^T (64 x 64),
+// all 16-bit; two blocks fit on an SM at D = 128.
 template <typename T, int D>
 struct BackwardTraits {
-  static constexpr size_t kSmemBytes = size_t(4 * kBlockN * D + kBlockN * kBlockM) * sizeof(T);
+  static constexpr size_t kSmemBytes = size_t(2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * sizeof(T);
   static_assert(D % 16 == 0 && D <= 128, "dK and dV of 16 keys x D stay in registers: D <= 128");
   static_assert(kBlockN == kWarps * 16 && kBlockM == 64, "one 16-key MMA tile per warp; dS^T rows of 64 queries");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block on sm_90");
+  static_assert(kSmemBytes <= 227 * 1024 / 2 - 1024, "two blocks' shared memory on an sm_90 SM");
 };
 
 // The position range [lo, hi] of `count` rows from row0 (every warp computes the same).
@@ -45,15 +46,15 @@ __device__ __forceinline__ void position_range(const int64_t* positions, int row
 }
 
 template <typename T, int D, bool kExtras>
-__global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
+__global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const FlashBackwardArgs g) {
   const CudaAttentionArgs& a = g.a;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);
   T* v_s = k_s + kBlockN * D;
-  T* q_s = v_s + kBlockN * D;
-  T* do_s = q_s + kBlockM * D;
-  T* ds_s = do_s + kBlockM * D;  // dS^T: 64 keys x 64 queries
-  __shared__ float lse_s[kBlockM], delta_s[kBlockM];
+  T* q_buffers = v_s + kBlockN * D;            // two buffers of kBlockM x D
+  T* do_buffers = q_buffers + 2 * kBlockM * D;  // two buffers of kBlockM x D
+  T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: 64 keys x 64 queries
+  __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mi = lane / 8;
   const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
@@ -75,26 +76,47 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
 
   const float scale_log2 = a.scale * kLog2e, keep_scale = 1.0f / (1.0f - a.dropout_prob);
   const int key_row = warp * 16 + lane / 4;  // this thread's keys: key_row and key_row + 8 of the block
-  for (int h = kh * group; h < (kh + 1) * group; ++h) {
-    const int64_t row_base = (int64_t(b) * a.q_heads + h) * a.q_len;
-    for (int m0 = 0; m0 < a.q_len; m0 += kBlockM) {
-      int64_t q_lo, q_hi;
-      position_range(a.pos.q, m0, a.q_len, lane, q_lo, q_hi);
-      const BlockKind kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
-      if (kind == BlockKind::kSkip) continue;  // the same for every thread
-      __syncthreads();  // the previous step is done with q_s, do_s, ds_s and the row values
-      load_rows<T, D, kBlockM, kThreads>(q_s, a.q, b, h, m0, a.q_len, tid, swz);
-      load_rows<T, D, kBlockM, kThreads>(do_s, g.d_o, b, h, m0, a.q_len, tid, swz);
-      copy_commit();
-      if (tid < kBlockM) {
-        // LSE in log2 units; a row that saw nothing (or is past the end) gets +inf, so its P is 0.
-        const int row = m0 + tid;
-        const float lse = row < a.q_len ? g.lse[row_base + row] : -INFINITY;
-        lse_s[tid] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-        delta_s[tid] = row < a.q_len ? g.delta[row_base + row] : 0.0f;
+  // The steps are the (query head, query block) pairs whose positions can see these keys, in order;
+  // a step's Q, dO, LSE and delta load while the previous step computes (two buffers).
+  const int h_end = (kh + 1) * group;
+  auto find_step = [&](int& h, int& m0, BlockKind& kind) {  // from (h, m0) on; false past the last
+    for (; h < h_end; ++h, m0 = 0)
+      for (; m0 < a.q_len; m0 += kBlockM) {
+        int64_t q_lo, q_hi;
+        position_range(a.pos.q, m0, a.q_len, lane, q_lo, q_hi);
+        kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+        if (kind != BlockKind::kSkip) return true;
       }
-      copy_wait_all();
-      __syncthreads();
+    return false;
+  };
+  auto load_step = [&](int buffer, int h, int m0) {
+    load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, swz);
+    load_rows<T, D, kBlockM, kThreads>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len, tid, swz);
+    if (tid < kBlockM) {  // 4-byte copies: rows of a (batch, head) need not be 16-byte aligned
+      const int row = m0 + tid;
+      const int64_t at = (int64_t(b) * a.q_heads + h) * a.q_len + (row < a.q_len ? row : 0);
+      copy_4(&lse_buffers[buffer][tid], g.lse + at, row < a.q_len);
+      copy_4(&delta_buffers[buffer][tid], g.delta + at, row < a.q_len);
+    }
+  };
+  int h = kh * group, m0 = 0, buffer = 0;
+  BlockKind kind = BlockKind::kSkip;
+  bool have = find_step(h, m0, kind);
+  if (have) load_step(0, h, m0);
+  copy_commit();
+  while (have) {
+    int next_h = h, next_m0 = m0 + kBlockM;
+    BlockKind next_kind = BlockKind::kSkip;
+    const bool next = find_step(next_h, next_m0, next_kind);
+    copy_wait_all();
+    __syncthreads();  // this step's tiles are in; every warp is done with the other buffer and ds_s
+    if (next) load_step(1 - buffer, next_h, next_m0);
+    copy_commit();
+    {
+      const T* q_s = q_buffers + buffer * kBlockM * D;
+      const T* do_s = do_buffers + buffer * kBlockM * D;
+      const float* lse_s = lse_buffers[buffer];
+      const float* delta_s = delta_buffers[buffer];
 
       // S^T and dP^T: this warp's 16 keys x 64 queries.
       float st[kQTiles][4], dpt[kQTiles][4];
@@ -143,11 +165,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
               s_log2 = -INFINITY;
             }
           }
-          const float p = fast_exp2(s_log2 - lse_s[qcol]);
+          // LSE in log2 units; a row that saw nothing (-inf) or is past the end gives P = 0.
+          const float lse = lse_s[qcol];
+          const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
           float weight = 1.0f;
           if (kExtras && a.dropout_prob > 0.0f && p > 0.0f)
             weight = dropout_uniform(a.dropout_seed, b, h, a.pos.q[query], a.pos.k[key]) < a.dropout_prob ? 0.0f : keep_scale;
-          const float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
+          const float ds = p * (dpt[j][e] * weight - (query < a.q_len ? delta_s[qcol] : 0.0f));
           if (kExtras && g.dbias.data && p > 0.0f)
             atomicAdd(static_cast<float*>(const_cast<void*>(g.dbias.data)) + b * g.dbias.stride[0] + h * g.dbias.stride[1] +
                           int64_t(query) * g.dbias.stride[2] + a.pos.k[key] * g.dbias.stride[3], ds);
@@ -216,7 +240,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
         }
       }
     }
+    h = next_h;
+    m0 = next_m0;
+    kind = next_kind;
+    have = next;
+    buffer = 1 - buffer;
   }
+  copy_wait_all();
 
   // This block's dK (times the scale: Q entered unscaled) and dV, added into the accumulators.
 #pragma unroll
