@@ -1,5 +1,6 @@
-// CPU flash kernel throughput beside the machine's f32 GEMM rate (OpenBLAS sgemm), both measured in
-// this run with the same threads: GFLOP/s (4 B H T S D, half for causal), medians, and their ratio.
+// CPU flash kernel throughput, forward and backward, beside the machine's f32 GEMM rate (OpenBLAS
+// sgemm), all measured in this run with the same threads: GFLOP/s (4 B H T S D, half for causal; 2.5x
+// that for the backward), medians, and their ratio.
 // Usage: flash_cpu_bench [T] [H] [D] [--append FILE]   (defaults 4096 8 128)
 #include <cblas.h>
 #include <omp.h>
@@ -78,6 +79,17 @@ int main(int argc, char** argv) {
     std::snprintf(row, sizeof row, "| flash_attn2 cpu (%s) | B=1 T=S=%ld H=%ld D=%ld f32 %s | %d | %.3f s | %.1f | %.1f | %.0f%% |\n",
                   ra::cpu_isa_name(ra::best_cpu_isa()), long(T), long(H), long(D), causal ? "causal" : "non-causal",
                   threads, s, gflops, gemm_gflops, 100.0 * gflops / gemm_gflops);
+    rows += row;
+    // The backward (FlashAttention's count: 2.5x the forward's FLOPs): delta, accumulate_backward and
+    // the gradients, from this forward's output.
+    const ra::AttentionOutput out = flash->forward(in, p);
+    std::mt19937_64 grad_rng(2);
+    const ra::Tensor d_o = ra::random_normal(ra::DType::kF32, {1, T, H, D}, grad_rng);
+    const double bs = median_seconds(3, [&] { flash->backward(in, p, d_o, &out); });
+    const double bgflops = 2.5 * 4.0 * H * double(T) * double(T) * D / (causal ? 2 : 1) / bs * 1e-9;
+    std::snprintf(row, sizeof row, "| flash_attn2 cpu backward (%s) | B=1 T=S=%ld H=%ld D=%ld f32 %s | %d | %.3f s | %.1f | %.1f | %.0f%% |\n",
+                  ra::cpu_isa_name(ra::best_cpu_isa()), long(T), long(H), long(D), causal ? "causal" : "non-causal",
+                  threads, bs, bgflops, gemm_gflops, 100.0 * bgflops / gemm_gflops);
     rows += row;
   }
   std::printf("| kernel | shape | threads | time (median) | GFLOP/s | sgemm %d^3 GFLOP/s | ratio |\n|---|---|---|---|---|---|---|\n%s",
