@@ -53,12 +53,15 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   std::vector<double> times;
   double device_gib = 0;
   for (int64_t it = 0; it < shape.warmup + shape.iters; ++it) {
+#if RA_HAVE_CUDA
+    if (job.on_device) cuda_reset_allocated_peak();
+#endif
     timer.start();
     const Gradients grads = impl->backward(in, params, d_o_view, &out);
     const double t = timer.stop_seconds();
     if (it >= shape.warmup) times.push_back(t);
-#if RA_HAVE_CUDA  // in use with every tensor of the call still alive: the call's peak
-    if (job.on_device) device_gib = std::max(device_gib, double(cuda_bytes_in_use()) / double(1 << 30));
+#if RA_HAVE_CUDA  // the call's high-water mark of ringattn's device allocations (inputs, O, dO included)
+    if (job.on_device) device_gib = std::max(device_gib, double(cuda_allocated_peak_bytes()) / double(1 << 30));
 #endif
   }
   const double time = median(times);
@@ -79,8 +82,9 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
               std::string(dtype_name(shape.dtype)).c_str(), int(params.causal), time * 1e3, flops / time * 1e-12,
               peak.c_str());
   if (job.on_device)
-    std::printf("  peak device memory %.2f GiB (CUDA context and library workspaces included); the tensors of the call "
-                "need %.2f GiB (q, k, v, o, do, lse, delta, f32 dq / dk / dv, dq / dk / dv)\n", device_gib, theory);
+    std::printf("  peak device memory of the call %.2f GiB (ringattn's allocations: inputs, O, dO, scratch and workspaces "
+                "it hands to libraries; not the CUDA context); its tensors in theory %.2f GiB (q, k, v, o, do, lse, "
+                "delta, f32 dq / dk / dv, dq / dk / dv)\n", device_gib, theory);
   return kOk;
 }
 

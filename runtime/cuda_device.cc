@@ -1,6 +1,10 @@
 // CUDA runtime wrappers. Errors become ra::Error with the call and the CUDA error's name.
 #include "runtime/cuda_device.h"
 
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
 #include <thread>
 #include <utility>
 
@@ -36,6 +40,32 @@ size_t cuda_bytes_in_use() {
   return total_bytes - free_bytes;
 }
 
+namespace {
+
+// Device bytes held by ringattn's own allocations (tensors, scratch, library workspaces it hands out):
+// the current total and its high-water mark since the last reset.
+struct AllocationTracker {
+  std::mutex mutex;
+  std::unordered_map<void*, size_t> sizes;
+  size_t current = 0, peak = 0;
+};
+AllocationTracker& tracker() {
+  static AllocationTracker t;
+  return t;
+}
+
+}  // namespace
+
+size_t cuda_allocated_peak_bytes() {
+  std::lock_guard<std::mutex> lock(tracker().mutex);
+  return tracker().peak;
+}
+
+void cuda_reset_allocated_peak() {
+  std::lock_guard<std::mutex> lock(tracker().mutex);
+  tracker().peak = tracker().current;
+}
+
 void* cuda_allocate(size_t bytes, const char* what) {
   void* p = nullptr;
   const cudaError_t status = cudaMalloc(&p, bytes ? bytes : 1);
@@ -46,10 +76,24 @@ void* cuda_allocate(size_t bytes, const char* what) {
     RA_FAIL("out of device memory: ", what, " needs ", bytes, " bytes but only ", free_bytes, " of ", total_bytes,
             " bytes are free on the device (", cudaGetErrorName(status), "); use more ranks or a shorter sequence");
   }
+  std::lock_guard<std::mutex> lock(tracker().mutex);
+  tracker().sizes[p] = bytes;
+  tracker().current += bytes;
+  tracker().peak = std::max(tracker().peak, tracker().current);
   return p;
 }
 
-void cuda_release(void* p) { (void)cudaFree(p); }
+void cuda_release(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(tracker().mutex);
+    auto it = tracker().sizes.find(p);
+    if (it != tracker().sizes.end()) {
+      tracker().current -= it->second;
+      tracker().sizes.erase(it);
+    }
+  }
+  (void)cudaFree(p);
+}
 
 void cuda_memset_zero(void* p, size_t bytes) {
   RA_CUDA_CHECK(cudaMemset(p, 0, bytes));

@@ -34,7 +34,11 @@ void cuda_copy(void* dst, const void* src, size_t bytes);  // any direction, syn
 // Bytes in use on the current device (total minus free): every process's allocations, the CUDA
 // context and NCCL's buffers included.
 size_t cuda_bytes_in_use();
-size_t cuda_bytes_free();  // on the current device, for the up-front fit check
+size_t cuda_bytes_free();
+// The high-water mark of the device bytes ringattn itself has allocated (cuda_allocate) since the last
+// reset: a call's peak, without the CUDA context or libraries' private pools.
+size_t cuda_allocated_peak_bytes();
+void cuda_reset_allocated_peak();  // on the current device, for the up-front fit check
 // Page-locked host memory (MemoryKind::kPinned): host <-> device copies from it are DMA at full speed.
 void* cuda_allocate_pinned(size_t bytes, const char* what);
 void cuda_release_pinned(void* p);
