@@ -10,7 +10,8 @@
 # (issue 7's T = 65536 to 1M rows on 1, 2 and 4 GPUs), `transport` (the ring over NCCL and over copy
 # engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
 # build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `aim` (one GPU and the ring at 8192 and 16384 tokens per GPU, causal and not, with the variants), `checksums` (the ring with and without block checksums, and the variants), `outside` (every rank's time outside its kernels, and its kernel chain), `contention` (the ring with and without block checksums against the variants);
-# `backward` (issue 20: GPU tests, CLI --backward round trips, bench --backward beside PyTorch's SDPA backward);
+# `backward` (issue 20: GPU tests, CLI --backward round trips, bench --backward beside PyTorch's SDPA backward),
+# `backward_ab` (the flash backward of this build against the variants, interleaved);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -356,4 +357,16 @@ if has backward; then  # issue 20: the backward's GPU tests, CLI round trips, th
     done
   done
   python3 bench/torch_backward.py 2>&1 | tee "$out/torch_backward.txt"
+fi
+if has backward_ab; then  # the flash backward of this build and of each variant, interleaved
+  flash_backward_rows() {
+    local b=$1 causal shape
+    for causal in "" "--causal"; do
+      for shape in "32 128" "64 64"; do
+        $b bench --backward --backend cuda --impl flash_attn2 --batch 1 --heads ${shape% *} --head-dim ${shape#* } \
+          --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
+      done
+    done
+  }
+  for_each_build flash_backward_rows
 fi

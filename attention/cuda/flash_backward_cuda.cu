@@ -1,8 +1,8 @@
-// FlashAttention-2's backward on tensor cores. A block owns 64 keys (4 warps x 16) of one (batch, K/V
+// FlashAttention-2's backward on tensor cores. A block owns 128 keys (8 warps x 16) of one (batch, K/V
 // head); for each query head of the group and each 64-row query block that can see its keys it
 // computes, per warp and in registers, S^T = K Q^T and dP^T = V dO^T (keys as rows, so that P^T and
 // dS^T are ready-made A operands), P^T from LSE, dS^T = P^T (dP^T - delta), then dV += P^T dO and
-// dK += dS^T Q. dS^T goes through shared memory once so that each warp can form 16 rows of
+// dK += dS^T Q. dS^T goes through shared memory once so that each warp can form 16 rows x D/2 of
 // dQ = dS K, which are added to the f32 dQ accumulator with atomics (as FlashAttention-2 does).
 // Every option: positions, and with kExtras the mask, bias (dBias by atomics), segment ids, soft cap
 // (chain rule through tanh) and dropout regenerated from the forward's hash.
@@ -19,27 +19,28 @@ namespace {
 
 using namespace flash;
 
-constexpr int kWarps = 4, kThreads = kWarps * 32;
-constexpr int kBlockN = 64;  // keys per block, 16 per warp
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kBlockN = 128;  // keys per block, 16 per warp: dQ's atomics are per key block
 constexpr int kBlockM = 64;  // query rows per step
 constexpr int kQTiles = kBlockM / 8;
 
 // Shared memory of one block: K and V tiles, two buffers each of Q and dO (rows of D) and dS^T (64 x 64),
-// all 16-bit; two blocks fit on an SM at D = 128.
+// all 16-bit.
 template <typename T, int D>
 struct BackwardTraits {
   static constexpr size_t kSmemBytes = size_t(2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * sizeof(T);
   static_assert(D % 16 == 0 && D <= 128, "dK and dV of 16 keys x D stay in registers: D <= 128");
   static_assert(kBlockN == kWarps * 16 && kBlockM == 64, "one 16-key MMA tile per warp; dS^T rows of 64 queries");
-  static_assert(kSmemBytes <= 227 * 1024 / 2 - 1024, "two blocks' shared memory on an sm_90 SM");
+  static_assert(kWarps == 2 * (kBlockM / 16), "dQ: each warp forms 16 query rows x half of D");
+  static_assert(kSmemBytes <= 227 * 1024 - 1024, "one block's shared memory on an sm_90 SM");
 };
 
 // The position range [lo, hi] of `count` rows from row0 (every warp computes the same).
-__device__ __forceinline__ void position_range(const int64_t* positions, int row0, int rows_total, int lane,
+__device__ __forceinline__ void position_range(const int64_t* positions, int row0, int count, int rows_total, int lane,
                                                int64_t& lo, int64_t& hi) {
   lo = INT64_MAX;
   hi = INT64_MIN;
-  for (int r = lane; r < 64; r += 32)
+  for (int r = lane; r < count; r += 32)
     if (row0 + r < rows_total) lo = min(lo, positions[row0 + r]), hi = max(hi, positions[row0 + r]);
   lo = warp_min(lo);
   hi = warp_max(hi);
@@ -83,7 +84,7 @@ __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const fl
 }
 
 template <typename T, int D, bool kExtras>
-__global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const FlashBackwardArgs g) {
+__global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
   const CudaAttentionArgs& a = g.a;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Flash
   load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, swz);
   copy_commit();
   int64_t k_lo, k_hi;
-  position_range(a.pos.k, n0, a.kv_len, lane, k_lo, k_hi);
+  position_range(a.pos.k, n0, kBlockN, a.kv_len, lane, k_lo, k_hi);
 
   float dk[kTilesD][4], dv[kTilesD][4];
 #pragma unroll
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Flash
     for (; h < h_end; ++h, m0 = 0)
       for (; m0 < a.q_len; m0 += kBlockM) {
         int64_t q_lo, q_hi;
-        position_range(a.pos.q, m0, a.q_len, lane, q_lo, q_hi);
+        position_range(a.pos.q, m0, kBlockM, a.q_len, lane, q_lo, q_hi);
         kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
         if (kind != BlockKind::kSkip) return true;
       }
@@ -243,29 +244,27 @@ __global__ void __launch_bounds__(kThreads, 2) flash_backward_kernel(const Flash
           *reinterpret_cast<uint32_t*>(ds_s + swizzled<kBlockM>(key_row + i * 8, j) + (lane % 4) * 2) =
               pack2<T>(dpt[j][2 * i], dpt[j][2 * i + 1]);
       __syncthreads();
-      // In two halves of D: dQ's accumulators live beside dK's and dV's.
+      // Warp w forms dQ rows of query tile w % 4, the half w / 4 of D (accumulators beside dK's and dV's).
       constexpr int kHalf = kTilesD / 2;
+      const int q_tile = warp % (kBlockM / 16), half = warp / (kBlockM / 16);
+      float dq[kHalf][4];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float dq[kHalf][4];
+      for (int j = 0; j < kHalf; ++j)
 #pragma unroll
-        for (int j = 0; j < kHalf; ++j)
+        for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dq[j][e] = 0.0f;
+      for (int kc = 0; kc < kBlockN / 16; ++kc) {
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, ds_s + swizzled<kBlockM>(kc * 16 + (mi / 2) * 8 + lane % 8, q_tile * 2 + mi % 2));
 #pragma unroll
-        for (int kc = 0; kc < kBlockN / 16; ++kc) {
-          uint32_t af[4];
-          ldmatrix_x4_trans(af, ds_s + swizzled<kBlockM>(kc * 16 + (mi / 2) * 8 + lane % 8, warp * 2 + mi % 2));
-#pragma unroll
-          for (int j = 0; j < kHalf; j += 2) {
-            uint32_t kf[4];
-            ldmatrix_x4_trans(kf, k_s + swizzled<D>(kc * 16 + (mi % 2) * 8 + lane % 8, half * kHalf + j + mi / 2));
-            mma_16816<T>(dq[j], af, kf[0], kf[1]);
-            mma_16816<T>(dq[j + 1], af, kf[2], kf[3]);
-          }
+        for (int j = 0; j < kHalf; j += 2) {
+          uint32_t kf[4];
+          ldmatrix_x4_trans(kf, k_s + swizzled<D>(kc * 16 + (mi % 2) * 8 + lane % 8, half * kHalf + j + mi / 2));
+          mma_16816<T>(dq[j], af, kf[0], kf[1]);
+          mma_16816<T>(dq[j + 1], af, kf[2], kf[3]);
         }
-        add_dq_rows<kHalf>(g, dq, b, h, m0 + warp * 16 + lane / 4, half * kHalf * 8, lane);
       }
+      add_dq_rows<kHalf>(g, dq, b, h, m0 + q_tile * 16 + lane / 4, half * kHalf * 8, lane);
     }
     h = next_h;
     m0 = next_m0;

@@ -1,5 +1,5 @@
 // The CUDA flash_attn2 backward (FlashAttention-2's algorithm on mma.sync, sm_80 and later, every
-// option): one block of 4 warps owns 64 keys of one (batch, K/V head) and walks the query blocks of
+// option): one block of 8 warps owns 128 keys of one (batch, K/V head) and walks the query blocks of
 // every query head of its group, keeping dK and dV in registers; dQ is added to its f32 accumulator
 // with atomics.
 #pragma once
