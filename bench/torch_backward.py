@@ -29,7 +29,7 @@ def time_backward(backend, heads, head_dim, seq, causal):
 
 
 for causal in (False, True):
-    for heads, head_dim in ((32, 128), (64, 64)):
+    for heads, head_dim in ((32, 128), (64, 64), (16, 256)):
         for name, backend in (("torch_flash2", SDPBackend.FLASH_ATTENTION), ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)):
             seconds, tflops = time_backward(backend, heads, head_dim, 32768, causal)
             print(f"{name:13s} H={heads:3d} D={head_dim:4d} T=32768 causal={int(causal)} "
