@@ -65,6 +65,13 @@ class AttentionImpl {
   // dbias / dsinks in f32.
   Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TensorView& d_o,
                      const AttentionOutput* forward_output = nullptr, bool f32_gradients = false) const;
+  // The same at given positions (the ring's: ring_positions).
+  Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
+                     const TensorView& d_o, const AttentionOutput* forward_output = nullptr,
+                     bool f32_gradients = false) const;
+  // Sums what a sequence-parallel backward computes per rank but owns jointly (dsinks; dbias of a bias
+  // broadcast over the query rows) over the sequence axis; local implementations have nothing to sum.
+  virtual void reduce_sequence_gradients(Gradients& g) const {}
 };
 
 // The effective softmax scale: params' value, or 1/sqrt(head_dim) when it is 0.

@@ -100,7 +100,12 @@ void AttentionImpl::accumulate_backward(const AttentionInputs&, const TokenPosit
 
 Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TensorView& d_o,
                                   const AttentionOutput* forward_output, bool f32_gradients) const {
-  const TokenPositions pos = TokenPositions::dense(in.q.dim(1), in.k.dim(1));
+  return backward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)), d_o, forward_output, f32_gradients);
+}
+
+Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
+                                  const TensorView& d_o, const AttentionOutput* forward_output,
+                                  bool f32_gradients) const {
   validate_attention(in, params, pos, max_head_dim());
   validate_backward(in, TensorView(), BackwardInputs{TensorView(), d_o, TensorView()}, /*need_lse=*/false);
   AttentionOutput own;
@@ -133,6 +138,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   Gradients g{in_dtype(std::move(acc.dq), dtype, stream), in_dtype(std::move(acc.dk), dtype, stream),
               in_dtype(std::move(acc.dv), dtype, stream), std::move(acc.dbias), Tensor()};
   if (in.sinks.defined()) g.dsinks = sinks_gradient(in.sinks, lse, delta, stream);
+  reduce_sequence_gradients(g);
   return g;
 }
 

@@ -157,11 +157,16 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   check_named_datasets(datasets, file);
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts), datasets.names);
   if (backward) {  // every rank decides alike, before any exchange
-    RA_CHECK(job.sequence_axis().size() == 1, "--backward runs on one sequence shard for now: the mesh ",
-             job.shape.str(), " splits the sequence over ", job.sequence_axis().size(), " ranks (the ring's backward is "
-             "not built yet); use sp=1 (batch and heads may be sharded, e.g. --mesh dp=", job.world.size(), ")");
+    RA_CHECK(job.sequence_axis().size() == 1 || !job.on_device, "--backward on GPUs runs on one sequence shard for "
+             "now: the mesh ", job.shape.str(), " splits the sequence over ", job.sequence_axis().size(), " ranks (the GPU "
+             "ring's backward is not built yet; the host ring's is: --backend cpu); use sp=1 (batch and heads may be "
+             "sharded, e.g. --mesh dp=", job.world.size(), ")");
+    RA_CHECK(job.sequence_axis().size() == 1 || opts.impl == "ring", "--backward with --impl ", opts.impl, " on the mesh ",
+             job.shape.str(), ": a sequence split over ", job.sequence_axis().size(), " ranks needs --impl ring");
+    RA_CHECK(!opts.deterministic, "--backward with --deterministic: the exact-sum ring has no backward yet (the "
+             "backward's sums run in a fixed order for a given ring size and layout without it)");
     RA_CHECK(!file.has(plan.names.bias) || job.world.size() == 1, "--backward with a bias runs on one rank: dbias "
-             "of a bias shared by several ranks would need a reduction that is not built yet");
+             "of a bias shared by several ranks is not written to the file yet");
     check_upstream_gradient(file, plan, do_dataset);
   }
   // Before any allocation: the slices, and on GPUs the device's share, must fit.
@@ -191,9 +196,9 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
       progress(line.c_str());
     };
   auto impl = make_impl(opts, job, plan.q_len, plan.kv_len, ctx);
-  // On one sequence shard the ring is its local implementation, whose backward runs here.
+  // On GPUs the ring has no backward yet: on one sequence shard its local implementation runs it.
   std::unique_ptr<AttentionImpl> local_for_ring;
-  if (backward && impl->name() == "ring") {
+  if (backward && impl->name() == "ring" && job.on_device) {
     local_for_ring = AttentionRegistry::builtin().create(opts.local_impl, parse_backend(opts.backend));
     local_for_ring->set_cuda_stream(job.stream());
   }
@@ -234,11 +239,14 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   double backward_seconds = 0;
   if (backward) {
     progress("the backward pass");
+    // Its own forward, then the backward's trip around the ring and the accumulators' last hop home.
+    watchdog.phase("the backward pass", std::chrono::seconds(opts.timeout_s * (2 * job.sequence_axis().size() + 3)));
     const Tensor d_o = read_upstream_gradient(file, plan, do_dataset, staging);
     const Tensor d_o_device = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();
     lap();
-    grads = backward_impl.backward(job.on_device ? staged.inputs : in, params, job.on_device ? d_o_device.view() : d_o.view(),
-                           nullptr, f32_gradients);
+    const TokenPositions& backward_pos = local_for_ring ? TokenPositions::dense(plan.q_len, plan.kv_len) : pos;
+    grads = backward_impl.backward(job.on_device ? staged.inputs : in, params, backward_pos,
+                                   job.on_device ? d_o_device.view() : d_o.view(), nullptr, f32_gradients);
     job.synchronize();
     backward_seconds = lap();
     if (job.on_device)

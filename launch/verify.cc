@@ -22,13 +22,26 @@ namespace {
 int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const ShardPlan& plan, const LocalTensors& local,
                          const TokenPositions& pos, const AttentionParams& params, const std::string& do_dataset,
                          Job& job) {
-  RA_CHECK(plan.sp_size == 1, "'", out_file.path(), "' holds gradients, which run --backward writes on one sequence "
-           "shard: verify it with the same mesh (sp=1)");
   check_upstream_gradient(in_file, plan, do_dataset);
   const Tensor d_o = read_upstream_gradient(in_file, plan, do_dataset);
   Tensor dq, dk, dv, dbias;
   read_gradients(out_file, plan, dq, dk, dv, dbias);
-  const ReferenceGradients ref = reference_attention_backward_f64(local.inputs(), params, pos, d_o);
+  ReferenceGradients ref = reference_attention_backward_f64(local.inputs(), params, pos, d_o);
+  if (plan.sp_size > 1) {  // this rank's queries gave every key a part of dK / dV: sum them, keep its rows
+    Communicator& sequence = job.sequence_axis();
+    const std::vector<int64_t> rows = layout_indices(plan.layout, plan.kv_len, plan.sp_size, plan.sp_index);
+    for (auto [full, width] : {std::pair{&ref.dk, plan.head_dim}, std::pair{&ref.dv, plan.v_head_dim}}) {
+      sequence.all_reduce(full->data(), full->size(), ReduceOp::kSum);
+      const int64_t row_width = plan.hkv_count * width, batch = int64_t(full->size()) / (plan.kv_len * row_width);
+      std::vector<double> mine;
+      mine.reserve(size_t(batch) * rows.size() * size_t(row_width));
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t r : rows)
+          mine.insert(mine.end(), full->begin() + (b * plan.kv_len + r) * row_width,
+                      full->begin() + (b * plan.kv_len + r + 1) * row_width);
+      *full = std::move(mine);
+    }
+  }
   // The GPU kernels round P and dS to the input dtype before their products; the CPU ones keep f32.
   const bool on_gpu = out_file.string_attribute("backend") == "cuda";
   const DType rounded = on_gpu ? plan.dtype : DType::kF32;

@@ -8,64 +8,17 @@
 #include <vector>
 
 #include "attention/ring/block_schedule.h"
+#include "attention/ring/host_block.h"
 #include "attention/cpu/exact_sum_cpu.h"
 #include "attention/registry.h"
 #include "runtime/activity.h"
-#include "runtime/checksum.h"
 #include "runtime/error.h"
 
 namespace ra {
 namespace {
 
-// Copies a (B, S, H, D) view into contiguous bytes.
-void pack(const TensorView& t, char* dst) {
-  const size_t elem = dtype_size(t.dtype());
-  const size_t row = size_t(t.dim(3)) * elem;
-  for (int64_t b = 0; b < t.dim(0); ++b)
-    for (int64_t s = 0; s < t.dim(1); ++s)
-      for (int64_t h = 0; h < t.dim(2); ++h) {
-        const char* src = static_cast<const char*>(t.data()) + (b * t.stride(0) + s * t.stride(1) + h * t.stride(2)) * int64_t(elem);
-        if (t.stride(3) == 1) {
-          std::memcpy(dst, src, row);
-        } else {
-          for (int64_t d = 0; d < t.dim(3); ++d) std::memcpy(dst + d * int64_t(elem), src + d * t.stride(3) * int64_t(elem), elem);
-        }
-        dst += row;
-      }
-}
-
-// Travels in front of every block: where it started and the CRC-32 of what follows.
-struct BlockHeader {
-  uint32_t magic = 0x52414b56;  // "RAKV"
-  int32_t origin_rank = -1;
-  uint32_t crc = 0;
-  uint32_t verified = 0;  // 1 when `crc` was computed (checksums on)
-  uint64_t payload_bytes = 0;
-};
-static_assert(sizeof(BlockHeader) == 24);
-constexpr size_t kHeaderBytes = 32;  // keeps the payload 16-byte aligned
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The block received at `step` must come from rank - step - 1 with the bytes it was sent with;
-// anything else is reported (never merged).
-void check_arrived_block(const char* block, size_t payload, int rank, int step, int n, const AttentionInputs& in) {
-  BlockHeader header;
-  std::memcpy(&header, block, sizeof(header));
-  const int expected_origin = ring_source_rank(rank, step + 1, n);
-  RA_CHECK(header.magic == BlockHeader{}.magic && header.origin_rank == expected_origin &&
-               header.payload_bytes == payload,
-           "ring step ", step, ": rank ", rank, " received a malformed K/V block from rank ", (rank + n - 1) % n,
-           " (header says origin rank ", header.origin_rank, ", ", header.payload_bytes, " bytes; expected rank ",
-           expected_origin, ", ", payload, " bytes)");
-  if (!header.verified) return;
-  const uint32_t crc = crc32_bytes(block + kHeaderBytes, payload);
-  RA_CHECK(crc == header.crc, "ring step ", step, ": rank ", rank, " received the K/V block of rank ", expected_origin,
-           " from rank ", (rank + n - 1) % n, " (k ", in.k.shape().str(), " and v ", in.v.shape().str(), ", ", payload,
-           " bytes) with CRC-32 ", std::hex, crc, " but it was sent with ", header.crc, std::dec,
-           ": the block was corrupted in flight and was not used");
 }
 
 }  // namespace
@@ -159,8 +112,8 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
   stats_ = RingStats{};
   stats_.transport = ctx_.comm->backend_name();
   if (!ctx_.deterministic) {
-    rotate_blocks(in, pos, params, [&](const AttentionInputs& block, const TokenPositions& block_pos) {
-      local_->accumulate(block, block_pos, params, carry);
+    rotate_blocks(in, pos, params, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
+      if (block) local_->accumulate(*block, block_pos, params, carry);
     });
     return;
   }
@@ -168,11 +121,11 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
   int64_t exponent = local_value_exponent(in.v);
   ctx_.comm->all_reduce(&exponent, 1, ReduceOp::kMax);
   ExactSum exact(carry.batch, carry.heads, carry.rows, carry.value_dim, int(exponent));
-  rotate_blocks(in, pos, params, [&](const AttentionInputs& block, const TokenPositions& block_pos) {
-    exact.max_pass(block, block_pos, params);
+  rotate_blocks(in, pos, params, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
+    if (block) exact.max_pass(*block, block_pos, params);
   });
-  rotate_blocks(in, pos, params, [&](const AttentionInputs& block, const TokenPositions& block_pos) {
-    exact.sum_pass(block, block_pos, params);
+  rotate_blocks(in, pos, params, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
+    if (block) exact.sum_pass(*block, block_pos, params);
   });
   exact.merge_into(carry);
 }
@@ -187,29 +140,19 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
   // One contiguous buffer per block: the header, then k, v and the kv segment ids packed tight, in
   // sections sized for the longest shard (shards of a length that does not divide differ by a row).
   const KvBlockLayout layout(in, layout_max_rows(ctx_.layout, ctx_.global_kv_len, n), 1);
-  const size_t payload = layout.payload, bytes = kHeaderBytes + payload;
-  // Zeroed (make_unique value-initialises): unused rows of a short block are zeros under its CRC.
-  std::unique_ptr<char[]> storage[2] = {std::make_unique<char[]>(bytes + 64), std::make_unique<char[]>(bytes + 64)};
-  char* buffers[2];
-  for (int i = 0; i < 2; ++i)  // 64-byte aligned payloads for the SIMD kernels
-    buffers[i] = storage[i].get() + (64 - reinterpret_cast<uintptr_t>(storage[i].get() + kHeaderBytes) % 64) % 64;
-  pack(in.k, buffers[0] + kHeaderBytes);
-  pack(in.v, buffers[0] + kHeaderBytes + layout.v_offset);
+  const size_t payload = layout.payload, bytes = kBlockHeaderBytes + payload;
+  BlockBuffers buffers(payload, 2);
+  char* const first = buffers[0] + kBlockHeaderBytes;
+  pack_rows(in.k, first);
+  pack_rows(in.v, first + layout.v_offset);
   if (in.kv_segment_ids.defined()) {
     const TensorView& seg = in.kv_segment_ids;
     for (int64_t b = 0; b < seg.dim(0); ++b)
       for (int64_t s = 0; s < seg.dim(1); ++s)
-        std::memcpy(buffers[0] + kHeaderBytes + layout.segments_offset + size_t(b * seg.dim(1) + s) * 4,
+        std::memcpy(first + layout.segments_offset + size_t(b * seg.dim(1) + s) * 4,
                     seg.data_as<int32_t>() + b * seg.stride(0) + s * seg.stride(1), 4);
   }
-  {
-    BlockHeader header;
-    header.origin_rank = rank;
-    header.payload_bytes = payload;
-    header.verified = ctx_.verify_blocks;
-    if (ctx_.verify_blocks) header.crc = crc32_bytes(buffers[0] + kHeaderBytes, payload);
-    std::memcpy(buffers[0], &header, sizeof(header));
-  }
+  seal_block(buffers[0], rank, payload, ctx_.verify_blocks);
   // A rank that holds no query (fewer tokens than ranks) still forwards every block.
   const bool no_queries = pos.q.empty();
   const int64_t q_lo = no_queries ? 0 : *std::min_element(pos.q.begin(), pos.q.end());
@@ -235,8 +178,10 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
     block_pos.k = layout_indices(ctx_.layout, ctx_.global_kv_len, n, src);
     if (no_queries || ring_block_skipped(q_lo, q_hi, block_pos.k, params)) {
       ++stats_.skipped;
+      visit(nullptr, block_pos, step, src);
     } else {
-      visit(layout.view(in, buffers[cur] + kHeaderBytes, int64_t(block_pos.k.size()), MemoryKind::kHost), block_pos);
+      const AttentionInputs block = layout.view(in, buffers[cur] + kBlockHeaderBytes, int64_t(block_pos.k.size()), MemoryKind::kHost);
+      visit(&block, block_pos, step, src);
     }
     stats_.compute_seconds += seconds_since(t0);
     // Phase 3: the next block must have arrived before the next step reads it.
@@ -249,14 +194,14 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
       } catch (...) {
         // A half-done exchange cannot be cancelled: MPI may still write into these buffers until the
         // job is aborted, so they are deliberately not freed on the way out.
-        (void)storage[0].release();
-        (void)storage[1].release();
+        buffers.abandon();
         throw;
       }
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
-      inject_corruption(ctx_.fault, rank, step, buffers[cur] + kHeaderBytes, payload);
-      check_arrived_block(buffers[cur], payload, rank, step, n, in);
+      inject_corruption(ctx_.fault, rank, step, buffers[cur] + kBlockHeaderBytes, payload);
+      check_arrived_block(buffers[cur], payload, rank, comm.previous(), step, ring_source_rank(rank, step + 1, n),
+                          "K/V block (k " + in.k.shape().str() + " and v " + in.v.shape().str() + ")");
     }
     ++stats_.steps;
     if (ctx_.on_step) ctx_.on_step(step, n);

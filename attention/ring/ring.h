@@ -99,6 +99,15 @@ class RingAttention final : public AttentionImpl {
   int64_t max_head_dim() const override { return local_->max_head_dim(); }
   void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                   Carry& carry) const override;
+  // The host ring's backward (attention/ring/ring_backward.cc): K/V rotate as in the forward and the f32
+  // dK/dV of each block travel one step behind it, each rank adding its part; a last hop brings every
+  // block's dK/dV home. dQ stays local. The GPU ring's backward is not built yet (refused by name).
+  bool has_backward() const override { return backend_ != Backend::kCuda && local_->has_backward(); }
+  void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                           const BackwardInputs& grad, const GradViews& acc) const override;
+  // dsinks summed over the ring's ranks (dbias of a bias shared by every rank's rows is summed in
+  // accumulate_backward; a bias of this rank's rows needs no sum).
+  void reduce_sequence_gradients(Gradients& g) const override;
   const RingStats& last_stats() const { return stats_; }
 
  private:
@@ -107,8 +116,9 @@ class RingAttention final : public AttentionImpl {
   std::unique_ptr<AttentionImpl> local_;
   mutable RingStats stats_;
 
-  // One trip around the ring: visit(block, positions) for every block not wholly masked.
-  using BlockVisitor = std::function<void(const AttentionInputs&, const TokenPositions&)>;
+  // One trip around the ring: visit(block, positions, step, source rank) at every step, with block null
+  // where the masks leave the block empty for this rank's queries.
+  using BlockVisitor = std::function<void(const AttentionInputs*, const TokenPositions&, int, int)>;
   void rotate_blocks(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                      const BlockVisitor& visit) const;
 };

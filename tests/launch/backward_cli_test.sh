@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `ringattn run --backward` end to end (issue 20): generate --with-grad -> run --backward -> verify of
-# o, lse, dq, dk, dv and dbias against the f64 oracle, for every CPU implementation; a corrupted
+# o, lse, dq, dk, dv and dbias against the f64 oracle, for every CPU implementation and the host ring on
+# 2-4 ranks; a corrupted
 # gradient must fail verify; bad use exits 2 on every rank naming the cause, leaving no output.
 # Usage: backward_cli_test.sh RINGATTN MPIEXEC
 set -u
@@ -60,8 +61,37 @@ expect "--do-dataset without --backward" 2 "add --backward" "$ra" run --input bf
 expect "--do-dataset missing" 2 "has no dataset 'g'" "$ra" run --input bf16.h5 --output x.h5 --backward --do-dataset g
 expect "do of the wrong shape" 2 "dimension 3 (v_head_dim) is 32, expected 24" "$ra" run --input bf16.h5 --output x.h5 \
   --backward --do-dataset q
-expect "ring backward refused on every rank" 2 "\[rank 1\] ringattn: error: --backward runs on one sequence shard" \
-  "$mpiexec" --oversubscribe -np 2 "$ra" run --input f32.h5 --output x.h5 --backward
+expect "bias on a split sequence refused on every rank" 2 "\[rank 1\] ringattn: error: --backward with a bias runs on one rank" \
+  "$mpiexec" --oversubscribe -np 2 "$ra" run --input bf16.h5 --output x.h5 --backward --causal
+expect "--deterministic backward refused" 2 "exact-sum ring has no backward" "$mpiexec" --oversubscribe -np 2 "$ra" run \
+  --input f32.h5 --output x.h5 --backward --deterministic
+expect "a local implementation on a split sequence refused" 2 "needs --impl ring" "$mpiexec" --oversubscribe -np 2 "$ra" \
+  run --input f32.h5 --output x.h5 --backward --impl flash_attn2
 no_output "refusals leave no output" x.h5
+# The host ring's backward (issue 21) on 2, 3 and 4 ranks, every layout, uneven shards (T = 45 and 61).
+"$ra" generate --output ring.h5 --seq 61 --heads 4 --kv-heads 2 --head-dim 32 --dtype bf16 --segments 2 --with-grad \
+  --seed 5 >/dev/null
+for n in 2 3 4; do
+  for layout in contiguous zigzag striped; do
+    for input in ring f32; do
+      opts="--causal"; [ $input = f32 ] && opts="--window 9,3 --softcap 20"
+      expect "ring -np $n $layout $input run --backward" 0 "backward" "$mpiexec" --oversubscribe -np $n "$ra" run \
+        --input $input.h5 --output ring-$n-$layout-$input.h5 --layout $layout $opts --backward --quiet
+      expect "ring -np $n $layout $input verify" 0 "dv vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np $n \
+        "$ra" verify --input $input.h5 --output ring-$n-$layout-$input.h5 --layout $layout $opts
+    done
+  done
+done
+# The gradients do not depend on the ring's size beyond f32 rounding (written in f32 here).
+expect "ring -np 1 f32 gradients" 0 "backward" "$ra" run --input ring.h5 --output ring1.h5 --causal --backward \
+  --f32-gradients --quiet
+expect "ring -np 3 f32 gradients" 0 "backward" "$mpiexec" --oversubscribe -np 3 "$ra" run --input ring.h5 \
+  --output ring3.h5 --causal --layout zigzag --backward --f32-gradients --quiet
+expect "ring size does not change the gradients" 0 "same within f32 rounding" $python - <<'PY'
+import h5py, numpy as np
+with h5py.File("ring1.h5") as a, h5py.File("ring3.h5") as b:
+    worst = max(float(np.abs(a[n][...] - b[n][...]).max() / (np.abs(a[n][...]).max() + 1e-30)) for n in ("dq", "dk", "dv"))
+print("relative difference %.2e: %s" % (worst, "same within f32 rounding" if worst < 1e-5 else "DIFFERENT"))
+PY
 echo "backward_cli_test: $passes passed, $fails failed"
 [ $fails -eq 0 ]

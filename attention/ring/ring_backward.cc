@@ -1,0 +1,139 @@
+// The host ring's backward. K/V blocks rotate exactly as in the forward (rotate_blocks); beside them the
+// f32 dK/dV accumulator of each block travels one step behind it on buffers of its own: at step s a rank
+// computes its part of the held block's dK/dV into a zeroed partial while the accumulator of that block
+// (what the ranks before it added) arrives from the previous rank; it then adds the partial in and
+// passes the sum on at the next step, resealed. After the last step each accumulator is one hop from
+// its owner, and a last shift brings it home. The transfers overlap the next step's compute; the sums
+// run in a fixed order, so a given ring size and layout give the same bits on every run.
+#include <algorithm>
+#include <cstring>
+
+#include "attention/backward.h"
+#include "attention/ring/block_schedule.h"
+#include "attention/ring/host_block.h"
+#include "attention/ring/ring.h"
+#include "runtime/activity.h"
+#include "runtime/error.h"
+
+namespace ra {
+namespace {
+
+constexpr int kGradientTag = 1 << 14;  // the accumulators' tags, apart from the K/V blocks' (the step)
+
+// The f32 dK then dV of up to `slot_rows` rows, each section (B, rows, Hkv, X) from its start.
+struct GradientBlock {
+  int64_t batch, heads, dk_width, dv_width, slot_rows;
+  size_t dv_offset() const { return size_t(batch * slot_rows * heads * dk_width) * 4; }
+  size_t payload() const { return dv_offset() + size_t(batch * slot_rows * heads * dv_width) * 4; }
+  float* dk(char* payload_base) const { return reinterpret_cast<float*>(payload_base); }
+  float* dv(char* payload_base) const { return reinterpret_cast<float*>(payload_base + dv_offset()); }
+  size_t dk_count(int64_t rows) const { return size_t(batch * rows * heads * dk_width); }
+  size_t dv_count(int64_t rows) const { return size_t(batch * rows * heads * dv_width); }
+};
+
+void add_floats(float* dst, const float* src, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+}
+
+// data[i] = base[i] + the sum over the ring's ranks of (data[i] - base[i]): this call's parts summed.
+void sum_over_ring(Communicator& comm, float* data, const float* base, size_t count) {
+  std::vector<double> part(count);
+  for (size_t i = 0; i < count; ++i) part[i] = double(data[i]) - (base ? double(base[i]) : 0.0);
+  comm.all_reduce(part.data(), count, ReduceOp::kSum);
+  for (size_t i = 0; i < count; ++i) data[i] = float((base ? double(base[i]) : 0.0) + part[i]);
+}
+
+// Whether the bias is shared by the query rows of every rank (its query-row dimension broadcast), so that
+// its gradient is the sum of the ranks' parts; a bias of this rank's rows needs no sum. Decided alike
+// on every rank: a rank holding other than one query row tells a broadcast row from its own rows.
+bool bias_shared_over_ring(Communicator& comm, const AttentionInputs& in) {
+  if (!in.bias.defined()) return false;
+  const int64_t bias_rows = in.bias.rank() >= 2 ? in.bias.dim(in.bias.rank() - 2) : 1;
+  int64_t shared = bias_rows == 1 && in.q.dim(1) != 1;
+  comm.all_reduce(&shared, 1, ReduceOp::kMax);
+  return shared != 0;
+}
+
+}  // namespace
+
+void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPositions& pos,
+                                        const AttentionParams& params, const BackwardInputs& grad,
+                                        const GradViews& acc) const {
+  RA_CHECK(backend_ != Backend::kCuda, "ring backward: the GPU ring's backward is not built yet; run it on one "
+           "sequence shard with a local implementation (flash_attn2, cudnn or sdpa)");
+  RA_CHECK(!ctx_.deterministic, "ring backward: --deterministic (the exact-sum ring) has no backward yet; the "
+           "backward's sums already run in a fixed order for a given ring size");
+  RA_CHECK(local_->has_backward(), "ring backward: the local implementation '", local_->name(), "' has no backward");
+  stats_ = RingStats{};
+  stats_.transport = ctx_.comm->backend_name();
+  Communicator& comm = *ctx_.comm;
+  const int n = comm.size(), rank = comm.rank();
+  const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3),
+                             layout_max_rows(ctx_.layout, ctx_.global_kv_len, n)};
+  const size_t payload = layout.payload(), bytes = kBlockHeaderBytes + payload;
+  // [sending] the accumulator passed on, [arriving] the one coming in, [partial] this step's part.
+  BlockBuffers buffers(payload, 3);
+  const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
+  const std::vector<float> dbias_before =
+      shared_bias ? std::vector<float>(acc.dbias.data_as<float>(), acc.dbias.data_as<float>() + acc.dbias.numel())
+                  : std::vector<float>();
+  int sending = 0, arriving = 1;
+  char* const partial = buffers[2] + kBlockHeaderBytes;
+  auto payload_of = [&](int i) { return buffers[i] + kBlockHeaderBytes; };
+  // Passes [sending] on and receives into [arriving] (tagged apart from the K/V blocks' shifts).
+  auto start_shift = [&](int step) {
+    return comm.ring_shift(buffers[sending], buffers[arriving], bytes, kGradientTag + step);
+  };
+  // Waits for it, checks what came (the accumulator of `origin`'s block) and makes it the one to send.
+  auto finish_shift = [&](PendingExchange& pending, int step, int origin) {
+    set_activity("ring backward step %d of %d: waiting for the dK/dV of rank %d's block from rank %d", step, n, origin,
+                 comm.previous());
+    try {
+      pending.wait(ctx_.step_timeout);
+    } catch (...) {
+      buffers.abandon();  // MPI may still write into them until the job ends
+      throw;
+    }
+    check_arrived_block(buffers[arriving], payload, rank, comm.previous(), step, origin,
+                        "dK/dV accumulator (f32, " + std::to_string(payload) + " bytes)");
+    std::swap(sending, arriving);
+  };
+
+  rotate_blocks(in, pos, params, [&](const AttentionInputs* block, const TokenPositions& block_pos, int step, int src) {
+    const int64_t rows = int64_t(block_pos.k.size());
+    // The accumulator of the block held now left the previous rank at the end of its last step.
+    std::unique_ptr<PendingExchange> pending;
+    if (step > 0) pending = start_shift(step);
+    if (block != nullptr) {
+      std::memset(partial, 0, payload);
+      const Shape dk_shape{layout.batch, rows, layout.heads, layout.dk_width};
+      const Shape dv_shape{layout.batch, rows, layout.heads, layout.dv_width};
+      const GradViews views{acc.dq, TensorView(layout.dk(partial), DType::kF32, dk_shape, MemoryKind::kHost),
+                            TensorView(layout.dv(partial), DType::kF32, dv_shape, MemoryKind::kHost), acc.dbias};
+      local_->accumulate_backward(*block, block_pos, params, grad, views);
+    }
+    if (pending) {
+      finish_shift(*pending, step, src);  // what arrived goes on, with our part added
+    } else {
+      std::memset(payload_of(sending), 0, payload);  // step 0: our own block, nobody has added yet
+    }
+    if (block != nullptr) {
+      add_floats(layout.dk(payload_of(sending)), layout.dk(partial), layout.dk_count(rows));
+      add_floats(layout.dv(payload_of(sending)), layout.dv(partial), layout.dv_count(rows));
+    }
+    seal_block(buffers[sending], src, payload, ctx_.verify_blocks);
+  });
+  // The last hop: the accumulator held now belongs to the next rank; ours comes from the previous one.
+  if (n > 1) finish_shift(*start_shift(n), n, rank);
+  const int64_t local_rows = in.k.dim(1);
+  add_floats(acc.dk.data_as<float>(), layout.dk(payload_of(sending)), layout.dk_count(local_rows));
+  add_floats(acc.dv.data_as<float>(), layout.dv(payload_of(sending)), layout.dv_count(local_rows));
+  if (shared_bias) sum_over_ring(comm, acc.dbias.data_as<float>(), dbias_before.data(), dbias_before.size());
+}
+
+void RingAttention::reduce_sequence_gradients(Gradients& g) const {
+  if (ctx_.comm->size() > 1 && g.dsinks.defined())
+    sum_over_ring(*ctx_.comm, g.dsinks.data<float>(), nullptr, size_t(g.dsinks.numel()));
+}
+
+}  // namespace ra
