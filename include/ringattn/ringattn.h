@@ -6,7 +6,8 @@
 //                                  split() gives a mesh axis its own communicator (ncclCommSplit)
 //   ra::DeviceMesh, ra::MeshShape, ra::PartitionSpec, ra::NamedSharding, sequence layouts
 //   ra::AttentionRegistry        - implementations by name: sdpa, flash_attn2, blockwise, ring
-//   ra::AttentionImpl            - forward (O and LSE), accumulate into an f32 carry, set_cuda_stream
+//   ra::AttentionImpl            - forward (O and LSE), accumulate into an f32 carry, set_cuda_stream;
+//                                  backward (dQ, dK, dV, dBias, dSinks), accumulate_backward per K/V block
 //   ra::RingContext              - what `ring` needs: communicator, layout, global lengths, local kernel
 //
 // No hidden global state: MPI is initialised by the caller (or ra::MpiSession), every communicator
@@ -14,6 +15,7 @@
 #pragma once
 
 #include "attention/attention_impl.h"
+#include "attention/backward.h"
 #include "attention/carry.h"
 #include "attention/inputs.h"
 #include "attention/params.h"

@@ -13,6 +13,7 @@ test -f "$tmp/prefix/include/ringattn/ringattn.h"
 cmake -S "$src/examples" -B "$tmp/examples" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/examples" >/dev/null
 "$mpiexec" --oversubscribe -np 2 "$tmp/examples/ring_cpu"
+"$mpiexec" --oversubscribe -np 2 "$tmp/examples/train_ring_cpu"
 # pkg-config: the same example, compiled and linked from the .pc file alone.
 PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" g++ "$src/examples/ring_cpu.cc" -o "$tmp/ring_cpu_pc" \
   $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs ringattn)
