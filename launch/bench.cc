@@ -63,8 +63,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("iters", po::value(&iters)->default_value(5), "timed iterations (median reported)")
     ("warmup", po::value(&warmup)->default_value(1), "untimed iterations first")
     ("json", po::value(&json_path), "also write the row as JSON to this file")
-    ("backward", po::bool_switch(&backward), "time the local implementation's backward pass on one rank (delta, "
-     "accumulate_backward, gradients in the input dtype) instead of the forward")
+    ("backward", po::bool_switch(&backward), "time a training step's attention: forward, backward (given the "
+     "forward's O and LSE) and both; the host ring on N ranks, one rank's local implementation on GPUs")
     ("step-times", po::bool_switch(&step_times), "ring on GPUs: time each step with CUDA events (they keep each "
      "step's kernel from starting before the previous one ends, so the ring runs a little slower)");
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());

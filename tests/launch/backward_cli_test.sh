@@ -82,6 +82,10 @@ for n in 2 3 4; do
     done
   done
 done
+expect "bench --backward: the host ring on 2 ranks" 0 "ring *cpu *2 .*forward+backward" "$mpiexec" --oversubscribe -np 2 \
+  "$ra" bench --backward --seq 67 --heads 4 --kv-heads 2 --head-dim 32 --causal --iters 2
+expect "bench --backward: a local implementation" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward \
+  --impl flash_attn2 --seq 50 --heads 2 --head-dim 16 --iters 1
 # The gradients do not depend on the ring's size beyond f32 rounding (written in f32 here).
 expect "ring -np 1 f32 gradients" 0 "backward" "$ra" run --input ring.h5 --output ring1.h5 --causal --backward \
   --f32-gradients --quiet
