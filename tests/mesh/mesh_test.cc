@@ -122,6 +122,23 @@ TEST(Layouts, ZigzagHoldsChunksRAndMirror) {
   EXPECT_TRUE(layout_runs(SequenceLayout::kContiguous, 2, 4, 0).empty());  // fewer tokens than ranks
 }
 
+// Lengths a corrupt file can declare: the runs still cover [0, length) exactly (no 64-bit overflow).
+TEST(Layouts, HugeLengthsSplitWithoutOverflow) {
+  const int64_t length = 4395513236313604112;  // the fuzzer's: 3 * length overflowed
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped})
+    for (int parts : {1, 2, 3, 7}) {
+      int64_t rows = 0;
+      for (int i = 0; i < parts; ++i) {
+        for (const IndexRun& run : layout_runs(layout, length, parts, i)) {
+          EXPECT_GE(run.start, 0);
+          EXPECT_LT(run.start, length);
+        }
+        rows += layout_rows(layout, length, parts, i);
+      }
+      EXPECT_EQ(rows, length) << layout_name(layout) << " over " << parts;
+    }
+}
+
 TEST(RingSchedule, SourceRankWalksBackwards) {
   EXPECT_EQ(ring_source_rank(0, 0, 4), 0);
   EXPECT_EQ(ring_source_rank(0, 1, 4), 3);
