@@ -34,6 +34,22 @@ namespace fe = cudnn_frontend;
 
 enum class MaskMode : int { kNone, kCausalTopLeft, kCausalBottomRight };
 
+// An SDPA graph with 16-bit inputs and outputs (bf16 or f16) and f32 inside.
+std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  const fe::DataType_t io = dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+  graph->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
+  return graph;
+}
+
+// cuDNN's logical layout is (B, H, S, D); ours is (B, S, H, D): the strides say so.
+std::shared_ptr<fe::graph::Tensor_attributes> graph_tensor(fe::graph::Graph& graph, const char* name, int64_t uid,
+                                                           const TensorView& t) {
+  return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid)
+                          .set_dim({t.dim(0), t.dim(2), t.dim(1), t.dim(3)})
+                          .set_stride({t.stride(0), t.stride(2), t.stride(1), 1}));
+}
+
 struct Run {
   int64_t index, length, first_position;  // rows [index, index + length) hold positions first_position + i
 };
@@ -205,14 +221,8 @@ class CudnnAttention final : public CudaAttentionImpl {
   std::shared_ptr<fe::graph::Graph> make_backward_graph(const TensorView& q, const TensorView& k, const TensorView& v,
                                                         const TensorView& o, const TensorView& d_o, int64_t T,
                                                         MaskMode mask, float scale, fe::error_t& status) const {
-    auto graph = std::make_shared<fe::graph::Graph>();
-    const fe::DataType_t io = q.dtype() == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
-    graph->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
-    auto tensor = [&](const char* name, int64_t uid, const TensorView& t) {
-      return graph->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid)
-                               .set_dim({t.dim(0), t.dim(2), t.dim(1), t.dim(3)})
-                               .set_stride({t.stride(0), t.stride(2), t.stride(1), 1}));
-    };
+    auto graph = new_graph(q.dtype());
+    auto tensor = [&](const char* name, int64_t uid, const TensorView& t) { return graph_tensor(*graph, name, uid, t); };
     auto Q = tensor("Q", kQ, q), K = tensor("K", kK, k), V = tensor("V", kV, v), O = tensor("O", kO, o);
     auto dO = tensor("dO", kDO, d_o);
     const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
@@ -280,15 +290,8 @@ class CudnnAttention final : public CudaAttentionImpl {
   // cuDNN's SDPA graph for these views (their shapes and strides; data is bound at execution).
   std::shared_ptr<fe::graph::Graph> make_graph(const TensorView& q, const TensorView& k, const TensorView& v,
                                                MaskMode mask, float scale, fe::error_t& status) const {
-    auto graph = std::make_shared<fe::graph::Graph>();
-    const fe::DataType_t io = q.dtype() == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
-    graph->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
-    // cuDNN's logical layout is (B, H, S, D); ours is (B, S, H, D): the strides say so.
-    auto tensor = [&](const char* name, int64_t uid, const TensorView& t) {
-      return graph->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid)
-                               .set_dim({t.dim(0), t.dim(2), t.dim(1), t.dim(3)})
-                               .set_stride({t.stride(0), t.stride(2), t.stride(1), 1}));
-    };
+    auto graph = new_graph(q.dtype());
+    auto tensor = [&](const char* name, int64_t uid, const TensorView& t) { return graph_tensor(*graph, name, uid, t); };
     auto Q = tensor("Q", kQ, q), K = tensor("K", kK, k), V = tensor("V", kV, v);
     auto options = fe::graph::SDPA_attributes().set_name("ringattn_block").set_generate_stats(true).set_attn_scale(scale);
     if (mask == MaskMode::kCausalTopLeft) options.set_causal_mask(true);

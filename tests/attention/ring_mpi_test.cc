@@ -109,14 +109,7 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
 
 std::vector<RingCase> ring_cases() {
   std::vector<RingCase> cases;
-  std::vector<Options> opts(8);
-  opts[1].causal = true;
-  opts[2].window = true;
-  opts[3].segments = true;
-  opts[4].bias = true;
-  opts[5].mask = true;
-  opts[6] = Options{true, true, true, true, true, true, true, true};
-  opts[7].causal = opts[7].sinks = opts[7].softcap = true;
+  const std::vector<Options> opts = ring_option_sets();
   for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped})
     for (const Options& o : opts) {
       cases.push_back({layout, o, DType::kF32, 96, 96, 4, 2, "flash_attn2"});

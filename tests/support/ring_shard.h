@@ -51,4 +51,17 @@ struct Shard {
   AttentionInputs inputs;
 };
 
+// The ring tests' option sets: none, causal, window, segments, bias, mask, all, and causal + sinks + soft cap.
+inline std::vector<Options> ring_option_sets() {
+  std::vector<Options> opts(8);
+  opts[1].causal = true;
+  opts[2].window = true;
+  opts[3].segments = true;
+  opts[4].bias = true;
+  opts[5].mask = true;
+  opts[6] = Options{true, true, true, true, true, true, true, true};
+  opts[7].causal = opts[7].sinks = opts[7].softcap = true;
+  return opts;
+}
+
 }  // namespace ra::test
