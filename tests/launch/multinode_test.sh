@@ -22,20 +22,25 @@ trap cleanup EXIT
 if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! ip netns add "$switch" 2>/dev/null; then
   echo "multinode_test: skipped: cannot create network namespaces here (needs root and iproute2)"; exit 77
 fi
-set -e
-ip -n "$switch" link add br0 type bridge
-ip -n "$switch" link set br0 up
-for i in 0 1; do
-  ns=${hosts[$i]}
-  ip netns add "$ns"
-  ip -n "$ns" link set lo up
-  ip link add "$tag-v$i" type veth peer name eth0 netns "$ns"
-  ip link set "$tag-v$i" netns "$switch"
-  ip -n "$switch" link set "$tag-v$i" master br0 up
-  ip -n "$ns" addr add "${addrs[$i]}/24" dev eth0
-  ip -n "$ns" link set eth0 up
-done
-set +e
+# Any step of the set-up refused (a container without veth or bridges): skipped, saying which.
+setup() {
+  set -e
+  ip -n "$switch" link add br0 type bridge
+  ip -n "$switch" link set br0 up
+  for i in 0 1; do
+    ns=${hosts[$i]}
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    ip link add "$tag-v$i" type veth peer name eth0 netns "$ns"
+    ip link set "$tag-v$i" netns "$switch"
+    ip -n "$switch" link set "$tag-v$i" master br0 up
+    ip -n "$ns" addr add "${addrs[$i]}/24" dev eth0
+    ip -n "$ns" link set eth0 up
+  done
+}
+if ! (setup) 2>"$dir/setup.err"; then
+  echo "multinode_test: skipped: this machine refused the emulated hosts' network: $(tail -1 "$dir/setup.err")"; exit 77
+fi
 # The rsh agent: `agent HOST COMMAND...` runs COMMAND on HOST, i.e. in its namespace under its own hostname.
 printf '%s %s\n' "${addrs[0]}" "${hosts[0]}" "${addrs[1]}" "${hosts[1]}" > "$dir/hostmap"
 cat > "$dir/agent" <<'AGENT'
