@@ -17,6 +17,7 @@
 #include "collectives/mpi_communicator.h"
 #include "collectives/mpi_session.h"
 #include "runtime/random.h"
+#include "tests/support/mpi_gtest.h"
 #include "tests/support/ring_shard.h"
 
 namespace ra::test {
@@ -211,12 +212,5 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   ra::MpiCommunicator world(MPI_COMM_WORLD);
   ra::test::g_world = &world;
-  if (world.rank() != 0) {  // one rank prints; all ranks assert
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int result = RUN_ALL_TESTS();
-  int any = result;
-  MPI_Allreduce(&result, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any;
+  return ra::test::run_tests_on_every_rank(world.rank());
 }

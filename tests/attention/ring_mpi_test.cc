@@ -17,6 +17,7 @@
 #include "mesh/mesh_shape.h"
 #include "runtime/memory.h"
 #include "tests/support/problem.h"
+#include "tests/support/mpi_gtest.h"
 #include "tests/support/ring_shard.h"
 
 #if RA_HAVE_CUDA
@@ -346,12 +347,5 @@ int main(int argc, char** argv) {
 #else
   if (ra::test::g_cuda) return 77;
 #endif
-  if (world.rank() != 0) {  // one rank prints; all ranks assert
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int result = RUN_ALL_TESTS();
-  int any = result;
-  MPI_Allreduce(&result, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return any;
+  return ra::test::run_tests_on_every_rank(world.rank());
 }
