@@ -69,7 +69,7 @@ expect "a local implementation on a split sequence refused" 2 "needs --impl ring
   run --input f32.h5 --output x.h5 --backward --impl flash_attn2
 no_output "refusals leave no output" x.h5
 # The host ring's backward (issue 21) on 2, 3 and 4 ranks, every layout, uneven shards (T = 45 and 61).
-"$ra" generate --output ring.h5 --seq 61 --heads 4 --kv-heads 2 --head-dim 32 --dtype bf16 --segments 2 --with-grad \
+"$ra" generate --output ring.h5 --batch 2 --seq 61 --heads 4 --kv-heads 2 --head-dim 32 --dtype bf16 --segments 2 --with-grad \
   --seed 5 >/dev/null
 for n in 2 3 4; do
   for layout in contiguous zigzag striped; do
@@ -86,6 +86,21 @@ expect "bench --backward: the host ring on 2 ranks" 0 "ring *cpu *2 .*forward+ba
   "$ra" bench --backward --seq 67 --heads 4 --kv-heads 2 --head-dim 32 --causal --iters 2
 expect "bench --backward: a local implementation" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward \
   --impl flash_attn2 --seq 50 --heads 2 --head-dim 16 --iters 1
+# 2-d meshes: the ring over sp with the batch (dp) or the heads (tp) split over the other axis.
+for mesh in dp=2,sp=2 tp=2,sp=2; do
+  expect "ring $mesh run --backward" 0 "backward" "$mpiexec" --oversubscribe -np 4 "$ra" run --input ring.h5 \
+    --output mesh-$mesh.h5 --mesh $mesh --causal --backward --quiet
+  expect "ring $mesh verify" 0 "dk vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np 4 "$ra" verify \
+    --input ring.h5 --output mesh-$mesh.h5 --mesh $mesh --causal
+done
+# verify on a split sequence checks every rank's dK rows (summed over the ranks' queries): a change is caught.
+$python - <<'PY'
+import h5py
+with h5py.File("ring-3-striped-ring.h5", "r+") as f:
+    f["dk"][0, 40, 1, 7] += 0.25
+PY
+expect "ring verify catches a changed dk" 1 "dk vs f64 reference.*#wrong 1  FAILED" "$mpiexec" --oversubscribe -np 3 \
+  "$ra" verify --input ring.h5 --output ring-3-striped-ring.h5 --layout striped --causal
 # The gradients do not depend on the ring's size beyond f32 rounding (written in f32 here).
 expect "ring -np 1 f32 gradients" 0 "backward" "$ra" run --input ring.h5 --output ring1.h5 --causal --backward \
   --f32-gradients --quiet
