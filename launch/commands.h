@@ -1,6 +1,7 @@
 // The ringattn subcommands. Each returns the process exit code; errors are thrown as ra::Error.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 
 #include "attention/ring/ring.h"
@@ -30,6 +31,8 @@ struct Job {
   // `args`: the command line after the subcommand; every rank must have been started with the same.
   Job(const AttentionOptions& opts, const MpiSession& mpi, const std::string& args);
   Communicator& sequence_axis() const;
+  // A mesh axis over MPI (host memory), or this rank alone where the mesh has no such axis.
+  Communicator& host_axis(const char* name) const;
   MemoryKind memory() const { return on_device ? MemoryKind::kCuda : MemoryKind::kHost; }
   void* stream() const;    // the compute stream (a cudaStream_t), nullptr on the host
   void synchronize() const;  // waits for the compute stream
@@ -44,6 +47,13 @@ struct Job {
   std::unique_ptr<NcclCommunicator> nccl_sequence;  // split from it when the mesh has other axes too
 #endif
 };
+
+// dbias (host) summed over the ranks of each named mesh axis ("dp", "tp", "sp") that splits a dimension
+// the bias (B|1, H|1, T|1, S) broadcasts (0, 1, 2): those ranks share its entries.
+void sum_shared_bias_gradient(Tensor& dbias, const Shape& bias_shape, const Job& job,
+                              std::initializer_list<const char*> axes);
+void sum_shared_bias_gradient(std::vector<double>& dbias, const Shape& bias_shape, const Job& job,
+                              std::initializer_list<const char*> axes);
 
 // The command line after the program name, for the agreement check.
 std::string args_text(int argc, char** argv);

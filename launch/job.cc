@@ -1,4 +1,8 @@
 // Job setup shared by run, verify and bench.
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
 #include "attention/registry.h"
 #include "launch/commands.h"
 #include "runtime/checksum.h"
@@ -60,6 +64,30 @@ Communicator& Job::sequence_axis() const {
   if (nccl_world) return *nccl_world;  // the sequence axis is the whole job
 #endif
   return shape.has_axis("sp") ? mesh->axis("sp") : self;
+}
+
+Communicator& Job::host_axis(const char* name) const { return shape.has_axis(name) ? mesh->axis(name) : self; }
+
+namespace {
+
+bool shares_bias_dimension(const char* axis, const Shape& bias_shape, const Job& job) {
+  const int dim = std::string_view(axis) == "dp" ? 0 : std::string_view(axis) == "tp" ? 1 : 2;
+  return bias_shape[dim] == 1 && job.shape.has_axis(axis) && job.host_axis(axis).size() > 1;
+}
+
+}  // namespace
+
+void sum_shared_bias_gradient(std::vector<double>& dbias, const Shape& bias_shape, const Job& job,
+                              std::initializer_list<const char*> axes) {
+  for (const char* axis : axes)
+    if (shares_bias_dimension(axis, bias_shape, job)) job.host_axis(axis).all_reduce(dbias.data(), dbias.size(), ReduceOp::kSum);
+}
+
+void sum_shared_bias_gradient(Tensor& dbias, const Shape& bias_shape, const Job& job,
+                              std::initializer_list<const char*> axes) {
+  std::vector<double> sum(dbias.data<float>(), dbias.data<float>() + dbias.numel());
+  sum_shared_bias_gradient(sum, bias_shape, job, axes);
+  std::copy(sum.begin(), sum.end(), dbias.data<float>());
 }
 
 void* Job::stream() const {

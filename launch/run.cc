@@ -165,8 +165,6 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
              job.shape.str(), ": a sequence split over ", job.sequence_axis().size(), " ranks needs --impl ring");
     RA_CHECK(!opts.deterministic, "--backward with --deterministic: the exact-sum ring has no backward yet (the "
              "backward's sums run in a fixed order for a given ring size and layout without it)");
-    RA_CHECK(!file.has(plan.names.bias) || job.world.size() == 1, "--backward with a bias runs on one rank: dbias "
-             "of a bias shared by several ranks is not written to the file yet");
     check_upstream_gradient(file, plan, do_dataset);
   }
   // Before any allocation: the slices, and on GPUs the device's share, must fit.
@@ -264,7 +262,11 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", params.describe()},
       {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
-  const GradientSlices gradient_slices{grads.dq, grads.dk, grads.dv, grads.dbias};
+  GradientSlices gradient_slices{grads.dq, grads.dk, grads.dv, grads.dbias, Shape{}};
+  if (grads.dbias.defined()) {  // a bias broadcast over batch or heads is shared by the dp / tp ranks: sum
+    gradient_slices.bias_shape = file.info(plan.names.bias).shape;
+    sum_shared_bias_gradient(grads.dbias, gradient_slices.bias_shape, job, {"dp", "tp"});
+  }
   write_outputs(output, plan, out.o, out.lse, attributes, job.world.comm(), overwrite,
                 backward ? &gradient_slices : nullptr);
   watchdog.disarm();

@@ -62,6 +62,12 @@ Selection select_lse(const ShardPlan& p) {
   return sel;
 }
 
+// This rank's part of a (B|1, H|1, T|1, S) mask or bias: its batch, heads and query runs; size-1
+// dimensions whole (shared with the ranks that split that dimension).
+std::vector<IndexRun> pairwise_runs(const ShardPlan& p, const Shape& shape) {
+  return shape[2] == 1 ? std::vector<IndexRun>{{0, 1, 1}} : p.q_runs;
+}
+
 int64_t run_rows(const std::vector<IndexRun>& runs) {
   int64_t n = 0;
   for (const IndexRun& r : runs) n += r.count;
@@ -82,15 +88,7 @@ DatasetInfo check_pairwise(const H5File& f, const std::string& name, const Shard
 
 Tensor read_pairwise(const H5File& f, const std::string& name, const ShardPlan& p, MemoryKind memory) {
   DatasetInfo info = check_pairwise(f, name, p);
-  const bool b1 = info.shape[0] == 1, h1 = info.shape[1] == 1, t1 = info.shape[2] == 1;
-  Selection sel;
-  std::vector<IndexRun> runs = t1 ? std::vector<IndexRun>{{0, 1, 1}} : p.q_runs;
-  for (const IndexRun& r : runs)
-    sel.push_back({{b1 ? 0 : p.b_offset, h1 ? 0 : p.hq_offset, r.start, 0},
-                   {b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, r.count, info.shape[3]},
-                   {1, 1, r.stride, 1}});
-  Shape local{b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, run_rows(runs), info.shape[3]};
-  return f.read(name, sel, local, memory);
+  return f.read(name, select_pairwise(p, info.shape), pairwise_local_shape(p, info.shape), memory);
 }
 
 Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs, MemoryKind memory) {
@@ -100,6 +98,20 @@ Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<Inde
 }
 
 }  // namespace
+
+Selection select_pairwise(const ShardPlan& p, const Shape& shape) {
+  const bool b1 = shape[0] == 1, h1 = shape[1] == 1;
+  Selection sel;
+  for (const IndexRun& r : pairwise_runs(p, shape))
+    sel.push_back({{b1 ? 0 : p.b_offset, h1 ? 0 : p.hq_offset, r.start, 0},
+                   {b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, r.count, shape[3]},
+                   {1, 1, r.stride, 1}});
+  return sel;
+}
+
+Shape pairwise_local_shape(const ShardPlan& p, const Shape& shape) {
+  return {shape[0] == 1 ? 1 : p.b_count, shape[1] == 1 ? 1 : p.hq_count, run_rows(pairwise_runs(p, shape)), shape[3]};
+}
 
 int64_t ShardPlan::local_q() const { return run_rows(q_runs); }
 int64_t ShardPlan::local_kv() const { return run_rows(kv_runs); }
@@ -222,9 +234,9 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
       f.write("dq", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim), gradients->dq);
       f.write("dk", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.head_dim), gradients->dk);
       f.write("dv", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim), gradients->dv);
-      if (gradients->dbias.defined()) {
-        f.create_dataset("dbias", DType::kF32, gradients->dbias.shape());
-        f.write("dbias", whole(gradients->dbias.shape()), gradients->dbias);
+      if (gradients->dbias.defined()) {  // the bias's shape; ranks sharing a broadcast part write the same sums
+        f.create_dataset("dbias", DType::kF32, gradients->bias_shape);
+        f.write("dbias", select_pairwise(p, gradients->bias_shape), gradients->dbias);
       }
     }
     for (const auto& [name, value] : attributes) f.set_attribute(name, value);
@@ -280,8 +292,8 @@ void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk,
   dv = f.read("dv", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim),
               {p.b_count, p.local_kv(), p.hkv_count, p.v_head_dim});
   if (f.has("dbias")) {
-    const DatasetInfo info = f.info("dbias");
-    dbias = f.read("dbias", whole(info.shape), info.shape);
+    const DatasetInfo info = check_pairwise(f, "dbias", p);
+    dbias = f.read("dbias", select_pairwise(p, info.shape), pairwise_local_shape(p, info.shape));
   }
 }
 

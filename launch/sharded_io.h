@@ -58,7 +58,12 @@ LocalTensors read_local(const H5File& file, const ShardPlan& plan, bool whole_kv
 // and dbias in the bias's shape (one rank only: a bias broadcast over ranks would need a reduction).
 struct GradientSlices {
   TensorView dq, dk, dv, dbias;
+  Shape bias_shape;  // the input bias's (B|1, H|1, T|1, S): dbias takes it, each rank writing its part
 };
+
+// This rank's part of a (B|1, H|1, T|1, S) mask, bias or dbias dataset, and its local shape.
+Selection select_pairwise(const ShardPlan& p, const Shape& shape);
+Shape pairwise_local_shape(const ShardPlan& p, const Shape& shape);
 
 // Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices (and the gradients, when given) collectively to
 // `path` through a temporary name, renamed by rank 0 after every rank has closed the file. Refuses an

@@ -61,8 +61,6 @@ expect "--do-dataset without --backward" 2 "add --backward" "$ra" run --input bf
 expect "--do-dataset missing" 2 "has no dataset 'g'" "$ra" run --input bf16.h5 --output x.h5 --backward --do-dataset g
 expect "do of the wrong shape" 2 "dimension 3 (v_head_dim) is 32, expected 24" "$ra" run --input bf16.h5 --output x.h5 \
   --backward --do-dataset q
-expect "bias on a split sequence refused on every rank" 2 "\[rank 1\] ringattn: error: --backward with a bias runs on one rank" \
-  "$mpiexec" --oversubscribe -np 2 "$ra" run --input bf16.h5 --output x.h5 --backward --causal
 expect "--deterministic backward refused" 2 "exact-sum ring has no backward" "$mpiexec" --oversubscribe -np 2 "$ra" run \
   --input f32.h5 --output x.h5 --backward --deterministic
 expect "a local implementation on a split sequence refused" 2 "needs --impl ring" "$mpiexec" --oversubscribe -np 2 "$ra" \
@@ -93,6 +91,34 @@ for mesh in dp=2,sp=2 tp=2,sp=2; do
   expect "ring $mesh verify" 0 "dk vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np 4 "$ra" verify \
     --input ring.h5 --output mesh-$mesh.h5 --mesh $mesh --causal
 done
+# dbias over ranks: each rank writes its rows, and where the bias is broadcast (here (1, 1, 1, S)) the
+# ranks sharing an entry write the sum of their parts (over sp by the ring, over dp / tp after it).
+expect "bias (1, Hq, T, S) on sp=2 run --backward" 0 "dbias" "$mpiexec" --oversubscribe -np 2 "$ra" run --input bf16.h5 \
+  --output bias-sp2.h5 --causal --backward
+expect "bias (1, Hq, T, S) on sp=2 verify" 0 "dbias vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np 2 \
+  "$ra" verify --input bf16.h5 --output bias-sp2.h5 --causal
+"$ra" generate --output shared.h5 --batch 2 --seq 45 --heads 4 --kv-heads 2 --head-dim 32 --dtype bf16 --with-grad \
+  --seed 6 >/dev/null
+$python - <<'PY'
+import h5py, numpy as np
+with h5py.File("shared.h5", "r+") as f:
+    f["bias"] = np.random.default_rng(1).standard_normal((1, 1, 1, 45)).astype(np.float32)
+PY
+for mesh in sp=3 dp=2,sp=2 tp=2,sp=2; do
+  n=$(( $(sed 's/[a-z]*=//g; s/,/*/g' <<<"$mesh") ))
+  expect "bias (1, 1, 1, S) on $mesh run --backward" 0 "dbias" "$mpiexec" --oversubscribe -np $n "$ra" run \
+    --input shared.h5 --output shared-$mesh.h5 --mesh $mesh --causal --backward --f32-gradients
+  expect "bias (1, 1, 1, S) on $mesh verify" 0 "dbias vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np $n \
+    "$ra" verify --input shared.h5 --output shared-$mesh.h5 --mesh $mesh --causal
+done
+expect "bias (1, 1, 1, S) on one rank" 0 "dbias" "$ra" run --input shared.h5 --output shared-1.h5 --causal --backward \
+  --f32-gradients
+expect "dbias the same on 1 rank and on tp=2,sp=2" 0 "same within f32 rounding" $python - <<'PY'
+import h5py, numpy as np
+a, b = (h5py.File(n)["dbias"][...] for n in ("shared-1.h5", "shared-tp=2,sp=2.h5"))
+d = float(np.abs(a - b).max() / np.abs(a).max())
+print("relative difference %.2e: %s" % (d, "same within f32 rounding" if d < 1e-5 else "DIFFERENT"))
+PY
 # verify on a split sequence checks every rank's dK rows (summed over the ranks' queries): a change is caught.
 $python - <<'PY'
 import h5py
