@@ -23,6 +23,11 @@ class MpiSession {
   int local_rank() const { return local_rank_; }
   // Ends every rank of the job with `code`: the fail-stop path when one rank cannot go on.
   [[noreturn]] static void abort_job(int code);
+  // The same after giving the other ranks up to `seconds` to reach this point too: for an error that
+  // every rank finds alike (bad input, checked before any exchange), so that each prints its own message
+  // before the abort ends it. Agreement runs on a communicator of its own (no clash with a collective
+  // another rank may be in).
+  [[noreturn]] static void abort_job_after_peers(int code, double seconds);
 
  private:
   bool owns_ = false;

@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[rank %d] ringattn: error: %s\n", mpi.world_rank(), e.message().c_str());
     std::fflush(stderr);
     ra::remove_partial_output();
-    if (mpi.world_size() > 1) ra::MpiSession::abort_job(ra::cli::kBadInput);
+    // Every rank checks its input alike: let each print its own message before the job ends.
+    if (mpi.world_size() > 1) ra::MpiSession::abort_job_after_peers(ra::cli::kBadInput, 5.0);
     return ra::cli::kBadInput;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d] ringattn: error: %s\n", mpi.world_rank(), e.what());
