@@ -1,7 +1,9 @@
-// The single-process communicator.
+// The single-process communicator, and the float sum every back end shares.
 #include "collectives/communicator.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace ra {
 namespace {
@@ -18,6 +20,13 @@ std::unique_ptr<PendingExchange> SelfCommunicator::ring_shift(const void* send, 
 
 void SelfCommunicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
   if (send != recv) std::memmove(recv, send, bytes_per_rank);
+}
+
+void all_reduce_sum_f64(Communicator& comm, float* data, size_t count) {
+  if (comm.size() == 1) return;
+  std::vector<double> sum(data, data + count);
+  comm.all_reduce(sum.data(), count, ReduceOp::kSum);
+  std::copy(sum.begin(), sum.end(), data);
 }
 
 }  // namespace ra

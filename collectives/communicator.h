@@ -40,6 +40,9 @@ class Communicator {
   int previous() const { return (rank() + size() - 1) % size(); }
 };
 
+// Host floats summed over the communicator's ranks in f64 (one rounding back to f32 per value).
+void all_reduce_sum_f64(Communicator& comm, float* data, size_t count);
+
 // The single-process communicator: a ring of one, every collective the identity.
 class SelfCommunicator final : public Communicator {
  public:

@@ -15,7 +15,6 @@
 
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
-#include "launch/commands.h"
 #include "attention/validate.h"
 #include "launch/bench_timing.h"
 #include "runtime/error.h"

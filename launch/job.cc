@@ -1,5 +1,4 @@
 // Job setup shared by run, verify and bench.
-#include <algorithm>
 #include <string_view>
 #include <vector>
 
@@ -63,7 +62,7 @@ Communicator& Job::sequence_axis() const {
   if (nccl_sequence) return *nccl_sequence;
   if (nccl_world) return *nccl_world;  // the sequence axis is the whole job
 #endif
-  return shape.has_axis("sp") ? mesh->axis("sp") : self;
+  return host_axis("sp");
 }
 
 Communicator& Job::host_axis(const char* name) const { return shape.has_axis(name) ? mesh->axis(name) : self; }
@@ -85,9 +84,9 @@ void sum_shared_bias_gradient(std::vector<double>& dbias, const Shape& bias_shap
 
 void sum_shared_bias_gradient(Tensor& dbias, const Shape& bias_shape, const Job& job,
                               std::initializer_list<const char*> axes) {
-  std::vector<double> sum(dbias.data<float>(), dbias.data<float>() + dbias.numel());
-  sum_shared_bias_gradient(sum, bias_shape, job, axes);
-  std::copy(sum.begin(), sum.end(), dbias.data<float>());
+  for (const char* axis : axes)
+    if (shares_bias_dimension(axis, bias_shape, job))
+      all_reduce_sum_f64(job.host_axis(axis), dbias.data<float>(), size_t(dbias.numel()));
 }
 
 void* Job::stream() const {

@@ -153,6 +153,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
                     seg.data_as<int32_t>() + b * seg.stride(0) + s * seg.stride(1), 4);
   }
   seal_block(buffers[0], rank, payload, ctx_.verify_blocks);
+  const std::string block_name = "K/V block (k " + in.k.shape().str() + " and v " + in.v.shape().str() + ")";
   // A rank that holds no query (fewer tokens than ranks) still forwards every block.
   const bool no_queries = pos.q.empty();
   const int64_t q_lo = no_queries ? 0 : *std::min_element(pos.q.begin(), pos.q.end());
@@ -201,7 +202,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
       cur = 1 - cur;
       inject_corruption(ctx_.fault, rank, step, buffers[cur] + kBlockHeaderBytes, payload);
       check_arrived_block(buffers[cur], payload, rank, comm.previous(), step, ring_source_rank(rank, step + 1, n),
-                          "K/V block (k " + in.k.shape().str() + " and v " + in.v.shape().str() + ")");
+                          block_name);
     }
     ++stats_.steps;
     if (ctx_.on_step) ctx_.on_step(step, n);

@@ -35,14 +35,6 @@ void add_floats(float* dst, const float* src, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 
-// data[i] = base[i] + the sum over the ring's ranks of (data[i] - base[i]): this call's parts summed.
-void sum_over_ring(Communicator& comm, float* data, const float* base, size_t count) {
-  std::vector<double> part(count);
-  for (size_t i = 0; i < count; ++i) part[i] = double(data[i]) - (base ? double(base[i]) : 0.0);
-  comm.all_reduce(part.data(), count, ReduceOp::kSum);
-  for (size_t i = 0; i < count; ++i) data[i] = float((base ? double(base[i]) : 0.0) + part[i]);
-}
-
 // Whether the bias is shared by the query rows of every rank (its query-row dimension broadcast), so that
 // its gradient is the sum of the ranks' parts; a bias of this rank's rows needs no sum. Decided alike
 // on every rank: a rank holding other than one query row tells a broadcast row from its own rows.
@@ -73,10 +65,12 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
   const size_t payload = layout.payload(), bytes = kBlockHeaderBytes + payload;
   // [sending] the accumulator passed on, [arriving] the one coming in, [partial] this step's part.
   BlockBuffers buffers(payload, 3);
+  // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.
   const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
-  const std::vector<float> dbias_before =
-      shared_bias ? std::vector<float>(acc.dbias.data_as<float>(), acc.dbias.data_as<float>() + acc.dbias.numel())
-                  : std::vector<float>();
+  Tensor dbias_part;
+  if (shared_bias) dbias_part = Tensor(DType::kF32, acc.dbias.shape());  // zeroed
+  const TensorView dbias = shared_bias ? dbias_part.view() : acc.dbias;
+  const std::string accumulator_name = "dK/dV accumulator (f32, " + std::to_string(payload) + " bytes)";
   int sending = 0, arriving = 1;
   char* const partial = buffers[2] + kBlockHeaderBytes;
   auto payload_of = [&](int i) { return buffers[i] + kBlockHeaderBytes; };
@@ -94,8 +88,7 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
       buffers.abandon();  // MPI may still write into them until the job ends
       throw;
     }
-    check_arrived_block(buffers[arriving], payload, rank, comm.previous(), step, origin,
-                        "dK/dV accumulator (f32, " + std::to_string(payload) + " bytes)");
+    check_arrived_block(buffers[arriving], payload, rank, comm.previous(), step, origin, accumulator_name);
     std::swap(sending, arriving);
   };
 
@@ -109,7 +102,7 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
       const Shape dk_shape{layout.batch, rows, layout.heads, layout.dk_width};
       const Shape dv_shape{layout.batch, rows, layout.heads, layout.dv_width};
       const GradViews views{acc.dq, TensorView(layout.dk(partial), DType::kF32, dk_shape, MemoryKind::kHost),
-                            TensorView(layout.dv(partial), DType::kF32, dv_shape, MemoryKind::kHost), acc.dbias};
+                            TensorView(layout.dv(partial), DType::kF32, dv_shape, MemoryKind::kHost), dbias};
       local_->accumulate_backward(*block, block_pos, params, grad, views);
     }
     if (pending) {
@@ -128,12 +121,14 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
   const int64_t local_rows = in.k.dim(1);
   add_floats(acc.dk.data_as<float>(), layout.dk(payload_of(sending)), layout.dk_count(local_rows));
   add_floats(acc.dv.data_as<float>(), layout.dv(payload_of(sending)), layout.dv_count(local_rows));
-  if (shared_bias) sum_over_ring(comm, acc.dbias.data_as<float>(), dbias_before.data(), dbias_before.size());
+  if (shared_bias) {
+    all_reduce_sum_f64(comm, dbias_part.data<float>(), size_t(dbias_part.numel()));
+    add_floats(acc.dbias.data_as<float>(), dbias_part.data<float>(), size_t(dbias_part.numel()));
+  }
 }
 
 void RingAttention::reduce_sequence_gradients(Gradients& g) const {
-  if (ctx_.comm->size() > 1 && g.dsinks.defined())
-    sum_over_ring(*ctx_.comm, g.dsinks.data<float>(), nullptr, size_t(g.dsinks.numel()));
+  if (g.dsinks.defined()) all_reduce_sum_f64(*ctx_.comm, g.dsinks.data<float>(), size_t(g.dsinks.numel()));
 }
 
 }  // namespace ra
