@@ -11,13 +11,16 @@
 # engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
 # build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `aim` (one GPU and the ring at 8192 and 16384 tokens per GPU, causal and not, with the variants), `checksums` (the ring with and without block checksums, and the variants), `outside` (every rank's time outside its kernels, and its kernel chain), `contention` (the ring with and without block checksums against the variants);
 # `backward` (issue 20: GPU tests, CLI --backward round trips, bench --backward beside PyTorch's SDPA backward),
-# `backward_ab` (the flash backward of this build against the variants, interleaved);
+# `backward_ab` (the flash backward of this build against the variants, interleaved); `ring_backward` (issue 21:
+# the GPU ring's forward and backward tests on however many GPUs there are, ranks sharing them where fewer,
+# the CLI's run --backward over the GPU ring, and the ring of one against its local kernel);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
 build=${1:?build folder}; stage=${2:?check|bench|ring}; gpus=${3:-2}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 bin=$build/bin/ringattn
+[ -f $build/pack.tar.xz ] && tar xJf $build/pack.tar.xz -C $build  # binaries packed to fit the carry limit
 has() { [[ ",$stage," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | head -n "$gpus"
 if has check; then
@@ -370,4 +373,32 @@ if has backward_ab; then  # the flash backward of this build and of each variant
     done
   }
   for_each_build flash_backward_rows
+fi
+if has ring_backward; then  # issue 21: the GPU ring's backward (quick=1: without the kernel and forward tests)
+  if [ -z "${quick:-}" ]; then
+    $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 4
+    for n in 2 4; do
+      timeout 300 mpirun -np $n $build/tests/ring_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_cuda_$n.log" | tail -n 6
+    done
+  fi
+  for n in 1 2 3 4; do
+    timeout 150 mpirun -np $n $build/tests/ring_backward_mpi_test --backend=cuda --gtest_brief=1 2>&1 |
+      tee "$out/ring_backward_cuda_$n.log" | grep -v "^\[  SKIPPED" | tail -n 12
+  done
+  d=$(mktemp -d)
+  $bin generate --output $d/g.h5 --batch 1 --seq 1001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
+  for args in "-np 2 --layout zigzag --causal" "-np 3 --layout contiguous" "-np 2 --layout zigzag --causal --local-impl cudnn"; do
+    np=${args#-np }; np=${np%% *}; opts=${args#-np $np }
+    causal=$( [[ "$opts" == *--causal* ]] && echo --causal )
+    timeout 120 mpirun -np $np $bin run --backend cuda --impl ring $opts --input $d/g.h5 --output $d/r.h5 --backward --quiet --overwrite &&
+    $bin verify --input $d/g.h5 --output $d/r.h5 $causal | tail -n 3; echo "cli ring --backward ($args) exit $?"
+  done
+  impls=("--impl flash_attn2" "--impl ring --local-impl flash_attn2" "--impl cudnn" "--impl ring --local-impl cudnn")
+  [ -n "${quick:-}" ] && impls=("${impls[@]:2}")
+  for causal in "" "--causal"; do  # the ring of one rank against its local kernel
+    for impl in "${impls[@]}"; do
+      $bin bench --backward --backend cuda $impl --batch 1 --heads 32 --head-dim 128 --seq 32768 --dtype bf16 --warmup 2 \
+        --iters 10 $causal 2>&1 | grep -v "^#" | tee -a "$out/backward_bench.txt"
+    done
+  done
 fi

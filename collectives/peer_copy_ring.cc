@@ -82,9 +82,7 @@ bool PeerCopyRing::supported(MpiCommunicator& host, std::string* why) {
                (cudaDeviceCanAccessPeer(&can_access, device, next_device) != cudaSuccess || !can_access)) {
       (void)cudaGetLastError();
       reason = detail::concat("GPU ", device, " of rank ", rank, " has no peer access to GPU ", next_device);
-    } else if (next_device == device && size > 1) {
-      reason = detail::concat("ranks ", rank, " and ", next_rank, " share GPU ", device);
-    }
+    }  // a GPU shared with the next rank: the copies stay in its memory (IPC maps it in another process)
   }
   if (reason.empty()) {
     // Interprocess events live in shared-memory files: a file-size limit (ulimit -f) or a small /dev/shm

@@ -27,16 +27,13 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   const AttentionParams params = to_params(opts);
   const AttentionRegistry& registry = AttentionRegistry::builtin();
   const bool ring = registry.canonical_name(opts.impl) == "ring";
-  RA_CHECK(!ring || !job.on_device || job.world.size() == 1, "bench --backward on GPUs runs one rank's local backward "
-           "(the GPU ring's backward is not built yet): run it without mpirun -np N, or time the host ring's with "
-           "--backend cpu");
-  // The host ring on the job's sequence axis; on GPUs (one rank) the ring's local implementation.
+  // The ring on the job's sequence axis (host or GPU ring), or one call of the named implementation.
   RingContext ctx;
   std::unique_ptr<AttentionImpl> impl;
-  if (ring && !job.on_device) {
+  if (ring) {
     impl = make_impl(opts, job, shape.seq, shape.seq, ctx);
   } else {
-    impl = registry.create(ring ? opts.local_impl : opts.impl, parse_backend(opts.backend));
+    impl = registry.create(opts.impl, parse_backend(opts.backend));
     impl->set_cuda_stream(job.stream());
   }
   RA_CHECK(impl->has_backward(), "bench --backward: implementation '", impl->name(), "' on ", opts.backend,
@@ -90,8 +87,10 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   // What the backward's tensors need: q, k, v, O, dO (input dtype), LSE and delta (f32), the f32
   // accumulators dq, dk, dv, and the gradients in the input dtype.
   const double elem = double(dtype_size(shape.dtype)), rows_q = double(B * local * H), rows_kv = double(B * local_kv * Hkv);
+  // The ring adds two K/V blocks, two f32 dK/dV accumulators in flight and one partial.
+  const double ring_buffers = ranks > 1 ? (2 * elem * 2 * rows_kv * D + 3 * 4 * 2 * rows_kv * D) : 0;
   const double theory = (elem * (3 * rows_q * D + 2 * rows_kv * D) + 8 * rows_q + 4 * (rows_q + 2 * rows_kv) * D +
-                         elem * (rows_q + 2 * rows_kv) * D) / double(1 << 30);
+                         elem * (rows_q + 2 * rows_kv) * D + ring_buffers) / double(1 << 30);
   char peak_text[32] = "-";
   if (job.on_device) std::snprintf(peak_text, sizeof(peak_text), "%.2f", device_gib);
   if (job.world.rank() != 0) return kOk;
@@ -109,7 +108,8 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   if (job.on_device)
     std::printf("  peak device memory of the backward %.2f GiB (ringattn's allocations: inputs, O, dO, scratch and "
                 "workspaces it hands to libraries; not the CUDA context); its tensors in theory %.2f GiB (q, k, v, o, "
-                "do, lse, delta, f32 dq / dk / dv, dq / dk / dv)\n", device_gib, theory);
+                "do, lse, delta, f32 dq / dk / dv, dq / dk / dv%s)\n", device_gib, theory,
+                ranks > 1 ? "; the ring's two K/V blocks, two f32 dK/dV accumulators and a partial" : "");
   return kOk;
 }
 

@@ -41,6 +41,7 @@ struct Job {
   std::unique_ptr<DeviceMesh> mesh;
   mutable SelfCommunicator self;
   bool on_device = false;
+  bool shares_gpus = false;  // more ranks than GPUs on some node: no NCCL, the GPU ring over MPI + copy engines
 #if RA_HAVE_CUDA
   std::unique_ptr<CudaStream> compute;
   std::unique_ptr<NcclCommunicator> nccl_world;     // every rank of the job

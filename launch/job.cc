@@ -1,4 +1,5 @@
 // Job setup shared by run, verify and bench.
+#include <cstdio>
 #include <string_view>
 #include <vector>
 
@@ -43,7 +44,22 @@ Job::Job(const AttentionOptions& opts, const MpiSession& mpi, const std::string&
   if (!on_device) return;
 #if RA_HAVE_CUDA
   cuda_select_device(mpi.local_rank());
+  const int devices = cuda_device_count();
   compute = std::make_unique<CudaStream>();
+  // More ranks than GPUs on a node: ranks share GPUs, which NCCL refuses; the ring then runs over MPI
+  // with copy engines (correct, time-sliced: for trying a job on a workstation, not for speed).
+  int64_t sharing = mpi.local_rank() >= devices;
+  world.all_reduce(&sharing, 1, ReduceOp::kMax);
+  shares_gpus = sharing != 0;
+  if (shares_gpus && shape.has_axis("sp")) {
+    RA_CHECK(opts.ring_transport != "nccl", "--ring-transport nccl: ranks share GPUs here (", devices,
+             " GPU(s) for rank ", mpi.local_rank(), " of this node; NCCL needs a GPU per rank): use --ring-transport "
+             "auto or copy-engines, or one rank per GPU");
+    if (world.rank() == 0)
+      std::fprintf(stderr, "ringattn: note: more ranks than GPUs on a node: the ring runs over copy engines between "
+                   "ranks that share GPUs (time-sliced: for trying a job, not for speed)\n");
+    return;
+  }
   if (shape.has_axis("sp")) {
     // One unique-id bootstrap for the job; an axis of a larger mesh is split from it (ncclCommSplit).
     nccl_world = std::make_unique<NcclCommunicator>(world);

@@ -157,10 +157,6 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   check_named_datasets(datasets, file);
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts), datasets.names);
   if (backward) {  // every rank decides alike, before any exchange
-    RA_CHECK(job.sequence_axis().size() == 1 || !job.on_device, "--backward on GPUs runs on one sequence shard for "
-             "now: the mesh ", job.shape.str(), " splits the sequence over ", job.sequence_axis().size(), " ranks (the GPU "
-             "ring's backward is not built yet; the host ring's is: --backend cpu); use sp=1 (batch and heads may be "
-             "sharded, e.g. --mesh dp=", job.world.size(), ")");
     RA_CHECK(job.sequence_axis().size() == 1 || opts.impl == "ring", "--backward with --impl ", opts.impl, " on the mesh ",
              job.shape.str(), ": a sequence split over ", job.sequence_axis().size(), " ranks needs --impl ring");
     RA_CHECK(!opts.deterministic, "--backward with --deterministic: the exact-sum ring has no backward yet (the "
@@ -194,13 +190,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
       progress(line.c_str());
     };
   auto impl = make_impl(opts, job, plan.q_len, plan.kv_len, ctx);
-  // On GPUs the ring has no backward yet: on one sequence shard its local implementation runs it.
-  std::unique_ptr<AttentionImpl> local_for_ring;
-  if (backward && impl->name() == "ring" && job.on_device) {
-    local_for_ring = AttentionRegistry::builtin().create(opts.local_impl, parse_backend(opts.backend));
-    local_for_ring->set_cuda_stream(job.stream());
-  }
-  const AttentionImpl& backward_impl = local_for_ring ? *local_for_ring : *impl;
+  const AttentionImpl& backward_impl = *impl;
   RA_CHECK(!backward || backward_impl.has_backward(), "--backward: implementation '", backward_impl.name(), "' on ",
            opts.backend, " has no backward pass");
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(plan.q_len, plan.kv_len);
@@ -242,8 +232,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     const Tensor d_o = read_upstream_gradient(file, plan, do_dataset, staging);
     const Tensor d_o_device = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();
     lap();
-    const TokenPositions& backward_pos = local_for_ring ? TokenPositions::dense(plan.q_len, plan.kv_len) : pos;
-    grads = backward_impl.backward(job.on_device ? staged.inputs : in, params, backward_pos,
+    grads = backward_impl.backward(job.on_device ? staged.inputs : in, params, pos,
                                    job.on_device ? d_o_device.view() : d_o.view(), nullptr, f32_gradients);
     job.synchronize();
     backward_seconds = lap();

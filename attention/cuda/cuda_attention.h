@@ -36,6 +36,9 @@ class CudaAttentionImpl : public AttentionImpl {
                                           const AttentionParams& params, const BackwardInputs& grad,
                                           const GradViews& acc) const {}
 
+  // The positions of a call on the device: uploaded here; the ring adds every rank's keys.
+  virtual DevicePositions device_positions(const TokenPositions& pos) const { return positions_.upload(pos, stream_); }
+
   // Set by the ring before each block: whether the kernel queued on the stream just before the next
   // accumulate_device writes nothing that call reads but the carry (CudaAttentionArgs::after_carry_writer).
   void set_after_carry_writer(bool value) { after_carry_writer_ = value; }

@@ -27,7 +27,7 @@ void CudaAttentionImpl::accumulate_backward(const AttentionInputs& in, const Tok
   for (auto [t, what] : {std::pair{&grad.d_o, "do"}, std::pair{&grad.lse, "lse"}, std::pair{&grad.delta, "delta"},
                          std::pair{&acc.dq, "dq"}, std::pair{&acc.dk, "dk"}, std::pair{&acc.dv, "dv"}})
     RA_CHECK(t->memory() == MemoryKind::kCuda, what, " is in host memory; the cuda backward needs it on the device");
-  accumulate_backward_device(in, positions_.upload(pos, stream_), params, grad, acc);
+  accumulate_backward_device(in, device_positions(pos), params, grad, acc);
 }
 
 namespace {

@@ -181,14 +181,24 @@ class CudnnAttention final : public CudaAttentionImpl {
     const TensorView d_o = narrow(grad.d_o, 1, qr.index, qr.length);
     const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
     const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
+    // cuDNN before 9.26 reads stats only packed: a run of fewer rows than the call's (the ring's zigzag
+    // and striped shards) gets its rows of stats copied out.
     const int64_t T = in.q.dim(1);
-    const GraphKey key{B, Tq, Sk, H, Hkv, D, int(q.dtype()) + 100 * int(T), int(mask),
+    const float* run_stats = stats.data<float>() + qr.index;
+    if (Tq != T) {
+      reserve_scratch(stats_run_, size_t(B * H * Tq) * sizeof(float), MemoryKind::kCuda, "cudnn's packed stats");
+      RA_CUDA_CHECK(cudaMemcpy2DAsync(stats_run_.data<float>(), size_t(Tq) * sizeof(float), run_stats,
+                                      size_t(T) * sizeof(float), size_t(Tq) * sizeof(float), size_t(B * H),
+                                      cudaMemcpyDeviceToDevice, stream_));
+      run_stats = stats_run_.data<float>();
+    }
+    const GraphKey key{B, Tq, Sk, H, Hkv, D, int(q.dtype()) + 100 * int(Tq), int(mask),
                        {q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), o.stride(1),
                         d_o.stride(1), v.stride(1)}};
     auto it = backward_graphs_.find(key);
     if (it == backward_graphs_.end()) {
       fe::error_t status;
-      auto graph = make_backward_graph(q, k, v, o, d_o, T, mask, effective_scale(p, D), status);
+      auto graph = make_backward_graph(q, k, v, o, d_o, Tq, mask, effective_scale(p, D), status);
       RA_CHECK(status.is_good(), "cudnn cannot run the backward of this attention block (B=", B, " T=", Tq, " S=", Sk,
                " H=", H, " Hkv=", Hkv, " D=", D, "): ", status.get_message(), "; use --impl flash_attn2 or sdpa");
       it = backward_graphs_.emplace(key, std::move(graph)).first;
@@ -207,7 +217,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     char* workspace = scratch + outputs;
     std::unordered_map<int64_t, void*> pack = {
         {kQ, q.data()},   {kK, k.data()},   {kV, v.data()},   {kO, o.data()}, {kDO, d_o.data()},
-        {kStats, stats.data<float>() + qr.index}, {kDQ, dq}, {kDK, dk}, {kDV, dv}};
+        {kStats, const_cast<float*>(run_stats)}, {kDQ, dq}, {kDK, dk}, {kDV, dv}};
     fe::error_t status = graph.execute(handle_, pack, workspace);
     RA_CHECK(status.is_good(), "cudnn's attention backward failed to run: ", status.get_message());
     if (direct) return;
@@ -216,8 +226,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     add_rows_cuda(narrow(acc->dv, 1, kr.index, kr.length), TensorView(dv, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
   }
 
-  // cuDNN's SDPA backward graph for these views; stats is (B, H, T) of the whole call, read from the
-  // run's first row (a pointer offset at execution).
+  // cuDNN's SDPA backward graph for these views; stats is (B, H, T) with T the run's rows (packed).
   std::shared_ptr<fe::graph::Graph> make_backward_graph(const TensorView& q, const TensorView& k, const TensorView& v,
                                                         const TensorView& o, const TensorView& d_o, int64_t T,
                                                         MaskMode mask, float scale, fe::error_t& status) const {
@@ -315,7 +324,7 @@ class CudnnAttention final : public CudaAttentionImpl {
   cudnnHandle_t handle_ = nullptr;
   mutable std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs_, backward_graphs_;
   mutable std::map<std::pair<int64_t, int>, std::string> head_dim_refusals_;
-  mutable Tensor scratch_;
+  mutable Tensor scratch_, stats_run_;
 };
 
 }  // namespace

@@ -61,6 +61,10 @@ TokenPositions ring_positions(const RingContext& ctx);
 // this rank's queries (positions in [q_lo, q_hi]) may see, so that the step computes nothing.
 bool ring_block_skipped(int64_t q_lo, int64_t q_hi, const std::vector<int64_t>& source_keys, const AttentionParams& params);
 
+// Whether the bias is shared by the query rows of every rank (its query-row dimension broadcast), so
+// that its gradient is the sum of the ranks' parts; a bias of this rank's rows needs no sum. Collective.
+bool bias_shared_over_ring(Communicator& comm, const AttentionInputs& in);
+
 // Where k, v and the kv segment ids sit in a K/V block in flight: k at offset 0, then v, then the
 // segment ids (when present), each section sized for `slot_rows` rows (the most any rank holds: shards
 // may differ by a row or two) and starting on a multiple of `align` bytes (the host ring packs them
@@ -101,8 +105,9 @@ class RingAttention final : public AttentionImpl {
                   Carry& carry) const override;
   // The host ring's backward (attention/ring/ring_backward.cc): K/V rotate as in the forward and the f32
   // dK/dV of each block travel one step behind it, each rank adding its part; a last hop brings every
-  // block's dK/dV home. dQ stays local. The GPU ring's backward is not built yet (refused by name).
-  bool has_backward() const override { return backend_ != Backend::kCuda && local_->has_backward(); }
+  // block's dK/dV home. dQ stays local. (The GPU ring is RingAttentionCuda, attention/ring/ring_cuda.h.)
+  bool has_backward() const override { return local_->has_backward(); }
+  bool backward_reads_output() const override { return local_->backward_reads_output(); }
   void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                            const BackwardInputs& grad, const GradViews& acc) const override;
   // dsinks summed over the ring's ranks (dbias of a bias shared by every rank's rows is summed in

@@ -10,6 +10,7 @@
 
 #include "attention/backward.h"
 #include "attention/ring/block_schedule.h"
+#include "attention/ring/gradient_block.h"
 #include "attention/ring/host_block.h"
 #include "attention/ring/ring.h"
 #include "runtime/activity.h"
@@ -20,39 +21,24 @@ namespace {
 
 constexpr int kGradientTag = 1 << 14;  // the accumulators' tags, apart from the K/V blocks' (the step)
 
-// The f32 dK then dV of up to `slot_rows` rows, each section (B, rows, Hkv, X) from its start.
-struct GradientBlock {
-  int64_t batch, heads, dk_width, dv_width, slot_rows;
-  size_t dv_offset() const { return size_t(batch * slot_rows * heads * dk_width) * 4; }
-  size_t payload() const { return dv_offset() + size_t(batch * slot_rows * heads * dv_width) * 4; }
-  float* dk(char* payload_base) const { return reinterpret_cast<float*>(payload_base); }
-  float* dv(char* payload_base) const { return reinterpret_cast<float*>(payload_base + dv_offset()); }
-  size_t dk_count(int64_t rows) const { return size_t(batch * rows * heads * dk_width); }
-  size_t dv_count(int64_t rows) const { return size_t(batch * rows * heads * dv_width); }
-};
-
 void add_floats(float* dst, const float* src, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 
-// Whether the bias is shared by the query rows of every rank (its query-row dimension broadcast), so that
-// its gradient is the sum of the ranks' parts; a bias of this rank's rows needs no sum. Decided alike
-// on every rank: a rank holding other than one query row tells a broadcast row from its own rows.
+}  // namespace
+
 bool bias_shared_over_ring(Communicator& comm, const AttentionInputs& in) {
   if (!in.bias.defined()) return false;
+  // Decided alike on every rank: a rank holding other than one query row tells a broadcast row from its own rows.
   const int64_t bias_rows = in.bias.rank() >= 2 ? in.bias.dim(in.bias.rank() - 2) : 1;
   int64_t shared = bias_rows == 1 && in.q.dim(1) != 1;
   comm.all_reduce(&shared, 1, ReduceOp::kMax);
   return shared != 0;
 }
 
-}  // namespace
-
 void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPositions& pos,
                                         const AttentionParams& params, const BackwardInputs& grad,
                                         const GradViews& acc) const {
-  RA_CHECK(backend_ != Backend::kCuda, "ring backward: the GPU ring's backward is not built yet; run it on one "
-           "sequence shard with a local implementation (flash_attn2, cudnn or sdpa)");
   RA_CHECK(!ctx_.deterministic, "ring backward: --deterministic (the exact-sum ring) has no backward yet; the "
            "backward's sums already run in a fixed order for a given ring size");
   RA_CHECK(local_->has_backward(), "ring backward: the local implementation '", local_->name(), "' has no backward");
@@ -99,10 +85,8 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
     if (step > 0) pending = start_shift(step);
     if (block != nullptr) {
       std::memset(partial, 0, payload);
-      const Shape dk_shape{layout.batch, rows, layout.heads, layout.dk_width};
-      const Shape dv_shape{layout.batch, rows, layout.heads, layout.dv_width};
-      const GradViews views{acc.dq, TensorView(layout.dk(partial), DType::kF32, dk_shape, MemoryKind::kHost),
-                            TensorView(layout.dv(partial), DType::kF32, dv_shape, MemoryKind::kHost), dbias};
+      const GradViews views{acc.dq, layout.dk_view(partial, rows, MemoryKind::kHost),
+                            layout.dv_view(partial, rows, MemoryKind::kHost), dbias};
       local_->accumulate_backward(*block, block_pos, params, grad, views);
     }
     if (pending) {

@@ -10,16 +10,16 @@
 #include <chrono>
 
 #include "attention/cuda/cuda_attention.h"
+#include "attention/ring/kv_rotation_cuda.h"
 #include "attention/ring/ring.h"
 #include "runtime/cuda_device.h"
 
 namespace ra {
 
-class PeerCopyRing;
-
 class RingAttentionCuda final : public CudaAttentionImpl {
  public:
-  // Collective over the ring when it may use copy engines (it asks every rank whether they can).
+  // Collective over the ring: it chooses the channel (copy engines where every rank can use them).
+  // The sequence axis is NCCL, or MPI where copy engines carry the blocks (ranks sharing a GPU).
   explicit RingAttentionCuda(RingContext ctx);
   ~RingAttentionCuda() override;
   std::string_view name() const override { return "ring"; }
@@ -32,6 +32,25 @@ class RingAttentionCuda final : public CudaAttentionImpl {
                   Carry& carry) const override;
   void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                          Carry& carry) const override;
+  // The backward (attention/ring/ring_cuda_backward.cc): K/V rotate as in the forward while each
+  // block's f32 dK/dV accumulator travels one step behind it, each rank adding its part (computed into
+  // a zeroed partial while the accumulator is in flight), checksummed by every sender and checked on
+  // arrival; a last hop brings every accumulator home. dQ stays local; dsinks and the dbias of a bias
+  // shared by every rank's rows are summed over the ring.
+  bool has_backward() const override { return local_->has_backward(); }
+  bool backward_reads_output() const override { return local_->backward_reads_output(); }
+  void check_backward_supported(const AttentionInputs& in, const AttentionParams& params) const override {
+    local_->check_backward_supported(in, params);
+  }
+  void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                                  const BackwardInputs& grad, const GradViews& acc) const override;
+  void reduce_sequence_gradients(Gradients& g) const override;
+  // A ring of one rank is its local kernel: cudnn then writes the gradients straight, without f32 accumulators.
+  bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                     const BackwardInputs& grad, Gradients& out) const override {
+    return ctx_.comm->size() == 1 && local_->backward_into(in, pos, params, grad, out);
+  }
+
   // The last call's statistics; its per-step device times once the caller has waited for the device.
   const RingStats& last_stats() const;
 
@@ -39,6 +58,11 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   // Both entry points: `entered` is when the caller's call began (RingStats' host times).
   void run(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params, Carry& carry,
            std::chrono::steady_clock::time_point entered) const;
+  // This rank's query positions and every rank's keys on the device (uploaded when they change).
+  const DevicePositions& ring_positions_on_device(const TokenPositions& pos) const;
+  DevicePositions device_positions(const TokenPositions& pos) const override { return ring_positions_on_device(pos); }
+  std::vector<int64_t> rows_of_each_rank() const;
+  void check_shard_rows(const AttentionInputs& in) const;  // this rank's shard has the layout's rows
   RingContext ctx_;
   std::unique_ptr<CudaAttentionImpl> local_;
   // From the layout alone, fixed for this ring: this rank's query positions (block skipping) and each
@@ -53,19 +77,15 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   mutable std::vector<int64_t> uploaded_q_;
   mutable DevicePositions uploaded_;
   mutable RingStats stats_;
-  // Reused across calls (grow-only): a cudaMalloc / cudaFree pair per call costs milliseconds and
-  // cudaFree stalls the device. `blocks_free_` marks the last compute that read the blocks.
-  mutable Tensor blocks_, checks_;
-  mutable std::unique_ptr<CudaEvent> blocks_free_;  // made on first use (constructing needs no GPU)
-  mutable std::unique_ptr<CudaStream> check_stream_;  // checksums of arriving blocks; made on first use
+  // Reused across calls (grow-only): the channel and its window, the checks, the backward's partial
+  // dK/dV and the checks of the accumulators that arrived.
+  mutable RingDeviceState state_;
+  mutable Tensor partial_, gradient_checks_;
   // RingContext::time_steps: per step, compute start / end on the compute stream and exchange start
   // / end on the communicator's stream (`which` 0-3 of step_event).
   mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
   CudaEvent* step_event(int step, int which) const;
   mutable bool step_times_pending_ = false;  // the last call's events are not yet read into stats_
-  // Copy engines: chosen in the constructor; the next rank's block buffers mapped here once they exist.
-  bool copy_engines_ = false;
-  mutable std::unique_ptr<PeerCopyRing> peers_;
 };
 
 }  // namespace ra

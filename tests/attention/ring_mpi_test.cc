@@ -34,6 +34,7 @@ namespace {
 MpiCommunicator* g_world = nullptr;
 Communicator* g_ring_comm = nullptr;  // the world over MPI, or over NCCL with --backend=cuda
 bool g_cuda = false;
+[[maybe_unused]] bool g_shared_gpus = false;  // more ranks than GPUs: no NCCL, the GPU ring over MPI and copy engines
 RingTransport g_transport = RingTransport::kAuto;  // --transport=nccl|copy-engines|auto (GPU ring)
 
 struct RingCase {
@@ -249,6 +250,7 @@ int shifted_rank_id(NcclCommunicator& comm, int id) {
 // it adds only its members.
 TEST(NcclMesh, SplitGivesEachAxisGroupItsOwnRing) {
   if (!g_cuda || g_world->size() % 2 != 0) GTEST_SKIP() << "needs --backend=cuda and an even number of ranks";
+  if (g_shared_gpus) GTEST_SKIP() << "ranks share GPUs: no NCCL";
   auto& world = dynamic_cast<NcclCommunicator&>(*g_ring_comm);
   const MeshShape mesh = MeshShape::parse("dp=2,sp=" + std::to_string(g_world->size() / 2));
   const MeshShape::AxisGroup group = mesh.axis_group(g_world->rank(), mesh.axis_index("sp"));
@@ -269,6 +271,7 @@ TEST(NcclMesh, SplitGivesEachAxisGroupItsOwnRing) {
 // the caller, who destroys it afterwards.
 TEST(NcclMesh, AdoptedCommunicatorRingsAndStaysTheCallers) {
   if (!g_cuda) GTEST_SKIP() << "needs --backend=cuda";
+  if (g_shared_gpus) GTEST_SKIP() << "ranks share GPUs: no NCCL";
   ncclUniqueId id{};
   if (g_world->rank() == 0) {
     ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
@@ -341,8 +344,17 @@ int main(int argc, char** argv) {
       return 77;
     }
     ra::cuda_select_device(mpi.local_rank());
-    nccl = std::make_unique<ra::NcclCommunicator>(world);
-    ra::test::g_ring_comm = nccl.get();
+    int64_t shared = mpi.local_rank() >= ra::cuda_device_count();
+    world.all_reduce(&shared, 1, ra::ReduceOp::kMax);
+    ra::test::g_shared_gpus = shared != 0;
+    if (ra::test::g_shared_gpus && ra::test::g_transport == ra::RingTransport::kNccl) {
+      if (world.rank() == 0) std::printf("ring_mpi_test --transport=nccl: more ranks than GPUs (NCCL needs one each), skipped\n");
+      return 77;
+    }
+    if (!ra::test::g_shared_gpus) {
+      nccl = std::make_unique<ra::NcclCommunicator>(world);
+      ra::test::g_ring_comm = nccl.get();
+    }
   }
 #else
   if (ra::test::g_cuda) return 77;

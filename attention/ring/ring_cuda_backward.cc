@@ -1,0 +1,186 @@
+// The GPU ring's backward. K/V blocks rotate exactly as in the forward (KvRotationCuda); beside them the
+// f32 dK/dV accumulator of each block travels one step behind it, in two more buffers of the channel's
+// window. At step s a rank computes its part of the held block's dK/dV into a zeroed partial while the
+// accumulator of that block (what the ranks before it added) is in flight to it, in the same shift as
+// the next K/V block; once both are done it checks the accumulator's checksum, adds the partial in and
+// reseals it, and the next step's shift passes it on. After the last step each accumulator is one hop
+// from its owner, and a last shift brings it home. The sums run in a fixed order: a given ring size and
+// layout give the same bits on every run.
+#include <algorithm>
+
+#include "attention/cuda/backward_cuda.h"
+#include "attention/ring/block_schedule.h"
+#include "attention/ring/gradient_block.h"
+#include "attention/ring/ring_cuda.h"
+#include "runtime/activity.h"
+#include "runtime/error.h"
+#include "runtime/memory.h"
+
+namespace ra {
+namespace {
+
+// `count` floats at `device` summed over the ring's ranks (in f64, the same order on every rank).
+void sum_over_ring(Communicator& comm, float* device, size_t count, cudaStream_t stream) {
+  std::vector<float> host(count);
+  RA_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  RA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  all_reduce_sum_f64(comm, host.data(), count);
+  RA_CUDA_CHECK(cudaMemcpyAsync(device, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream));
+  RA_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+
+void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos,
+                                                   const AttentionParams& params, const BackwardInputs& grad,
+                                                   const GradViews& acc) const {
+  Communicator& comm = *ctx_.comm;
+  const int n = comm.size(), rank = comm.rank();
+  check_shard_rows(in);
+  const int64_t slot_rows = layout_max_rows(ctx_.layout, ctx_.global_kv_len, n);
+  const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows};
+  const size_t payload = layout.payload(), bytes = payload + sizeof(BlockTrailer);
+  const size_t stride = (bytes + 4095) / 4096 * 4096;
+  KvRotationCuda kv(in, ctx_, rows_of_each_rank(), slot_rows, n > 1 ? 2 * stride : 0, state_, stream_);
+  const bool verify = ctx_.verify_blocks && n > 1;
+  stats_ = RingStats{};
+  stats_.transport = state_.channel ? ring_transport_name(state_.channel->transport()) : comm.backend_name();
+  // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.
+  const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
+  Tensor dbias_part;
+  if (shared_bias) {
+    dbias_part = Tensor(DType::kF32, acc.dbias.shape(), MemoryKind::kCuda);
+    RA_CUDA_CHECK(cudaMemsetAsync(dbias_part.view().data(), 0, dbias_part.view().nbytes(), stream_));
+  }
+  const TensorView dbias = shared_bias ? dbias_part.view() : acc.dbias;
+  // The accumulators' buffers: [sending] passed on at the next shift, [arriving] coming in at this one.
+  char* slot[2] = {kv.extra(), kv.extra() + stride};
+  const size_t slot_offset[2] = {kv.window_offset_of_extra(), kv.window_offset_of_extra() + stride};
+  int sending = 0, arriving = 1;
+  if (n > 1) reserve_scratch(partial_, payload, MemoryKind::kCuda, "the ring backward's partial dK/dV");
+  // Per hop 1..n: the trailer the accumulator arrived with, and its checksum recomputed here.
+  reserve_scratch(gradient_checks_, 2 * size_t(n + 1) * sizeof(BlockTrailer), MemoryKind::kCuda,
+                  "the ring backward's accumulator checks");
+  auto* arrived_trailers = gradient_checks_.data<BlockTrailer>();
+  auto* recomputed = arrived_trailers + (n + 1);
+  if (verify)
+    RA_CUDA_CHECK(cudaMemsetAsync(arrived_trailers, 0, 2 * size_t(n + 1) * sizeof(BlockTrailer), stream_));
+  CudaEvent compute_done, gradient_arrived;
+  const char* transport = kv.transport();
+  // Once the accumulator of `origin`'s block is in [arriving] (step `hop`): its trailer and checksum
+  // are taken before anything changes it, on the compute stream.
+  auto take_arrival = [&](int hop) {
+    RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, gradient_arrived.get(), 0));
+    if (!verify) return;
+    RA_CUDA_CHECK(cudaMemcpyAsync(&arrived_trailers[hop], slot[arriving] + payload, sizeof(BlockTrailer),
+                                  cudaMemcpyDeviceToDevice, stream_));
+    block_checksum_cuda(slot[arriving], payload, &recomputed[hop].checksum, stream_);
+  };
+
+  for (int step = 0; step < n; ++step) {
+    inject_process_fault(ctx_.fault, rank, step);
+    const int src = ring_source_rank(rank, step, n);
+    set_activity("ring backward step %d of %d (%s): the K/V block of rank %d and its dK/dV", step, n, transport, src);
+    if (step > 0) kv.before_exchange(step, compute_done.get());  // also orders the accumulator sent now
+    kv.before_compute(step);
+    const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
+    const int64_t rows = int64_t(k_host.size());
+    const bool skipped = query_positions_.empty() || ring_block_skipped(q_lo_, q_hi_, k_host, params);
+    // Step 0 adds straight into this rank's own accumulator (nobody has added before); a ring of one
+    // into the caller's.
+    char* target = step == 0 ? slot[sending] : partial_.data<char>();
+    if (n > 1 && (step > 0 ? !skipped : true)) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, payload, stream_));
+    if (skipped) {
+      ++stats_.skipped;
+    } else {
+      const AttentionInputs block = kv.block(step, src);
+      const DevicePositions block_pos{pos.q, pos.k + key_offsets_[size_t(src)], pos.total_keys, pos.keys_sorted,
+                                      query_positions_.data(), k_host.data()};
+      const GradViews views = n == 1 ? GradViews{acc.dq, acc.dk, acc.dv, dbias}
+                                     : GradViews{acc.dq, layout.dk_view(target, rows, MemoryKind::kCuda),
+                                                 layout.dv_view(target, rows, MemoryKind::kCuda), dbias};
+      local_->accumulate_backward_device(block, block_pos, params, grad, views);
+    }
+    if (n == 1) break;
+    // One shift: the held K/V block (but at the last step) and the accumulator finished at the previous step.
+    std::vector<DeviceRingChannel::Piece> pieces;
+    if (step + 1 < n) pieces = kv.outgoing(step);
+    if (step > 0) pieces.push_back({slot[sending], slot_offset[arriving], bytes});
+    if (step == 0) {
+      if (verify) seal_block_cuda(slot[sending], payload, uint32_t(rank), stream_);
+      compute_done.record(stream_);  // this rank's own accumulator is complete (it leaves at step 1)
+    }
+    std::unique_ptr<PendingExchange> pending = state_.channel->shift(pieces, step, ctx_.step_timeout);
+    if (step + 1 < n) kv.after_shift(step);
+    gradient_arrived.record(state_.channel->stream());
+    if (step > 0) {
+      // What arrived goes on, with this rank's part added and a new seal.
+      take_arrival(step);
+      if (!skipped) {
+        add_rows_cuda(layout.dk_view(slot[arriving], rows, MemoryKind::kCuda),
+                      layout.dk_view(partial_.data<char>(), rows, MemoryKind::kCuda), stream_);
+        add_rows_cuda(layout.dv_view(slot[arriving], rows, MemoryKind::kCuda),
+                      layout.dv_view(partial_.data<char>(), rows, MemoryKind::kCuda), stream_);
+        if (verify) seal_block_cuda(slot[arriving], payload, uint32_t(src), stream_);
+      }
+      compute_done.record(stream_);
+    }
+    set_activity("ring backward step %d of %d (%s): waiting for rank %d's K/V block and dK/dV (ours going to rank %d)",
+                 step, n, transport, comm.previous(), comm.next());
+    const auto t1 = std::chrono::steady_clock::now();
+    pending->wait(ctx_.step_timeout);
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    if (step + 1 < n) kv.advance();
+    if (step > 0) std::swap(sending, arriving);
+    ++stats_.steps;
+    if (ctx_.on_step) ctx_.on_step(step, n);
+  }
+  if (n > 1) {
+    // The last hop: the accumulator held now belongs to the next rank; ours comes from the previous one.
+    set_activity("ring backward (%s): the last hop, rank %d's dK/dV coming home from rank %d", transport, rank,
+                 comm.previous());
+    state_.channel->wait_for(compute_done.get());
+    std::unique_ptr<PendingExchange> pending =
+        state_.channel->shift({{slot[sending], slot_offset[arriving], bytes}}, n, ctx_.step_timeout);
+    if (const std::optional<size_t> at = corrupted_byte(ctx_.fault, rank, n, payload))
+      flip_byte_cuda(slot[arriving], *at, state_.channel->stream());  // the fault tests' hook for accumulators
+    gradient_arrived.record(state_.channel->stream());
+    pending->wait(ctx_.step_timeout);
+    take_arrival(n);
+    const int64_t local_rows = in.k.dim(1);
+    add_rows_cuda(acc.dk, layout.dk_view(slot[arriving], local_rows, MemoryKind::kCuda), stream_);
+    add_rows_cuda(acc.dv, layout.dv_view(slot[arriving], local_rows, MemoryKind::kCuda), stream_);
+  }
+  kv.finish(stream_);
+  // Every block and accumulator that arrived is checked before the gradients are used.
+  try {
+    kv.check_arrivals();
+    if (verify) {
+      const std::vector<BlockTrailer> host = read_trailers(arrived_trailers, 2 * size_t(n + 1), stream_);
+      for (int hop = 1; hop <= n; ++hop) {
+        const BlockTrailer& got = host[size_t(hop)];
+        const uint64_t checksum = host[size_t(n + 1 + hop)].checksum;
+        const int origin = ring_source_rank(rank, hop, n);
+        RA_CHECK(got.magic == BlockTrailer::kMagic && int(got.origin_rank) == origin && got.checksum == checksum,
+                 "ring backward step ", hop - 1, " (", transport, "): rank ", rank, " received the dK/dV accumulator "
+                 "of rank ", origin, "'s block from rank ", comm.previous(), " (f32, ", payload, " bytes) with checksum ",
+                 std::hex, checksum, " but it was sent with ", got.checksum, std::dec, " (origin rank in the trailer: ",
+                 got.origin_rank, "): the accumulator was corrupted in flight; no gradient is produced");
+      }
+    }
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    throw;
+  }
+  if (shared_bias) {
+    sum_over_ring(comm, dbias_part.data<float>(), size_t(dbias_part.numel()), stream_);
+    add_rows_cuda(acc.dbias, dbias_part.view(), stream_);
+  }
+}
+
+void RingAttentionCuda::reduce_sequence_gradients(Gradients& g) const {
+  if (g.dsinks.defined() && ctx_.comm->size() > 1)
+    sum_over_ring(*ctx_.comm, g.dsinks.data<float>(), size_t(g.dsinks.numel()), stream_);
+}
+
+}  // namespace ra
