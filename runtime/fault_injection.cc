@@ -34,6 +34,13 @@ FaultPlan FaultPlan::parse(const std::string& text) {
     const size_t eq = field.find('=');
     RA_CHECK(eq != std::string::npos, "RINGATTN_FAULT='", text, "': expected name=value, got '", field, "'");
     const std::string name = field.substr(0, eq);
+    if (name == "pass") {
+      const std::string pass = field.substr(eq + 1);
+      RA_CHECK(pass == "forward" || pass == "backward", "RINGATTN_FAULT='", text, "': pass is '", pass,
+               "', expected forward or backward");
+      plan.pass = pass == "forward" ? Pass::kForward : Pass::kBackward;
+      continue;
+    }
     long value = 0;
     try {
       value = std::stol(field.substr(eq + 1));
@@ -43,10 +50,10 @@ FaultPlan FaultPlan::parse(const std::string& text) {
     if (name == "rank") plan.rank = int(value);
     else if (name == "step") plan.step = int(value);
     else if (name == "ms") plan.ms = value;
-    else RA_FAIL("RINGATTN_FAULT='", text, "': unknown field '", name, "' (rank, step, ms)");
+    else RA_FAIL("RINGATTN_FAULT='", text, "': unknown field '", name, "' (rank, step, ms, pass)");
   }
   RA_CHECK(plan.kind != Kind::kNone && plan.rank >= 0 && plan.step >= 0, "RINGATTN_FAULT='", text,
-           "': expected <kind>:rank=<r>:step=<s>[:ms=<m>]");
+           "': expected <kind>:rank=<r>:step=<s>[:ms=<m>][:pass=forward|backward]");
   return plan;
 }
 

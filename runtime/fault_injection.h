@@ -1,9 +1,12 @@
 // Built-in fault injection for the failure tests, driven by one environment variable read once:
-//   RINGATTN_FAULT=<kind>:rank=<r>:step=<s>[:ms=<m>]
+//   RINGATTN_FAULT=<kind>:rank=<r>:step=<s>[:ms=<m>][:pass=forward|backward]
 // kinds: kill (SIGKILL), term (SIGTERM), abort (std::abort), exit (exit code 9), stall (sleep m ms,
 // default 1 hour), corrupt (flip a high byte of a value in the block received at that step, to be
 // caught by the block checksum), short (send half of the block at that step: the receiver must notice
-// the missing bytes; host ring). Off unless the variable is set; a malformed value is an error naming it.
+// the missing bytes; host ring). With pass=, only the ring walks of that pass count (the backward's
+// walk follows a forward with the same steps); the backward's step N (N ranks) is the last hop of the
+// dK/dV accumulators, where corrupt flips a byte of the one that comes home. Off unless the variable is
+// set; a malformed value is an error naming it.
 #pragma once
 
 #include <cstddef>
@@ -14,13 +17,21 @@ namespace ra {
 
 struct FaultPlan {
   enum class Kind { kNone, kKill, kTerm, kAbort, kExit, kStall, kCorrupt, kShort };
+  enum class Pass { kAny, kForward, kBackward };
   Kind kind = Kind::kNone;
+  Pass pass = Pass::kAny;
   int rank = -1, step = -1;
   long ms = 3600 * 1000;
 
   static FaultPlan parse(const std::string& text);  // throws on a malformed value
   static FaultPlan from_environment();              // RINGATTN_FAULT, or none
   bool armed(int rank_now, int step_now) const { return kind != Kind::kNone && rank == rank_now && step == step_now; }
+  // This plan for the ring walks of pass `now`: disarmed where it names the other pass.
+  FaultPlan in_pass(Pass now) const {
+    FaultPlan plan = *this;
+    if (pass != Pass::kAny && pass != now) plan.kind = Kind::kNone;
+    return plan;
+  }
 };
 
 // At the start of a ring step: kill, term, abort, exit or stall when the plan names this rank and step.

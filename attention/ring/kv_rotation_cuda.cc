@@ -15,10 +15,12 @@ std::vector<BlockTrailer> read_trailers(const BlockTrailer* device, size_t count
   return host;
 }
 
-KvRotationCuda::KvRotationCuda(const AttentionInputs& in, const RingContext& ctx, std::vector<int64_t> rows_of,
-                               int64_t slot_rows, size_t extra_bytes, RingDeviceState& state, cudaStream_t compute)
+KvRotationCuda::KvRotationCuda(const AttentionInputs& in, const RingContext& ctx, const FaultPlan& fault,
+                               std::vector<int64_t> rows_of, int64_t slot_rows, size_t extra_bytes,
+                               RingDeviceState& state, cudaStream_t compute)
     : in_(in),
       ctx_(ctx),
+      fault_(fault),
       state_(state),
       rows_of_(std::move(rows_of)),
       compute_(compute),
@@ -105,7 +107,7 @@ void KvRotationCuda::after_shift(int step) {
   cudaStream_t stream = state_.channel->stream();
   // The corruption fault lands before the check, as a flip in flight would.
   char* got = base_[1 - cur_];
-  if (const std::optional<size_t> at = corrupted_byte(ctx_.fault, rank_, step, payload_)) flip_byte_cuda(got, *at, stream);
+  if (const std::optional<size_t> at = corrupted_byte(fault_, rank_, step, payload_)) flip_byte_cuda(got, *at, stream);
   arrived_.record(stream);
   if (!verify_) return;
   // The block that arrived is checked on a stream of its own at the compute stream's priority: its

@@ -37,8 +37,8 @@ class KvRotationCuda {
   // `in`: this rank's inputs (its own K/V block). `rows_of(r)`: rank r's K/V rows; `slot_rows` the most
   // any rank holds. `extra_bytes` more of the window, after the two K/V buffers, are the caller's
   // (extra()). Queues nothing yet but the wait for what the caller queued before (inputs_ready).
-  KvRotationCuda(const AttentionInputs& in, const RingContext& ctx, std::vector<int64_t> rows_of, int64_t slot_rows,
-                 size_t extra_bytes, RingDeviceState& state, cudaStream_t compute);
+  KvRotationCuda(const AttentionInputs& in, const RingContext& ctx, const FaultPlan& fault, std::vector<int64_t> rows_of,
+                 int64_t slot_rows, size_t extra_bytes, RingDeviceState& state, cudaStream_t compute);
 
   const char* transport() const { return state_.channel ? state_.channel->description() : "one rank"; }
   char* extra() const { return base_[0] + 2 * stride_; }
@@ -66,6 +66,7 @@ class KvRotationCuda {
 
   const AttentionInputs& in_;
   const RingContext& ctx_;
+  FaultPlan fault_;  // the pass's (RINGATTN_FAULT's pass=)
   RingDeviceState& state_;
   std::vector<int64_t> rows_of_;
   cudaStream_t compute_;

@@ -111,8 +111,9 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
                                Carry& carry) const {
   stats_ = RingStats{};
   stats_.transport = ctx_.comm->backend_name();
+  const FaultPlan forward_fault = ctx_.fault.in_pass(FaultPlan::Pass::kForward);
   if (!ctx_.deterministic) {
-    rotate_blocks(in, pos, params, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
+    rotate_blocks(in, pos, params, forward_fault, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
       if (block) local_->accumulate(*block, block_pos, params, carry);
     });
     return;
@@ -121,17 +122,17 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
   int64_t exponent = local_value_exponent(in.v);
   ctx_.comm->all_reduce(&exponent, 1, ReduceOp::kMax);
   ExactSum exact(carry.batch, carry.heads, carry.rows, carry.value_dim, int(exponent));
-  rotate_blocks(in, pos, params, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
+  rotate_blocks(in, pos, params, forward_fault, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
     if (block) exact.max_pass(*block, block_pos, params);
   });
-  rotate_blocks(in, pos, params, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
+  rotate_blocks(in, pos, params, forward_fault, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
     if (block) exact.sum_pass(*block, block_pos, params);
   });
   exact.merge_into(carry);
 }
 
 void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
-                                  const BlockVisitor& visit) const {
+                                  const FaultPlan& fault, const BlockVisitor& visit) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
   const int64_t local_kv = layout_rows(ctx_.layout, ctx_.global_kv_len, n, rank);
@@ -162,7 +163,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     // Phase 1: start moving the block we hold to the next rank (except on the last step).
-    inject_process_fault(ctx_.fault, rank, step);
+    inject_process_fault(fault, rank, step);
     const int src = ring_source_rank(rank, step, n);
     if (step + 1 < n)
       set_activity("ring step %d of %d: folding the K/V block of rank %d (next block in flight from rank %d)", step, n,
@@ -200,7 +201,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
       }
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
-      inject_corruption(ctx_.fault, rank, step, buffers[cur] + kBlockHeaderBytes, payload);
+      inject_corruption(fault, rank, step, buffers[cur] + kBlockHeaderBytes, payload);
       check_arrived_block(buffers[cur], payload, rank, comm.previous(), step, ring_source_rank(rank, step + 1, n),
                           block_name);
     }

@@ -122,10 +122,10 @@ class RingAttention final : public AttentionImpl {
   mutable RingStats stats_;
 
   // One trip around the ring: visit(block, positions, step, source rank) at every step, with block null
-  // where the masks leave the block empty for this rank's queries.
+  // where the masks leave the block empty for this rank's queries; `fault` is the pass's fault plan.
   using BlockVisitor = std::function<void(const AttentionInputs*, const TokenPositions&, int, int)>;
   void rotate_blocks(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
-                     const BlockVisitor& visit) const;
+                     const FaultPlan& fault, const BlockVisitor& visit) const;
 };
 
 }  // namespace ra

@@ -44,6 +44,7 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
   RA_CHECK(local_->has_backward(), "ring backward: the local implementation '", local_->name(), "' has no backward");
   stats_ = RingStats{};
   stats_.transport = ctx_.comm->backend_name();
+  const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kBackward);
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3),
@@ -74,11 +75,12 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
       buffers.abandon();  // MPI may still write into them until the job ends
       throw;
     }
+    if (step == n) inject_corruption(fault, rank, n, payload_of(arriving), payload);  // the last hop's accumulator
     check_arrived_block(buffers[arriving], payload, rank, comm.previous(), step, origin, accumulator_name);
     std::swap(sending, arriving);
   };
 
-  rotate_blocks(in, pos, params, [&](const AttentionInputs* block, const TokenPositions& block_pos, int step, int src) {
+  rotate_blocks(in, pos, params, fault, [&](const AttentionInputs* block, const TokenPositions& block_pos, int step, int src) {
     const int64_t rows = int64_t(block_pos.k.size());
     // The accumulator of the block held now left the previous rank at the end of its last step.
     std::unique_ptr<PendingExchange> pending;

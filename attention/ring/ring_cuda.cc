@@ -100,7 +100,8 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
   check_shard_rows(in);
-  KvRotationCuda kv(in, ctx_, rows_of_each_rank(), layout_max_rows(ctx_.layout, ctx_.global_kv_len, n), 0, state_,
+  const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kForward);
+  KvRotationCuda kv(in, ctx_, fault, rows_of_each_rank(), layout_max_rows(ctx_.layout, ctx_.global_kv_len, n), 0, state_,
                     stream_);
   CudaEvent compute_done;  // the last compute queued on the compute stream
   const char* transport = kv.transport();
@@ -112,7 +113,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     while (step_events_.size() < 4 * size_t(n)) step_events_.push_back(std::make_unique<CudaEvent>(true));
   int kernels_queued = 0;
   for (int step = 0; step < n; ++step) {
-    inject_process_fault(ctx_.fault, rank, step);
+    inject_process_fault(fault, rank, step);
     const int src = ring_source_rank(rank, step, n);
     set_activity("ring step %d of %d (%s): exchanging with ranks %d / %d, then the K/V block of rank %d", step, n,
                  transport, comm.previous(), comm.next(), src);

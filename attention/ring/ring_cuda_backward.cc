@@ -41,7 +41,8 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows};
   const size_t payload = layout.payload(), bytes = payload + sizeof(BlockTrailer);
   const size_t stride = (bytes + 4095) / 4096 * 4096;
-  KvRotationCuda kv(in, ctx_, rows_of_each_rank(), slot_rows, n > 1 ? 2 * stride : 0, state_, stream_);
+  const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kBackward);
+  KvRotationCuda kv(in, ctx_, fault, rows_of_each_rank(), slot_rows, n > 1 ? 2 * stride : 0, state_, stream_);
   const bool verify = ctx_.verify_blocks && n > 1;
   stats_ = RingStats{};
   stats_.transport = state_.channel ? ring_transport_name(state_.channel->transport()) : comm.backend_name();
@@ -78,7 +79,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   };
 
   for (int step = 0; step < n; ++step) {
-    inject_process_fault(ctx_.fault, rank, step);
+    inject_process_fault(fault, rank, step);
     const int src = ring_source_rank(rank, step, n);
     set_activity("ring backward step %d of %d (%s): the K/V block of rank %d and its dK/dV", step, n, transport, src);
     if (step > 0) kv.before_exchange(step, compute_done.get());  // also orders the accumulator sent now
@@ -142,7 +143,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     state_.channel->wait_for(compute_done.get());
     std::unique_ptr<PendingExchange> pending =
         state_.channel->shift({{slot[sending], slot_offset[arriving], bytes}}, n, ctx_.step_timeout);
-    if (const std::optional<size_t> at = corrupted_byte(ctx_.fault, rank, n, payload))
+    if (const std::optional<size_t> at = corrupted_byte(fault, rank, n, payload))
       flip_byte_cuda(slot[arriving], *at, state_.channel->stream());  // the fault tests' hook for accumulators
     gradient_arrived.record(state_.channel->stream());
     pending->wait(ctx_.step_timeout);
