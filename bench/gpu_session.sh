@@ -13,7 +13,8 @@
 # `backward` (issue 20: GPU tests, CLI --backward round trips, bench --backward beside PyTorch's SDPA backward),
 # `backward_ab` (the flash backward of this build against the variants, interleaved); `ring_backward` (issue 21:
 # the GPU ring's forward and backward tests on however many GPUs there are, ranks sharing them where fewer,
-# the CLI's run --backward over the GPU ring, and the ring of one against its local kernel);
+# the CLI's run --backward over the GPU ring, and the ring of one against its local kernel), `ring_memory` (the
+# ring backward's peak device memory per rank on 2 ranks);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -400,6 +401,14 @@ if has ring_backward; then  # issue 21: the GPU ring's backward (quick=1: withou
     for impl in "${impls[@]}"; do
       $bin bench --backward --backend cuda $impl --batch 1 --heads 32 --head-dim 128 --seq 32768 --dtype bf16 --warmup 2 \
         --iters 10 $causal 2>&1 | grep -v "^#" | tee -a "$out/backward_bench.txt"
+    done
+  done
+fi
+if has ring_memory; then  # issue 21: the ring backward's peak device memory per rank (2 ranks; on one GPU they share it, so times mean nothing there)
+  for local in cudnn flash_attn2; do
+    for causal in "" "--causal --layout zigzag"; do
+      timeout 200 mpirun -np 2 $bin bench --backward --backend cuda --impl ring --local-impl $local --batch 1 --heads 32 \
+        --head-dim 128 --seq 32768 --dtype bf16 --warmup 1 --iters 2 $causal 2>&1 | grep -v "^#\|note:" | tee -a "$out/ring_memory.txt"
     done
   done
 fi
