@@ -23,10 +23,10 @@
 #include "runtime/random.h"
 #if RA_HAVE_CUDA
 #include "collectives/nccl_communicator.h"
-#include "runtime/cuda_device.h"
 #endif
 #include "tests/support/mpi_gtest.h"
 #include "tests/support/ring_shard.h"
+#include "tests/support/ring_test_args.h"
 
 namespace ra::test {
 namespace {
@@ -287,29 +287,10 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   ra::MpiCommunicator world(MPI_COMM_WORLD);
   ra::test::g_world = &world;
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--backend=cuda") ra::test::g_cuda = true;
-    else if (std::string(argv[i]).rfind("--transport=", 0) == 0)
-      ra::test::g_transport = ra::parse_ring_transport(std::string(argv[i]).substr(12));
-  if (ra::test::g_cuda) {
-#if RA_HAVE_CUDA
-    if (ra::cuda_device_count() == 0) {
-      if (world.rank() == 0) std::printf("ring_backward_mpi_test --backend=cuda: no CUDA device, skipped\n");
-      return 77;
-    }
-    ra::cuda_select_device(mpi.local_rank());
-    int64_t shared = mpi.local_rank() >= ra::cuda_device_count();
-    world.all_reduce(&shared, 1, ra::ReduceOp::kMax);
-    ra::test::g_shared_gpus = shared != 0;
-    if (ra::test::g_shared_gpus && ra::test::g_transport == ra::RingTransport::kNccl) {
-      if (world.rank() == 0) std::printf("ring_backward_mpi_test --transport=nccl: more ranks than GPUs, skipped\n");
-      return 77;
-    }
-    if (world.rank() == 0 && ra::test::g_shared_gpus)
-      std::printf("ring_backward_mpi_test: more ranks than GPUs: the GPU ring over MPI and copy engines\n");
-#else
-    return 77;
-#endif
-  }
+  const ra::test::RingTestArgs args = ra::test::parse_ring_test_args(argc, argv, world, mpi.local_rank(), "ring_backward_mpi_test");
+  if (args.skip_code) return args.skip_code;
+  ra::test::g_cuda = args.cuda;
+  ra::test::g_transport = args.transport;
+  ra::test::g_shared_gpus = args.shared_gpus;
   return ra::test::run_tests_on_every_rank(world.rank());
 }

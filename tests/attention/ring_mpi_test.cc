@@ -19,6 +19,7 @@
 #include "tests/support/problem.h"
 #include "tests/support/mpi_gtest.h"
 #include "tests/support/ring_shard.h"
+#include "tests/support/ring_test_args.h"
 
 #if RA_HAVE_CUDA
 #include <nccl.h>
@@ -332,32 +333,17 @@ int main(int argc, char** argv) {
   ra::MpiCommunicator world(MPI_COMM_WORLD);
   ra::test::g_world = &world;
   ra::test::g_ring_comm = &world;
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--backend=cuda") ra::test::g_cuda = true;
-    else if (std::string(argv[i]).rfind("--transport=", 0) == 0)
-      ra::test::g_transport = ra::parse_ring_transport(std::string(argv[i]).substr(12));
+  const ra::test::RingTestArgs args = ra::test::parse_ring_test_args(argc, argv, world, mpi.local_rank(), "ring_mpi_test");
+  if (args.skip_code) return args.skip_code;
+  ra::test::g_cuda = args.cuda;
+  ra::test::g_transport = args.transport;
+  ra::test::g_shared_gpus = args.shared_gpus;
 #if RA_HAVE_CUDA
   std::unique_ptr<ra::NcclCommunicator> nccl;
-  if (ra::test::g_cuda) {
-    if (ra::cuda_device_count() == 0) {
-      if (world.rank() == 0) std::printf("ring_mpi_test --backend=cuda: no CUDA device, skipped\n");
-      return 77;
-    }
-    ra::cuda_select_device(mpi.local_rank());
-    int64_t shared = mpi.local_rank() >= ra::cuda_device_count();
-    world.all_reduce(&shared, 1, ra::ReduceOp::kMax);
-    ra::test::g_shared_gpus = shared != 0;
-    if (ra::test::g_shared_gpus && ra::test::g_transport == ra::RingTransport::kNccl) {
-      if (world.rank() == 0) std::printf("ring_mpi_test --transport=nccl: more ranks than GPUs (NCCL needs one each), skipped\n");
-      return 77;
-    }
-    if (!ra::test::g_shared_gpus) {
-      nccl = std::make_unique<ra::NcclCommunicator>(world);
-      ra::test::g_ring_comm = nccl.get();
-    }
+  if (args.cuda && !args.shared_gpus) {
+    nccl = std::make_unique<ra::NcclCommunicator>(world);
+    ra::test::g_ring_comm = nccl.get();
   }
-#else
-  if (ra::test::g_cuda) return 77;
 #endif
   return ra::test::run_tests_on_every_rank(world.rank());
 }
