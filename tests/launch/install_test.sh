@@ -1,7 +1,7 @@
 #!/bin/bash
 # Installs the build into a temporary prefix, builds examples/ against it with find_package(ringattn)
 # (and checks the pkg-config file compiles a program too), then runs the CPU example on 2 ranks and
-# the CUDA example where a GPU is present. Usage: install_test.sh BUILD_DIR SOURCE_DIR MPIEXEC
+# the CUDA examples where a GPU is present. Usage: install_test.sh BUILD_DIR SOURCE_DIR MPIEXEC
 set -eu -o pipefail
 build=$1 src=$2 mpiexec=$3
 tmp=$(mktemp -d)
@@ -18,11 +18,12 @@ cmake --build "$tmp/examples" >/dev/null
 PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" g++ "$src/examples/ring_cpu.cc" -o "$tmp/ring_cpu_pc" \
   $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs ringattn)
 "$mpiexec" --oversubscribe -np 2 "$tmp/ring_cpu_pc"
-if [ -x "$tmp/examples/ring_cuda" ]; then
+for example in ring_cuda train_ring_cuda; do
+  [ -x "$tmp/examples/$example" ] || continue
   set +e
-  "$mpiexec" --oversubscribe -np 2 "$tmp/examples/ring_cuda"
+  "$mpiexec" --oversubscribe -np 2 "$tmp/examples/$example"
   code=$?
   set -e
   [ $code -eq 0 ] || [ $code -eq 77 ] || exit $code
-fi
+done
 echo "install test OK"
