@@ -52,6 +52,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, iters = 5, warmup = 1;
   std::string dtype_text = "f32", json_path;
   bool step_times = false, backward = false;
+  std::string grad_wire = "f32";
   po::options_description desc("ringattn bench");
   desc.add_options()("help", "this text")
     ("batch", po::value(&batch)->default_value(1), "B")
@@ -65,6 +66,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("json", po::value(&json_path), "also write the row as JSON to this file")
     ("backward", po::bool_switch(&backward), "time a training step's attention: forward, backward (given the "
      "forward's O and LSE) and both; the host ring on N ranks, one rank's local implementation on GPUs")
+    ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
     ("step-times", po::bool_switch(&step_times), "ring on GPUs: time each step with CUDA events (they keep each "
      "step's kernel from starting before the previous one ends, so the ring runs a little slower)");
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
@@ -77,9 +79,11 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
   Job job(opts, mpi, args_text(argc, argv));
+  RA_CHECK(backward || grad_wire == "f32", "--grad-wire applies to --backward");
   if (backward) {
     RA_CHECK(json_path.empty() && !step_times, "--json and --step-times apply to the forward bench, not --backward");
-    return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, iters, warmup, dtype}, opts, job);
+    return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, iters, warmup, dtype,
+                                             parse_gradient_wire(grad_wire)}, opts, job);
   }
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");

@@ -29,6 +29,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   const bool ring = registry.canonical_name(opts.impl) == "ring";
   // The ring on the job's sequence axis (host or GPU ring), or one call of the named implementation.
   RingContext ctx;
+  ctx.gradient_wire = shape.gradient_wire;
   std::unique_ptr<AttentionImpl> impl;
   if (ring) {
     impl = make_impl(opts, job, shape.seq, shape.seq, ctx);

@@ -8,6 +8,7 @@ namespace ra::cli {
 struct BackwardBenchShape {
   int64_t batch, seq, heads, kv_heads, head_dim, iters, warmup;
   DType dtype;
+  DType gradient_wire = DType::kF32;  // --grad-wire
 };
 
 int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts, Job& job);

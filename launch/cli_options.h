@@ -25,6 +25,11 @@ struct AttentionOptions {
   uint64_t seed = 0;
 };
 
+// --grad-wire: the dtype of the backward's dK/dV accumulators between ring steps ("f32" or "bf16").
+DType parse_gradient_wire(const std::string& text);
+inline constexpr const char* kGradWireHelp = "with --backward: the dK/dV accumulators between ring steps in f32 "
+    "(default) or bf16 (half their traffic; each hop rounds the running sum, so the error grows with the ranks)";
+
 // `implementations`: the registry's names (the help lists what this build runs; cudnn only where built).
 void add_attention_options(po::options_description& desc, AttentionOptions& opts,
                            const std::vector<std::string>& implementations);

@@ -115,7 +115,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   std::string input, output;
   bool overwrite = false, no_space_check = false, pageable = false, quiet = false, backward = false,
        f32_gradients = false;
-  std::string do_dataset = "do";
+  std::string do_dataset = "do", grad_wire = "f32";
   int64_t io_timeout_s = 600;
   po::options_description desc("ringattn run");
   desc.add_options()("help", "this text")
@@ -130,14 +130,16 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
      "lse (one sequence shard: no ring yet)")
     ("do-dataset", po::value(&do_dataset)->default_value(do_dataset), "with --backward: path of dO (B, T, Hq, Dv) in the input")
     ("f32-gradients", po::bool_switch(&f32_gradients), "with --backward: write dq, dk, dv in f32 instead of the input dtype")
+    ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
     ("io-timeout", po::value(&io_timeout_s)->default_value(600), "seconds reading, checking or writing may take before the job is aborted");
   add_dataset_options(desc, datasets);
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]", &datasets)) return kOk;
   const AttentionParams params = to_params(opts);
   positive(io_timeout_s, "io-timeout");
-  RA_CHECK(backward || (!f32_gradients && do_dataset == "do"), "--f32-gradients and --do-dataset apply to the "
-           "backward pass: add --backward");
+  RA_CHECK(backward || (!f32_gradients && do_dataset == "do" && grad_wire == "f32"), "--f32-gradients, "
+           "--do-dataset and --grad-wire apply to the backward pass: add --backward");
+  const DType gradient_wire = parse_gradient_wire(grad_wire);
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   const auto started = std::chrono::steady_clock::now();
@@ -184,6 +186,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     check_output_space(output, bytes);
   }
   RingContext ctx;
+  ctx.gradient_wire = gradient_wire;
   if (!quiet && rank == 0)
     ctx.on_step = [&](int step, int steps) {
       const std::string line = "ring step " + std::to_string(step + 1) + " of " + std::to_string(steps);

@@ -32,6 +32,9 @@ struct RingContext {
   int64_t global_q_len = 0, global_kv_len = 0;       // T and S of the whole sequence
   std::string local_impl = "flash_attn2";            // the kernel each step calls
   std::chrono::milliseconds step_timeout{60000};     // per-step deadline on the exchange
+  // The backward's dK/dV accumulators on the wire: f32 (every hop adds in f32), or bf16 (half the
+  // traffic; each hop rounds the running sum to bf16, so the error grows with the ring's size).
+  DType gradient_wire = DType::kF32;
   bool verify_blocks = true;  // a checksum of every block in flight, checked on arrival (CRC-32 on the host, 64-bit sum on GPUs)
   // Bitwise-identical results for any ring size and layout (host ring): an exact max pass and a
   // fixed-point sum pass (two trips around the ring, scalar kernels; see attention/exact_sum_cpu.h).

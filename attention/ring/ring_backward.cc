@@ -7,6 +7,7 @@
 // run in a fixed order, so a given ring size and layout give the same bits on every run.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "attention/backward.h"
 #include "attention/ring/block_schedule.h"
@@ -23,6 +24,25 @@ constexpr int kGradientTag = 1 << 14;  // the accumulators' tags, apart from the
 
 void add_floats(float* dst, const float* src, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+}
+
+// The accumulator in flight (f32, or bf16 on a bf16 wire) += this rank's f32 part, same shape.
+void add_into_wire(const TensorView& wire, const TensorView& part) {
+  const size_t count = size_t(part.numel());
+  if (wire.dtype() == DType::kF32) return add_floats(wire.data_as<float>(), part.data_as<float>(), count);
+  std::vector<float> sum(count);
+  convert_to_f32(wire.data(), wire.dtype(), sum.data(), count);
+  add_floats(sum.data(), part.data_as<float>(), count);
+  convert_from_f32(sum.data(), wire.data(), wire.dtype(), count);
+}
+
+// acc (f32) += the accumulator that came home (f32 or bf16), same shape.
+void add_from_wire(const TensorView& acc, const TensorView& wire) {
+  const size_t count = size_t(acc.numel());
+  if (wire.dtype() == DType::kF32) return add_floats(acc.data_as<float>(), wire.data_as<float>(), count);
+  std::vector<float> values(count);
+  convert_to_f32(wire.data(), wire.dtype(), values.data(), count);
+  add_floats(acc.data_as<float>(), values.data(), count);
 }
 
 }  // namespace
@@ -48,16 +68,19 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3),
-                             layout_max_rows(ctx_.layout, ctx_.global_kv_len, n)};
+                             layout_max_rows(ctx_.layout, ctx_.global_kv_len, n),
+                             n > 1 ? ctx_.gradient_wire : DType::kF32};  // a ring of one has no wire
+  const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
   const size_t payload = layout.payload(), bytes = kBlockHeaderBytes + payload;
   // [sending] the accumulator passed on, [arriving] the one coming in, [partial] this step's part.
-  BlockBuffers buffers(payload, 3);
+  BlockBuffers buffers(part_layout.payload(), 3);
   // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.
   const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
   Tensor dbias_part;
   if (shared_bias) dbias_part = Tensor(DType::kF32, acc.dbias.shape());  // zeroed
   const TensorView dbias = shared_bias ? dbias_part.view() : acc.dbias;
-  const std::string accumulator_name = "dK/dV accumulator (f32, " + std::to_string(payload) + " bytes)";
+  const std::string accumulator_name = "dK/dV accumulator (" + std::string(dtype_name(layout.dtype)) + ", " +
+                                       std::to_string(payload) + " bytes)";
   int sending = 0, arriving = 1;
   char* const partial = buffers[2] + kBlockHeaderBytes;
   auto payload_of = [&](int i) { return buffers[i] + kBlockHeaderBytes; };
@@ -86,9 +109,9 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
     std::unique_ptr<PendingExchange> pending;
     if (step > 0) pending = start_shift(step);
     if (block != nullptr) {
-      std::memset(partial, 0, payload);
-      const GradViews views{acc.dq, layout.dk_view(partial, rows, MemoryKind::kHost),
-                            layout.dv_view(partial, rows, MemoryKind::kHost), dbias};
+      std::memset(partial, 0, part_layout.payload());
+      const GradViews views{acc.dq, part_layout.dk_view(partial, rows, MemoryKind::kHost),
+                            part_layout.dv_view(partial, rows, MemoryKind::kHost), dbias};
       local_->accumulate_backward(*block, block_pos, params, grad, views);
     }
     if (pending) {
@@ -97,16 +120,18 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
       std::memset(payload_of(sending), 0, payload);  // step 0: our own block, nobody has added yet
     }
     if (block != nullptr) {
-      add_floats(layout.dk(payload_of(sending)), layout.dk(partial), layout.dk_count(rows));
-      add_floats(layout.dv(payload_of(sending)), layout.dv(partial), layout.dv_count(rows));
+      add_into_wire(layout.dk_view(payload_of(sending), rows, MemoryKind::kHost),
+                    part_layout.dk_view(partial, rows, MemoryKind::kHost));
+      add_into_wire(layout.dv_view(payload_of(sending), rows, MemoryKind::kHost),
+                    part_layout.dv_view(partial, rows, MemoryKind::kHost));
     }
     seal_block(buffers[sending], src, payload, ctx_.verify_blocks);
   });
   // The last hop: the accumulator held now belongs to the next rank; ours comes from the previous one.
   if (n > 1) finish_shift(*start_shift(n), n, rank);
   const int64_t local_rows = in.k.dim(1);
-  add_floats(acc.dk.data_as<float>(), layout.dk(payload_of(sending)), layout.dk_count(local_rows));
-  add_floats(acc.dv.data_as<float>(), layout.dv(payload_of(sending)), layout.dv_count(local_rows));
+  add_from_wire(acc.dk, layout.dk_view(payload_of(sending), local_rows, MemoryKind::kHost));
+  add_from_wire(acc.dv, layout.dv_view(payload_of(sending), local_rows, MemoryKind::kHost));
   if (shared_bias) {
     all_reduce_sum_f64(comm, dbias_part.data<float>(), size_t(dbias_part.numel()));
     add_floats(acc.dbias.data_as<float>(), dbias_part.data<float>(), size_t(dbias_part.numel()));

@@ -38,7 +38,9 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   const int n = comm.size(), rank = comm.rank();
   check_shard_rows(in);
   const int64_t slot_rows = layout_max_rows(ctx_.layout, ctx_.global_kv_len, n);
-  const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows};
+  const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows, ctx_.gradient_wire};
+  const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
+  const bool f32_wire = layout.dtype == DType::kF32;
   const size_t payload = layout.payload(), bytes = payload + sizeof(BlockTrailer);
   const size_t stride = (bytes + 4095) / 4096 * 4096;
   const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kBackward);
@@ -58,7 +60,23 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   char* slot[2] = {kv.extra(), kv.extra() + stride};
   const size_t slot_offset[2] = {kv.window_offset_of_extra(), kv.window_offset_of_extra() + stride};
   int sending = 0, arriving = 1;
-  if (n > 1) reserve_scratch(partial_, payload, MemoryKind::kCuda, "the ring backward's partial dK/dV");
+  if (n > 1) reserve_scratch(partial_, part_layout.payload(), MemoryKind::kCuda, "the ring backward's partial dK/dV");
+  // The accumulator in flight += the partial: in f32 on an f32 wire; on a bf16 wire the partial takes
+  // the arrived values and the sum goes back rounded to bf16.
+  auto add_into_wire = [&](char* wire, int64_t rows) {
+    char* part = partial_.data<char>();
+    const std::pair<TensorView, TensorView> sections[2] = {
+        {layout.dk_view(wire, rows, MemoryKind::kCuda), part_layout.dk_view(part, rows, MemoryKind::kCuda)},
+        {layout.dv_view(wire, rows, MemoryKind::kCuda), part_layout.dv_view(part, rows, MemoryKind::kCuda)}};
+    for (const auto& [wire_view, part_view] : sections) {
+      if (f32_wire) {
+        add_rows_cuda(wire_view, part_view, stream_);
+      } else {
+        add_rows_cuda(part_view, wire_view, stream_);
+        convert_f32_cuda(part_view, wire_view, stream_);
+      }
+    }
+  };
   // Per hop 1..n: the trailer the accumulator arrived with, and its checksum recomputed here.
   reserve_scratch(gradient_checks_, 2 * size_t(n + 1) * sizeof(BlockTrailer), MemoryKind::kCuda,
                   "the ring backward's accumulator checks");
@@ -87,10 +105,12 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
     const int64_t rows = int64_t(k_host.size());
     const bool skipped = query_positions_.empty() || ring_block_skipped(q_lo_, q_hi_, k_host, params);
-    // Step 0 adds straight into this rank's own accumulator (nobody has added before); a ring of one
-    // into the caller's.
-    char* target = step == 0 ? slot[sending] : partial_.data<char>();
-    if (n > 1 && (step > 0 ? !skipped : true)) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, payload, stream_));
+    // Step 0 on an f32 wire adds straight into this rank's own accumulator (nobody has added before);
+    // a ring of one into the caller's.
+    char* target = step == 0 && f32_wire ? slot[sending] : partial_.data<char>();
+    if (step == 0 && n > 1) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, stream_));
+    if (n > 1 && !skipped && target != slot[sending])
+      RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), stream_));
     if (skipped) {
       ++stats_.skipped;
     } else {
@@ -98,8 +118,8 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       const DevicePositions block_pos{pos.q, pos.k + key_offsets_[size_t(src)], pos.total_keys, pos.keys_sorted,
                                       query_positions_.data(), k_host.data()};
       const GradViews views = n == 1 ? GradViews{acc.dq, acc.dk, acc.dv, dbias}
-                                     : GradViews{acc.dq, layout.dk_view(target, rows, MemoryKind::kCuda),
-                                                 layout.dv_view(target, rows, MemoryKind::kCuda), dbias};
+                                     : GradViews{acc.dq, part_layout.dk_view(target, rows, MemoryKind::kCuda),
+                                                 part_layout.dv_view(target, rows, MemoryKind::kCuda), dbias};
       local_->accumulate_backward_device(block, block_pos, params, grad, views);
     }
     if (n == 1) break;
@@ -108,6 +128,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     if (step + 1 < n) pieces = kv.outgoing(step);
     if (step > 0) pieces.push_back({slot[sending], slot_offset[arriving], bytes});
     if (step == 0) {
+      if (!f32_wire && !skipped) add_into_wire(slot[sending], rows);
       if (verify) seal_block_cuda(slot[sending], payload, uint32_t(rank), stream_);
       compute_done.record(stream_);  // this rank's own accumulator is complete (it leaves at step 1)
     }
@@ -118,10 +139,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       // What arrived goes on, with this rank's part added and a new seal.
       take_arrival(step);
       if (!skipped) {
-        add_rows_cuda(layout.dk_view(slot[arriving], rows, MemoryKind::kCuda),
-                      layout.dk_view(partial_.data<char>(), rows, MemoryKind::kCuda), stream_);
-        add_rows_cuda(layout.dv_view(slot[arriving], rows, MemoryKind::kCuda),
-                      layout.dv_view(partial_.data<char>(), rows, MemoryKind::kCuda), stream_);
+        add_into_wire(slot[arriving], rows);
         if (verify) seal_block_cuda(slot[arriving], payload, uint32_t(src), stream_);
       }
       compute_done.record(stream_);
@@ -164,7 +182,8 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
         const int origin = ring_source_rank(rank, hop, n);
         RA_CHECK(got.magic == BlockTrailer::kMagic && int(got.origin_rank) == origin && got.checksum == checksum,
                  "ring backward step ", hop - 1, " (", transport, "): rank ", rank, " received the dK/dV accumulator "
-                 "of rank ", origin, "'s block from rank ", comm.previous(), " (f32, ", payload, " bytes) with checksum ",
+                 "of rank ", origin, "'s block from rank ", comm.previous(), " (", dtype_name(layout.dtype), ", ", payload,
+                 " bytes) with checksum ",
                  std::hex, checksum, " but it was sent with ", got.checksum, std::dec, " (origin rank in the trailer: ",
                  got.origin_rank, "): the accumulator was corrupted in flight; no gradient is produced");
       }

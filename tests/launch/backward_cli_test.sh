@@ -80,6 +80,18 @@ for n in 2 3 4; do
     done
   done
 done
+# --grad-wire bf16: the accumulators travel in bf16 (checked against bf16 inputs' tolerance); refused by name
+# without --backward and for another dtype.
+expect "ring -np 3 --grad-wire bf16 run --backward" 0 "backward" "$mpiexec" --oversubscribe -np 3 "$ra" run \
+  --input ring.h5 --output wire.h5 --layout zigzag --causal --backward --grad-wire bf16 --quiet
+expect "ring -np 3 --grad-wire bf16 verify" 0 "dv vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np 3 \
+  "$ra" verify --input ring.h5 --output wire.h5 --layout zigzag --causal
+expect "--grad-wire without --backward" 2 "add --backward" "$ra" run --input ring.h5 --output x.h5 --grad-wire bf16
+expect "--grad-wire f16 refused" 2 "--grad-wire 'f16': expected f32 or bf16" "$ra" run --input ring.h5 --output x.h5 \
+  --backward --grad-wire f16
+expect "bench --grad-wire without --backward" 2 "--grad-wire applies to --backward" "$ra" bench --seq 16 --heads 2 \
+  --head-dim 16 --grad-wire bf16
+no_output "grad-wire refusals leave no output" x.h5
 expect "bench --backward: the host ring on 2 ranks" 0 "ring *cpu *2 .*forward+backward" "$mpiexec" --oversubscribe -np 2 \
   "$ra" bench --backward --seq 67 --heads 4 --kv-heads 2 --head-dim 32 --causal --iters 2
 expect "bench --backward: a local implementation" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward \
