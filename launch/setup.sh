@@ -9,9 +9,9 @@ mode=${1:-test}
 # clang with its fuzzer and sanitizer runtimes (libclang-rt-14-dev) builds the fuzz targets.
 packages="g++ cmake ninja-build ccache openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev
-  pkg-config python3-h5py zlib1g-dev unzip clang libclang-rt-14-dev"
-# With CUDA, pip fetches cudnn-frontend (below).
-command -v nvcc >/dev/null && ! python3 -m pip --version >/dev/null 2>&1 && packages="$packages python3-pip"
+  pkg-config python3-h5py zlib1g-dev unzip clang libclang-rt-14-dev
+  python3-dev python3-numpy python3-pytest python3-mpi4py python3-pip"
+# pip fetches nanobind (the Python module's bindings) and, with CUDA, cudnn-frontend (below).
 missing=$(for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   echo "installing: $missing"
@@ -36,7 +36,20 @@ if command -v nvcc >/dev/null && [ -z "${RA_WITHOUT_CUDNN:-}" ] && [ ! -f $front
   fi
   unzip -q -o $frontend/wheel/*.whl 'include/*' -d $frontend
 fi
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${RA_CMAKE_ARGS:-}
+# nanobind (BSD-3) for the Python module ringattn._core: its wheel from PyPI, pinned by version and hash.
+nanobind=build/_deps/nanobind
+if [ ! -f $nanobind/nanobind/cmake/nanobind-config.cmake ]; then
+  mkdir -p $nanobind/wheel
+  echo "nanobind==2.9.2 --hash=sha256:c37957ffd5eac7eda349cff3622ecd32e5ee1244ecc912c99b5bc8188bafd16e" \
+    > $nanobind/requirements.txt
+  if ! /usr/bin/python3 -m pip download -q --no-deps --only-binary=:all: -r $nanobind/requirements.txt -d $nanobind/wheel; then
+    echo "error: could not fetch nanobind 2.9.2 (pinned by hash) from PyPI for the Python module" >&2
+    exit 1
+  fi
+  unzip -q -o $nanobind/wheel/*.whl 'nanobind/*' -d $nanobind
+fi
+# Debian's Python, where the packages above put numpy, pytest and mpi4py.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=/usr/bin/python3 ${RA_CMAKE_ARGS:-}
 cmake --build build -j "$jobs"
 case "$mode" in
   demo)

@@ -1,0 +1,160 @@
+"""ringattn's Python core on numpy against the f64 numpy reference (tests/reference.py): every option of
+the forward and the backward, each host implementation, GQA, S != T, fully masked rows, strided views,
+and errors as ValueError naming the tensor."""
+
+import numpy as np
+import pytest
+
+import ringattn
+import reference
+
+IMPLS = ["flash_attn2", "sdpa", "blockwise"]
+
+
+def problem(seed, B=2, T=37, S=37, H=4, Hkv=2, D=32, Dv=32, dtype=np.float32, **options):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, T, H, D)).astype(dtype)
+    k = rng.standard_normal((B, S, Hkv, D)).astype(dtype)
+    v = rng.standard_normal((B, S, Hkv, Dv)).astype(dtype)
+    do = rng.standard_normal((B, T, H, Dv)).astype(dtype)
+    extra = {}
+    if options.pop("with_bias", False):
+        extra["bias"] = rng.standard_normal((1, H, T, S)).astype(np.float32)
+    if options.pop("with_shared_bias", False):
+        extra["bias"] = rng.standard_normal((1, H, 1, S)).astype(np.float32)
+    if options.pop("with_mask", False):
+        extra["mask"] = rng.random((B, 1, T, S)) < 0.8
+    if options.pop("with_sinks", False):
+        extra["sinks"] = rng.standard_normal(H).astype(np.float32)
+    if options.pop("with_segments", False):
+        extra["segment_ids"] = np.sort(rng.integers(0, 3, (B, T)), axis=1).astype(np.int32)
+        if S != T:
+            extra["kv_segment_ids"] = np.sort(rng.integers(0, 3, (B, S)), axis=1).astype(np.int32)
+    extra.update(options)
+    return q, k, v, do, extra
+
+
+OPTION_SETS = {
+    "plain": {},
+    "causal": {"causal": True},
+    "window": {"window": (5, 2)},
+    "softcap_scale": {"softcap": 3.0, "scale": 0.3},
+    "sinks": {"with_sinks": True, "causal": True},
+    "bias": {"with_bias": True},
+    "shared_bias": {"with_shared_bias": True},
+    "mask": {"with_mask": True},
+    "segments": {"with_segments": True},
+    "everything": {"causal": True, "window": (9, 0), "softcap": 5.0, "with_sinks": True, "with_bias": True,
+                   "with_mask": True, "with_segments": True},
+}
+
+
+def reference_options(extra):
+    return {k: v for k, v in extra.items() if k not in ("impl",)}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("name", list(OPTION_SETS))
+def test_forward_and_backward_match_f64(impl, name):
+    q, k, v, do, extra = problem(7, **OPTION_SETS[name])
+    o, lse = ringattn.attention(q, k, v, impl=impl, return_lse=True, **extra)
+    ref_o, ref_lse, _ = reference.forward(q, k, v, **reference_options(extra))
+    assert o.dtype == np.float32 and o.shape == ref_o.shape and lse.shape == ref_lse.shape
+    np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=2e-5)
+    grads = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, **extra)
+    want = reference.backward(q, k, v, do, **reference_options(extra))
+    names = ["dq", "dk", "dv"] + (["dbias"] if "bias" in extra else []) + (["dsinks"] if "sinks" in extra else [])
+    expected = [want[0], want[1], want[2]] + ([want[3]] if "bias" in extra else []) + ([want[4]] if "sinks" in extra else [])
+    assert len(grads) == len(names)
+    for got, ref, what in zip(grads, expected, names):
+        assert got.shape == ref.shape, what
+        assert np.isfinite(got).all(), what
+        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()), err_msg=what)
+
+
+@pytest.mark.parametrize("shape", [dict(T=1, S=50), dict(T=50, S=19), dict(H=8, Hkv=1), dict(D=64, Dv=16)])
+def test_shapes_gqa_and_uneven_lengths(shape):
+    q, k, v, do, extra = problem(3, causal=True, **shape)
+    o, lse = ringattn.attention(q, k, v, return_lse=True, **extra)
+    ref_o, ref_lse, _ = reference.forward(q, k, v, **extra)
+    np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=2e-5)
+    dq, dk, dv = ringattn.attention_backward(q, k, v, o, lse, do, **extra)
+    want = reference.backward(q, k, v, do, **extra)
+    for got, ref in zip((dq, dk, dv), want[:3]):
+        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+def test_half_precision_inputs():
+    q, k, v, do, extra = problem(5, dtype=np.float16, causal=True)
+    o, lse = ringattn.attention(q, k, v, return_lse=True)
+    assert o.dtype == np.float16
+    ref_o, _, _ = reference.forward(q, k, v)
+    np.testing.assert_allclose(o.astype(np.float64), ref_o, atol=2e-3)
+    dq, dk, dv = ringattn.attention_backward(q, k, v, o, lse, do, f32_gradients=True)
+    assert dq.dtype == np.float32
+    want = reference.backward(q, k, v, do)
+    for got, ref in zip((dq, dk, dv), want[:3]):
+        np.testing.assert_allclose(got, ref, atol=2e-2 * max(1.0, np.abs(ref).max()))
+
+
+def test_fully_masked_rows_give_zero_not_nan():
+    q, k, v, do, extra = problem(9, T=8, S=8)
+    mask = np.ones((2, 1, 8, 8), dtype=bool)
+    mask[:, :, 3, :] = False  # row 3 sees no key
+    o, lse = ringattn.attention(q, k, v, mask=mask, return_lse=True)
+    assert np.all(o[:, 3] == 0) and np.all(np.isneginf(lse[:, :, 3]))
+    grads = ringattn.attention_backward(q, k, v, o, lse, do, mask=mask)
+    assert all(np.isfinite(g).all() for g in grads)
+    assert np.all(grads[0][:, 3] == 0)
+
+
+def test_strided_views_without_copies():
+    # (B, H, T, D) arrays viewed as (B, T, H, D): the core reads them through their strides.
+    q, k, v, do, _ = problem(11)
+    q_bhtd = np.ascontiguousarray(q.transpose(0, 2, 1, 3))
+    o_view = ringattn.attention(q_bhtd.transpose(0, 2, 1, 3), k, v, impl="sdpa")
+    np.testing.assert_allclose(o_view, ringattn.attention(q, k, v, impl="sdpa"), rtol=1e-6, atol=1e-6)
+
+
+def test_outputs_own_their_memory():
+    q, k, v, _, _ = problem(2)
+    o = ringattn.attention(q, k, v)
+    copy = o.copy()
+    del q, k, v
+    np.testing.assert_array_equal(o, copy)  # still valid: the array owns the result
+
+
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (lambda a: dict(a, q=a["q"][0]), "q has 3 dimensions, expected 4"),
+        (lambda a: dict(a, k=a["k"][:, :, :, :16]), "dimension 3"),
+        (lambda a: dict(a, q=a["q"].astype(np.int64)), "q has a dtype ringattn does not take"),
+        (lambda a: dict(a, v=a["v"][:, :5]), "v"),
+        (lambda a: dict(a, sinks=np.zeros(3, np.float32)), "sinks"),
+        (lambda a: dict(a, window=(2,)), ""),
+        (lambda a: dict(a, impl="nonexistent"), "nonexistent"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_it(mutate, pattern):
+    q, k, v, _, _ = problem(1)
+    args = mutate(dict(q=q, k=k, v=v))
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        ringattn.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_backward_refuses_a_mismatched_o():
+    q, k, v, do, _ = problem(4)
+    o, lse = ringattn.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="o"):
+        ringattn.attention_backward(q, k, v, o[:, :5], lse, do)
+
+
+def test_torch_arrays_come_back_as_torch():
+    torch = pytest.importorskip("torch")
+    q, k, v, do, _ = problem(6)
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    o = ringattn.attention(tq, tk, tv, causal=True)
+    assert isinstance(o, torch.Tensor)
+    np.testing.assert_allclose(o.numpy(), ringattn.attention(q, k, v, causal=True), rtol=1e-6)
