@@ -1,28 +1,78 @@
-"""ringattn from Python: attention and its backward on one process's arrays.
+"""ringattn from Python: attention and its backward on one process's arrays, and ring attention over
+the ranks of an mpi4py communicator.
 
 Arrays cross into the C++ core through DLPack without copies (numpy, or PyTorch / JAX arrays on the
 CPU in this version) and the results come back as arrays of the same framework. Shapes follow
-PyTorch and the seeds: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv).
+PyTorch and the seeds: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (B, T, Hq, Dv);
+lse (B, Hq, T) float32, natural log. Keyword options, by the seeds' names: causal, window=(left, right)
+(-1: unbounded), softcap, scale (0: 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32,
+mask (the same shape, bool / uint8, true = attend), segment_ids (B, T) int32 and kv_segment_ids
+(B, S), dropout, dropout_seed. Bad input raises ValueError naming the tensor and dimension.
 """
+
+import numpy as _np
 
 from . import _core
 
-__all__ = ["attention", "attention_backward"]
+__all__ = ["attention", "attention_backward", "ring_attention", "ring_attention_backward", "shard", "unshard"]
 
 
-def attention(q, k, v, **options):
-    """o (B, T, Hq, Dv) = attention of q over k and v; with return_lse=True, (o, lse (B, Hq, T)).
+def attention(q, k, v, *, impl="flash_attn2", return_lse=False, **options):
+    """o = attention of q over k and v on this process; (o, lse) with return_lse=True.
 
-    Options: impl ("flash_attn2", "sdpa", "blockwise"), causal, window=(left, right), softcap, scale,
-    sinks (Hq,), bias and mask (B|1, Hq|1, T|1, S), segment_ids (B, T) and kv_segment_ids (B, S),
-    dropout, dropout_seed, return_lse. Bad input raises ValueError naming the tensor and dimension.
+    impl: "flash_attn2", "sdpa" or "blockwise" (host implementations).
     """
-    return _core.attention(q, k, v, like=q, **options)
+    return _core.attention(q, k, v, impl, options, return_lse, q)
 
 
-def attention_backward(q, k, v, o, lse, do, **options):
-    """(dq, dk, dv[, dbias][, dsinks]) of attention(q, k, v, **options) given its o, lse and do = dLoss/do.
+def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients=False, **options):
+    """(dq, dk, dv[, dbias][, dsinks]) of attention(q, k, v, **options), given its o, lse and do = dLoss/do.
 
-    The options must be the forward's; f32_gradients=True returns dq, dk, dv in float32.
+    The options must be the forward's. dq, dk, dv come in q's dtype (float32 with f32_gradients=True),
+    dbias in the bias's shape, dsinks (Hq,) float32.
     """
-    return _core.attention_backward(q, k, v, o, lse, do, like=q, **options)
+    return _core.attention_backward(q, k, v, o, lse, do, impl, options, f32_gradients, q)
+
+
+def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
+                   local_impl="flash_attn2", timeout=60.0, return_lse=False, **options):
+    """Ring attention of this rank's shard over every rank of `comm` (an mpi4py communicator).
+
+    q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag",
+    "striped"; shard() cuts them); the global lengths default to the sum over the ranks. Returns this
+    rank's rows of o (and lse). Every rank calls it with the same options; a rank that stops makes the
+    others fail after `timeout` seconds instead of hanging.
+    """
+    return _core.ring_attention(q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
+                                options, return_lse, q)
+
+
+def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
+                            local_impl="flash_attn2", timeout=60.0, f32_gradients=False, **options):
+    """This rank's (dq, dk, dv[, dbias][, dsinks]) of ring_attention(), given its o, lse and do.
+
+    dK / dV accumulate in float32 around the ring; dsinks and the dbias of a bias shared by every
+    rank's rows are summed over the ranks.
+    """
+    return _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
+                                         float(timeout), options, f32_gradients, q)
+
+
+def shard(x, axis, layout, rank, size):
+    """Rank `rank`'s rows (of `size` ranks) of the global sequence axis `axis` of x under `layout`."""
+    rows = _core.layout_indices(layout, x.shape[axis], size, rank)
+    return x[(slice(None),) * (axis % x.ndim) + (rows,)]
+
+
+def unshard(shards, axis, layout):
+    """The global array from every rank's shard (a list in rank order, uneven lengths too)."""
+    size = len(shards)
+    length = sum(s.shape[axis] for s in shards)
+    first = _np.asarray(shards[0])
+    shape = list(first.shape)
+    shape[axis] = length
+    out = _np.empty(shape, dtype=first.dtype)
+    for rank, part in enumerate(shards):
+        rows = _core.layout_indices(layout, length, size, rank)
+        out[(slice(None),) * (axis % out.ndim) + (rows,)] = _np.asarray(part)
+    return out

@@ -2,8 +2,6 @@
 // registry, framework-neutral (DLPack in, the caller's framework out). Shapes are PyTorch's and the
 // seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (B, T, Hq, Dv); lse (B, Hq, T).
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/optional.h>
-#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <optional>
@@ -11,6 +9,7 @@
 #include <utility>
 
 #include "arrays.h"
+#include "call_options.h"
 #include "attention/attention_impl.h"
 #include "attention/registry.h"
 #include "runtime/error.h"
@@ -18,46 +17,6 @@
 
 namespace ra::python {
 namespace {
-
-using namespace nb::literals;
-using OptionalArray = std::optional<AnyArray>;
-
-// The options every call takes, by the seeds' names.
-struct CallOptions {
-  bool causal = false;
-  std::optional<std::pair<int64_t, int64_t>> window;  // (left, right); -1: unbounded on that side
-  float softcap = 0, scale = 0, dropout = 0;
-  uint64_t dropout_seed = 0;
-  OptionalArray sinks, bias, mask, segment_ids, kv_segment_ids;
-};
-
-AttentionParams params_of(const CallOptions& o) {
-  RA_CHECK(o.dropout >= 0 && o.dropout < 1, "dropout is ", o.dropout, ", expected a probability in [0, 1)");
-  RA_CHECK(o.softcap >= 0, "softcap is ", o.softcap, ", expected 0 (off) or a positive cap");
-  AttentionParams p;
-  p.causal = o.causal;
-  if (o.window) p.window_left = o.window->first, p.window_right = o.window->second;
-  p.logits_soft_cap = o.softcap;
-  p.softmax_scale = o.scale;
-  p.dropout_prob = o.dropout;
-  p.dropout_seed = o.dropout_seed;
-  return p;
-}
-
-AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o) {
-  AttentionInputs in;
-  in.q = view_of(q, "q", 4), in.k = view_of(k, "k", 4), in.v = view_of(v, "v", 4);
-  if (o.sinks) in.sinks = view_of(*o.sinks, "sinks", 1);
-  if (o.bias) in.bias = view_of(*o.bias, "bias", 4);
-  if (o.mask) in.mask = view_of(*o.mask, "mask", 4);
-  RA_CHECK(o.segment_ids || !o.kv_segment_ids, "kv_segment_ids without segment_ids (the queries' ids)");
-  if (o.segment_ids) {
-    in.q_segment_ids = view_of(*o.segment_ids, "segment_ids", 2);
-    // The keys' ids default to the queries' (self-attention, T = S).
-    in.kv_segment_ids = o.kv_segment_ids ? view_of(*o.kv_segment_ids, "kv_segment_ids", 2) : in.q_segment_ids;
-  }
-  return in;
-}
 
 std::unique_ptr<AttentionImpl> host_impl(const std::string& impl) {
   return AttentionRegistry::builtin().create(impl, Backend::kCpu);
@@ -94,12 +53,7 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
     RA_CHECK(kernel->has_backward(), "implementation '", impl, "' has no backward pass");
     g = kernel->backward(in, params, grad_out, &forward, f32_gradients);
   }
-  const Framework framework = framework_of(like);
-  nb::list result;
-  for (Tensor* t : {&g.dq, &g.dk, &g.dv}) result.append(to_array(std::move(*t), framework));
-  if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework));
-  if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework));
-  return nb::tuple(result);
+  return gradient_tuple(g, in, framework_of(like));
 }
 
 }  // namespace
@@ -109,8 +63,6 @@ NB_MODULE(_core, m) {
   namespace nb = nanobind;
   using namespace nb::literals;
   using ra::python::AnyArray;
-  using ra::python::CallOptions;
-  using ra::python::OptionalArray;
   // ringattn's errors name the tensor, the dimension and what was expected: ValueError, as for any bad argument.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -119,44 +71,19 @@ NB_MODULE(_core, m) {
       PyErr_SetString(PyExc_ValueError, e.message().c_str());
     }
   });
-  m.def(
-      "attention",
-      [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const std::string& impl, bool causal,
-         std::optional<std::pair<int64_t, int64_t>> window, float softcap, float scale, OptionalArray sinks,
-         OptionalArray bias, OptionalArray mask, OptionalArray segment_ids, OptionalArray kv_segment_ids,
-         float dropout, uint64_t dropout_seed, bool return_lse, nb::handle q_object) {
-        return ra::python::attention(q, k, v, impl,
-                                     CallOptions{causal, window, softcap, scale, dropout, dropout_seed, sinks, bias,
-                                                 mask, segment_ids, kv_segment_ids},
-                                     return_lse, q_object);
-      },
-      "q"_a, "k"_a, "v"_a, nb::kw_only(), "impl"_a = "flash_attn2", "causal"_a = false, "window"_a = nb::none(),
-      "softcap"_a = 0.0f, "scale"_a = 0.0f, "sinks"_a = nb::none(), "bias"_a = nb::none(), "mask"_a = nb::none(),
-      "segment_ids"_a = nb::none(), "kv_segment_ids"_a = nb::none(), "dropout"_a = 0.0f, "dropout_seed"_a = 0,
-      "return_lse"_a = false, "like"_a = nb::none(),
-      "Attention of q (B, T, Hq, D) over k (B, S, Hkv, D) and v (B, S, Hkv, Dv) on one process; returns o\n"
-      "(B, T, Hq, Dv) in q's dtype, and with return_lse=True also lse (B, Hq, T) float32 (natural log).\n"
-      "Options as the seeds name them: causal (queries aligned to the end of the keys), window=(left, right),\n"
-      "softcap, scale (0: 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same\n"
-      "shape, bool / uint8, true = attend), segment_ids (B, T) int32 (kv_segment_ids (B, S) when S != T),\n"
-      "dropout with dropout_seed. Results come back as arrays of `like`'s framework (default: numpy).");
-  m.def(
-      "attention_backward",
-      [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o, const AnyArray& lse,
-         const AnyArray& d_o, const std::string& impl, bool causal, std::optional<std::pair<int64_t, int64_t>> window,
-         float softcap, float scale, OptionalArray sinks, OptionalArray bias, OptionalArray mask,
-         OptionalArray segment_ids, OptionalArray kv_segment_ids, float dropout, uint64_t dropout_seed,
-         bool f32_gradients, nb::handle like) {
-        return ra::python::attention_backward(q, k, v, o, lse, d_o, impl,
-                                              CallOptions{causal, window, softcap, scale, dropout, dropout_seed, sinks,
-                                                          bias, mask, segment_ids, kv_segment_ids},
-                                              f32_gradients, like);
-      },
-      "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, nb::kw_only(), "impl"_a = "flash_attn2", "causal"_a = false,
-      "window"_a = nb::none(), "softcap"_a = 0.0f, "scale"_a = 0.0f, "sinks"_a = nb::none(), "bias"_a = nb::none(),
-      "mask"_a = nb::none(), "segment_ids"_a = nb::none(), "kv_segment_ids"_a = nb::none(), "dropout"_a = 0.0f,
-      "dropout_seed"_a = 0, "f32_gradients"_a = false, "like"_a = nb::none(),
-      "The backward of attention(): given the forward's o and lse and do = dLoss/do (B, T, Hq, Dv), returns\n"
-      "(dq, dk, dv) in q's dtype (float32 with f32_gradients=True), then dbias (the bias's shape) and dsinks\n"
-      "(Hq,) float32 where a bias / sinks were given. The same options as the forward, which it must match.");
+  // The keyword options come as one dict (the Python wrappers in ringattn/__init__.py hold the signatures).
+  m.def("attention",
+        [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const std::string& impl, const nb::dict& options,
+           bool return_lse, nb::handle like) {
+          return ra::python::attention(q, k, v, impl, ra::python::options_from(options), return_lse, like);
+        },
+        "q"_a, "k"_a, "v"_a, "impl"_a, "options"_a, "return_lse"_a, "like"_a);
+  m.def("attention_backward",
+        [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o, const AnyArray& lse,
+           const AnyArray& d_o, const std::string& impl, const nb::dict& options, bool f32_gradients, nb::handle like) {
+          return ra::python::attention_backward(q, k, v, o, lse, d_o, impl, ra::python::options_from(options),
+                                                f32_gradients, like);
+        },
+        "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "impl"_a, "options"_a, "f32_gradients"_a, "like"_a);
+  ra::python::bind_ring(m);
 }

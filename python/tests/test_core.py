@@ -133,7 +133,9 @@ def test_outputs_own_their_memory():
         (lambda a: dict(a, q=a["q"].astype(np.int64)), "q has a dtype ringattn does not take"),
         (lambda a: dict(a, v=a["v"][:, :5]), "v"),
         (lambda a: dict(a, sinks=np.zeros(3, np.float32)), "sinks"),
-        (lambda a: dict(a, window=(2,)), ""),
+        (lambda a: dict(a, window=(2,)), "window"),
+        (lambda a: dict(a, casual=True), "unknown option 'casual'"),
+        (lambda a: dict(a, bias=[1.0, 2.0]), "bias is a list, expected an array"),
         (lambda a: dict(a, impl="nonexistent"), "nonexistent"),
     ],
 )

@@ -1,0 +1,84 @@
+#include "call_options.h"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+#include "runtime/error.h"
+
+namespace ra::python {
+
+CallOptions options_from(const nb::dict& options) {
+  CallOptions o;
+  for (auto [key, value] : options) {
+    const std::string name = nb::cast<std::string>(key);
+    auto array = [&]() -> OptionalArray {
+      if (value.is_none()) return std::nullopt;
+      try {
+        return nb::cast<AnyArray>(value);
+      } catch (const nb::cast_error&) {
+        RA_FAIL(name, " is a ", nb::cast<std::string>(nb::handle(value.type()).attr("__name__")),
+                ", expected an array (numpy, or anything with __dlpack__)");
+      }
+    };
+    try {
+      if (name == "causal") o.causal = nb::cast<bool>(value);
+      else if (name == "window") o.window = nb::cast<std::optional<std::pair<int64_t, int64_t>>>(value);
+      else if (name == "softcap") o.softcap = nb::cast<float>(value);
+      else if (name == "scale") o.scale = nb::cast<float>(value);
+      else if (name == "dropout") o.dropout = nb::cast<float>(value);
+      else if (name == "dropout_seed") o.dropout_seed = nb::cast<uint64_t>(value);
+      else if (name == "sinks") o.sinks = array();
+      else if (name == "bias") o.bias = array();
+      else if (name == "mask") o.mask = array();
+      else if (name == "segment_ids") o.segment_ids = array();
+      else if (name == "kv_segment_ids") o.kv_segment_ids = array();
+      else RA_FAIL("unknown option '", name, "' (known: causal, window, softcap, scale, dropout, dropout_seed, sinks, "
+                   "bias, mask, segment_ids, kv_segment_ids)");
+    } catch (const nb::cast_error&) {
+      RA_FAIL("option ", name, " has type ", nb::cast<std::string>(nb::handle(value.type()).attr("__name__")), ": expected ",
+              name == "window" ? "a (left, right) pair of ints" : name == "causal" ? "a bool" : "a number");
+    }
+  }
+  return o;
+}
+
+AttentionParams params_of(const CallOptions& o) {
+  RA_CHECK(o.dropout >= 0 && o.dropout < 1, "dropout is ", o.dropout, ", expected a probability in [0, 1)");
+  RA_CHECK(o.softcap >= 0, "softcap is ", o.softcap, ", expected 0 (off) or a positive cap");
+  AttentionParams p;
+  p.causal = o.causal;
+  if (o.window) p.window_left = o.window->first, p.window_right = o.window->second;
+  p.logits_soft_cap = o.softcap;
+  p.softmax_scale = o.scale;
+  p.dropout_prob = o.dropout;
+  p.dropout_seed = o.dropout_seed;
+  return p;
+}
+
+AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o) {
+  AttentionInputs in;
+  in.q = view_of(q, "q", 4), in.k = view_of(k, "k", 4), in.v = view_of(v, "v", 4);
+  if (o.sinks) in.sinks = view_of(*o.sinks, "sinks", 1);
+  if (o.bias) in.bias = view_of(*o.bias, "bias", 4);
+  if (o.mask) in.mask = view_of(*o.mask, "mask", 4);
+  RA_CHECK(o.segment_ids || !o.kv_segment_ids, "kv_segment_ids without segment_ids (the queries' ids)");
+  if (o.segment_ids) {
+    in.q_segment_ids = view_of(*o.segment_ids, "segment_ids", 2);
+    // The keys' ids default to the queries' (self-attention, T = S).
+    in.kv_segment_ids = o.kv_segment_ids ? view_of(*o.kv_segment_ids, "kv_segment_ids", 2) : in.q_segment_ids;
+  }
+  return in;
+}
+
+nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework) {
+  nb::list result;
+  for (Tensor* t : {&g.dq, &g.dk, &g.dv}) result.append(to_array(std::move(*t), framework));
+  if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework));
+  if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework));
+  return nb::tuple(result);
+}
+
+}  // namespace ra::python

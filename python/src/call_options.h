@@ -1,0 +1,38 @@
+// The options every Python call takes (the seeds' names) and the inputs they describe.
+#pragma once
+
+#include <optional>
+#include <utility>
+
+#include "arrays.h"
+#include "attention/backward.h"
+#include "attention/inputs.h"
+#include "attention/params.h"
+
+namespace ra::python {
+
+using OptionalArray = std::optional<AnyArray>;
+
+struct CallOptions {
+  bool causal = false;
+  std::optional<std::pair<int64_t, int64_t>> window;  // (left, right); -1: unbounded on that side
+  float softcap = 0, scale = 0, dropout = 0;
+  uint64_t dropout_seed = 0;
+  OptionalArray sinks, bias, mask, segment_ids, kv_segment_ids;
+};
+
+// The keyword options of a Python call (a dict: causal, window, softcap, scale, dropout, dropout_seed,
+// sinks, bias, mask, segment_ids, kv_segment_ids); an unknown name is an error listing the known ones.
+CallOptions options_from(const nb::dict& options);
+
+AttentionParams params_of(const CallOptions& o);
+// q, k, v and the optional arrays as views (no copies), each checked for its rank and host memory.
+AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o);
+
+// (dq, dk, dv[, dbias][, dsinks]) as arrays of `framework`: dbias and dsinks where `in` has a bias / sinks.
+nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework);
+
+// The ring bindings (ring.cc): ring_attention, ring_attention_backward, layout_indices.
+void bind_ring(nb::module_& m);
+
+}  // namespace ra::python

@@ -1,0 +1,127 @@
+// ringattn._core's ring: sequence-parallel attention over the ranks of an mpi4py communicator, each rank
+// passing its shard (the layout's rows of the global sequence), the host ring underneath.
+#include <mpi.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "arrays.h"
+#include "call_options.h"
+#include "attention/registry.h"
+#include "attention/ring/ring.h"
+#include "collectives/mpi_communicator.h"
+#include "mesh/sequence_layout.h"
+#include "runtime/error.h"
+#include "runtime/memory.h"
+
+namespace ra::python {
+namespace {
+
+using namespace nb::literals;
+
+// The ring for one call: the caller's communicator (duplicated: ringattn's messages never mix with the
+// caller's), the layout and the global lengths (summed over the ranks where not given).
+// The MPI communicator behind an mpi4py one (read with the interpreter held).
+MPI_Comm mpi_comm_of(nb::handle comm) {
+  RA_CHECK(nb::hasattr(comm, "py2f"), "comm is a ", nb::cast<std::string>(nb::handle(comm.type()).attr("__name__")),
+           ", expected an mpi4py communicator (mpi4py.MPI.Comm)");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  RA_CHECK(initialized, "MPI is not initialized: import mpi4py.MPI first");
+  return MPI_Comm_f2c(nb::cast<int>(comm.attr("py2f")()));
+}
+
+struct CallRing {
+  CallRing(MPI_Comm comm, const std::string& layout, std::optional<int64_t> global_q_len,
+           std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
+           const AttentionInputs& in) {
+    RA_CHECK(timeout_s > 0, "timeout is ", timeout_s, " s, expected a positive number of seconds");
+    mpi = std::make_unique<MpiCommunicator>(comm);
+    int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
+    if (!global_q_len || !global_kv_len) mpi->all_reduce(lengths, 2, ReduceOp::kSum);
+    ctx.comm = mpi.get();
+    ctx.layout = parse_layout(layout);
+    ctx.global_q_len = global_q_len.value_or(lengths[0]);
+    ctx.global_kv_len = global_kv_len.value_or(lengths[1]);
+    ctx.local_impl = local_impl;
+    ctx.step_timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
+    impl = AttentionRegistry::builtin().create("ring", Backend::kCpu, &ctx);
+    pos = ring_positions(ctx);
+    // Checked here, before any exchange, in the caller's terms.
+    for (auto [t, name, rows, global] : {std::tuple{&in.q, "q", pos.q.size(), ctx.global_q_len},
+                                         std::tuple{&in.k, "k", pos.k.size(), ctx.global_kv_len}})
+      RA_CHECK(t->dim(1) == int64_t(rows), name, " has ", t->dim(1), " rows (dimension 1) on rank ", mpi->rank(),
+               ", but the ", layout, " layout of a global length ", global, " over ", mpi->size(), " ranks gives it ",
+               rows, " (ringattn.shard cuts them)");
+  }
+  std::unique_ptr<MpiCommunicator> mpi;
+  RingContext ctx;
+  std::unique_ptr<AttentionImpl> impl;
+  TokenPositions pos;
+};
+
+nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, nb::handle comm,
+                          const std::string& layout, std::optional<int64_t> global_q_len,
+                          std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
+                          const nb::dict& options, bool return_lse, nb::handle like) {
+  const CallOptions call = options_from(options);
+  const AttentionInputs in = inputs_of(q, k, v, call);
+  const AttentionParams params = params_of(call);
+  const MPI_Comm mpi = mpi_comm_of(comm);
+  AttentionOutput out;
+  {
+    nb::gil_scoped_release released;  // the ring waits on its peers without holding the interpreter
+    CallRing ring(mpi, layout, global_q_len, global_kv_len, local_impl, timeout_s, in);
+    out = ring.impl->forward(in, params, ring.pos);
+  }
+  const Framework framework = framework_of(like);
+  nb::object o = to_array(std::move(out.o), framework);
+  if (!return_lse) return o;
+  return nb::make_tuple(o, to_array(std::move(out.lse), framework));
+}
+
+nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
+                                   const AnyArray& lse, const AnyArray& d_o, nb::handle comm,
+                                   const std::string& layout, std::optional<int64_t> global_q_len,
+                                   std::optional<int64_t> global_kv_len, const std::string& local_impl,
+                                   double timeout_s, const nb::dict& options, bool f32_gradients, nb::handle like) {
+  const CallOptions call = options_from(options);
+  const AttentionInputs in = inputs_of(q, k, v, call);
+  const AttentionParams params = params_of(call);
+  const AttentionOutput forward{to_memory(view_of(o, "o", 4), MemoryKind::kHost),
+                                to_memory(view_of(lse, "lse", 3), MemoryKind::kHost)};
+  const TensorView grad_out = view_of(d_o, "do", 4);
+  const MPI_Comm mpi = mpi_comm_of(comm);
+  Gradients g;
+  {
+    nb::gil_scoped_release released;
+    CallRing ring(mpi, layout, global_q_len, global_kv_len, local_impl, timeout_s, in);
+    g = ring.impl->backward(in, params, ring.pos, grad_out, &forward, f32_gradients);
+  }
+  return gradient_tuple(g, in, framework_of(like));
+}
+
+}  // namespace
+
+void bind_ring(nb::module_& m) {
+  m.def("ring_attention", &ring_attention, "q"_a, "k"_a, "v"_a, "comm"_a, "layout"_a, "global_q_len"_a.none(),
+        "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "options"_a, "return_lse"_a, "like"_a);
+  m.def("ring_attention_backward", &ring_attention_backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "comm"_a,
+        "layout"_a, "global_q_len"_a.none(), "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "options"_a,
+        "f32_gradients"_a, "like"_a);
+  // Which rows of a global sequence of `length` part `index` of `parts` holds under `layout`.
+  m.def("layout_indices", [](const std::string& layout, int64_t length, int parts, int index) {
+    std::vector<int64_t> rows = layout_indices(parse_layout(layout), length, parts, index);
+    Tensor t(DType::kI32, {int64_t(rows.size())});  // int32: sequence positions
+    for (size_t i = 0; i < rows.size(); ++i) t.data<int32_t>()[i] = int32_t(rows[i]);
+    return to_array(std::move(t), Framework::kNumpy);
+  }, "layout"_a, "length"_a, "parts"_a, "index"_a);
+}
+
+}  // namespace ra::python
