@@ -10,8 +10,6 @@ mask (the same shape, bool / uint8, true = attend), segment_ids (B, T) int32 and
 (B, S), dropout, dropout_seed. Bad input raises ValueError naming the tensor and dimension.
 """
 
-import numpy as _np
-
 from . import _core
 
 __all__ = ["attention", "attention_backward", "ring_attention", "ring_attention_backward", "shard", "unshard"]
@@ -65,7 +63,9 @@ def shard(x, axis, layout, rank, size):
 
 
 def unshard(shards, axis, layout):
-    """The global array from every rank's shard (a list in rank order, uneven lengths too)."""
+    """The global array from every rank's shard (a list in rank order, uneven lengths too), as numpy."""
+    import numpy as _np  # here: importing ringattn needs no numpy (its stubs are made without it)
+
     size = len(shards)
     length = sum(s.shape[axis] for s in shards)
     first = _np.asarray(shards[0])
