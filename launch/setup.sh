@@ -10,7 +10,7 @@ mode=${1:-test}
 packages="g++ cmake ninja-build ccache openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev libgtest-dev libbenchmark-dev libopenblas-dev nlohmann-json3-dev
   pkg-config python3-h5py zlib1g-dev unzip clang libclang-rt-14-dev
-  python3-dev python3-numpy python3-pytest python3-mpi4py python3-pip"
+  python3-dev python3-numpy python3-pytest python3-mpi4py python3-pip python3-venv"
 # pip fetches nanobind (the Python module's bindings) and, with CUDA, cudnn-frontend (below).
 missing=$(for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then

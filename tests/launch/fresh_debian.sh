@@ -20,6 +20,13 @@ cleanup() { for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "$root/${mo
 trap cleanup EXIT
 for m in "${mounts[@]}"; do mkdir -p "$root/$m" && mount --bind "/$m" "$root/$m"; done
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# Where this machine reaches the internet through a TLS-inspecting proxy, its CA goes along (a user's
+# machine needs none): into the bundle pip reads, and where update-ca-certificates keeps it.
+if [ -n "$(ls /usr/local/share/ca-certificates/*.crt 2>/dev/null)" ]; then
+  mkdir -p "$root/usr/local/share/ca-certificates" "$root/etc/ssl/certs"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+fi
 # debootstrap writes no /etc/hosts, which an installed Debian has: without it every MPI start waits
 # seconds on DNS for the host's own name.
 printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n' "$(hostname)" > "$root/etc/hosts"
