@@ -33,8 +33,7 @@ std::vector<float> to_host_f32(const ra::Tensor& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  ra::MpiSession mpi(&argc, &argv);  // MPI for the job's lifetime; its local rank picks the GPU
   int code = 0;
   try {
     ra::MpiCommunicator world(MPI_COMM_WORLD);
@@ -42,13 +41,8 @@ int main(int argc, char** argv) {
       if (world.rank() == 0) std::printf("train_ring_cuda: no CUDA device, skipped\n");
       code = 77;
     } else {
-      int local_rank = 0;
-      MPI_Comm node;
-      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-      MPI_Comm_rank(node, &local_rank);
-      MPI_Comm_free(&node);
-      ra::cuda_select_device(local_rank);
-      int64_t sharing = local_rank >= ra::cuda_device_count();
+      ra::cuda_select_device(mpi.local_rank());
+      int64_t sharing = mpi.local_rank() >= ra::cuda_device_count();
       world.all_reduce(&sharing, 1, ra::ReduceOp::kMax);
       std::unique_ptr<ra::NcclCommunicator> nccl;
       if (!sharing) nccl = std::make_unique<ra::NcclCommunicator>(world);
@@ -143,6 +137,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_ring_cuda: %s\n", e.what());
     code = 3;
   }
-  MPI_Finalize();
   return code;
 }
