@@ -1,18 +1,27 @@
 // MPI back end: a duplicated communicator with MPI_ERRORS_RETURN, and the ring shift as
-// Isend/Irecv progressed on a helper thread with a deadline.
+// Isend/Irecv progressed on a helper thread with a deadline. Under MPI_THREAD_SERIALIZED only one
+// thread may be inside MPI at a time, and two exchanges can be in flight at once (the ring backward's
+// K/V block and dK/dV accumulator, each with its helper thread): every MPI call here takes one lock.
 #include "collectives/mpi_communicator.h"
 
 #include <atomic>
 #include <algorithm>
 #include <climits>
-#include <vector>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "collectives/mpi_check.h"
 #include "runtime/fault_injection.h"
 
 namespace ra {
 namespace {
+
+// Held around every MPI call of this file (helper threads and the caller's alike).
+std::mutex& mpi_call_lock() {
+  static std::mutex lock;
+  return lock;
+}
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
@@ -31,6 +40,7 @@ class MpiExchange final : public PendingExchange {
   // `send_bytes` differs from `bytes` only under fault injection (a short send).
   MpiExchange(MPI_Comm comm, const void* send, size_t send_bytes, void* recv, size_t bytes, int tag, int next, int previous)
       : tag_(tag), next_(next), previous_(previous) {
+    std::lock_guard<std::mutex> lock(mpi_call_lock());
     for (size_t off = 0; off < bytes || off == 0; off += kMaxChunk) {
       const int n = int(std::min(kMaxChunk, bytes - off));
       const int n_send = int(std::min(size_t(n), send_bytes - std::min(send_bytes, off)));
@@ -70,6 +80,7 @@ class MpiExchange final : public PendingExchange {
              " failed: ", mpi_error_string(status_));
     // A message shorter than the receive buffer completes the receive too: count what came.
     int64_t received = 0, expected = 0;
+    std::lock_guard<std::mutex> lock(mpi_call_lock());
     for (size_t i = 0; i < requests_.size(); ++i) {
       if (expected_[i] < 0) continue;
       int count = 0;
@@ -85,7 +96,10 @@ class MpiExchange final : public PendingExchange {
   void poll(std::chrono::steady_clock::time_point deadline) {
     int flag = 0;
     while (!stop_ && std::chrono::steady_clock::now() < deadline) {
-      status_ = MPI_Testall(int(requests_.size()), requests_.data(), &flag, statuses_.data());
+      {
+        std::lock_guard<std::mutex> lock(mpi_call_lock());
+        status_ = MPI_Testall(int(requests_.size()), requests_.data(), &flag, statuses_.data());
+      }
       if (flag || status_ != MPI_SUCCESS) {
         done_ = true;
         return;
@@ -130,24 +144,31 @@ std::unique_ptr<PendingExchange> MpiCommunicator::ring_shift(const void* send, v
 }
 
 void MpiCommunicator::all_reduce(double* data, size_t count, ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mpi_call_lock());
   RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_DOUBLE, mpi_op(op), comm_));
 }
 
 void MpiCommunicator::all_reduce(int64_t* data, size_t count, ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mpi_call_lock());
   RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_INT64_T, mpi_op(op), comm_));
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {
   RA_CHECK(bytes_per_rank < size_t(INT_MAX), "all_gather of ", bytes_per_rank, " bytes per rank is too large");
+  std::lock_guard<std::mutex> lock(mpi_call_lock());
   RA_MPI_CHECK(MPI_Allgather(send, int(bytes_per_rank), MPI_BYTE, recv, int(bytes_per_rank), MPI_BYTE, comm_));
 }
 
 void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
   RA_CHECK(bytes < size_t(INT_MAX), "broadcast of ", bytes, " bytes is too large");
+  std::lock_guard<std::mutex> lock(mpi_call_lock());
   RA_MPI_CHECK(MPI_Bcast(data, int(bytes), MPI_BYTE, root, comm_));
 }
 
-void MpiCommunicator::barrier() { RA_MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  std::lock_guard<std::mutex> lock(mpi_call_lock());
+  RA_MPI_CHECK(MPI_Barrier(comm_));
+}
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) const {
   MPI_Comm sub;
