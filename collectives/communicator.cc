@@ -29,4 +29,10 @@ void all_reduce_sum_f64(Communicator& comm, float* data, size_t count) {
   std::copy(sum.begin(), sum.end(), data);
 }
 
+bool ranks_share_devices(Communicator& comm, int local_rank, int devices) {
+  int64_t beyond = local_rank >= devices;
+  comm.all_reduce(&beyond, 1, ReduceOp::kMax);
+  return beyond != 0;
+}
+
 }  // namespace ra

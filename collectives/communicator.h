@@ -43,6 +43,10 @@ class Communicator {
 // Host floats summed over the communicator's ranks in f64 (one rounding back to f32 per value).
 void all_reduce_sum_f64(Communicator& comm, float* data, size_t count);
 
+// Collective: whether any rank of `comm` has a local rank (its place among the ranks of its node) at or
+// past `devices`, the GPUs its node has: ranks then share GPUs (one GPU per rank is local rank % devices).
+bool ranks_share_devices(Communicator& comm, int local_rank, int devices);
+
 // The single-process communicator: a ring of one, every collective the identity.
 class SelfCommunicator final : public Communicator {
  public:

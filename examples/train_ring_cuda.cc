@@ -42,8 +42,7 @@ int main(int argc, char** argv) {
       code = 77;
     } else {
       ra::cuda_select_device(mpi.local_rank());
-      int64_t sharing = mpi.local_rank() >= ra::cuda_device_count();
-      world.all_reduce(&sharing, 1, ra::ReduceOp::kMax);
+      const bool sharing = ra::ranks_share_devices(world, mpi.local_rank(), ra::cuda_device_count());
       std::unique_ptr<ra::NcclCommunicator> nccl;
       if (!sharing) nccl = std::make_unique<ra::NcclCommunicator>(world);
       cudaStream_t stream;

@@ -48,9 +48,7 @@ Job::Job(const AttentionOptions& opts, const MpiSession& mpi, const std::string&
   compute = std::make_unique<CudaStream>();
   // More ranks than GPUs on a node: ranks share GPUs, which NCCL refuses; the ring then runs over MPI
   // with copy engines (correct, time-sliced: for trying a job on a workstation, not for speed).
-  int64_t sharing = mpi.local_rank() >= devices;
-  world.all_reduce(&sharing, 1, ReduceOp::kMax);
-  shares_gpus = sharing != 0;
+  shares_gpus = ranks_share_devices(world, mpi.local_rank(), devices);
   if (shares_gpus && shape.has_axis("sp")) {
     RA_CHECK(opts.ring_transport != "nccl", "--ring-transport nccl: ranks share GPUs here (", devices,
              " GPU(s) for rank ", mpi.local_rank(), " of this node; NCCL needs a GPU per rank): use --ring-transport "

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "runtime/error.h"
+#include "runtime/memory.h"
 
 namespace ra::python {
 
@@ -71,6 +72,16 @@ AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& 
     in.kv_segment_ids = o.kv_segment_ids ? view_of(*o.kv_segment_ids, "kv_segment_ids", 2) : in.q_segment_ids;
   }
   return in;
+}
+
+nb::object output_of(AttentionOutput& out, bool return_lse, Framework framework) {
+  nb::object o = to_array(std::move(out.o), framework);
+  if (!return_lse) return o;
+  return nb::make_tuple(o, to_array(std::move(out.lse), framework));
+}
+
+AttentionOutput forward_output_of(const AnyArray& o, const AnyArray& lse) {
+  return {to_memory(view_of(o, "o", 4), MemoryKind::kHost), to_memory(view_of(lse, "lse", 3), MemoryKind::kHost)};
 }
 
 nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "arrays.h"
+#include "attention/attention_impl.h"
 #include "attention/backward.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
@@ -28,6 +29,12 @@ CallOptions options_from(const nb::dict& options);
 AttentionParams params_of(const CallOptions& o);
 // q, k, v and the optional arrays as views (no copies), each checked for its rank and host memory.
 AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o);
+
+// o, or (o, lse) with return_lse, as arrays of `framework`.
+nb::object output_of(AttentionOutput& out, bool return_lse, Framework framework);
+
+// The forward's o and lse as the backward's contract holds them (owned tensors): one copy each.
+AttentionOutput forward_output_of(const AnyArray& o, const AnyArray& lse);
 
 // (dq, dk, dv[, dbias][, dsinks]) as arrays of `framework`: dbias and dsinks where `in` has a bias / sinks.
 nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework);

@@ -13,7 +13,6 @@
 #include "attention/attention_impl.h"
 #include "attention/registry.h"
 #include "runtime/error.h"
-#include "runtime/memory.h"
 
 namespace ra::python {
 namespace {
@@ -31,10 +30,7 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, co
     nb::gil_scoped_release released;  // the kernels' threads run without the interpreter
     out = host_impl(impl)->forward(in, params);
   }
-  const Framework framework = framework_of(like);
-  nb::object o = to_array(std::move(out.o), framework);
-  if (!return_lse) return o;
-  return nb::make_tuple(o, to_array(std::move(out.lse), framework));
+  return output_of(out, return_lse, framework_of(like));
 }
 
 nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
@@ -42,9 +38,7 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
                               const CallOptions& options, bool f32_gradients, nb::handle like) {
   const AttentionInputs in = inputs_of(q, k, v, options);
   const AttentionParams params = params_of(options);
-  // The forward's O and LSE as the backward's contract holds them (owned tensors): one copy each.
-  const AttentionOutput forward{to_memory(view_of(o, "o", 4), MemoryKind::kHost),
-                                to_memory(view_of(lse, "lse", 3), MemoryKind::kHost)};
+  const AttentionOutput forward = forward_output_of(o, lse);
   const TensorView grad_out = view_of(d_o, "do", 4);
   Gradients g;
   {

@@ -18,7 +18,6 @@
 #include "collectives/mpi_communicator.h"
 #include "mesh/sequence_layout.h"
 #include "runtime/error.h"
-#include "runtime/memory.h"
 
 namespace ra::python {
 namespace {
@@ -80,10 +79,7 @@ nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& 
     CallRing ring(mpi, layout, global_q_len, global_kv_len, local_impl, timeout_s, in);
     out = ring.impl->forward(in, params, ring.pos);
   }
-  const Framework framework = framework_of(like);
-  nb::object o = to_array(std::move(out.o), framework);
-  if (!return_lse) return o;
-  return nb::make_tuple(o, to_array(std::move(out.lse), framework));
+  return output_of(out, return_lse, framework_of(like));
 }
 
 nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
@@ -94,8 +90,7 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
   const CallOptions call = options_from(options);
   const AttentionInputs in = inputs_of(q, k, v, call);
   const AttentionParams params = params_of(call);
-  const AttentionOutput forward{to_memory(view_of(o, "o", 4), MemoryKind::kHost),
-                                to_memory(view_of(lse, "lse", 3), MemoryKind::kHost)};
+  const AttentionOutput forward = forward_output_of(o, lse);
   const TensorView grad_out = view_of(d_o, "do", 4);
   const MPI_Comm mpi = mpi_comm_of(comm);
   Gradients g;

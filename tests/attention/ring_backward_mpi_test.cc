@@ -32,9 +32,7 @@ namespace ra::test {
 namespace {
 
 MpiCommunicator* g_world = nullptr;
-bool g_cuda = false;           // --backend=cuda: the GPU ring's cases
-[[maybe_unused]] bool g_shared_gpus = false;   // more ranks than GPUs: the ring over MPI and copy engines
-RingTransport g_transport = RingTransport::kAuto;  // --transport= (a GPU per rank)
+RingTestArgs g_args;  // --backend=cuda, --transport= and whether ranks share GPUs (ring_test_args.h)
 
 struct RingBackwardCase {
   SequenceLayout layout;
@@ -102,7 +100,7 @@ struct TestRing {
   TestRing(std::unique_ptr<MpiCommunicator> mpi_comm, bool member) : mpi(std::move(mpi_comm)) {
     comm = mpi.get();
 #if RA_HAVE_CUDA
-    if (g_cuda && member && !g_shared_gpus && mpi->size() > 1) {
+    if (g_args.cuda && member && !g_args.shared_gpus && mpi->size() > 1) {
       nccl = std::make_unique<NcclCommunicator>(*mpi);
       comm = nccl.get();
     }
@@ -131,7 +129,7 @@ Gradients ring_gradients(const RingBackwardCase& c, const Problem& global, RingC
 
 TEST_P(RingBackward, EveryRingSizeMatchesTheF64GradientsWithoutDrift) {
   const RingBackwardCase& c = GetParam();
-  if (c.cuda != g_cuda) GTEST_SKIP() << (c.cuda ? "a GPU ring case: run with --backend=cuda" : "a host ring case");
+  if (c.cuda != g_args.cuda) GTEST_SKIP() << (c.cuda ? "a GPU ring case: run with --backend=cuda" : "a host ring case");
   const int64_t B = 2, D = c.head_dim, Dv = c.v_head_dim;
   Problem global(ProblemSpec{B, c.q_len, c.kv_len, c.q_heads, c.kv_heads, D, Dv, c.dtype, c.options, 11});
   if (c.shared_bias) {
@@ -160,7 +158,7 @@ TEST_P(RingBackward, EveryRingSizeMatchesTheF64GradientsWithoutDrift) {
     TestRing test_ring(g_world->split(member ? 0 : 1, g_world->rank()), member);
     if (member) {
       RingContext ctx{test_ring.comm, c.layout, c.q_len, c.kv_len, c.local_impl, std::chrono::milliseconds(30000)};
-      ctx.transport = g_transport;
+      ctx.transport = g_args.transport;
       ctx.gradient_wire = c.gradient_wire;
       ctx.host_comm = test_ring.mpi.get();
       const Shard shard(global, ctx);
@@ -307,10 +305,8 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   ra::MpiCommunicator world(MPI_COMM_WORLD);
   ra::test::g_world = &world;
-  const ra::test::RingTestArgs args = ra::test::parse_ring_test_args(argc, argv, world, mpi.local_rank(), "ring_backward_mpi_test");
+  const ra::test::RingTestArgs& args = ra::test::g_args =
+      ra::test::parse_ring_test_args(argc, argv, world, mpi.local_rank(), "ring_backward_mpi_test");
   if (args.skip_code) return args.skip_code;
-  ra::test::g_cuda = args.cuda;
-  ra::test::g_transport = args.transport;
-  ra::test::g_shared_gpus = args.shared_gpus;
   return ra::test::run_tests_on_every_rank(world.rank());
 }

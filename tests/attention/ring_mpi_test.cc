@@ -34,9 +34,7 @@ namespace {
 
 MpiCommunicator* g_world = nullptr;
 Communicator* g_ring_comm = nullptr;  // the world over MPI, or over NCCL with --backend=cuda
-bool g_cuda = false;
-[[maybe_unused]] bool g_shared_gpus = false;  // more ranks than GPUs: no NCCL, the GPU ring over MPI and copy engines
-RingTransport g_transport = RingTransport::kAuto;  // --transport=nccl|copy-engines|auto (GPU ring)
+RingTestArgs g_args;  // --backend=cuda, --transport= and whether ranks share GPUs (ring_test_args.h)
 
 struct RingCase {
   SequenceLayout layout;
@@ -51,13 +49,13 @@ class RingVsReference : public testing::TestWithParam<RingCase> {};
 
 TEST_P(RingVsReference, EveryRankMatchesReference) {
   const RingCase& c = GetParam();
-  if (c.local_impl == "cudnn" && !g_cuda) GTEST_SKIP() << "cudnn runs on GPUs only";
+  if (c.local_impl == "cudnn" && !g_args.cuda) GTEST_SKIP() << "cudnn runs on GPUs only";
 #if !RA_HAVE_CUDNN
   if (c.local_impl == "cudnn") GTEST_SKIP() << "built without cudnn";
 #endif
   const int n = g_world->size(), r = g_world->rank();
   ProblemSpec spec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, 32, c.dtype, c.options, 42};
-  if (g_cuda) {
+  if (g_args.cuda) {
     spec.v_head_dim = c.head_dim;
     if (c.dtype == DType::kF32 && c.local_impl == "flash_attn2") spec.dtype = DType::kBF16;
   }
@@ -66,14 +64,14 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   const AttentionInputs g = global.inputs();
 
   RingContext ctx{g_ring_comm, c.layout, c.q_len, c.kv_len, c.local_impl, std::chrono::milliseconds(30000)};
-  ctx.transport = g_transport;
+  ctx.transport = g_args.transport;
   ctx.host_comm = g_world;
   const Shard shard(global, ctx);
   const TokenPositions& pos = shard.pos;
   const AttentionInputs& in = shard.inputs;
   const Tensor &q = shard.q, &bias = shard.bias, &mask = shard.mask, &qs = shard.qs;
   AttentionOutput out;
-  if (g_cuda) {
+  if (g_args.cuda) {
     const InputsCopy device_in = copy_inputs(in, MemoryKind::kCuda);
     auto ring = AttentionRegistry::builtin().create("ring", Backend::kCuda, &ctx);
     AttentionOutput device_out = ring->forward(device_in.inputs, global.params(), pos);
@@ -164,7 +162,7 @@ struct DeterministicCase {
 class DeterministicRing : public testing::TestWithParam<DeterministicCase> {};
 
 TEST_P(DeterministicRing, SameBitsForEveryRingSize) {
-  if (g_cuda) GTEST_SKIP() << "the deterministic ring runs on the host";
+  if (g_args.cuda) GTEST_SKIP() << "the deterministic ring runs on the host";
   const DeterministicCase& c = GetParam();
   Problem global(ProblemSpec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, 64, 32, c.dtype, c.options, 7});
   const int64_t B = 2, Hq = c.q_heads, T = c.q_len, Dv = 32;
@@ -250,8 +248,8 @@ int shifted_rank_id(NcclCommunicator& comm, int id) {
 // ncclCommSplit as the mesh uses it: on "dp=2,sp=N/2" each sp group is its own ring, and a sum over
 // it adds only its members.
 TEST(NcclMesh, SplitGivesEachAxisGroupItsOwnRing) {
-  if (!g_cuda || g_world->size() % 2 != 0) GTEST_SKIP() << "needs --backend=cuda and an even number of ranks";
-  if (g_shared_gpus) GTEST_SKIP() << "ranks share GPUs: no NCCL";
+  if (!g_args.cuda || g_world->size() % 2 != 0) GTEST_SKIP() << "needs --backend=cuda and an even number of ranks";
+  if (g_args.shared_gpus) GTEST_SKIP() << "ranks share GPUs: no NCCL";
   auto& world = dynamic_cast<NcclCommunicator&>(*g_ring_comm);
   const MeshShape mesh = MeshShape::parse("dp=2,sp=" + std::to_string(g_world->size() / 2));
   const MeshShape::AxisGroup group = mesh.axis_group(g_world->rank(), mesh.axis_index("sp"));
@@ -271,8 +269,8 @@ TEST(NcclMesh, SplitGivesEachAxisGroupItsOwnRing) {
 // A communicator the caller made (blocking, by ncclCommInitRank) used through adopt() and left to
 // the caller, who destroys it afterwards.
 TEST(NcclMesh, AdoptedCommunicatorRingsAndStaysTheCallers) {
-  if (!g_cuda) GTEST_SKIP() << "needs --backend=cuda";
-  if (g_shared_gpus) GTEST_SKIP() << "ranks share GPUs: no NCCL";
+  if (!g_args.cuda) GTEST_SKIP() << "needs --backend=cuda";
+  if (g_args.shared_gpus) GTEST_SKIP() << "ranks share GPUs: no NCCL";
   ncclUniqueId id{};
   if (g_world->rank() == 0) {
     ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
@@ -292,7 +290,7 @@ TEST(NcclMesh, AdoptedCommunicatorRingsAndStaysTheCallers) {
 // The copy-engine shift, n - 1 steps with both slots of the window in turn: at step s every rank
 // holds the block that started on rank r - s - 1, exactly as NCCL's shift would give.
 TEST(PeerCopyRing, EveryBlockVisitsEveryRankInRingOrder) {
-  if (!g_cuda) GTEST_SKIP() << "needs --backend=cuda";
+  if (!g_args.cuda) GTEST_SKIP() << "needs --backend=cuda";
   std::string why;
   if (!PeerCopyRing::supported(*g_world, &why)) GTEST_SKIP() << "copy engines unavailable: " << why;
   const int n = g_world->size(), r = g_world->rank();
@@ -333,11 +331,9 @@ int main(int argc, char** argv) {
   ra::MpiCommunicator world(MPI_COMM_WORLD);
   ra::test::g_world = &world;
   ra::test::g_ring_comm = &world;
-  const ra::test::RingTestArgs args = ra::test::parse_ring_test_args(argc, argv, world, mpi.local_rank(), "ring_mpi_test");
+  const ra::test::RingTestArgs& args = ra::test::g_args =
+      ra::test::parse_ring_test_args(argc, argv, world, mpi.local_rank(), "ring_mpi_test");
   if (args.skip_code) return args.skip_code;
-  ra::test::g_cuda = args.cuda;
-  ra::test::g_transport = args.transport;
-  ra::test::g_shared_gpus = args.shared_gpus;
 #if RA_HAVE_CUDA
   std::unique_ptr<ra::NcclCommunicator> nccl;
   if (args.cuda && !args.shared_gpus) {

@@ -37,9 +37,7 @@ inline RingTestArgs parse_ring_test_args(int argc, char** argv, MpiCommunicator&
     return args;
   }
   cuda_select_device(local_rank);
-  int64_t shared = local_rank >= cuda_device_count();
-  world.all_reduce(&shared, 1, ReduceOp::kMax);
-  args.shared_gpus = shared != 0;
+  args.shared_gpus = ranks_share_devices(world, local_rank, cuda_device_count());
   if (args.shared_gpus && args.transport == RingTransport::kNccl) {
     if (world.rank() == 0) std::printf("%s --transport=nccl: more ranks than GPUs (NCCL needs one each), skipped\n", test);
     args.skip_code = 77;
