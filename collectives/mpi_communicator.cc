@@ -60,15 +60,21 @@ class MpiExchange final : public PendingExchange {
       if (progress_.joinable()) progress_.join();
     }
   }
-  // With MPI_THREAD_SERIALIZED or better a helper thread polls, so the transfer moves during compute;
-  // otherwise wait() polls on the caller's thread.
+  // With MPI_THREAD_SERIALIZED or better a helper thread polls while the caller computes, so the
+  // transfer moves meanwhile; wait() stops it and finishes polling on the caller's thread. Left to
+  // the helper until completion, Open MPI's TCP transport stalled a ring step for 30-60 s in about
+  // one run in ten (emulated hosts, tests/launch/multinode_test.sh); never with the caller finishing.
   void start_progress(bool threaded) {
     if (threaded) progress_ = std::thread([this] { poll(std::chrono::steady_clock::time_point::max()); });
   }
   void wait(std::chrono::milliseconds timeout) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    if (!progress_.joinable()) poll(deadline);
-    while (!done_ && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (progress_.joinable()) {  // the caller takes over: see start_progress
+      stop_ = true;
+      progress_.join();
+      stop_ = false;
+    }
+    if (!done_) poll(deadline);
     if (!done_) {
       stop_ = true;
       RA_FAIL("ring step ", tag_, ": no data from rank ", previous_, " (or rank ", next_,
