@@ -48,6 +48,18 @@ if [ ! -f $nanobind/nanobind/cmake/nanobind-config.cmake ]; then
   fi
   unzip -q -o $nanobind/wheel/*.whl 'nanobind/*' -d $nanobind
 fi
+# PyTorch for the PyTorch layer's tests (ringattn.torch): PyPI's wheel, pinned, in a virtual environment
+# that also sees Debian's Python packages. About 3 GB with the CUDA libraries PyPI's wheel brings;
+# RA_WITHOUT_TORCH=1 skips it (those tests then skip, saying why).
+torch_venv=build/_deps/torch-venv
+if [ -z "${RA_WITHOUT_TORCH:-}" ] && ! $torch_venv/bin/python -c 'import torch' 2>/dev/null; then
+  echo "installing PyTorch 2.15.0 from PyPI into $torch_venv (about 3 GB; RA_WITHOUT_TORCH=1 skips it)"
+  /usr/bin/python3 -m venv --system-site-packages $torch_venv
+  if ! $torch_venv/bin/python -m pip install -q torch==2.15.0; then
+    echo "error: could not install torch 2.15.0 from PyPI for the PyTorch layer's tests; RA_WITHOUT_TORCH=1 skips them" >&2
+    exit 1
+  fi
+fi
 # Debian's Python, where the packages above put numpy, pytest and mpi4py.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=/usr/bin/python3 ${RA_CMAKE_ARGS:-}
 cmake --build build -j "$jobs"

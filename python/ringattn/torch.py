@@ -1,0 +1,202 @@
+"""ringattn for PyTorch: attention and ring attention as differentiable custom ops.
+
+`attention(q, k, v, ...)` on one process and `ring_attention(q, k, v, comm=..., ...)` over the ranks of an
+mpi4py communicator, on CPU tensors in this version. Both are `torch.library.custom_op`s with a fake
+(meta) implementation, so `torch.compile` and `torch.export` trace them, and a registered autograd
+formula that runs ringattn's backward (dq, dk, dv; dbias and dsinks where given). Tensors cross into
+the C++ core through DLPack without copies when contiguous.
+
+Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv) -> o (B, T, Hq, Dv);
+with layout_bhtd=True they are (B, H, T, D) as F.scaled_dot_product_attention takes them (transposed
+copies are made). lse (B, Hq, T) float32 comes back with return_lse=True and is not differentiable.
+Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
+1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend),
+segment_ids (B, T) int32 and kv_segment_ids (B, S), dropout, dropout_seed.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _core
+
+__all__ = ["attention", "ring_attention"]
+
+
+def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap, scale,
+             dropout, dropout_seed):
+    """The core's option dict from the ops' flat arguments (the custom-op schema takes no dicts)."""
+    options = {"causal": causal, "softcap": softcap, "scale": scale, "dropout": dropout, "dropout_seed": dropout_seed}
+    if (window_left, window_right) != (-1, -1):
+        options["window"] = (window_left, window_right)
+    for name, tensor in (("sinks", sinks), ("bias", bias), ("mask", mask), ("segment_ids", segment_ids),
+                         ("kv_segment_ids", kv_segment_ids)):
+        if tensor is not None:
+            options[name] = tensor.detach().contiguous()
+    return options
+
+
+def _plain(x: Tensor) -> Tensor:
+    """x as DLPack can export it: detached from autograd, contiguous (no copy when it already is)."""
+    return x.detach().contiguous()
+
+
+# Communicators by handle: a custom op's schema takes ints, not mpi4py objects.
+_communicators = {}
+
+
+def _handle_of(comm) -> int:
+    _communicators[id(comm)] = comm
+    return id(comm)
+
+
+@torch.library.custom_op("ringattn::attention_forward", mutates_args=())
+def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias: Optional[Tensor],
+                       mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
+                       causal: bool, window_left: int, window_right: int, softcap: float, scale: float,
+                       dropout: float, dropout_seed: int, impl: str) -> tuple[Tensor, Tensor]:
+    options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
+                       scale, dropout, dropout_seed)
+    o, lse = _core.attention(_plain(q), _plain(k), _plain(v), impl, options, True, q)
+    return o, lse
+
+
+@torch.library.custom_op("ringattn::attention_backward", mutates_args=())
+def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, sinks: Optional[Tensor],
+                        bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
+                        kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
+                        softcap: float, scale: float, dropout: float, dropout_seed: int, impl: str) -> list[Tensor]:
+    options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
+                       scale, dropout, dropout_seed)
+    grads = _core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do), impl,
+                                     options, False, q)
+    return list(grads)
+
+
+@torch.library.custom_op("ringattn::ring_attention_forward", mutates_args=())
+def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias: Optional[Tensor],
+                  mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
+                  causal: bool, window_left: int, window_right: int, softcap: float, scale: float, dropout: float,
+                  dropout_seed: int, comm: int, layout: str, global_q_len: Optional[int],
+                  global_kv_len: Optional[int], local_impl: str, timeout: float) -> tuple[Tensor, Tensor]:
+    options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
+                       scale, dropout, dropout_seed)
+    o, lse = _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
+                                  global_kv_len, local_impl, timeout, options, True, q)
+    return o, lse
+
+
+@torch.library.custom_op("ringattn::ring_attention_backward", mutates_args=())
+def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, sinks: Optional[Tensor],
+                   bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
+                   kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
+                   softcap: float, scale: float, dropout: float, dropout_seed: int, comm: int, layout: str,
+                   global_q_len: Optional[int], global_kv_len: Optional[int], local_impl: str,
+                   timeout: float) -> list[Tensor]:
+    options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
+                       scale, dropout, dropout_seed)
+    grads = _core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
+                                          _communicators[comm], layout, global_q_len, global_kv_len, local_impl,
+                                          timeout, options, False, q)
+    return list(grads)
+
+
+# Fake implementations: output shapes and dtypes only, for torch.compile / torch.export tracing.
+def _fake_forward(q, k, v, *rest):
+    o = q.new_empty(q.shape[:3] + v.shape[3:])
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return o, lse
+
+
+def _fake_backward(q, k, v, o, lse, do, sinks, bias, *rest):
+    grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    if bias is not None:
+        grads.append(torch.empty_like(bias, dtype=torch.float32))
+    if sinks is not None:
+        grads.append(torch.empty_like(sinks, dtype=torch.float32))
+    return grads
+
+
+for _op in (_attention_forward, _ring_forward):
+    _op.register_fake(_fake_forward)
+for _op in (_attention_backward, _ring_backward):
+    _op.register_fake(_fake_backward)
+
+
+# Autograd: the forward saves q, k, v, o, lse and the options; the backward calls the backward op.
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.rest = inputs[3:]
+    ctx.mark_non_differentiable(lse)
+
+
+def _gradients(ctx, grads):
+    """(dq, dk, dv, None..., dsinks, dbias) in the forward op's argument order."""
+    sinks, bias = ctx.rest[0], ctx.rest[1]
+    dq, dk, dv = grads[:3]
+    extra = list(grads[3:])
+    dbias = extra.pop(0) if bias is not None else None
+    dsinks = extra.pop(0) if sinks is not None else None
+    return (dq, dk, dv, dsinks, dbias) + (None,) * (len(ctx.rest) - 2)
+
+
+def _attention_autograd(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    return _gradients(ctx, _attention_backward(q, k, v, o, lse, do.contiguous(), *ctx.rest))
+
+
+def _ring_autograd(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    return _gradients(ctx, _ring_backward(q, k, v, o, lse, do.contiguous(), *ctx.rest))
+
+
+_attention_forward.register_autograd(_attention_autograd, setup_context=_setup_context)
+_ring_forward.register_autograd(_ring_autograd, setup_context=_setup_context)
+
+
+def _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
+                 dropout_seed):
+    """The ops' flat option arguments (masks and biases are (B, H, T, S) in both layouts)."""
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    return (sinks, bias, mask, segment_ids, kv_segment_ids, bool(causal), left, right,
+            float(softcap or 0.0), float(scale or 0.0), float(dropout), int(dropout_seed))
+
+
+def _to_bthd(x, layout_bhtd):
+    return x.transpose(1, 2) if layout_bhtd else x
+
+
+def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, sinks=None, bias=None, mask=None,
+              segment_ids=None, kv_segment_ids=None, dropout=0.0, dropout_seed=0, impl="flash_attn2",
+              layout_bhtd=False, return_lse=False):
+    """Attention of q over k and v on this process, differentiable: o, or (o, lse) with return_lse=True.
+
+    impl: "flash_attn2", "sdpa" or "blockwise". Gradients flow to q, k, v, and to bias and sinks where given.
+    """
+    args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
+                        dropout_seed)
+    o, lse = _attention_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
+                                impl)
+    o = _to_bthd(o, layout_bhtd)
+    return (o, lse) if return_lse else o
+
+
+def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None, causal=False, window=None,
+                   softcap=None, scale=None, sinks=None, bias=None, mask=None, segment_ids=None, kv_segment_ids=None,
+                   dropout=0.0, dropout_seed=0, local_impl="flash_attn2", timeout=60.0, layout_bhtd=False,
+                   return_lse=False):
+    """Ring attention of this rank's shard over every rank of `comm` (an mpi4py communicator), differentiable.
+
+    q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag", "striped";
+    ringattn.shard cuts them). Every rank calls it (and its backward) with the same options; dK / dV
+    accumulate in float32 around the ring. A rank that stops makes the others fail after `timeout` seconds.
+    """
+    args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
+                        dropout_seed)
+    o, lse = _ring_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
+                           _handle_of(comm), layout, global_q_len, global_kv_len, local_impl, float(timeout))
+    o = _to_bthd(o, layout_bhtd)
+    return (o, lse) if return_lse else o

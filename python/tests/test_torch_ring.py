@@ -1,0 +1,56 @@
+"""ringattn.torch.ring_attention under mpirun (CTest python_torch_ring_N_ranks): each rank's shard of o and
+of dq, dk, dv (and dsinks / a shared bias's dbias, summed over the ranks) equals the same rows of one
+process's ringattn.torch.attention on the whole sequence, for each layout; torch.compile traces it.
+Skipped where PyTorch is not installed."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs none; run on a machine with it)")
+from mpi4py import MPI  # noqa: E402
+
+import ringattn  # noqa: E402
+import ringattn.torch as rt  # noqa: E402
+from test_torch import close  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+
+
+def shard(x, layout, axis=1):
+    return ringattn.shard(x, axis, layout, RANK, SIZE)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_shards_of_the_ring_equal_one_process(layout, causal):
+    g = torch.Generator().manual_seed(11)  # every rank draws the same global tensors
+    B, T, H, Hkv, D = 2, 53, 4, 2, 16
+    q, k, v = (torch.randn(B, T, h, D, generator=g) for h in (H, Hkv, Hkv))
+    do = torch.randn(B, T, H, D, generator=g)
+    sinks = torch.randn(H, generator=g)
+    bias = torch.randn(1, H, 1, T, generator=g)  # shared by every query row: its gradient sums over ranks
+    whole = [x.clone().requires_grad_() for x in (q, k, v, sinks, bias)]
+    o = rt.attention(*whole[:3], sinks=whole[3], bias=whole[4], causal=causal, softcap=4.0)
+    o.backward(do)
+
+    mine = [shard(x, layout).clone().requires_grad_() for x in (q, k, v)] + [x.clone().requires_grad_() for x in (sinks, bias)]
+    o_ring = rt.ring_attention(*mine[:3], comm=COMM, layout=layout, sinks=mine[3], bias=mine[4], causal=causal,
+                               softcap=4.0)
+    o_ring.backward(shard(do, layout))
+    close(o_ring, shard(o, layout), 1e-5)
+    for got, want in zip(mine[:3], whole[:3]):
+        close(got.grad, shard(want.grad, layout), 1e-5)
+    close(mine[3].grad, whole[3].grad, 1e-5)
+    close(mine[4].grad, whole[4].grad, 1e-5)
+
+
+def test_torch_compile_traces_the_ring():
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (shard(torch.randn(1, 40, 2, 8, generator=g), "zigzag").requires_grad_() for _ in range(3))
+    # Not fullgraph: resolving the mpi4py communicator to the op's handle happens outside the graph.
+    fn = torch.compile(lambda q, k, v: rt.ring_attention(q, k, v, comm=COMM, causal=True), backend="aot_eager")
+    fn(q, k, v).sum().backward()
+    want = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    rt.ring_attention(*want, comm=COMM, causal=True).sum().backward()
+    for got, ref in zip((q, k, v), want):
+        close(got.grad, ref.grad, 1e-6)
