@@ -24,6 +24,11 @@ from . import _core
 __all__ = ["attention", "ring_attention"]
 
 
+def _plain(x: Tensor) -> Tensor:
+    """x as DLPack can export it: detached from autograd, contiguous (no copy when it already is)."""
+    return x.detach().contiguous()
+
+
 def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap, scale,
              dropout, dropout_seed):
     """The core's option dict from the ops' flat arguments (the custom-op schema takes no dicts)."""
@@ -33,13 +38,8 @@ def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left
     for name, tensor in (("sinks", sinks), ("bias", bias), ("mask", mask), ("segment_ids", segment_ids),
                          ("kv_segment_ids", kv_segment_ids)):
         if tensor is not None:
-            options[name] = tensor.detach().contiguous()
+            options[name] = _plain(tensor)
     return options
-
-
-def _plain(x: Tensor) -> Tensor:
-    """x as DLPack can export it: detached from autograd, contiguous (no copy when it already is)."""
-    return x.detach().contiguous()
 
 
 # Communicators by handle: a custom op's schema takes ints, not mpi4py objects.
