@@ -63,16 +63,21 @@ def shard(x, axis, layout, rank, size):
 
 
 def unshard(shards, axis, layout):
-    """The global array from every rank's shard (a list in rank order, uneven lengths too), as numpy."""
-    import numpy as _np  # here: importing ringattn needs no numpy (its stubs are made without it)
-
+    """The global array from every rank's shard (a list in rank order, uneven lengths too): a PyTorch
+    tensor from PyTorch shards (on their device), numpy otherwise."""
     size = len(shards)
     length = sum(s.shape[axis] for s in shards)
-    first = _np.asarray(shards[0])
+    first = shards[0]
     shape = list(first.shape)
     shape[axis] = length
-    out = _np.empty(shape, dtype=first.dtype)
+    if type(first).__module__.startswith("torch"):
+        out = first.new_empty(shape)
+    else:
+        import numpy as _np  # here: importing ringattn needs no numpy (its stubs are made without it)
+
+        first = _np.asarray(first)
+        out = _np.empty(shape, dtype=first.dtype)
     for rank, part in enumerate(shards):
         rows = _core.layout_indices(layout, length, size, rank)
-        out[(slice(None),) * (axis % out.ndim) + (rows,)] = _np.asarray(part)
+        out[(slice(None),) * (axis % out.ndim) + (rows,)] = part
     return out

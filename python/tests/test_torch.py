@@ -135,3 +135,24 @@ def test_bad_input_raises_value_error_naming_the_tensor():
     q, k, v, _ = tensors(8)
     with pytest.raises(ValueError, match="k"):
         rt.attention(q, k[:, :, :, :16], v)
+
+
+def test_torch_export_of_a_module_calling_it_runs_as_eager():
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v):
+            return rt.attention(q, k, v, causal=True, window=(8, 0))
+
+    q, k, v, _ = tensors(9, T=21, S=21)
+    args = tuple(x.detach() for x in (q, k, v))
+    exported = torch.export.export(Attend(), args)
+    assert "ringattn.attention_forward" in str(exported.graph)
+    close(exported.module()(*args), Attend()(*args), 0.0)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+def test_shard_and_unshard_keep_torch_tensors(layout):
+    x = torch.arange(2 * 23 * 3, dtype=torch.float32).view(2, 23, 3)
+    shards = [ringattn.shard(x, 1, layout, rank, 4) for rank in range(4)]
+    assert all(isinstance(s, torch.Tensor) for s in shards)
+    back = ringattn.unshard(shards, 1, layout)
+    assert isinstance(back, torch.Tensor) and torch.equal(back, x)
