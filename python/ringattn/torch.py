@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import _core
 
-__all__ = ["attention", "ring_attention"]
+__all__ = ["attention", "ring_attention", "DistributedComm"]
 
 
 def _plain(x: Tensor) -> Tensor:
@@ -42,11 +42,56 @@ def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left
     return options
 
 
-# Communicators by handle: a custom op's schema takes ints, not mpi4py objects.
+class DistributedComm:
+    """A torch.distributed process group (None: the default one) carrying the ring's messages, for the
+    ring under torchrun; gloo for CPU tensors. ringattn's C++ ring calls ring_shift and all_reduce."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ValueError("group: torch.distributed is not initialized (call init_process_group first)")
+        self._dist, self.group = dist, group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)  # noqa: E731
+        self._next, self._previous = peer((self.rank + 1) % self.size), peer((self.rank - 1) % self.size)
+
+    def ring_shift(self, send, recv, tag):
+        ops = [self._dist.P2POp(self._dist.isend, _bytes(send), self._next, self.group),
+               self._dist.P2POp(self._dist.irecv, _bytes(recv), self._previous, self.group)]
+        return _Pending(self._dist.batch_isend_irecv(ops))
+
+    def all_reduce(self, values, dtype, op):
+        ops = {"sum": self._dist.ReduceOp.SUM, "max": self._dist.ReduceOp.MAX, "min": self._dist.ReduceOp.MIN}
+        self._dist.all_reduce(torch.frombuffer(values, dtype=getattr(torch, dtype)), op=ops[op], group=self.group)
+
+
+def _bytes(view) -> Tensor:
+    """A uint8 tensor over a memoryview, without a copy (frombuffer refuses empty buffers)."""
+    return torch.frombuffer(view, dtype=torch.uint8) if len(view) else torch.empty(0, dtype=torch.uint8)
+
+
+class _Pending:
+    def __init__(self, works):
+        self._works = works
+
+    def wait(self, timeout_seconds):
+        import datetime
+
+        for work in self._works:
+            work.wait(datetime.timedelta(seconds=timeout_seconds))
+
+
+# Communicators by handle: a custom op's schema takes ints, not Python objects.
 _communicators = {}
+_group_comms = {}
 
 
-def _handle_of(comm) -> int:
+def _handle_of(comm, group) -> int:
+    if comm is None:  # the torch.distributed group's, made once per group
+        if group not in _group_comms:
+            _group_comms[group] = DistributedComm(group)
+        comm = _group_comms[group]
     _communicators[id(comm)] = comm
     return id(comm)
 
@@ -184,11 +229,14 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     return (o, lse) if return_lse else o
 
 
-def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None, causal=False, window=None,
+def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_len=None, global_kv_len=None, causal=False, window=None,
                    softcap=None, scale=None, sinks=None, bias=None, mask=None, segment_ids=None, kv_segment_ids=None,
                    dropout=0.0, dropout_seed=0, local_impl="flash_attn2", timeout=60.0, layout_bhtd=False,
                    return_lse=False):
-    """Ring attention of this rank's shard over every rank of `comm` (an mpi4py communicator), differentiable.
+    """Ring attention of this rank's shard over every rank of `comm`, differentiable.
+
+    comm: an mpi4py communicator (under mpirun); without it, the torch.distributed process group `group`
+    (None: the default one) carries the messages (under torchrun; gloo for CPU tensors).
 
     q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag", "striped";
     ringattn.shard cuts them). Every rank calls it (and its backward) with the same options; dK / dV
@@ -197,6 +245,6 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed)
     o, lse = _ring_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
-                           _handle_of(comm), layout, global_q_len, global_kv_len, local_impl, float(timeout))
+                           _handle_of(comm, group), layout, global_q_len, global_kv_len, local_impl, float(timeout))
     o = _to_bthd(o, layout_bhtd)
     return (o, lse) if return_lse else o

@@ -16,6 +16,7 @@
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
 #include "collectives/mpi_communicator.h"
+#include "python_communicator.h"
 #include "mesh/sequence_layout.h"
 #include "runtime/error.h"
 
@@ -26,25 +27,36 @@ using namespace nb::literals;
 
 // The ring for one call: the caller's communicator (duplicated: ringattn's messages never mix with the
 // caller's), the layout and the global lengths (summed over the ranks where not given).
-// The MPI communicator behind an mpi4py one (read with the interpreter held).
-MPI_Comm mpi_comm_of(nb::handle comm) {
+// The caller's communicator, read with the interpreter held: the MPI communicator behind an mpi4py one,
+// or a Python object that carries the messages itself (python_communicator.h).
+struct CallerComm {
+  MPI_Comm mpi = MPI_COMM_NULL;
+  nb::handle python;
+};
+
+CallerComm caller_comm_of(nb::handle comm) {
+  if (is_python_communicator(comm)) return {MPI_COMM_NULL, comm};
   RA_CHECK(nb::hasattr(comm, "py2f"), "comm is a ", nb::cast<std::string>(nb::handle(comm.type()).attr("__name__")),
-           ", expected an mpi4py communicator (mpi4py.MPI.Comm)");
+           ", expected an mpi4py communicator (mpi4py.MPI.Comm) or an object with ring_shift (see ringattn.torch)");
   int initialized = 0;
   MPI_Initialized(&initialized);
   RA_CHECK(initialized, "MPI is not initialized: import mpi4py.MPI first");
-  return MPI_Comm_f2c(nb::cast<int>(comm.attr("py2f")()));
+  return {MPI_Comm_f2c(nb::cast<int>(comm.attr("py2f")())), nb::handle()};
 }
 
 struct CallRing {
-  CallRing(MPI_Comm comm, const std::string& layout, std::optional<int64_t> global_q_len,
+  CallRing(const CallerComm& comm, const std::string& layout, std::optional<int64_t> global_q_len,
            std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
            const AttentionInputs& in) {
     RA_CHECK(timeout_s > 0, "timeout is ", timeout_s, " s, expected a positive number of seconds");
-    mpi = std::make_unique<MpiCommunicator>(comm);
+    if (comm.python.is_valid()) {
+      communicator = std::make_unique<PythonCommunicator>(comm.python);
+    } else {
+      communicator = std::make_unique<MpiCommunicator>(comm.mpi);
+    }
     int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
-    if (!global_q_len || !global_kv_len) mpi->all_reduce(lengths, 2, ReduceOp::kSum);
-    ctx.comm = mpi.get();
+    if (!global_q_len || !global_kv_len) communicator->all_reduce(lengths, 2, ReduceOp::kSum);
+    ctx.comm = communicator.get();
     ctx.layout = parse_layout(layout);
     ctx.global_q_len = global_q_len.value_or(lengths[0]);
     ctx.global_kv_len = global_kv_len.value_or(lengths[1]);
@@ -55,11 +67,11 @@ struct CallRing {
     // Checked here, before any exchange, in the caller's terms.
     for (auto [t, name, rows, global] : {std::tuple{&in.q, "q", pos.q.size(), ctx.global_q_len},
                                          std::tuple{&in.k, "k", pos.k.size(), ctx.global_kv_len}})
-      RA_CHECK(t->dim(1) == int64_t(rows), name, " has ", t->dim(1), " rows (dimension 1) on rank ", mpi->rank(),
-               ", but the ", layout, " layout of a global length ", global, " over ", mpi->size(), " ranks gives it ",
+      RA_CHECK(t->dim(1) == int64_t(rows), name, " has ", t->dim(1), " rows (dimension 1) on rank ", communicator->rank(),
+               ", but the ", layout, " layout of a global length ", global, " over ", communicator->size(), " ranks gives it ",
                rows, " (ringattn.shard cuts them)");
   }
-  std::unique_ptr<MpiCommunicator> mpi;
+  std::unique_ptr<Communicator> communicator;
   RingContext ctx;
   std::unique_ptr<AttentionImpl> impl;
   TokenPositions pos;
@@ -72,11 +84,11 @@ nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& 
   const CallOptions call = options_from(options);
   const AttentionInputs in = inputs_of(q, k, v, call);
   const AttentionParams params = params_of(call);
-  const MPI_Comm mpi = mpi_comm_of(comm);
+  const CallerComm caller = caller_comm_of(comm);
   AttentionOutput out;
   {
     nb::gil_scoped_release released;  // the ring waits on its peers without holding the interpreter
-    CallRing ring(mpi, layout, global_q_len, global_kv_len, local_impl, timeout_s, in);
+    CallRing ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, in);
     out = ring.impl->forward(in, params, ring.pos);
   }
   return output_of(out, return_lse, framework_of(like));
@@ -92,11 +104,11 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
   const AttentionParams params = params_of(call);
   const AttentionOutput forward = forward_output_of(o, lse);
   const TensorView grad_out = view_of(d_o, "do", 4);
-  const MPI_Comm mpi = mpi_comm_of(comm);
+  const CallerComm caller = caller_comm_of(comm);
   Gradients g;
   {
     nb::gil_scoped_release released;
-    CallRing ring(mpi, layout, global_q_len, global_kv_len, local_impl, timeout_s, in);
+    CallRing ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, in);
     g = ring.impl->backward(in, params, ring.pos, grad_out, &forward, f32_gradients);
   }
   return gradient_tuple(g, in, framework_of(like));

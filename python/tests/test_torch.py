@@ -156,3 +156,11 @@ def test_shard_and_unshard_keep_torch_tensors(layout):
     assert all(isinstance(s, torch.Tensor) for s in shards)
     back = ringattn.unshard(shards, 1, layout)
     assert isinstance(back, torch.Tensor) and torch.equal(back, x)
+
+
+def test_a_ring_without_a_usable_communicator_says_what_is_missing():
+    q, k, v, _ = tensors(10)
+    with pytest.raises(ValueError, match="torch.distributed is not initialized"):
+        rt.ring_attention(q, k, v)
+    with pytest.raises(ValueError, match="comm is a str, expected an mpi4py communicator"):
+        rt.ring_attention(q, k, v, comm="world")

@@ -1,19 +1,30 @@
-"""ringattn.torch.ring_attention under mpirun (CTest python_torch_ring_N_ranks): each rank's shard of o and
+"""ringattn.torch.ring_attention under mpirun with mpi4py (CTest python_torch_ring_N_ranks) and under
+torchrun with torch.distributed's gloo group (python_torch_ring_torchrun): each rank's shard of o and
 of dq, dk, dv (and dsinks / a shared bias's dbias, summed over the ranks) equals the same rows of one
 process's ringattn.torch.attention on the whole sequence, for each layout; torch.compile traces it.
 Skipped where PyTorch is not installed."""
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs none; run on a machine with it)")
-from mpi4py import MPI  # noqa: E402
+import os  # noqa: E402
 
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs none; run on a machine with it)")
 import ringattn  # noqa: E402
 import ringattn.torch as rt  # noqa: E402
 from test_torch import close  # noqa: E402
 
-COMM = MPI.COMM_WORLD
-RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+if "TORCHELASTIC_RUN_ID" in os.environ:  # under torchrun: the default process group (gloo) carries the ring
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    RING = {"group": None}
+    RANK, SIZE = dist.get_rank(), dist.get_world_size()
+else:  # under mpirun
+    from mpi4py import MPI
+
+    RING = {"comm": MPI.COMM_WORLD}
+    RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
 def shard(x, layout, axis=1):
@@ -34,7 +45,7 @@ def test_shards_of_the_ring_equal_one_process(layout, causal):
     o.backward(do)
 
     mine = [shard(x, layout).clone().requires_grad_() for x in (q, k, v)] + [x.clone().requires_grad_() for x in (sinks, bias)]
-    o_ring = rt.ring_attention(*mine[:3], comm=COMM, layout=layout, sinks=mine[3], bias=mine[4], causal=causal,
+    o_ring = rt.ring_attention(*mine[:3], **RING, layout=layout, sinks=mine[3], bias=mine[4], causal=causal,
                                softcap=4.0)
     o_ring.backward(shard(do, layout))
     close(o_ring, shard(o, layout), 1e-5)
@@ -48,9 +59,9 @@ def test_torch_compile_traces_the_ring():
     g = torch.Generator().manual_seed(12)
     q, k, v = (shard(torch.randn(1, 40, 2, 8, generator=g), "zigzag").requires_grad_() for _ in range(3))
     # Not fullgraph: resolving the mpi4py communicator to the op's handle happens outside the graph.
-    fn = torch.compile(lambda q, k, v: rt.ring_attention(q, k, v, comm=COMM, causal=True), backend="aot_eager")
+    fn = torch.compile(lambda q, k, v: rt.ring_attention(q, k, v, **RING, causal=True), backend="aot_eager")
     fn(q, k, v).sum().backward()
     want = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    rt.ring_attention(*want, comm=COMM, causal=True).sum().backward()
+    rt.ring_attention(*want, **RING, causal=True).sum().backward()
     for got, ref in zip((q, k, v), want):
         close(got.grad, ref.grad, 1e-6)
