@@ -61,9 +61,12 @@ class DistributedComm:
                self._dist.P2POp(self._dist.irecv, _bytes(recv), self._previous, self.group)]
         return _Pending(self._dist.batch_isend_irecv(ops))
 
+    timeout = 60.0  # seconds an all_reduce may wait for the other ranks: the calling ring's step timeout
+
     def all_reduce(self, values, dtype, op):
         ops = {"sum": self._dist.ReduceOp.SUM, "max": self._dist.ReduceOp.MAX, "min": self._dist.ReduceOp.MIN}
-        self._dist.all_reduce(torch.frombuffer(values, dtype=getattr(torch, dtype)), op=ops[op], group=self.group)
+        tensor = torch.frombuffer(values, dtype=getattr(torch, dtype))
+        _Pending([self._dist.all_reduce(tensor, op=ops[op], group=self.group, async_op=True)]).wait(self.timeout)
 
 
 def _bytes(view) -> Tensor:
@@ -87,11 +90,12 @@ _communicators = {}
 _group_comms = {}
 
 
-def _handle_of(comm, group) -> int:
+def _handle_of(comm, group, timeout) -> int:
     if comm is None:  # the torch.distributed group's, made once per group
         if group not in _group_comms:
             _group_comms[group] = DistributedComm(group)
         comm = _group_comms[group]
+        comm.timeout = timeout
     _communicators[id(comm)] = comm
     return id(comm)
 
@@ -245,6 +249,6 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed)
     o, lse = _ring_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
-                           _handle_of(comm, group), layout, global_q_len, global_kv_len, local_impl, float(timeout))
+                           _handle_of(comm, group, float(timeout)), layout, global_q_len, global_kv_len, local_impl, float(timeout))
     o = _to_bthd(o, layout_bhtd)
     return (o, lse) if return_lse else o

@@ -15,6 +15,11 @@ nb::object bytes_view(const void* data, size_t bytes) {
   return nb::cast(nb::ndarray<nb::memview, uint8_t, nb::ndim<1>>(const_cast<void*>(data), 1, shape, nb::handle()));
 }
 
+// "RuntimeError: Operation timed out!": the Python error's type and message, without its traceback.
+std::string error_text(const nb::python_error& e) {
+  return nb::cast<std::string>(e.type().attr("__name__")) + ": " + nb::cast<std::string>(nb::str(e.value()));
+}
+
 const char* op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return "sum";
@@ -36,7 +41,7 @@ class PythonExchange final : public PendingExchange {
     try {
       handle_.attr("wait")(double(timeout.count()) / 1000.0);
     } catch (const nb::python_error& e) {
-      RA_FAIL("ring step ", tag_, ": the communicator's exchange failed: ", e.what());
+      RA_FAIL("ring step ", tag_, ": the communicator's exchange failed: ", error_text(e));
     }
   }
 
@@ -73,7 +78,12 @@ std::unique_ptr<PendingExchange> PythonCommunicator::ring_shift(const void* send
 
 void PythonCommunicator::reduce(void* data, size_t count, const char* dtype, ReduceOp op) {
   nb::gil_scoped_acquire held;
-  comm_.attr("all_reduce")(bytes_view(data, count * 8), dtype, op_name(op));
+  try {
+    comm_.attr("all_reduce")(bytes_view(data, count * 8), dtype, op_name(op));
+  } catch (const nb::python_error& e) {
+    RA_FAIL("the communicator's all_reduce (", count, " ", dtype, ") failed on rank ", rank_,
+            " (did every rank call the ring?): ", error_text(e));
+  }
 }
 
 void PythonCommunicator::all_reduce(double* data, size_t count, ReduceOp op) { reduce(data, count, "float64", op); }
