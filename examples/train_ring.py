@@ -1,21 +1,24 @@
-"""Training with ring attention over the sequence, on CPU ranks under mpirun:
+"""Training with ring attention over the sequence, on CPU ranks under mpirun or torchrun:
 
     mpirun -np 2 python examples/train_ring.py [--steps 200] [--seq 96] [--csv losses.csv]
+    torchrun --nproc-per-node 2 examples/train_ring.py ...     (torch.distributed's gloo group)
 
 A small causal transformer block (attention + MLP, pre-norm) learns to imitate a fixed random teacher
 block on random sequences. Every rank holds the same parameters and its zigzag shard of each sequence;
 attention runs through ringattn.torch.ring_attention, the other layers act per token, and the parameters'
-gradients are summed over the ranks (each rank's loss is its share of the global mean). Rank 0 also
+gradients are summed over the ranks (each rank's loss is its share of the global mean) by mpi4py or
+torch.distributed. Rank 0 also
 trains the same model on the whole sequence with F.scaled_dot_product_attention in one process and
 checks that the two loss curves agree (exit 1 if they differ by more than --tolerance, relative).
 """
 
 import argparse
+import os
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from mpi4py import MPI
 
 import ringattn
 import ringattn.torch as rt
@@ -52,15 +55,35 @@ def train(model, batches, attend, rows, total_rows, comm, steps, lr):
         optimizer.zero_grad()
         local = F.mse_loss(model(x, attend), y, reduction="sum") / total_rows
         local.backward()
+        loss = local.detach().clone()
         if comm is not None:  # data are split over the ranks: sum the loss and the gradients
-            for p in model.parameters():
-                comm.Allreduce(MPI.IN_PLACE, p.grad.numpy(), op=MPI.SUM)
-            loss = comm.allreduce(local.item(), op=MPI.SUM)
-        else:
-            loss = local.item()
+            for tensor in [p.grad for p in model.parameters()] + [loss]:
+                comm.sum(tensor)
+        loss = loss.item()
         optimizer.step()
         losses.append(loss)
     return losses
+
+
+class Launcher:
+    """The ranks as mpirun (mpi4py) or torchrun (torch.distributed, gloo) made them."""
+
+    def __init__(self):
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            dist.init_process_group("gloo")
+            self.rank, self.size, self.ring = dist.get_rank(), dist.get_world_size(), {}
+        else:
+            from mpi4py import MPI
+
+            self.mpi = MPI
+            self.rank, self.size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+            self.ring = {"comm": MPI.COMM_WORLD}
+
+    def sum(self, tensor):
+        if "comm" in self.ring:
+            self.ring["comm"].Allreduce(self.mpi.IN_PLACE, tensor.numpy(), op=self.mpi.SUM)
+        else:
+            dist.all_reduce(tensor)
 
 
 def main():
@@ -74,8 +97,8 @@ def main():
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--csv", help="write step, ring loss, one-process loss here (rank 0)")
     args = parser.parse_args()
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    comm = Launcher()
+    rank, size = comm.rank, comm.size
     torch.set_num_threads(1)
 
     torch.manual_seed(0)  # every rank: the same data, teacher and initial parameters
@@ -91,7 +114,7 @@ def main():
     model = Block(args.dim, args.heads)
     model.load_state_dict(initial)
     rows = ringattn.shard(torch.arange(args.seq), 0, "zigzag", rank, size)
-    ring = lambda q, k, v: rt.ring_attention(q, k, v, comm=comm, layout="zigzag", causal=True)  # noqa: E731
+    ring = lambda q, k, v: rt.ring_attention(q, k, v, **comm.ring, layout="zigzag", causal=True)  # noqa: E731
     ring_losses = train(model, batches, ring, rows, total_rows, comm, args.steps, args.lr)
     if rank != 0:
         return 0
