@@ -164,3 +164,33 @@ def test_a_ring_without_a_usable_communicator_says_what_is_missing():
         rt.ring_attention(q, k, v)
     with pytest.raises(ValueError, match="comm is a str, expected an mpi4py communicator"):
         rt.ring_attention(q, k, v, comm="world")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_tensors_give_gradients_in_their_dtype_near_sdpa_in_f64(dtype):
+    q, k, v, do = (x.detach().to(dtype) for x in tensors(11))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    o = rt.attention(q, k, v, causal=True)
+    o.backward(do)
+    want, leaves = sdpa_f64(q, k, v, is_causal=True)
+    want.backward(do.double())
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3  # a few units of the dtype's rounding
+    assert o.dtype == dtype and q.grad.dtype == dtype
+    close(o, want, tol)
+    for got, ref in zip((q.grad, k.grad, v.grad), leaves):
+        close(got, ref.grad, tol)
+
+
+def test_dropout_backward_uses_the_forwards_mask():
+    # Same seed, same mask: the op's gradients equal the numpy core's backward of the same call.
+    q, k, v, do = tensors(12)
+    o = rt.attention(q, k, v, dropout=0.2, dropout_seed=7)
+    o.backward(do)
+    n = lambda x: x.detach().numpy()  # noqa: E731
+    o_np, lse_np = ringattn.attention(n(q), n(k), n(v), dropout=0.2, dropout_seed=7, return_lse=True)
+    dq, dk, dv = ringattn.attention_backward(n(q), n(k), n(v), o_np, lse_np, n(do), dropout=0.2, dropout_seed=7)
+    close(o, torch.from_numpy(o_np), 0.0)
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        close(got, torch.from_numpy(want), 0.0)
+    no_dropout = rt.attention(q, k, v)
+    assert float((o - no_dropout).detach().abs().max()) > 1e-3  # dropout did act
