@@ -11,7 +11,8 @@
 # engines: tests, then side by side), `ratio` (kernel tests, then the ratio rows at 8192 tokens per GPU), `ab` (this
 # build's ringattn against the variants/ringattn_before_* binaries, interleaved), `versus` (the same for every variant; ring_seqs="16384 32768" sets the ring rows' T), `chain` (the ring's kernels on one GPU, ring_chain_gpu_bench), `aim` (one GPU and the ring at 8192 and 16384 tokens per GPU, causal and not, with the variants), `checksums` (the ring with and without block checksums, and the variants), `outside` (every rank's time outside its kernels, and its kernel chain), `contention` (the ring with and without block checksums against the variants);
 # `backward` (issue 20: GPU tests, CLI --backward round trips, bench --backward beside PyTorch's SDPA backward),
-# `backward_ab` (the flash backward of this build against the variants, interleaved); `ring_backward` (issue 21:
+# `backward_ab` (the flash backward of this build against the variants, interleaved); `backward_kernels` (the
+# GPU tests, then the wgmma and mma.sync flash backward kernels interleaved beside PyTorch's SDPA backward); `ring_backward` (issue 21:
 # the GPU ring's forward and backward tests on however many GPUs there are, ranks sharing them where fewer,
 # the CLI's run --backward over the GPU ring, and the ring of one against its local kernel), `ring_memory` (the
 # ring backward's peak device memory per rank on 2 ranks);
@@ -374,6 +375,27 @@ if has backward_ab; then  # the flash backward of this build and of each variant
     done
   }
   for_each_build flash_backward_rows
+fi
+if has backward_kernels; then  # the two flash backward kernels (wgmma, mma.sync) interleaved, beside PyTorch's
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 30
+  d=$(mktemp -d)
+  $bin generate --output $d/g.h5 --batch 1 --seq 1001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
+  for causal in "" "--causal"; do
+    $bin run --backend cuda --impl flash_attn2 --input $d/g.h5 --output $d/g_flash.h5 --backward --quiet --overwrite $causal &&
+    $bin verify --input $d/g.h5 --output $d/g_flash.h5 $causal | tee -a "$out/backward_cli.txt" | tail -n 6; echo "cli --backward flash_attn2 $causal exit $?"
+  done
+  for round in 1 2; do
+    for causal in "" "--causal"; do
+      for shape in "32 128" "64 64"; do
+        for kernel in wgmma mma_sync; do
+          echo -n "round $round kernel $kernel: " | tee -a "$out/backward_bench.txt"
+          RINGATTN_FLASH_KERNEL=$kernel $bin bench --backward --backend cuda --impl flash_attn2 --batch 1 --heads ${shape% *} \
+            --head-dim ${shape#* } --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep -v '^#' | tee -a "$out/backward_bench.txt"
+        done
+      done
+    done
+  done
+  python3 bench/torch_backward.py 32x128 64x64 2>&1 | tee "$out/torch_backward.txt"
 fi
 if has ring_backward; then  # issue 21: the GPU ring's backward (quick=1: without the kernel tests and the
   # ring of one's timings; faults=1: with the fault cases)

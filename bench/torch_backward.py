@@ -2,6 +2,8 @@
 `backward` stage, for the side-by-side rows of bench/RESULTS.md: bf16, B=1, T=32768, median of 10
 CUDA-event-timed backward calls after 2 warm-up calls; TFLOP/s at 2.5x the forward's FLOPs (halved
 for causal), as `ringattn bench --backward` counts them."""
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -28,8 +30,10 @@ def time_backward(backend, heads, head_dim, seq, causal):
     return seconds, flops / seconds / 1e12
 
 
+# Optional arguments: the shapes as HEADSxHEAD_DIM (default 32x128 64x64 16x256).
+shapes = [tuple(int(x) for x in arg.split("x")) for arg in sys.argv[1:]] or [(32, 128), (64, 64), (16, 256)]
 for causal in (False, True):
-    for heads, head_dim in ((32, 128), (64, 64), (16, 256)):
+    for heads, head_dim in shapes:
         for name, backend in (("torch_flash2", SDPBackend.FLASH_ATTENTION), ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)):
             seconds, tflops = time_backward(backend, heads, head_dim, 32768, causal)
             print(f"{name:13s} H={heads:3d} D={head_dim:4d} T=32768 causal={int(causal)} "

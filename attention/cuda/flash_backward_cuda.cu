@@ -9,6 +9,9 @@
 #include "attention/cuda/flash_backward_cuda.h"
 
 #include "attention/cuda/dispatch.cuh"
+#include "attention/cuda/flash_backward_rows.cuh"
+#include "attention/cuda/flash_cuda.h"
+#include "attention/cuda/flash_wgmma_backward.h"
 #include "attention/cuda/flash_tile.cuh"
 #include "attention/cuda/mma_sync.cuh"
 #include "attention/cuda/pair_logit.cuh"
@@ -34,54 +37,6 @@ struct BackwardTraits {
   static_assert(kWarps == 2 * (kBlockM / 16), "dQ: each warp forms 16 query rows x half of D");
   static_assert(kSmemBytes <= 227 * 1024 - 1024, "one block's shared memory on an sm_90 SM");
 };
-
-// The position range [lo, hi] of `count` rows from row0 (every warp computes the same).
-__device__ __forceinline__ void position_range(const int64_t* positions, int row0, int count, int rows_total, int lane,
-                                               int64_t& lo, int64_t& hi) {
-  lo = INT64_MAX;
-  hi = INT64_MIN;
-  for (int r = lane; r < count; r += 32)
-    if (row0 + r < rows_total) lo = min(lo, positions[row0 + r]), hi = max(hi, positions[row0 + r]);
-  lo = warp_min(lo);
-  hi = warp_max(hi);
-}
-
-// dQ's fragment (rows row0 and row0 + 8, columns col0 + 8j + 2t, +1) times the scale, added to the
-// f32 accumulator. The atomics are the backward's bottleneck (one per element per key block): on
-// sm_90 lanes t and t ^ 1 swap halves so that each adds 4 consecutive floats of one row in one
-// 16-byte atomic (4x fewer than scalar ones).
-template <int kTiles>
-__device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const float (&dq)[kTiles][4], int b, int h,
-                                            int row0, int col0, int lane) {
-  const CudaAttentionArgs& a = g.a;
-  const int t = lane % 4;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const bool even = t % 2 == 0;
-  const int row = even ? row0 : row0 + 8, col = col0 + 2 * (t & ~1);
-  float* out = g.dq + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col;
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-    // Even lanes keep row g's pair and take the partner's; odd lanes the same for row g + 8.
-    const float send0 = even ? dq[j][2] : dq[j][0], send1 = even ? dq[j][3] : dq[j][1];
-    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1), got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-    const float4 v = even ? make_float4(dq[j][0], dq[j][1], got0, got1) : make_float4(got0, got1, dq[j][2], dq[j][3]);
-    if (row < a.q_len)
-      atomicAdd(reinterpret_cast<float4*>(out + j * 8), make_float4(v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale));
-  }
-#else
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = row0 + i * 8;
-    if (row >= a.q_len) continue;
-    float* out = g.dq + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col0 + 2 * t;
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      atomicAdd(out + j * 8, dq[j][2 * i] * a.scale);
-      atomicAdd(out + j * 8 + 1, dq[j][2 * i + 1] * a.scale);
-    }
-  }
-#endif
-}
 
 template <typename T, int D, bool kExtras>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
@@ -116,16 +71,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   const int key_row = warp * 16 + lane / 4;  // this thread's keys: key_row and key_row + 8 of the block
   // The steps are the (query head, query block) pairs whose positions can see these keys, in order;
   // a step's Q, dO, LSE and delta load while the previous step computes (two buffers).
-  const int h_end = (kh + 1) * group;
-  auto find_step = [&](int& h, int& m0, BlockKind& kind) {  // from (h, m0) on; false past the last
-    for (; h < h_end; ++h, m0 = 0)
-      for (; m0 < a.q_len; m0 += kBlockM) {
-        int64_t q_lo, q_hi;
-        position_range(a.pos.q, m0, kBlockM, a.q_len, lane, q_lo, q_hi);
-        kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
-        if (kind != BlockKind::kSkip) return true;
-      }
-    return false;
+  auto find_step = [&](int& h, int& m0, BlockKind& kind) {
+    return next_visible_step<kBlockM>(a, kh, k_lo, k_hi, lane, h, m0, kind);
   };
   auto load_step = [&](int buffer, int h, int m0) {
     load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, swz);
@@ -274,31 +221,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   }
   copy_wait_all();
 
-  // This block's dK (times the scale: Q entered unscaled) and dV, added into the accumulators.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int key = n0 + key_row + i * 8;
-    if (key >= a.kv_len) continue;
-    float* dk_out = g.dk + ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * D + (lane % 4) * 2;
-    float* dv_out = g.dv + ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * D + (lane % 4) * 2;
-#pragma unroll
-    for (int j = 0; j < kTilesD; ++j) {
-      dk_out[j * 8] += dk[j][2 * i] * a.scale;
-      dk_out[j * 8 + 1] += dk[j][2 * i + 1] * a.scale;
-      dv_out[j * 8] += dv[j][2 * i];
-      dv_out[j * 8 + 1] += dv[j][2 * i + 1];
-    }
-  }
-}
-
-bool needs_extras(const CudaAttentionArgs& a) {
-  return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
+  add_dk_dv_rows(g, dk, dv, b, kh, n0 + key_row, lane);
 }
 
 template <typename T, int D>
 void launch_backward(const FlashBackwardArgs& g, cudaStream_t stream) {
   constexpr size_t smem = BackwardTraits<T, D>::kSmemBytes;
-  auto kernel = needs_extras(g.a) ? flash_backward_kernel<T, D, true> : flash_backward_kernel<T, D, false>;
+  auto kernel = flash_has_extras(g.a) ? flash_backward_kernel<T, D, true> : flash_backward_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((g.a.kv_len + kBlockN - 1) / kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
   kernel<<<grid, kThreads, smem, stream>>>(g);
@@ -325,6 +254,7 @@ void check_flash_backward_cuda_supported(const AttentionInputs& in, const Backwa
 
 void flash_backward_cuda(const FlashBackwardArgs& g, DType dtype, cudaStream_t stream) {
   if (g.a.q_len == 0 || g.a.kv_len == 0) return;
+  if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
     dispatch_head_dim<64, 128>(g.a.head_dim, "the cuda flash_attn2 backward", [&](auto head_dim) {
       launch_backward<decltype(element), decltype(head_dim)::value>(g, stream);

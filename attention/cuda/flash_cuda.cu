@@ -211,15 +211,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   for (int t = 0; t < kMTiles; ++t) store_carry(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
 }
 
-bool has_extras(const CudaAttentionArgs& a) {
-  return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
-}
-
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   constexpr int kBlockM = kBlockMFor<D>;
   const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
-  auto kernel = has_extras(a) ? flash_forward_kernel<T, D, true> : flash_forward_kernel<T, D, false>;
+  auto kernel = flash_has_extras(a) ? flash_forward_kernel<T, D, true> : flash_forward_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
   kernel<<<grid, kThreads, smem, stream>>>(a);
@@ -238,22 +234,6 @@ FlashCudaKernel kernel_from_environment() {
 FlashCudaKernel& chosen_kernel() {
   static FlashCudaKernel kernel = kernel_from_environment();
   return kernel;
-}
-
-// True when the wgmma kernel runs these arguments; with the kernel forced, says why it cannot.
-bool use_wgmma(const CudaAttentionArgs& a) {
-  const FlashCudaKernel k = flash_cuda_kernel();
-  if (k == FlashCudaKernel::kMmaSync) return false;
-  const bool available = flash_wgmma_available(), extras = has_extras(a), wide = a.head_dim > 128;
-  if (k == FlashCudaKernel::kWgmma) {
-    RA_CHECK(available, "the wgmma flash_attn2 kernel was asked for (RINGATTN_FLASH_KERNEL=wgmma) but this build has "
-             "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
-    RA_CHECK(!extras, "the wgmma flash_attn2 kernel was asked for (RINGATTN_FLASH_KERNEL=wgmma) but it runs positions "
-             "only (causal, window, GQA, sinks); soft cap, bias, mask, segment ids and dropout need mma_sync");
-    RA_CHECK(!wide, "the wgmma flash_attn2 kernel was asked for (RINGATTN_FLASH_KERNEL=wgmma) but q dimension 3 "
-             "(head_dim) is ", a.head_dim, ": it runs head_dim 64 and 128; 256 needs mma_sync");
-  }
-  return available && !extras && !wide;
 }
 
 }  // namespace
@@ -276,12 +256,31 @@ void check_flash_cuda_supported(const AttentionInputs& in) {
   }
 }
 
+bool flash_has_extras(const CudaAttentionArgs& a) {
+  return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
+}
+
+bool flash_uses_wgmma(const CudaAttentionArgs& a) {
+  const FlashCudaKernel k = flash_cuda_kernel();
+  if (k == FlashCudaKernel::kMmaSync) return false;
+  const bool available = flash_wgmma_available(), extras = flash_has_extras(a), wide = a.head_dim > 128;
+  if (k == FlashCudaKernel::kWgmma) {
+    RA_CHECK(available, "the wgmma flash_attn2 kernels were asked for (RINGATTN_FLASH_KERNEL=wgmma) but this build has "
+             "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
+    RA_CHECK(!extras, "the wgmma flash_attn2 kernels were asked for (RINGATTN_FLASH_KERNEL=wgmma) but they run positions "
+             "only (causal, window, GQA, sinks); soft cap, bias, mask, segment ids and dropout need mma_sync");
+    RA_CHECK(!wide, "the wgmma flash_attn2 kernels were asked for (RINGATTN_FLASH_KERNEL=wgmma) but q dimension 3 "
+             "(head_dim) is ", a.head_dim, ": they run head_dim 64 and 128; 256 needs mma_sync");
+  }
+  return available && !extras && !wide;
+}
+
 void set_flash_cuda_kernel(FlashCudaKernel kernel) { chosen_kernel() = kernel; }
 FlashCudaKernel flash_cuda_kernel() { return chosen_kernel(); }
 
 void flash_accumulate_cuda(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   if (a.q_len == 0 || a.kv_len == 0) return;
-  if (use_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
+  if (flash_uses_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
     dispatch_head_dim<64, 128, 256>(a.head_dim, "the cuda flash_attn2 kernel", [&](auto head_dim) {
       launch<decltype(element), decltype(head_dim)::value>(a, stream);

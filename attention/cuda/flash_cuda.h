@@ -22,6 +22,14 @@ enum class FlashCudaKernel { kAuto, kMmaSync, kWgmma };
 void set_flash_cuda_kernel(FlashCudaKernel kernel);
 FlashCudaKernel flash_cuda_kernel();
 
+// True when the arguments use an option beyond positions (soft cap, bias, mask, segment ids, dropout),
+// which only the mma.sync kernels run.
+bool flash_has_extras(const CudaAttentionArgs& args);
+
+// True when the wgmma kernels (forward and backward) run these arguments: kAuto and available with
+// positions-only options and head_dim <= 128; with kWgmma forced, throws naming why they cannot.
+bool flash_uses_wgmma(const CudaAttentionArgs& args);
+
 void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);
 
 }  // namespace ra

@@ -25,18 +25,11 @@ constexpr int kBlockN = 128;              // keys per K/V tile
 constexpr uint32_t kRowBytes = 128;       // one swizzled row of a 64-column slab
 constexpr uint32_t kSwizzleAtom = 8 * kRowBytes;
 
-// Tiles in shared memory: D split into slabs of 64 columns; a slab is kRows rows of 128 bytes whose
-// 16-byte chunk c of row r sits at c ^ (r % 8) (wgmma's 128-byte swizzle; slabs are 1024-aligned).
-template <int kRows>
-__device__ __forceinline__ int slab_offset(int row, int chunk) {
-  return (chunk / 8) * kRows * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
-}
-
 template <typename T, int D, int kRows>
 __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
                                            int tid) {
   load_rows<T, D, kRows, kThreads>(dst, src, b, head, row0, rows_total, tid,
-                                   [](int r, int c) { return slab_offset<kRows>(r, c); });
+                                   [](int r, int c) { return wgmma::slab_offset<kRows>(r, c); });
 }
 
 // kAfterCarryWriter: launched behind the previous block's kernel (CudaAttentionArgs::after_carry_writer),
@@ -118,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
       const uint32_t slab = kk / 4, step = (kk % 4) * 32;
       const uint64_t q_desc = wgmma::sw128_desc(q_rows + slab * kBlockM * kRowBytes + step, 16, kSwizzleAtom);
       const uint64_t k_desc = wgmma::sw128_desc(k_tile + slab * kBlockN * kRowBytes + step, 16, kSwizzleAtom);
-      wgmma::mma_ss_n128<T>(s, q_desc, k_desc, kk > 0);
+      wgmma::mma_ss<T, kTilesN>(s, q_desc, k_desc, kk > 0);
     }
     wgmma::commit();
   };

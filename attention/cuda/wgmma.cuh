@@ -22,6 +22,17 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_address, uint3
          uint64_t((sbo >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;
 }
 
+// Element offset of 16-byte chunk `chunk` of row `row` in a tile of kRows rows laid out for the 128-byte
+// swizzle: D split into slabs of 64 columns (kRows rows of 128 bytes each), chunk c of row r at c ^ (r % 8).
+template <int kRows>
+__device__ __forceinline__ int slab_offset(int row, int chunk) {
+  return (chunk / 8) * kRows * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
+}
+
+// The descriptor of the same tile `bytes` further on (a k-step or slab inside it): the start address
+// field holds the address / 16, and tiles stay below 256 KiB, so the sum never carries out of it.
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 // Registers written by ordinary instructions must be fenced before a wgmma reads them.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -61,13 +72,29 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
     RA_WGMMA_ROW(8), RA_WGMMA_ROW(9), RA_WGMMA_ROW(10), RA_WGMMA_ROW(11), \
     RA_WGMMA_ROW(12), RA_WGMMA_ROW(13), RA_WGMMA_ROW(14), RA_WGMMA_ROW(15)
 
-// D (64 x 128) = A (64 x 16) B (16 x 128) (+ D when `accumulate`), A and B K-major in shared memory.
-#define RA_WGMMA_SS_N128(TY)                                                                                  \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                   \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" RA_WGMMA_ACC64 "}, %64, %65, p, " \
-               "1, 1, 0, 0;\n}\n"                                                                             \
-               : RA_WGMMA_OUT64                                                                               \
+// D (64 x N) = A (64 x 16) B (16 x N) (+ D when `accumulate`), both in shared memory; kTransA / kTransB
+// set: that operand is MN-major (its M or N axis contiguous) instead of K-major.
+#define RA_WGMMA_SS(N, TY, ACC, OUT, DESCS, ONE, TA, TB)                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\n"                                        \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" ACC "}, " DESCS ", p, 1, 1, " \
+               #TA ", " #TB ";\n}\n"                                                                    \
+               : OUT                                                                                     \
                : "l"(a_desc), "l"(b_desc), "r"(accumulate))
+#define RA_WGMMA_SS_NT(TY, TA, TB)                                                                              \
+  if constexpr (NT == 16) RA_WGMMA_SS(128, TY, RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65", "%66", TA, TB);   \
+  else RA_WGMMA_SS(64, TY, RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33", "%34", TA, TB)
+#define RA_WGMMA_SS_TY(TY)                                             \
+  if constexpr (!kTransA && !kTransB) { RA_WGMMA_SS_NT(TY, 0, 0); }   \
+  else if constexpr (kTransA && kTransB) { RA_WGMMA_SS_NT(TY, 1, 1); } \
+  else if constexpr (kTransA) { RA_WGMMA_SS_NT(TY, 1, 0); }           \
+  else { RA_WGMMA_SS_NT(TY, 0, 1); }
+
+template <typename T, int NT, bool kTransA = false, bool kTransB = false>
+__device__ __forceinline__ void mma_ss(float (&d)[NT][4], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+  static_assert(NT == 8 || NT == 16, "N = 64 or 128");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) { RA_WGMMA_SS_TY("bf16") }
+  else { RA_WGMMA_SS_TY("f16") }
+}
 
 // D (64 x N) += A (64 x 16, registers) B (16 x N, MN-major in shared memory, so transposed).
 #define RA_WGMMA_RS_TB(N, TY, ACC, OUT, AREGS, DESC, ONE)                                         \
@@ -76,12 +103,6 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
                DESC ", p, 1, 1, 1;\n}\n"                                                            \
                : OUT                                                                                \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
-
-template <typename T>
-__device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_SS_N128("bf16");
-  else RA_WGMMA_SS_N128("f16");
-}
 
 template <typename T, int NT>
 __device__ __forceinline__ void mma_rs_tb(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t b_desc) {
@@ -95,7 +116,9 @@ __device__ __forceinline__ void mma_rs_tb(float (&d)[NT][4], const uint32_t (&a)
   }
 }
 
-#undef RA_WGMMA_SS_N128
+#undef RA_WGMMA_SS
+#undef RA_WGMMA_SS_NT
+#undef RA_WGMMA_SS_TY
 #undef RA_WGMMA_RS_TB
 #undef RA_WGMMA_ACC32
 #undef RA_WGMMA_ACC64

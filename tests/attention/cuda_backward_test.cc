@@ -5,10 +5,12 @@
 
 #include <random>
 
+#include "attention/cuda/flash_wgmma.h"
 #include "attention/registry.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
 #include "runtime/random.h"
+#include "tests/support/flash_kernel_choice.h"
 #include "tests/support/problem.h"
 
 namespace ra::test {
@@ -17,6 +19,7 @@ namespace {
 struct CudaGradCase {
   std::string impl;
   ProblemSpec spec;
+  FlashCudaKernel kernel = FlashCudaKernel::kAuto;  // flash_attn2 only
 };
 
 std::vector<CudaGradCase> cuda_grad_cases() {
@@ -41,6 +44,22 @@ std::vector<CudaGradCase> cuda_grad_cases() {
         const Shape& sh = flash_shapes[seed % std::size(flash_shapes)];
         cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
       }
+  // Both flash backward kernels forced on the options the wgmma one runs (positions only): D 64 / 128,
+  // several key blocks with a partial last one, query blocks crossing 64 / 128 rows, GQA, T = 1.
+  const Shape wgmma_shapes[] = {{1, 300, 517, 4, 1, 64}, {1, 257, 130, 8, 2, 128}, {2, 77, 77, 4, 4, 128},
+                                {2, 1, 97, 8, 2, 64},    {1, 190, 190, 2, 2, 128}, {1, 131, 203, 8, 4, 64}};
+  std::vector<Options> positional(5);
+  positional[1].causal = true;
+  positional[2].window = true;
+  positional[3].sinks = true;
+  positional[4].causal = positional[4].window = true;
+  for (FlashCudaKernel kernel : {FlashCudaKernel::kWgmma, FlashCudaKernel::kMmaSync})
+    for (DType dtype : {DType::kF16, DType::kBF16})
+      for (const Options& opt : positional)
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          const Shape& sh = wgmma_shapes[seed % std::size(wgmma_shapes)];
+          cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
+        }
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},
@@ -57,13 +76,17 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   return cases;
 }
 
-void PrintTo(const CudaGradCase& c, std::ostream* os) { *os << c.impl << "/" << dtype_name(c.spec.dtype); }
+void PrintTo(const CudaGradCase& c, std::ostream* os) {
+  *os << c.impl << "/" << dtype_name(c.spec.dtype) << "/" << kernel_name(c.kernel);
+}
 
 class CudaBackwardVsReference : public testing::TestWithParam<CudaGradCase> {};
 
 TEST_P(CudaBackwardVsReference, MatchesF64Gradients) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const CudaGradCase& c = GetParam();
+  if (c.kernel == FlashCudaKernel::kWgmma && !flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
+  const ScopedFlashKernel kernel(c.kernel);
   Problem problem(c.spec);
   const AttentionInputs host_in = problem.inputs();
   const InputsCopy device_in = copy_inputs(host_in, MemoryKind::kCuda);
@@ -98,7 +121,8 @@ TEST_P(CudaBackwardVsReference, MatchesF64Gradients) {
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_grad_cases()), [](const auto& info) {
   const CudaGradCase& c = info.param;
   const ProblemSpec& s = c.spec;
-  return c.impl + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
+  const std::string kernel = c.kernel == FlashCudaKernel::kAuto ? "" : std::string("_") + kernel_name(c.kernel);
+  return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
          "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
 });
 

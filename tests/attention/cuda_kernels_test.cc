@@ -15,6 +15,7 @@
 #include "attention/registry.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
+#include "tests/support/flash_kernel_choice.h"
 #include "tests/support/problem.h"
 
 namespace ra::test {
@@ -28,21 +29,6 @@ struct CudaCase {
   ProblemSpec spec;
   FlashCudaKernel kernel = FlashCudaKernel::kAuto;  // flash_attn2 only
 };
-
-// Sets the flash kernel for one test and restores the previous choice.
-class ScopedFlashKernel {
- public:
-  explicit ScopedFlashKernel(FlashCudaKernel k) : saved_(flash_cuda_kernel()) { set_flash_cuda_kernel(k); }
-  ~ScopedFlashKernel() { set_flash_cuda_kernel(saved_); }
-
- private:
-  FlashCudaKernel saved_;
-};
-
-const char* kernel_name(FlashCudaKernel k) {
-  return k == FlashCudaKernel::kWgmma ? "wgmma" : k == FlashCudaKernel::kMmaSync ? "mma_sync" : "auto";
-}
-
 
 std::vector<CudaCase> all_cases() {
   struct Shape {

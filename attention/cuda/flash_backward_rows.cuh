@@ -1,0 +1,131 @@
+// Device pieces shared by the two CUDA flash backward kernels (mma.sync for every option, wgmma on
+// sm_90a for positions only): the walk over the query blocks that can see a key block, and the
+// gradients' way out of the register fragments (dQ by atomics, dK / dV added into the accumulators of
+// keys the block owns). Fragments are the mma / wgmma accumulator layout of flash_tile.cuh.
+#pragma once
+
+#include "attention/block_kind.h"
+#include "attention/cuda/flash_backward_cuda.h"
+#include "attention/cuda/flash_tile.cuh"
+
+namespace ra::flash {
+
+// The position range [lo, hi] of `count` rows from row0 (every lane of the warp gets the same).
+__device__ __forceinline__ void position_range(const int64_t* positions, int row0, int count, int rows_total, int lane,
+                                               int64_t& lo, int64_t& hi) {
+  lo = INT64_MAX;
+  hi = INT64_MIN;
+  for (int r = lane; r < count; r += 32)
+    if (row0 + r < rows_total) lo = min(lo, positions[row0 + r]), hi = max(hi, positions[row0 + r]);
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+}
+
+// The kind of the block of kBlockM query rows from m0 against keys [k_lo, k_hi], scanned by one lane
+// alone (kSkip past the end).
+template <int kBlockM>
+__device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a, int m0, int64_t k_lo, int64_t k_hi) {
+  if (m0 >= a.q_len) return BlockKind::kSkip;
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  const int end = min(m0 + kBlockM, a.q_len);
+#pragma unroll 8
+  for (int r = m0; r < end; ++r) lo = min(lo, a.pos.q[r]), hi = max(hi, a.pos.q[r]);
+  return classify_block(lo, hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+}
+
+// From (h, m0) on, the next (query head, block of kBlockM query rows) of K/V head kh whose positions
+// can see keys [k_lo, k_hi], and its kind; false past the group's last head. Called by whole warps.
+// The candidate at (h, m0) is checked by the warp together (the walk's usual case: it is visible);
+// past a hidden one, each lane checks its own candidate, 32 at a time, so that a causal block's long
+// run of hidden query blocks costs a few rounds instead of one round trip to memory each.
+template <int kBlockM>
+__device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, int kh, int64_t k_lo, int64_t k_hi,
+                                                  int lane, int& h, int& m0, BlockKind& kind) {
+  const int h_end = (kh + 1) * (a.q_heads / a.kv_heads);
+  if (!a.causal && a.window_left < 0 && a.window_right < 0) {  // positions hide nothing: every step is full
+    if (m0 >= a.q_len) ++h, m0 = 0;
+    kind = BlockKind::kFull;
+    return h < h_end;
+  }
+  if (m0 >= a.q_len) ++h, m0 = 0;
+  if (h >= h_end) return false;
+  {
+    int64_t q_lo, q_hi;
+    position_range(a.pos.q, m0, kBlockM, a.q_len, lane, q_lo, q_hi);
+    kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+    if (kind != BlockKind::kSkip) return true;
+    m0 += kBlockM;
+  }
+  for (; h < h_end; ++h, m0 = 0)
+    for (; m0 < a.q_len; m0 += 32 * kBlockM) {
+      const BlockKind mine = lane_block_kind<kBlockM>(a, m0 + lane * kBlockM, k_lo, k_hi);
+      const unsigned visible = __ballot_sync(0xffffffffu, mine != BlockKind::kSkip);
+      if (visible) {
+        const int first = __ffs(visible) - 1;
+        m0 += first * kBlockM;
+        kind = static_cast<BlockKind>(__shfl_sync(0xffffffffu, static_cast<int>(mine), first));
+        return true;
+      }
+    }
+  return false;
+}
+
+// dQ's fragment (rows row0 and row0 + 8, columns col0 + 8j + 2t, +1) times the scale, added to the
+// f32 accumulator. The atomics bound the backward (one per element per key block): on sm_90 lanes t
+// and t ^ 1 swap halves so that each adds 4 consecutive floats of one row in one 16-byte atomic.
+template <int kTiles>
+__device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const float (&dq)[kTiles][4], int b, int h,
+                                            int row0, int col0, int lane) {
+  const CudaAttentionArgs& a = g.a;
+  const int t = lane % 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool even = t % 2 == 0;
+  const int row = even ? row0 : row0 + 8, col = col0 + 2 * (t & ~1);
+  float* out = g.dq + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col;
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    // Even lanes keep row g's pair and take the partner's; odd lanes the same for row g + 8.
+    const float send0 = even ? dq[j][2] : dq[j][0], send1 = even ? dq[j][3] : dq[j][1];
+    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1), got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+    const float4 v = even ? make_float4(dq[j][0], dq[j][1], got0, got1) : make_float4(got0, got1, dq[j][2], dq[j][3]);
+    if (row < a.q_len)
+      atomicAdd(reinterpret_cast<float4*>(out + j * 8), make_float4(v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale));
+  }
+#else
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + i * 8;
+    if (row >= a.q_len) continue;
+    float* out = g.dq + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col0 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      atomicAdd(out + j * 8, dq[j][2 * i] * a.scale);
+      atomicAdd(out + j * 8 + 1, dq[j][2 * i + 1] * a.scale);
+    }
+  }
+#endif
+}
+
+// The block's dK (times the scale: Q entered unscaled) and dV of keys key0 and key0 + 8 (this thread's
+// fragment rows), added into the accumulators: the block is the only writer of these keys' rows.
+template <int kTilesD>
+__device__ __forceinline__ void add_dk_dv_rows(const FlashBackwardArgs& g, const float (&dk)[kTilesD][4],
+                                               const float (&dv)[kTilesD][4], int b, int kh, int key0, int lane) {
+  const CudaAttentionArgs& a = g.a;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int key = key0 + i * 8;
+    if (key >= a.kv_len) continue;
+    const int64_t at = ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * (kTilesD * 8) + (lane % 4) * 2;
+    float2* dk_out = reinterpret_cast<float2*>(g.dk + at);
+    float2* dv_out = reinterpret_cast<float2*>(g.dv + at);
+#pragma unroll
+    for (int j = 0; j < kTilesD; ++j) {
+      const float2 k_was = dk_out[j * 4], v_was = dv_out[j * 4];
+      dk_out[j * 4] = make_float2(k_was.x + dk[j][2 * i] * a.scale, k_was.y + dk[j][2 * i + 1] * a.scale);
+      dv_out[j * 4] = make_float2(v_was.x + dv[j][2 * i], v_was.y + dv[j][2 * i + 1]);
+    }
+  }
+}
+
+}  // namespace ra::flash

@@ -1,0 +1,257 @@
+// FlashAttention's backward on Hopper's warpgroup MMA (sm_90a), for the options that only look at
+// positions. A block of two warpgroups owns 128 keys of one (batch, K/V head), 64 per warpgroup, and
+// walks the blocks of query rows of every query head of its group that can see them, as the mma.sync
+// backward does. Keys are the M axis of S^T = K Q^T and dP^T = V dO^T (both operands in shared
+// memory), so P^T and dS^T come out of the tensor cores in the register layout of wgmma's A operand:
+// dV += P^T dO and dK += dS^T Q take them from registers, with dO and Q read MN-major from shared
+// memory, and dK / dV stay in registers for the whole walk. dS^T goes to shared memory once for
+// dQ = dS K, of which each warpgroup forms 64 x 64 (both operands MN-major), added to the f32
+// accumulator with 16-byte atomics (measured faster than staging it for bulk reductions). The next
+// step's Q, dO, LSE and delta load while this one computes.
+#include "attention/cuda/flash_wgmma_backward.h"
+
+#include "attention/cuda/dispatch.cuh"
+#include "attention/cuda/flash_backward_rows.cuh"
+#include "attention/cuda/wgmma.cuh"
+#include "runtime/cuda_device.h"
+
+namespace ra {
+namespace {
+
+using namespace flash;
+
+constexpr int kGroups = 2, kThreads = kGroups * 128;  // warpgroups per block
+constexpr int kBlockN = kGroups * 64;                 // keys per block, 64 per warpgroup
+constexpr uint32_t kRowBytes = 128, kSwizzleAtom = 8 * kRowBytes;
+
+template <typename T, int D>
+struct WgmmaBackwardTraits {
+  // Query rows per step: dK and dV (64 keys x D per warpgroup) and S^T, dP^T (64 keys x kBlockM) share
+  // a thread's 255 registers, so D = 128 takes 64 rows and D = 64 takes 128.
+  static constexpr int kBlockM = D == 128 ? 64 : 128;
+  // A step's dQ is kBlockM x D; each warpgroup forms 64 x 64 of it: half the rows (D = 64) or half of D.
+  static constexpr bool kDqSplitsRows = kBlockM == 128;
+  static constexpr int kTilesD = D / 8, kTilesM = kBlockM / 8;
+  // K and V, two buffers each of Q and dO, dS^T; + slack to start the tiles on the swizzle's 1024 bytes.
+  static constexpr size_t kSmemBytes =
+      size_t(2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * sizeof(T) + kSwizzleAtom;
+  static_assert(D == 64 || D == 128, "dK and dV of 64 keys x D per warpgroup stay in registers");
+  static_assert(kTilesD * 8 == D && kTilesM * 8 == kBlockM && kDqSplitsRows == (D == 64), "fragment tiles of 8 columns");
+  static_assert(kBlockM * D == 64 * 128 && kBlockM % 64 == 0, "dQ: two 64 x 64 tiles per step");
+  static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory on an sm_90 SM");
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = WgmmaBackwardTraits<T, D>;
+  constexpr int kBlockM = Traits::kBlockM, kTilesD = Traits::kTilesD, kTilesM = Traits::kTilesM;
+  const CudaAttentionArgs& a = g.a;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((kSwizzleAtom - (smem_address(smem_raw) % kSwizzleAtom)) % kSwizzleAtom);
+  T* k_s = reinterpret_cast<T*>(smem);
+  T* v_s = k_s + kBlockN * D;
+  T* q_buffers = v_s + kBlockN * D;             // two buffers of kBlockM x D
+  T* do_buffers = q_buffers + 2 * kBlockM * D;  // two buffers of kBlockM x D
+  T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: rows of keys, slabs of 64 queries
+  // Per step's rows: LSE in log2 units (+inf where the row saw nothing, so that its P is 0) and delta.
+  __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
+  const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
+  const int key_row = group * 64 + (warp % 4) * 16 + lane / 4;  // this thread's keys: key_row, key_row + 8
+  auto key_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockN>(r, c); };
+  auto query_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockM>(r, c); };
+
+  load_rows<T, D, kBlockN, kThreads>(k_s, a.k, b, kh, n0, a.kv_len, tid, key_slabs);
+  load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, key_slabs);
+  copy_commit();
+  int64_t k_lo, k_hi;
+  position_range(a.pos.k, n0, kBlockN, a.kv_len, lane, k_lo, k_hi);
+  // This thread's two keys (read by masked steps only); a key past the end is never visible.
+  const bool key_in[2] = {n0 + key_row < a.kv_len, n0 + key_row + 8 < a.kv_len};
+  const int64_t key_pos[2] = {key_in[0] ? a.pos.k[n0 + key_row] : 0, key_in[1] ? a.pos.k[n0 + key_row + 8] : 0};
+
+  float dk[kTilesD][4], dv[kTilesD][4];
+#pragma unroll
+  for (int j = 0; j < kTilesD; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+  const float scale_log2 = a.scale * kLog2e;
+
+  auto load_step = [&](int buffer, int h, int m0) {
+    load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, query_slabs);
+    load_rows<T, D, kBlockM, kThreads>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len, tid, query_slabs);
+  };
+  // A step's LSE and delta, read into registers when its loads start and stored when the step before
+  // it ends (rows past the end read 0: their Q and dO rows are zeros, so they add nothing).
+  auto read_stats = [&](int h, int m0, float& lse_log2, float& delta) {
+    lse_log2 = delta = 0.0f;
+    if (tid < kBlockM && m0 + tid < a.q_len) {
+      const int64_t at = (int64_t(b) * a.q_heads + h) * a.q_len + m0 + tid;
+      const float lse = g.lse[at];
+      lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      delta = g.delta[at];
+    }
+  };
+
+  int h = kh * (a.q_heads / a.kv_heads), m0 = 0, buffer = 0;
+  BlockKind kind = BlockKind::kSkip;
+  bool have = next_visible_step<kBlockM>(a, kh, k_lo, k_hi, lane, h, m0, kind);
+  if (have) {
+    load_step(0, h, m0);
+    float lse_log2, delta;
+    read_stats(h, m0, lse_log2, delta);
+    if (tid < kBlockM) lse_buffers[0][tid] = lse_log2, delta_buffers[0][tid] = delta;
+  }
+  copy_commit();
+  // This warpgroup's 64 rows of K and V (A of S^T and dP^T), and dQ's operands: dS's query slab and K's
+  // column slab, MN-major (their 64-column slabs kBlockN rows apart).
+  const uint32_t k_addr = smem_address(k_s), ds_addr = smem_address(ds_s);
+  const uint64_t k_desc = wgmma::sw128_desc(k_addr + group * 64 * kRowBytes, 16, kSwizzleAtom);
+  const uint64_t v_desc = wgmma::sw128_desc(smem_address(v_s) + group * 64 * kRowBytes, 16, kSwizzleAtom);
+  const uint64_t ds_desc = wgmma::sw128_desc(ds_addr + (Traits::kDqSplitsRows ? group : 0) * kBlockN * kRowBytes,
+                                             kBlockN * kRowBytes, kSwizzleAtom);
+  const uint64_t dq_k_desc = wgmma::sw128_desc(k_addr + (Traits::kDqSplitsRows ? 0 : group) * kBlockN * kRowBytes,
+                                               kBlockN * kRowBytes, kSwizzleAtom);
+  while (have) {
+    int next_h = h, next_m0 = m0 + kBlockM;
+    BlockKind next_kind = BlockKind::kSkip;
+    bool next = false;
+    float next_lse = 0.0f, next_delta = 0.0f;
+    // The next step: found (its positions read), its loads started.
+    auto prefetch_next = [&] {
+      next = next_visible_step<kBlockM>(a, kh, k_lo, k_hi, lane, next_h, next_m0, next_kind);
+      if (next) {
+        load_step(1 - buffer, next_h, next_m0);
+        read_stats(next_h, next_m0, next_lse, next_delta);
+      }
+      copy_commit();
+    };
+    copy_wait_all();
+    wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();  // this step's tiles and stats are in; the last step's products are done with the other buffers and dS^T
+    const uint32_t q_addr = smem_address(q_buffers + buffer * kBlockM * D);
+    const uint32_t do_addr = smem_address(do_buffers + buffer * kBlockM * D);
+    const float* lse_s = lse_buffers[buffer];
+    const float* delta_s = delta_buffers[buffer];
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys, both operands K-major (rows of D):
+    // k-step kk is 32 bytes into slab kk / 4.
+    float st[kTilesM][4], dpt[kTilesM][4];
+    const uint64_t q_desc = wgmma::sw128_desc(q_addr, 16, kSwizzleAtom), do_desc = wgmma::sw128_desc(do_addr, 16, kSwizzleAtom);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_ss<T, kTilesM>(st, wgmma::advance(k_desc, (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32),
+                                wgmma::advance(q_desc, (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32), kk > 0);
+    wgmma::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_ss<T, kTilesM>(dpt, wgmma::advance(v_desc, (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32),
+                                wgmma::advance(do_desc, (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32), kk > 0);
+    wgmma::commit();
+    prefetch_next();  // the positions' reads wait while the tensor cores work
+
+    // P^T against LSE (0 where a pair is hidden or past an end) while dP^T is computed.
+    const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
+    wgmma::wait<1>();
+    wgmma::pin(st);
+#pragma unroll
+    for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qcol = j * 8 + (lane % 4) * 2 + (e & 1);
+        float p = fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol]));
+        if (masked) {
+          const int query = m0 + qcol;
+          const bool visible = key_in[e / 2] && query < a.q_len &&
+                               position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right);
+          if (!visible) p = 0.0f;
+        }
+        st[j][e] = p;
+      }
+    wgmma::wait<0>();
+    wgmma::pin(dpt);
+    // dS^T = P^T (dP^T - delta), then both as 16-bit A operands.
+    uint32_t pt[kBlockM / 16][4], dst[kBlockM / 16][4];
+#pragma unroll
+    for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[j * 8 + (lane % 4) * 2 + (e & 1)]);
+#pragma unroll
+    for (int kc = 0; kc < kBlockM / 16; ++kc) {
+      pack_probabilities<T>(st, kc, pt[kc]);
+      pack_probabilities<T>(dpt, kc, dst[kc]);
+    }
+
+    // dV += P^T dO and dK += dS^T Q; dO and Q are rows of queries, the k axis here: MN-major.
+    const uint64_t do_mn = wgmma::sw128_desc(do_addr, kBlockM * kRowBytes, kSwizzleAtom);
+    const uint64_t q_mn = wgmma::sw128_desc(q_addr, kBlockM * kRowBytes, kSwizzleAtom);
+    wgmma::fence();
+#pragma unroll
+    for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dv, pt[kc], wgmma::advance(do_mn, kc * 16 * kRowBytes));
+#pragma unroll
+    for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dk, dst[kc], wgmma::advance(q_mn, kc * 16 * kRowBytes));
+    wgmma::commit();
+
+    // dS^T to shared memory (rows of keys, query j * 8 .. in chunk j), then dQ = dS K: A is dS with
+    // queries contiguous, B is K with D contiguous, both MN-major; 16 keys per k-step.
+#pragma unroll
+    for (int kc = 0; kc < kBlockM / 16; ++kc)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int chunk = 2 * kc + half, col = (lane % 4) * 2;
+        *reinterpret_cast<uint32_t*>(ds_s + wgmma::slab_offset<kBlockN>(key_row, chunk) + col) = dst[kc][2 * half];
+        *reinterpret_cast<uint32_t*>(ds_s + wgmma::slab_offset<kBlockN>(key_row + 8, chunk) + col) = dst[kc][2 * half + 1];
+      }
+    wgmma::fence_shared_writes();
+    __syncthreads();  // both warpgroups' dS^T rows are in
+    float dq[8][4];
+    wgmma::fence();
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc)
+      wgmma::mma_ss<T, 8, true, true>(dq, wgmma::advance(ds_desc, kc * 16 * kRowBytes),
+                                      wgmma::advance(dq_k_desc, kc * 16 * kRowBytes), kc > 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(dk);
+    wgmma::pin(dv);
+    wgmma::pin(dq);
+    wgmma::pin(pt);
+    wgmma::pin(dst);
+    add_dq_rows<8>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
+                   Traits::kDqSplitsRows ? 0 : group * 64, lane);
+    if (next && tid < kBlockM) lse_buffers[1 - buffer][tid] = next_lse, delta_buffers[1 - buffer][tid] = next_delta;
+    h = next_h;
+    m0 = next_m0;
+    kind = next_kind;
+    have = next;
+    buffer = 1 - buffer;
+  }
+  copy_wait_all();
+  add_dk_dv_rows(g, dk, dv, b, kh, n0 + key_row, lane);
+#endif
+}
+
+template <typename T, int D>
+void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
+  constexpr size_t smem = WgmmaBackwardTraits<T, D>::kSmemBytes;
+  auto kernel = flash_wgmma_backward_kernel<T, D>;
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned((g.a.kv_len + kBlockN - 1) / kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
+  kernel<<<grid, kThreads, smem, stream>>>(g);
+  RA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, cudaStream_t stream) {
+  dispatch_half_dtype(dtype, "the wgmma flash_attn2 backward", [&](auto element) {
+    dispatch_head_dim<64, 128>(g.a.head_dim, "the wgmma flash_attn2 backward", [&](auto head_dim) {
+      launch<decltype(element), decltype(head_dim)::value>(g, stream);
+    });
+  });
+}
+
+}  // namespace ra
