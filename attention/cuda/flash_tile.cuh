@@ -43,10 +43,11 @@ template <typename T, int D, int kRows, int kThreads, typename Offset>
 __device__ __forceinline__ void load_rows(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
                                           int tid, Offset offset) {
   constexpr int kChunks = D / 8;
+  static_assert(kRows * kChunks % kThreads == 0, "every thread copies the same number of chunks");
   const T* base = static_cast<const T*>(src.data) + b * src.stride[0] + head * src.stride[2];
 #pragma unroll
-  for (int i = tid; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  for (int n = 0; n < kRows * kChunks / kThreads; ++n) {  // a fixed trip count: unrolled, no guard per chunk
+    const int i = tid + n * kThreads, r = i / kChunks, c = i % kChunks;
     const bool valid = row0 + r < rows_total;
     copy_16(dst + offset(r, c), base + int64_t(valid ? row0 + r : 0) * src.stride[1] + c * 8, valid);
   }

@@ -157,20 +157,23 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
     wgmma::wait<1>();
     wgmma::pin(st);
+    if (masked) {
 #pragma unroll
-    for (int j = 0; j < kTilesM; ++j)
+      for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int qcol = j * 8 + (lane % 4) * 2 + (e & 1);
-        float p = fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol]));
-        if (masked) {
-          const int query = m0 + qcol;
+        for (int e = 0; e < 4; ++e) {
+          const int qcol = j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
           const bool visible = key_in[e / 2] && query < a.q_len &&
                                position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right);
-          if (!visible) p = 0.0f;
+          st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
         }
-        st[j][e] = p;
-      }
+    } else {  // straight-line: no per-element branch in the common case
+#pragma unroll
+      for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          st[j][e] = fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[j * 8 + (lane % 4) * 2 + (e & 1)]));
+    }
     wgmma::wait<0>();
     wgmma::pin(dpt);
     // dS^T = P^T (dP^T - delta), then both as 16-bit A operands.
