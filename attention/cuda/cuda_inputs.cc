@@ -76,7 +76,7 @@ DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStre
   RA_CUDA_CHECK(cudaMemcpyAsync(device, staged, bytes, cudaMemcpyHostToDevice, stream));
   copied_->record(stream);
   return DevicePositions{device, device + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end()),
-                         pos.q.data(), pos.k.data()};
+                         pos.q.data(), pos.k.data(), std::is_sorted(pos.q.begin(), pos.q.end())};
 }
 
 }  // namespace ra

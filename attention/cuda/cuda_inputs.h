@@ -23,6 +23,7 @@ struct DevicePositions {
   bool keys_sorted = false;    // k ascending: a tile's key range is its first and last entry
   const int64_t* q_host = nullptr;  // the same positions on the host, when the caller has them
   const int64_t* k_host = nullptr;  //   (cudnn splits blocks by them)
+  bool queries_sorted = false;       // q ascending: a block of rows' range is its first and last entry
 };
 
 // A strided 4-D device view (unused dims have stride 0).

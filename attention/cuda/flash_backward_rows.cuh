@@ -26,10 +26,13 @@ __device__ __forceinline__ void position_range(const int64_t* positions, int row
 template <int kBlockM>
 __device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a, int m0, int64_t k_lo, int64_t k_hi) {
   if (m0 >= a.q_len) return BlockKind::kSkip;
-  int64_t lo = INT64_MAX, hi = INT64_MIN;
   const int end = min(m0 + kBlockM, a.q_len);
+  int64_t lo = a.pos.q[m0], hi = a.pos.q[end - 1];
+  if (!a.pos.queries_sorted) {
+    lo = INT64_MAX, hi = INT64_MIN;
 #pragma unroll 8
-  for (int r = m0; r < end; ++r) lo = min(lo, a.pos.q[r]), hi = max(hi, a.pos.q[r]);
+    for (int r = m0; r < end; ++r) lo = min(lo, a.pos.q[r]), hi = max(hi, a.pos.q[r]);
+  }
   return classify_block(lo, hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
 }
 
@@ -49,13 +52,15 @@ __device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, in
   }
   if (m0 >= a.q_len) ++h, m0 = 0;
   if (h >= h_end) return false;
-  {
+  if (a.pos.queries_sorted) {  // the block's first and last rows bound it: no scan
+    kind = lane_block_kind<kBlockM>(a, m0, k_lo, k_hi);
+  } else {
     int64_t q_lo, q_hi;
     position_range(a.pos.q, m0, kBlockM, a.q_len, lane, q_lo, q_hi);
     kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
-    if (kind != BlockKind::kSkip) return true;
-    m0 += kBlockM;
   }
+  if (kind != BlockKind::kSkip) return true;
+  m0 += kBlockM;
   for (; h < h_end; ++h, m0 = 0)
     for (; m0 < a.q_len; m0 += 32 * kBlockM) {
       const BlockKind mine = lane_block_kind<kBlockM>(a, m0 + lane * kBlockM, k_lo, k_hi);

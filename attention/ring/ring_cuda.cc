@@ -131,7 +131,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     } else {
       const AttentionInputs block = kv.block(step, src);
       const DevicePositions block_pos{pos.q, pos.k + key_offsets_[size_t(src)], pos.total_keys, pos.keys_sorted,
-                                      query_positions_.data(), k_host.data()};
+                                      query_positions_.data(), k_host.data(), pos.queries_sorted};
       // After the first kernel of this call, the compute stream holds only this call's kernels (and
       // events): the previous one writes nothing this one reads but the carry.
       local_->set_after_carry_writer(kernels_queued > 0);

@@ -116,7 +116,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     } else {
       const AttentionInputs block = kv.block(step, src);
       const DevicePositions block_pos{pos.q, pos.k + key_offsets_[size_t(src)], pos.total_keys, pos.keys_sorted,
-                                      query_positions_.data(), k_host.data()};
+                                      query_positions_.data(), k_host.data(), pos.queries_sorted};
       const GradViews views = n == 1 ? GradViews{acc.dq, acc.dk, acc.dv, dbias}
                                      : GradViews{acc.dq, part_layout.dk_view(target, rows, MemoryKind::kCuda),
                                                  part_layout.dv_view(target, rows, MemoryKind::kCuda), dbias};

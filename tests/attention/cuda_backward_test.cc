@@ -48,14 +48,9 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   // several key blocks with a partial last one, query blocks crossing 64 / 128 rows, GQA, T = 1.
   const Shape wgmma_shapes[] = {{1, 300, 517, 4, 1, 64}, {1, 257, 130, 8, 2, 128}, {2, 77, 77, 4, 4, 128},
                                 {2, 1, 97, 8, 2, 64},    {1, 190, 190, 2, 2, 128}, {1, 131, 203, 8, 4, 64}};
-  std::vector<Options> positional(5);
-  positional[1].causal = true;
-  positional[2].window = true;
-  positional[3].sinks = true;
-  positional[4].causal = positional[4].window = true;
   for (FlashCudaKernel kernel : {FlashCudaKernel::kWgmma, FlashCudaKernel::kMmaSync})
     for (DType dtype : {DType::kF16, DType::kBF16})
-      for (const Options& opt : positional)
+      for (const Options& opt : positional_option_sets())
         for (int repeat = 0; repeat < 2; ++repeat) {
           const Shape& sh = wgmma_shapes[seed % std::size(wgmma_shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});

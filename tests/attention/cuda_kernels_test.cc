@@ -48,14 +48,9 @@ std::vector<CudaCase> all_cases() {
       }
     }
   // Both flash kernels forced, on the options the wgmma kernel runs (positions only), every shape.
-  std::vector<Options> positional(5);
-  positional[1].causal = true;
-  positional[2].window = true;
-  positional[3].sinks = true;
-  positional[4].causal = positional[4].window = true;
   for (FlashCudaKernel kernel : {FlashCudaKernel::kWgmma, FlashCudaKernel::kMmaSync})
     for (DType dtype : {DType::kF16, DType::kBF16})
-      for (const Options& opt : positional)
+      for (const Options& opt : positional_option_sets())
         for (int repeat = 0; repeat < 2; ++repeat) {
           const Shape& sh = shapes[seed % std::size(shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
