@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/mpi_check.h"
+#include "collectives/ring_neighbours.h"
 #include "runtime/cuda_device.h"
 
 namespace ra {
@@ -16,11 +17,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 enum Tag : int { kFreeTag = 1, kPushedTag = 2 };
-
-struct NodeInfo {
-  uint64_t host_hash;
-  char bus_id[32];
-};
 
 cudaEvent_t make_interprocess_event() {
   cudaEvent_t event = nullptr;
@@ -58,32 +54,30 @@ class PeerCopyExchange final : public PendingExchange {
 
 bool PeerCopyRing::supported(MpiCommunicator& host, std::string* why) {
   const int size = host.size(), rank = host.rank();
-  NodeInfo mine{};
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   int name_len = 0;
   RA_MPI_CHECK(MPI_Get_processor_name(name, &name_len));
-  mine.host_hash = std::hash<std::string>{}(std::string(name, size_t(name_len)));
   int device = 0;
+  char bus_id[32] = {};
   RA_CUDA_CHECK(cudaGetDevice(&device));
-  RA_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof(mine.bus_id), device));
-  std::vector<NodeInfo> all(static_cast<size_t>(size));
-  host.all_gather(&mine, all.data(), sizeof(NodeInfo));
+  RA_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device));
+  const RingNodeInfo mine = ring_node_info(std::string_view(name, size_t(name_len)), bus_id);
+  std::vector<RingNodeInfo> all(static_cast<size_t>(size));
+  host.all_gather(&mine, all.data(), sizeof(RingNodeInfo));
   const int next_rank = (rank + 1) % size;
-  const NodeInfo& next = all[size_t(next_rank)];
-  std::string reason;
-  if (next.host_hash != mine.host_hash) {
-    reason = detail::concat("rank ", rank, " and its next rank ", next_rank, " run on different nodes");
-  } else {
+  std::string reason = copy_engine_obstacle(mine, all[size_t(next_rank)], rank, next_rank, [&](const char* next_bus) {
     int next_device = -1, can_access = 0;
-    if (cudaDeviceGetByPCIBusId(&next_device, next.bus_id) != cudaSuccess) {
+    if (cudaDeviceGetByPCIBusId(&next_device, next_bus) != cudaSuccess) {
       (void)cudaGetLastError();
-      reason = detail::concat("rank ", rank, " cannot see the GPU of rank ", next_rank, " (", next.bus_id, ")");
-    } else if (next_device != device &&
-               (cudaDeviceCanAccessPeer(&can_access, device, next_device) != cudaSuccess || !can_access)) {
+      return detail::concat("rank ", rank, " cannot see the GPU of rank ", next_rank, " (", next_bus, ")");
+    }
+    if (next_device != device &&
+        (cudaDeviceCanAccessPeer(&can_access, device, next_device) != cudaSuccess || !can_access)) {
       (void)cudaGetLastError();
-      reason = detail::concat("GPU ", device, " of rank ", rank, " has no peer access to GPU ", next_device);
-    }  // a GPU shared with the next rank: the copies stay in its memory (IPC maps it in another process)
-  }
+      return detail::concat("GPU ", device, " of rank ", rank, " has no peer access to GPU ", next_device);
+    }
+    return std::string();  // a GPU shared with the next rank: the copies stay in its memory (IPC maps it)
+  });
   if (reason.empty()) {
     // Interprocess events live in shared-memory files: a file-size limit (ulimit -f) or a small /dev/shm
     // makes them fail, and that must be known here, while every rank can still choose NCCL together.
