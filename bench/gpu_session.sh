@@ -344,14 +344,23 @@ if has causal; then  # the causal rows only (single GPU, ring on 2 and 4 GPUs, 1
   done
   [ "$gpus" -ge 4 ] && bench 4 --impl ring --seq 1048576 --iters 2 --causal --layout zigzag
 fi
-if has backward; then  # issue 20: the backward's GPU tests, CLI round trips, then ours and PyTorch's side by side
-  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 40
+# CLI round trips of the backward: generate --with-grad, then run --backward with each impl of $1 and
+# each mask after it (full or --causal), verified against the f64 reference.
+backward_cli() {
+  local d impl mask causal
   d=$(mktemp -d)
   $bin generate --output $d/g.h5 --batch 1 --seq 1001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
-  for impl in flash_attn2 cudnn sdpa; do
-    $bin run --backend cuda --impl $impl --input $d/g.h5 --output $d/g_$impl.h5 --causal --backward --quiet &&
-    $bin verify --input $d/g.h5 --output $d/g_$impl.h5 --causal | tee -a "$out/backward_cli.txt"; echo "cli --backward $impl exit $?"
+  for impl in $1; do
+    for mask in "${@:2}"; do
+      causal=${mask#full}
+      $bin run --backend cuda --impl $impl --input $d/g.h5 --output $d/g_$impl.h5 --backward --quiet --overwrite $causal &&
+      $bin verify --input $d/g.h5 --output $d/g_$impl.h5 $causal | tee -a "$out/backward_cli.txt"; echo "cli --backward $impl $causal exit $?"
+    done
   done
+}
+if has backward; then  # issue 20: the backward's GPU tests, CLI round trips, then ours and PyTorch's side by side
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 40
+  backward_cli "flash_attn2 cudnn sdpa" --causal
   backward_bench() {  # impl, heads, head_dim, seq, causal flag
     $bin bench --backward --backend cuda --impl $1 --batch 1 --heads $2 --head-dim $3 --seq $4 --dtype bf16 --warmup 2 \
       --iters 10 $5 2>&1 | tee -a "$out/backward_bench.txt"
@@ -378,12 +387,7 @@ if has backward_ab; then  # the flash backward of this build and of each variant
 fi
 if has backward_kernels; then  # the two flash backward kernels (wgmma, mma.sync) interleaved, beside PyTorch's
   $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 30
-  d=$(mktemp -d)
-  $bin generate --output $d/g.h5 --batch 1 --seq 1001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
-  for causal in "" "--causal"; do
-    $bin run --backend cuda --impl flash_attn2 --input $d/g.h5 --output $d/g_flash.h5 --backward --quiet --overwrite $causal &&
-    $bin verify --input $d/g.h5 --output $d/g_flash.h5 $causal | tee -a "$out/backward_cli.txt" | tail -n 6; echo "cli --backward flash_attn2 $causal exit $?"
-  done
+  backward_cli flash_attn2 full --causal
   for round in 1 2; do
     for causal in "" "--causal"; do
       for shape in "32 128" "64 64"; do

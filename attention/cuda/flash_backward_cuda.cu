@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, swz);
   copy_commit();
   int64_t k_lo, k_hi;
-  position_range(a.pos.k, n0, kBlockN, a.kv_len, lane, k_lo, k_hi);
+  tile_key_range<kBlockN>(a, blockIdx.x, lane, k_lo, k_hi);
 
   float dk[kTilesD][4], dv[kTilesD][4];
 #pragma unroll

@@ -27,12 +27,11 @@ template <int kBlockM>
 __device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a, int m0, int64_t k_lo, int64_t k_hi) {
   if (m0 >= a.q_len) return BlockKind::kSkip;
   const int end = min(m0 + kBlockM, a.q_len);
-  int64_t lo = a.pos.q[m0], hi = a.pos.q[end - 1];
-  if (!a.pos.queries_sorted) {
-    lo = INT64_MAX, hi = INT64_MIN;
+  if (a.pos.queries_sorted)
+    return classify_block(a.pos.q[m0], a.pos.q[end - 1], k_lo, k_hi, a.causal, a.window_left, a.window_right);
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
 #pragma unroll 8
-    for (int r = m0; r < end; ++r) lo = min(lo, a.pos.q[r]), hi = max(hi, a.pos.q[r]);
-  }
+  for (int r = m0; r < end; ++r) lo = min(lo, a.pos.q[r]), hi = max(hi, a.pos.q[r]);
   return classify_block(lo, hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
 }
 

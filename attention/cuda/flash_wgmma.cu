@@ -22,8 +22,8 @@ constexpr int kThreads = kGroups * 128;
 [[maybe_unused]] constexpr int kWarps = kThreads / 32;  // used by the sm_90a body only
 constexpr int kBlockM = kGroups * 64;     // query rows per block
 constexpr int kBlockN = 128;              // keys per K/V tile
-constexpr uint32_t kRowBytes = 128;       // one swizzled row of a 64-column slab
-constexpr uint32_t kSwizzleAtom = 8 * kRowBytes;
+using wgmma::kRowBytes;
+using wgmma::kSwizzleAtom;
 
 template <typename T, int D, int kRows>
 __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
@@ -40,8 +40,7 @@ template <typename T, int D, bool kAfterCarryWriter>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  // The swizzle pattern repeats every 1024 bytes and wgmma assumes tiles start on that boundary.
-  unsigned char* smem = smem_raw + ((kSwizzleAtom - (smem_address(smem_raw) % kSwizzleAtom)) % kSwizzleAtom);
+  unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
   T* q_smem = reinterpret_cast<T*>(smem);
   T* k_smem = q_smem + kBlockM * D;      // two buffers of kBlockN x D
   T* v_smem = k_smem + 2 * kBlockN * D;  // two buffers of kBlockN x D

@@ -22,7 +22,8 @@ using namespace flash;
 
 constexpr int kGroups = 2, kThreads = kGroups * 128;  // warpgroups per block
 constexpr int kBlockN = kGroups * 64;                 // keys per block, 64 per warpgroup
-constexpr uint32_t kRowBytes = 128, kSwizzleAtom = 8 * kRowBytes;
+using wgmma::kRowBytes;
+using wgmma::kSwizzleAtom;
 
 template <typename T, int D>
 struct WgmmaBackwardTraits {
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   constexpr int kBlockM = Traits::kBlockM, kTilesD = Traits::kTilesD, kTilesM = Traits::kTilesM;
   const CudaAttentionArgs& a = g.a;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((kSwizzleAtom - (smem_address(smem_raw) % kSwizzleAtom)) % kSwizzleAtom);
+  unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
   T* k_s = reinterpret_cast<T*>(smem);
   T* v_s = k_s + kBlockN * D;
   T* q_buffers = v_s + kBlockN * D;             // two buffers of kBlockM x D
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, key_slabs);
   copy_commit();
   int64_t k_lo, k_hi;
-  position_range(a.pos.k, n0, kBlockN, a.kv_len, lane, k_lo, k_hi);
+  tile_key_range<kBlockN>(a, blockIdx.x, lane, k_lo, k_hi);
   // This thread's two keys (read by masked steps only); a key past the end is never visible.
   const bool key_in[2] = {n0 + key_row < a.kv_len, n0 + key_row + 8 < a.kv_len};
   const int64_t key_pos[2] = {key_in[0] ? a.pos.k[n0 + key_row] : 0, key_in[1] ? a.pos.k[n0 + key_row + 8] : 0};

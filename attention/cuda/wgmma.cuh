@@ -22,6 +22,16 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_address, uint3
          uint64_t((sbo >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;
 }
 
+// One swizzled row of a 64-column slab, and the 8-row atom the swizzle pattern repeats over.
+constexpr uint32_t kRowBytes = 128, kSwizzleAtom = 8 * kRowBytes;
+
+// The first byte of dynamic shared memory at or after `raw` on the swizzle atom's 1024-byte boundary,
+// where wgmma expects tiles to start (reserve kSwizzleAtom bytes of slack for it).
+__device__ __forceinline__ unsigned char* align_to_swizzle_atom(unsigned char* raw) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+  return raw + (kSwizzleAtom - address % kSwizzleAtom) % kSwizzleAtom;
+}
+
 // Element offset of 16-byte chunk `chunk` of row `row` in a tile of kRows rows laid out for the 128-byte
 // swizzle: D split into slabs of 64 columns (kRows rows of 128 bytes each), chunk c of row r at c ^ (r % 8).
 template <int kRows>
