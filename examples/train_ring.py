@@ -79,6 +79,15 @@ class Launcher:
             self.rank, self.size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
             self.ring = {"comm": MPI.COMM_WORLD}
 
+    def close(self):
+        """Ends torchrun's process group on every rank once the ring's collectives are done. Without it a
+        rank may exit while a gloo worker thread still drops its last all_reduce's tensors, which needs the
+        interpreter that is shutting down: the process aborts ("terminate called without an active
+        exception"). The barrier lets those workers finish; destroying the group joins them."""
+        if "comm" not in self.ring:
+            dist.barrier()
+            dist.destroy_process_group()
+
     def sum(self, tensor):
         if "comm" in self.ring:
             self.ring["comm"].Allreduce(self.mpi.IN_PLACE, tensor.numpy(), op=self.mpi.SUM)
@@ -116,6 +125,7 @@ def main():
     rows = ringattn.shard(torch.arange(args.seq), 0, "zigzag", rank, size)
     ring = lambda q, k, v: rt.ring_attention(q, k, v, **comm.ring, layout="zigzag", causal=True)  # noqa: E731
     ring_losses = train(model, batches, ring, rows, total_rows, comm, args.steps, args.lr)
+    comm.close()
     if rank != 0:
         return 0
 

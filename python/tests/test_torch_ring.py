@@ -27,6 +27,17 @@ else:  # under mpirun
     RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def process_group_closed_at_the_end():
+    """Under torchrun, every rank ends the process group after the last test (a barrier, then destroy):
+    a rank that exits while a gloo worker still drops its last collective's tensors aborts in the
+    interpreter's shutdown (examples/train_ring.py says more)."""
+    yield
+    if "group" in RING:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def shard(x, layout, axis=1):
     return ringattn.shard(x, axis, layout, RANK, SIZE)
 
