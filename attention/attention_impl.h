@@ -24,6 +24,12 @@ struct AttentionOutput {
   Tensor lse;  // (B, Hq, T) f32, natural log; -inf for rows that see no key
 };
 
+// A forward's O and LSE as views the caller keeps (a framework's arrays): what the backward reads of a
+// forward it did not run itself, without a copy.
+struct ForwardViews {
+  TensorView o, lse;
+};
+
 class AttentionImpl {
  public:
   virtual ~AttentionImpl() = default;
@@ -69,6 +75,9 @@ class AttentionImpl {
   Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                      const TensorView& d_o, const AttentionOutput* forward_output = nullptr,
                      bool f32_gradients = false) const;
+  // The same from the forward's O and LSE as views (both defined).
+  Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
+                     const TensorView& d_o, const ForwardViews& forward, bool f32_gradients = false) const;
   // Sums what a sequence-parallel backward computes per rank but owns jointly (dsinks; dbias of a bias
   // broadcast over the query rows) over the sequence axis; local implementations have nothing to sum.
   virtual void reduce_sequence_gradients(Gradients& g) const {}

@@ -106,22 +106,27 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
 Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                                   const TensorView& d_o, const AttentionOutput* forward_output,
                                   bool f32_gradients) const {
+  if (forward_output != nullptr)
+    return backward(in, params, pos, d_o, ForwardViews{forward_output->o.view(), forward_output->lse.view()},
+                    f32_gradients);
   validate_attention(in, params, pos, max_head_dim());
   validate_backward(in, TensorView(), BackwardInputs{TensorView(), d_o, TensorView()}, /*need_lse=*/false);
-  AttentionOutput own;
-  if (forward_output == nullptr) {
-    // Our own forward keeps O in f32 for delta: an O rounded to bf16 would put its rounding into every
-    // dS (visible in dbias and dsinks, which sum dS over rows).
-    const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
-    const MemoryKind memory = in.q.memory();
-    Carry carry = Carry::empty(B, Hq, T, Dv, memory);
-    accumulate(in, pos, params, carry);
-    const DType o_dtype = backward_reads_output() ? in.q.dtype() : DType::kF32;
-    own = AttentionOutput{Tensor(o_dtype, {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
-    finalize(carry, in.sinks, own.o, own.lse, cuda_stream());
-  }
-  const TensorView o = forward_output != nullptr ? forward_output->o.view() : own.o.view();
-  const TensorView lse = forward_output != nullptr ? forward_output->lse.view() : own.lse.view();
+  // Our own forward keeps O in f32 for delta: an O rounded to bf16 would put its rounding into every
+  // dS (visible in dbias and dsinks, which sum dS over rows).
+  const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
+  const MemoryKind memory = in.q.memory();
+  Carry carry = Carry::empty(B, Hq, T, Dv, memory);
+  accumulate(in, pos, params, carry);
+  const DType o_dtype = backward_reads_output() ? in.q.dtype() : DType::kF32;
+  const AttentionOutput own{Tensor(o_dtype, {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
+  finalize(carry, in.sinks, own.o, own.lse, cuda_stream());
+  return backward(in, params, pos, d_o, ForwardViews{own.o.view(), own.lse.view()}, f32_gradients);
+}
+
+Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
+                                  const TensorView& d_o, const ForwardViews& forward, bool f32_gradients) const {
+  validate_attention(in, params, pos, max_head_dim());
+  const TensorView o = forward.o, lse = forward.lse;
   BackwardInputs grad{lse, d_o, TensorView(), o};
   validate_backward(in, o, grad);
   void* stream = cuda_stream();

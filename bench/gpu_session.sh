@@ -15,7 +15,8 @@
 # GPU tests, then the wgmma and mma.sync flash backward kernels interleaved beside PyTorch's SDPA backward); `ring_backward` (issue 21:
 # the GPU ring's forward and backward tests on however many GPUs there are, ranks sharing them where fewer,
 # the CLI's run --backward over the GPU ring, and the ring of one against its local kernel), `ring_memory` (the
-# ring backward's peak device memory per rank on 2 ranks);
+# ring backward's peak device memory per rank on 2 ranks); `python` (issue 22: the Python package's CUDA tests, on one GPU
+# and over the GPU ring, then what it costs beside the C++ bench);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -436,5 +437,22 @@ if has ring_memory; then  # issue 21: the ring backward's peak device memory per
       timeout 200 mpirun -np 2 $bin bench --backward --backend cuda --impl ring --local-impl $local --batch 1 --heads 32 \
         --head-dim 128 --seq 32768 --dtype bf16 --warmup 1 --iters 2 $causal 2>&1 | grep -v "^#\|note:" | tee -a "$out/ring_memory.txt"
     done
+  done
+fi
+if has python; then  # issue 22: the Python package on CUDA tensors (tests, then its cost beside the C++ bench)
+  py=${RA_DEVICE_PYTHON:-python3}
+  $py -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2  # mpi4py for our Open MPI, pytest
+  export PYTHONPATH=$build/python:/tmp/pylib
+  $py -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name())"
+  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py 2>&1 | tee "$out/python_cuda.log" | tail -n 40
+  timeout 300 mpirun -np 2 -x PYTHONPATH $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda_ring.py 2>&1 |
+    tee "$out/python_cuda_ring.log" | tail -n 40
+  timeout 300 $py -m pytest -q -p no:cacheprovider python/tests/test_core.py python/tests/test_torch.py 2>&1 | tail -n 3
+  # examples/train_ring.py on the GPU ring (ranks share the GPU where there are fewer), against one process's SDPA
+  timeout 300 mpirun -np 2 -x PYTHONPATH $py examples/train_ring.py --device cuda --dtype bf16 --seq 2048 --dim 256 \
+    --heads 4 --batch 2 --steps 200 --lr 1.0 --tolerance 5e-2 --csv "$out/train_ring_cuda.csv"; echo "train_ring cuda exit $?"
+  for causal in 0 1; do
+    timeout 300 $py bench/python_overhead.py $bin --cuda --seq 32768 --heads 32 --head-dim 128 --iters 10 --causal $causal 2>&1 |
+      tee -a "$out/python_overhead.txt"
   done
 fi

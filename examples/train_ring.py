@@ -1,13 +1,16 @@
-"""Training with ring attention over the sequence, on CPU ranks under mpirun or torchrun:
+"""Training with ring attention over the sequence, on CPU ranks under mpirun or torchrun, or on GPUs
+under mpirun (one GPU per rank, or ranks sharing one):
 
     mpirun -np 2 python examples/train_ring.py [--steps 200] [--seq 96] [--csv losses.csv]
     torchrun --nproc-per-node 2 examples/train_ring.py ...     (torch.distributed's gloo group)
+    mpirun -np 2 python examples/train_ring.py --device cuda --dtype bf16 --seq 2048 --dim 256 --lr 1.0 --tolerance 5e-2
 
 A small causal transformer block (attention + MLP, pre-norm) learns to imitate a fixed random teacher
 block on random sequences. Every rank holds the same parameters and its zigzag shard of each sequence;
 attention runs through ringattn.torch.ring_attention, the other layers act per token, and the parameters'
 gradients are summed over the ranks (each rank's loss is its share of the global mean) by mpi4py or
-torch.distributed. Rank 0 also
+torch.distributed. With --dtype bf16 / f16 the parameters stay float32 and attention runs on q, k, v cast
+to that dtype (mixed precision), the reference SDPA too. Rank 0 also
 trains the same model on the whole sequence with F.scaled_dot_product_attention in one process and
 checks that the two loss curves agree (exit 1 if they differ by more than --tolerance, relative).
 """
@@ -43,6 +46,13 @@ def sdpa(q, k, v):
     """One process's causal attention on (B, T, H, D): PyTorch's SDPA."""
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                           is_causal=True).transpose(1, 2)
+
+
+def in_dtype(attend, dtype):
+    """attend on q, k, v cast to dtype, its output back in float32 (mixed precision)."""
+    if dtype == torch.float32:
+        return attend
+    return lambda q, k, v: attend(q.to(dtype), k.to(dtype), v.to(dtype)).float()
 
 
 def train(model, batches, attend, rows, total_rows, comm, steps, lr):
@@ -89,8 +99,10 @@ class Launcher:
             dist.destroy_process_group()
 
     def sum(self, tensor):
-        if "comm" in self.ring:
-            self.ring["comm"].Allreduce(self.mpi.IN_PLACE, tensor.numpy(), op=self.mpi.SUM)
+        if "comm" in self.ring:  # through host memory: Open MPI need not be CUDA-aware
+            host = tensor.cpu()
+            self.ring["comm"].Allreduce(self.mpi.IN_PLACE, host.numpy(), op=self.mpi.SUM)
+            tensor.copy_(host)
         else:
             dist.all_reduce(tensor)
 
@@ -105,40 +117,45 @@ def main():
     parser.add_argument("--lr", type=float, default=0.2)
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--csv", help="write step, ring loss, one-process loss here (rank 0)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: rank r on GPU r %% (GPUs visible), under mpirun")
+    parser.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="attention's input dtype")
     args = parser.parse_args()
     comm = Launcher()
     rank, size = comm.rank, comm.size
     torch.set_num_threads(1)
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
 
     torch.manual_seed(0)  # every rank: the same data, teacher and initial parameters
-    teacher = Block(args.dim, args.heads)
+    teacher = Block(args.dim, args.heads).to(device)
     batches = []
     with torch.no_grad():
         for _ in range(8):
-            x = torch.randn(args.batch, args.seq, args.dim)
+            x = torch.randn(args.batch, args.seq, args.dim).to(device)
             batches.append((x, teacher(x, sdpa)))
-    initial = Block(args.dim, args.heads).state_dict()
+    initial = Block(args.dim, args.heads).to(device).state_dict()
     total_rows = args.batch * args.seq * args.dim
 
-    model = Block(args.dim, args.heads)
+    model = Block(args.dim, args.heads).to(device)
     model.load_state_dict(initial)
-    rows = ringattn.shard(torch.arange(args.seq), 0, "zigzag", rank, size)
+    rows = ringattn.shard(torch.arange(args.seq), 0, "zigzag", rank, size).to(device)
     ring = lambda q, k, v: rt.ring_attention(q, k, v, **comm.ring, layout="zigzag", causal=True)  # noqa: E731
-    ring_losses = train(model, batches, ring, rows, total_rows, comm, args.steps, args.lr)
+    ring_losses = train(model, batches, in_dtype(ring, dtype), rows, total_rows, comm, args.steps, args.lr)
     comm.close()
     if rank != 0:
         return 0
 
-    reference = Block(args.dim, args.heads)
+    reference = Block(args.dim, args.heads).to(device)
     reference.load_state_dict(initial)
-    one_losses = train(reference, batches, sdpa, slice(None), total_rows, None, args.steps, args.lr)
+    one_losses = train(reference, batches, in_dtype(sdpa, dtype), slice(None), total_rows, None, args.steps, args.lr)
     worst = max(abs(a - b) / abs(b) for a, b in zip(ring_losses, one_losses))
     if args.csv:
         with open(args.csv, "w") as out:
             out.write("step,ring_loss,one_process_sdpa_loss\n")
             for step, (a, b) in enumerate(zip(ring_losses, one_losses)):
                 out.write(f"{step},{a:.8g},{b:.8g}\n")
-    print(f"train_ring: {size} ranks, {args.steps} steps, loss {one_losses[0]:.5f} -> {ring_losses[-1]:.5f} "
+    print(f"train_ring: {size} ranks ({args.device}, attention in {args.dtype}), {args.steps} steps, loss {one_losses[0]:.5f} -> {ring_losses[-1]:.5f} "
           f"(one process with SDPA: {one_losses[-1]:.5f}); largest relative difference {worst:.2e}")
     if not one_losses[-1] < 0.5 * one_losses[0]:
         print("train_ring: the loss did not fall by half", file=sys.stderr)

@@ -107,4 +107,45 @@ void fill_f32(const TensorView& dst, float value) {
   copy_tensor(dst, TensorView(host.data(), DType::kF32, dst.shape()));
 }
 
+#if RA_HAVE_CUDA
+ScopedCudaDevice::ScopedCudaDevice(int device) {
+  RA_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (device != previous_) RA_CUDA_CHECK(cudaSetDevice(device));
+}
+ScopedCudaDevice::~ScopedCudaDevice() { (void)cudaSetDevice(previous_); }
+
+namespace {
+// `waiter` waits for the work queued on `signaller` so far.
+cudaError_t order_after(cudaStream_t waiter, cudaStream_t signaller) {
+  cudaEvent_t event = nullptr;
+  cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (status == cudaSuccess) status = cudaEventRecord(event, signaller);
+  if (status == cudaSuccess) status = cudaStreamWaitEvent(waiter, event, 0);
+  if (event != nullptr) (void)cudaEventDestroy(event);  // released once the wait is done
+  return status;
+}
+}  // namespace
+
+SideStream::SideStream(void* caller) : caller_(caller) {
+  cudaStream_t stream = nullptr;
+  RA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_ = stream;
+  const cudaError_t status = order_after(stream, static_cast<cudaStream_t>(caller));
+  if (status != cudaSuccess) {
+    (void)cudaStreamDestroy(stream);
+    RA_FAIL("ordering a call's stream after the caller's failed: ", cudaGetErrorName(status));
+  }
+}
+
+SideStream::~SideStream() {
+  (void)order_after(static_cast<cudaStream_t>(caller_), static_cast<cudaStream_t>(stream_));
+  (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));  // released once its work is done
+}
+#else
+ScopedCudaDevice::ScopedCudaDevice(int) { no_cuda("CUDA device selection"); }
+ScopedCudaDevice::~ScopedCudaDevice() = default;
+SideStream::SideStream(void*) { no_cuda("a CUDA stream"); }
+SideStream::~SideStream() = default;
+#endif
+
 }  // namespace ra

@@ -32,4 +32,36 @@ void reserve_scratch(Tensor& t, size_t bytes, MemoryKind memory, const char* wha
 // Sets every element of a contiguous f32 view to `value`.
 void fill_f32(const TensorView& dst, float value);
 
+// Makes CUDA device `device` the calling thread's current one while it lives, then the previous one
+// again: a caller's arrays may live on any GPU of the process (throws in a build without CUDA).
+class ScopedCudaDevice {
+ public:
+  explicit ScopedCudaDevice(int device);
+  ~ScopedCudaDevice();
+  ScopedCudaDevice(const ScopedCudaDevice&) = delete;
+  ScopedCudaDevice& operator=(const ScopedCudaDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// A call's device work on a stream of its own, ordered after everything queued on `caller` (a
+// cudaStream_t; nullptr: the legacy default stream) before it, with `caller` ordered after that work
+// when this ends: the caller sees the results on its stream, as DLPack's exchange expects. Why not the
+// caller's stream itself: ringattn's device allocations zero-fill on the legacy default stream and wait
+// for it, which on a caller's legacy stream would wait for every kernel of the call queued so far and
+// leave the device idle while the host allocates the next buffer. Throws in a build without CUDA.
+class SideStream {
+ public:
+  explicit SideStream(void* caller);
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  void* get() const { return stream_; }
+
+ private:
+  void* caller_ = nullptr;
+  void* stream_ = nullptr;
+};
+
 }  // namespace ra

@@ -1,7 +1,8 @@
 """ringattn for PyTorch: attention and ring attention as differentiable custom ops.
 
 `attention(q, k, v, ...)` on one process and `ring_attention(q, k, v, comm=..., ...)` over the ranks of an
-mpi4py communicator, on CPU tensors in this version. Both are `torch.library.custom_op`s with a fake
+mpi4py communicator (CPU or CUDA tensors) or of a torch.distributed group (CPU tensors in this version).
+CUDA tensors run on their GPU, on PyTorch's current stream of that device. Both are `torch.library.custom_op`s with a fake
 (meta) implementation, so `torch.compile` and `torch.export` trace them, and a registered autograd
 formula that runs ringattn's backward (dq, dk, dv; dbias and dsinks where given). Tensors cross into
 the C++ core through DLPack without copies when contiguous.
@@ -22,6 +23,12 @@ from torch import Tensor
 from . import _core
 
 __all__ = ["attention", "ring_attention", "DistributedComm"]
+
+
+def _stream_of(x: Tensor) -> int:
+    """PyTorch's current CUDA stream of x's device (0 on the host): ringattn queues its work there, so
+    its results are ready for what PyTorch runs next on that stream."""
+    return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
 
 
 def _plain(x: Tensor) -> Tensor:
@@ -107,7 +114,7 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
                        dropout: float, dropout_seed: int, impl: str) -> tuple[Tensor, Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed)
-    o, lse = _core.attention(_plain(q), _plain(k), _plain(v), impl, options, True, q)
+    o, lse = _core.attention(_plain(q), _plain(k), _plain(v), impl, options, True, _stream_of(q), q)
     return o, lse
 
 
@@ -119,7 +126,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed)
     grads = _core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do), impl,
-                                     options, False, q)
+                                     options, False, _stream_of(q), q)
     return list(grads)
 
 
@@ -132,7 +139,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed)
     o, lse = _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
-                                  global_kv_len, local_impl, timeout, options, True, q)
+                                  global_kv_len, local_impl, timeout, options, True, _stream_of(q), q)
     return o, lse
 
 
@@ -147,7 +154,7 @@ def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
                        scale, dropout, dropout_seed)
     grads = _core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
                                           _communicators[comm], layout, global_q_len, global_kv_len, local_impl,
-                                          timeout, options, False, q)
+                                          timeout, options, False, _stream_of(q), q)
     return list(grads)
 
 
@@ -223,7 +230,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
               layout_bhtd=False, return_lse=False):
     """Attention of q over k and v on this process, differentiable: o, or (o, lse) with return_lse=True.
 
-    impl: "flash_attn2", "sdpa" or "blockwise". Gradients flow to q, k, v, and to bias and sinks where given.
+    impl: "flash_attn2", "sdpa" or "blockwise" on CPU tensors; "flash_attn2", "sdpa" or "cudnn" on CUDA
+    tensors. Gradients flow to q, k, v, and to bias and sinks where given.
     """
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed)
@@ -239,8 +247,9 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
                    return_lse=False):
     """Ring attention of this rank's shard over every rank of `comm`, differentiable.
 
-    comm: an mpi4py communicator (under mpirun); without it, the torch.distributed process group `group`
-    (None: the default one) carries the messages (under torchrun; gloo for CPU tensors).
+    comm: an mpi4py communicator (under mpirun; CPU tensors, or CUDA tensors over the GPU ring); without
+    it, the torch.distributed process group `group` (None: the default one) carries the messages (under
+    torchrun; gloo, CPU tensors).
 
     q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag", "striped";
     ringattn.shard cuts them). Every rank calls it (and its backward) with the same options; dK / dV

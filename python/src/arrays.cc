@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "runtime/error.h"
+#include "runtime/memory.h"
 
 namespace ra::python {
 namespace {
@@ -36,23 +37,46 @@ nb::dlpack::dtype dlpack_dtype(DType dtype) {
   RA_FAIL("unknown dtype");
 }
 
-template <typename Kind>
-nb::object wrap(Tensor* owned) {
+template <typename... Kind>
+nb::object wrap(Tensor* owned, int device) {
   const TensorView v = owned->view();
   size_t shape[kMaxRank];
   int64_t strides[kMaxRank];
   for (int d = 0; d < v.rank(); ++d) shape[d] = size_t(v.dim(d)), strides[d] = v.stride(d);
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
-  return nb::cast(nb::ndarray<Kind>(v.data(), size_t(v.rank()), shape, owner, strides, dlpack_dtype(v.dtype())),
+  const bool on_device = v.memory() == MemoryKind::kCuda;
+  return nb::cast(nb::ndarray<Kind...>(v.data(), size_t(v.rank()), shape, owner, strides, dlpack_dtype(v.dtype()),
+                                       on_device ? nb::device::cuda::value : nb::device::cpu::value,
+                                       on_device ? device : 0),
                   nb::rv_policy::reference);
 }
 
 }  // namespace
 
+std::string Placement::str() const {
+  return on_device() ? "CUDA device " + std::to_string(device) : std::string("host memory");
+}
+
+Placement placement_of(const AnyArray& array, const char* name) {
+  const int type = array.device_type();
+  if (type == nb::device::cpu::value) return {};
+  RA_CHECK(type == nb::device::cuda::value, name, " lives on a DLPack device of type ", type,
+           ", expected host memory or a CUDA device");
+  RA_CHECK(built_with_cuda(), name, " is on CUDA device ", array.device_id(), ", but this build of ringattn has no "
+           "CUDA back end (configure with -DRA_ENABLE_CUDA=ON where nvcc is)");
+  return {MemoryKind::kCuda, array.device_id()};
+}
+
+TensorView view_of(const AnyArray& array, const char* name, size_t expected_rank, const Placement& where) {
+  const Placement here = placement_of(array, name);
+  RA_CHECK(here.memory == where.memory && here.device == where.device, name, " is in ", here.str(), " but q is in ",
+           where.str(), ": every array of a call lives where q does");
+  return view_of(array, name, expected_rank);
+}
+
 TensorView view_of(const AnyArray& array, const char* name, size_t expected_rank) {
   RA_CHECK(array.ndim() == expected_rank && expected_rank <= size_t(kMaxRank), name, " has ", array.ndim(), " dimensions, expected ", expected_rank);
-  RA_CHECK(array.device_type() == nb::device::cpu::value, name, " is not in host memory: this version of the Python "
-           "core runs host arrays (numpy, or PyTorch / JAX arrays on the CPU); device arrays come with its GPU path");
+  const Placement where = placement_of(array, name);
   Shape shape;
   shape.rank = int(array.ndim());
   std::array<int64_t, kMaxRank> strides{};
@@ -60,24 +84,28 @@ TensorView view_of(const AnyArray& array, const char* name, size_t expected_rank
     shape[int(d)] = int64_t(array.shape(d));
     strides[d] = array.stride(d);
   }
-  return TensorView(const_cast<void*>(array.data()), dtype_of(array.dtype(), name), shape, strides, MemoryKind::kHost);
+  return TensorView(const_cast<void*>(array.data()), dtype_of(array.dtype(), name), shape, strides, where.memory);
 }
 
 Framework framework_of(nb::handle like) {
   const std::string module = nb::cast<std::string>(nb::handle(like.type()).attr("__module__"));
   if (module.rfind("torch", 0) == 0) return Framework::kTorch;
   if (module.rfind("jax", 0) == 0 || module.rfind("jaxlib", 0) == 0) return Framework::kJax;
+  if (module.rfind("cupy", 0) == 0) return Framework::kCupy;
   return Framework::kNumpy;
 }
 
-nb::object to_array(Tensor t, Framework framework) {
+nb::object to_array(Tensor t, Framework framework, int device) {
   auto* owned = new Tensor(std::move(t));
   switch (framework) {
-    case Framework::kTorch: return wrap<nb::pytorch>(owned);
-    case Framework::kJax: return wrap<nb::jax>(owned);
+    case Framework::kTorch: return wrap<nb::pytorch>(owned, device);
+    case Framework::kJax: return wrap<nb::jax>(owned, device);
+    case Framework::kCupy: return wrap<nb::cupy>(owned, device);
     case Framework::kNumpy: break;
   }
-  return wrap<nb::numpy>(owned);
+  // numpy holds host memory only: a device result is a bare DLPack array (any framework's from_dlpack takes it).
+  if (owned->view().memory() == MemoryKind::kCuda) return wrap<>(owned, device);
+  return wrap<nb::numpy>(owned, device);
 }
 
 }  // namespace ra::python

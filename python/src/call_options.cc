@@ -59,37 +59,50 @@ AttentionParams params_of(const CallOptions& o) {
   return p;
 }
 
-AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o) {
+AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o,
+                          const Placement& where) {
   AttentionInputs in;
-  in.q = view_of(q, "q", 4), in.k = view_of(k, "k", 4), in.v = view_of(v, "v", 4);
-  if (o.sinks) in.sinks = view_of(*o.sinks, "sinks", 1);
-  if (o.bias) in.bias = view_of(*o.bias, "bias", 4);
-  if (o.mask) in.mask = view_of(*o.mask, "mask", 4);
+  in.q = view_of(q, "q", 4), in.k = view_of(k, "k", 4, where), in.v = view_of(v, "v", 4, where);
+  if (o.sinks) in.sinks = view_of(*o.sinks, "sinks", 1, where);
+  if (o.bias) in.bias = view_of(*o.bias, "bias", 4, where);
+  if (o.mask) in.mask = view_of(*o.mask, "mask", 4, where);
   RA_CHECK(o.segment_ids || !o.kv_segment_ids, "kv_segment_ids without segment_ids (the queries' ids)");
   if (o.segment_ids) {
-    in.q_segment_ids = view_of(*o.segment_ids, "segment_ids", 2);
+    in.q_segment_ids = view_of(*o.segment_ids, "segment_ids", 2, where);
     // The keys' ids default to the queries' (self-attention, T = S).
-    in.kv_segment_ids = o.kv_segment_ids ? view_of(*o.kv_segment_ids, "kv_segment_ids", 2) : in.q_segment_ids;
+    in.kv_segment_ids = o.kv_segment_ids ? view_of(*o.kv_segment_ids, "kv_segment_ids", 2, where) : in.q_segment_ids;
   }
   return in;
 }
 
-nb::object output_of(AttentionOutput& out, bool return_lse, Framework framework) {
-  nb::object o = to_array(std::move(out.o), framework);
+nb::object output_of(AttentionOutput& out, bool return_lse, Framework framework, const Placement& where) {
+  nb::object o = to_array(std::move(out.o), framework, where.device);
   if (!return_lse) return o;
-  return nb::make_tuple(o, to_array(std::move(out.lse), framework));
+  return nb::make_tuple(o, to_array(std::move(out.lse), framework, where.device));
 }
 
-AttentionOutput forward_output_of(const AnyArray& o, const AnyArray& lse) {
-  return {to_memory(view_of(o, "o", 4), MemoryKind::kHost), to_memory(view_of(lse, "lse", 3), MemoryKind::kHost)};
+ForwardViews forward_views_of(const AnyArray& o, const AnyArray& lse, const Placement& where) {
+  return {view_of(o, "o", 4, where), view_of(lse, "lse", 3, where)};
 }
 
-nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework) {
+nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework, const Placement& where) {
   nb::list result;
-  for (Tensor* t : {&g.dq, &g.dk, &g.dv}) result.append(to_array(std::move(*t), framework));
-  if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework));
-  if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework));
+  for (Tensor* t : {&g.dq, &g.dk, &g.dv}) result.append(to_array(std::move(*t), framework, where.device));
+  if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework, where.device));
+  if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework, where.device));
   return nb::tuple(result);
+}
+
+CallDevice::CallDevice(const Placement& where, uintptr_t stream) : where(where) {
+  RA_CHECK(where.on_device() || stream == 0, "stream is given (", stream, ") but q is in host memory: a stream "
+           "orders device work only");
+  if (!where.on_device()) return;
+  device.emplace(where.device);
+  side.emplace(reinterpret_cast<void*>(stream));
+}
+
+void CallDevice::bind(AttentionImpl& impl) const {
+  if (side) impl.set_cuda_stream(side->get());
 }
 
 }  // namespace ra::python

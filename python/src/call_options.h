@@ -9,6 +9,7 @@
 #include "attention/backward.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
+#include "runtime/memory.h"
 
 namespace ra::python {
 
@@ -27,17 +28,32 @@ struct CallOptions {
 CallOptions options_from(const nb::dict& options);
 
 AttentionParams params_of(const CallOptions& o);
-// q, k, v and the optional arrays as views (no copies), each checked for its rank and host memory.
-AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o);
+// q, k, v and the optional arrays as views (no copies), each checked for its rank and for living where
+// q does (`where`: host memory or one CUDA device).
+AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o,
+                          const Placement& where);
 
-// o, or (o, lse) with return_lse, as arrays of `framework`.
-nb::object output_of(AttentionOutput& out, bool return_lse, Framework framework);
+// o, or (o, lse) with return_lse, as arrays of `framework` (on `where`).
+nb::object output_of(AttentionOutput& out, bool return_lse, Framework framework, const Placement& where);
 
-// The forward's o and lse as the backward's contract holds them (owned tensors): one copy each.
-AttentionOutput forward_output_of(const AnyArray& o, const AnyArray& lse);
+// The forward's o and lse as views (no copies), checked to live with q.
+ForwardViews forward_views_of(const AnyArray& o, const AnyArray& lse, const Placement& where);
 
 // (dq, dk, dv[, dbias][, dsinks]) as arrays of `framework`: dbias and dsinks where `in` has a bias / sinks.
-nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework);
+nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework, const Placement& where);
+
+// Where a call runs: q's memory; on a CUDA device that device is current and the work is ordered on
+// `stream` (a cudaStream_t as an integer, 0 for the legacy default stream), as DLPack's producer /
+// consumer contract: queued on a side stream that starts after the caller's work and that the caller's
+// stream waits for (runtime/memory.h says why).
+struct CallDevice {
+  CallDevice(const Placement& where, uintptr_t stream);
+  Backend backend() const { return where.on_device() ? Backend::kCuda : Backend::kCpu; }
+  void bind(AttentionImpl& impl) const;  // the side stream, on a device
+  Placement where;
+  std::optional<ScopedCudaDevice> device;
+  std::optional<SideStream> side;  // after `device`: made on it, ended before it
+};
 
 // The ring bindings (ring.cc): ring_attention, ring_attention_backward, layout_indices.
 void bind_ring(nb::module_& m);

@@ -1,6 +1,7 @@
 // ringattn._core: attention and its backward on one process's arrays through the implementation
-// registry, framework-neutral (DLPack in, the caller's framework out). Shapes are PyTorch's and the
-// seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (B, T, Hq, Dv); lse (B, Hq, T).
+// registry, framework-neutral (DLPack in, the caller's framework out), on the host or on the CUDA device
+// q lives on. Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv);
+// o (B, T, Hq, Dv); lse (B, Hq, T).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
@@ -13,41 +14,49 @@
 #include "attention/attention_impl.h"
 #include "attention/registry.h"
 #include "runtime/error.h"
+#include "runtime/memory.h"
 
 namespace ra::python {
 namespace {
 
-std::unique_ptr<AttentionImpl> host_impl(const std::string& impl) {
-  return AttentionRegistry::builtin().create(impl, Backend::kCpu);
+// The implementation `impl` for where q lives, bound to the call's stream on a device.
+std::unique_ptr<AttentionImpl> impl_for(const std::string& impl, const CallDevice& call) {
+  std::unique_ptr<AttentionImpl> kernel = AttentionRegistry::builtin().create(impl, call.backend());
+  call.bind(*kernel);
+  return kernel;
 }
 
 nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, const std::string& impl,
-                     const CallOptions& options, bool return_lse, nb::handle like) {
-  const AttentionInputs in = inputs_of(q, k, v, options);
+                     const CallOptions& options, bool return_lse, uintptr_t stream, nb::handle like) {
+  const Placement where = placement_of(q, "q");
+  const AttentionInputs in = inputs_of(q, k, v, options, where);
   const AttentionParams params = params_of(options);
   AttentionOutput out;
   {
     nb::gil_scoped_release released;  // the kernels' threads run without the interpreter
-    out = host_impl(impl)->forward(in, params);
+    const CallDevice call(where, stream);
+    out = impl_for(impl, call)->forward(in, params);
   }
-  return output_of(out, return_lse, framework_of(like));
+  return output_of(out, return_lse, framework_of(like), where);
 }
 
 nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
                               const AnyArray& lse, const AnyArray& d_o, const std::string& impl,
-                              const CallOptions& options, bool f32_gradients, nb::handle like) {
-  const AttentionInputs in = inputs_of(q, k, v, options);
+                              const CallOptions& options, bool f32_gradients, uintptr_t stream, nb::handle like) {
+  const Placement where = placement_of(q, "q");
+  const AttentionInputs in = inputs_of(q, k, v, options, where);
   const AttentionParams params = params_of(options);
-  const AttentionOutput forward = forward_output_of(o, lse);
-  const TensorView grad_out = view_of(d_o, "do", 4);
+  const ForwardViews forward = forward_views_of(o, lse, where);
+  const TensorView grad_out = view_of(d_o, "do", 4, where);
   Gradients g;
   {
     nb::gil_scoped_release released;
-    const std::unique_ptr<AttentionImpl> kernel = host_impl(impl);
+    const CallDevice call(where, stream);
+    const std::unique_ptr<AttentionImpl> kernel = impl_for(impl, call);
     RA_CHECK(kernel->has_backward(), "implementation '", impl, "' has no backward pass");
-    g = kernel->backward(in, params, grad_out, &forward, f32_gradients);
+    g = kernel->backward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)), grad_out, forward, f32_gradients);
   }
-  return gradient_tuple(g, in, framework_of(like));
+  return gradient_tuple(g, in, framework_of(like), where);
 }
 
 }  // namespace
@@ -66,18 +75,21 @@ NB_MODULE(_core, m) {
     }
   });
   // The keyword options come as one dict (the Python wrappers in ringattn/__init__.py hold the signatures).
+  // `stream`: the cudaStream_t (as an integer; 0 = the legacy default stream) device work goes on.
   m.def("attention",
         [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const std::string& impl, const nb::dict& options,
-           bool return_lse, nb::handle like) {
-          return ra::python::attention(q, k, v, impl, ra::python::options_from(options), return_lse, like);
+           bool return_lse, uintptr_t stream, nb::handle like) {
+          return ra::python::attention(q, k, v, impl, ra::python::options_from(options), return_lse, stream, like);
         },
-        "q"_a, "k"_a, "v"_a, "impl"_a, "options"_a, "return_lse"_a, "like"_a);
+        "q"_a, "k"_a, "v"_a, "impl"_a, "options"_a, "return_lse"_a, "stream"_a, "like"_a);
   m.def("attention_backward",
         [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o, const AnyArray& lse,
-           const AnyArray& d_o, const std::string& impl, const nb::dict& options, bool f32_gradients, nb::handle like) {
+           const AnyArray& d_o, const std::string& impl, const nb::dict& options, bool f32_gradients, uintptr_t stream,
+           nb::handle like) {
           return ra::python::attention_backward(q, k, v, o, lse, d_o, impl, ra::python::options_from(options),
-                                                f32_gradients, like);
+                                                f32_gradients, stream, like);
         },
-        "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "impl"_a, "options"_a, "f32_gradients"_a, "like"_a);
+        "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "impl"_a, "options"_a, "f32_gradients"_a, "stream"_a, "like"_a);
+  m.def("built_with_cuda", &ra::built_with_cuda, "Whether this build of ringattn has its CUDA back end.");
   ra::python::bind_ring(m);
 }

@@ -137,6 +137,7 @@ def test_outputs_own_their_memory():
         (lambda a: dict(a, casual=True), "unknown option 'casual'"),
         (lambda a: dict(a, bias=[1.0, 2.0]), "bias is a list, expected an array"),
         (lambda a: dict(a, impl="nonexistent"), "nonexistent"),
+        (lambda a: dict(a, stream=7), "stream is given \\(7\\) but q is in host memory"),
     ],
 )
 def test_bad_input_raises_value_error_naming_it(mutate, pattern):

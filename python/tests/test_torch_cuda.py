@@ -1,0 +1,156 @@
+"""ringattn from PyTorch on CUDA tensors (one GPU): forward and backward of each CUDA implementation
+against the f64 numpy reference (reference.py, independent of the C++ code) for f16 / bf16, causal or
+not, GQA, S != T and every option; the work runs on PyTorch's current stream (a non-blocking stream
+that is still producing q is waited for); arrays split between host and device are refused naming the
+one that is elsewhere; the framework-neutral core takes and returns CUDA tensors without copies; and
+torch.compile traces the op on the GPU. Skipped without PyTorch, without a GPU, or in a build of
+ringattn without CUDA."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs none; run on a machine with it)")
+import ringattn  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to PyTorch (run on a GPU machine)", allow_module_level=True)
+if not ringattn.built_with_cuda():
+    pytest.skip("this build of ringattn has no CUDA back end", allow_module_level=True)
+
+import ringattn.torch as rt  # noqa: E402
+import reference  # noqa: E402
+from test_torch import close  # noqa: E402
+
+GPU = torch.device("cuda", torch.cuda.current_device())
+# Half-precision inputs, f32 accumulation: a few units of the dtype's rounding, relative to the largest entry
+# (the tensor-core kernels round P and dS to the inputs' dtype for their products).
+TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def tensors(seed, dtype, B=2, T=77, S=77, H=8, Hkv=2, D=64):
+    g = torch.Generator().manual_seed(seed)
+    made = [torch.randn(B, n, h, D, generator=g) for n, h in ((T, H), (S, Hkv), (S, Hkv), (T, H))]
+    q, k, v, do = (x.to(GPU, dtype) for x in made)
+    return [x.requires_grad_() for x in (q, k, v)] + [do]
+
+
+def host64(x):
+    return x.detach().double().cpu().numpy()
+
+
+def check_against_reference(dtype, q, k, v, do, o, lse=None, extra=(), **options):
+    """o (and lse) and the leaves' gradients (q, k, v, then `extra` as (leaf, reference name)) against
+    the f64 reference of the same inputs as rounded to `dtype`."""
+    arrays = {name: host64(x) if torch.is_tensor(x) and x.is_floating_point() else
+              (x.cpu().numpy() if torch.is_tensor(x) else x) for name, x in options.items()}
+    ref_o, ref_lse, _ = reference.forward(host64(q), host64(k), host64(v), **arrays)
+    dq, dk, dv, dbias, dsinks = reference.backward(host64(q), host64(k), host64(v), host64(do), **arrays)
+    tol = TOL[dtype]
+    assert o.dtype == dtype and o.device == GPU
+    close(o.cpu(), torch.from_numpy(ref_o), tol)
+    if lse is not None:
+        finite = np.isfinite(ref_lse)
+        assert np.array_equal(np.isfinite(lse.cpu().numpy()), finite)
+        close(lse.cpu()[finite], torch.from_numpy(ref_lse[finite]), 1e-2)
+    wants = {"dbias": dbias, "dsinks": dsinks}
+    for leaf, want in [(q, dq), (k, dk), (v, dv)] + [(leaf, wants[name]) for leaf, name in extra]:
+        assert leaf.grad.device == GPU
+        close(leaf.grad.cpu(), torch.from_numpy(want), tol)
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "sdpa", "cudnn"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_and_backward_equal_the_f64_reference(impl, dtype, causal):
+    # cudnn's fused kernels take whole tiles of keys here; the others odd lengths and S != T.
+    shape = dict(T=128, S=128) if impl == "cudnn" else dict(T=45, S=77)
+    q, k, v, do = tensors(1, dtype, **shape)
+    o, lse = rt.attention(q, k, v, causal=causal, impl=impl, return_lse=True)
+    o.backward(do)
+    check_against_reference(dtype, q, k, v, do, o, lse, causal=causal)
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "sdpa"])
+def test_every_option_and_its_gradients_equal_the_f64_reference(impl):
+    dtype = torch.float16
+    q, k, v, do = tensors(2, dtype, T=31, S=45)
+    g = torch.Generator().manual_seed(3)
+    sinks = torch.randn(8, generator=g).to(GPU).requires_grad_()
+    bias = torch.randn(2, 1, 31, 45, generator=g).to(GPU).requires_grad_()
+    mask = (torch.rand(2, 1, 31, 45, generator=g) < 0.8).to(GPU)
+    segments = torch.randint(0, 2, (2, 45), generator=g).sort(dim=1).values.int()
+    options = dict(causal=True, window=(20, 5), softcap=5.0, scale=0.3, mask=mask,
+                   segment_ids=segments[:, 14:].contiguous().to(GPU), kv_segment_ids=segments.to(GPU))
+    o, lse = rt.attention(q, k, v, sinks=sinks, bias=bias, impl=impl, return_lse=True, **options)
+    o.backward(do)
+    check_against_reference(dtype, q, k, v, do, o, lse, extra=[(bias, "dbias"), (sinks, "dsinks")], sinks=sinks,
+                            bias=bias, **options)
+
+
+def test_work_runs_on_pytorchs_current_stream():
+    # On a non-blocking stream, q is still being written (behind a 50 ms spin) when the call is queued:
+    # only work ordered on that stream sees the finished q.
+    dtype = torch.bfloat16
+    q, k, v, do = tensors(4, dtype)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        late_q = torch.zeros_like(q)
+        torch.cuda._sleep(100_000_000)
+        late_q.copy_(q.detach())
+        late_q.requires_grad_()
+        o = rt.attention(late_q, k, v, causal=True)
+        o.backward(do)
+    stream.synchronize()
+    late_q.grad, q.grad = None, late_q.grad
+    check_against_reference(dtype, q, k, v, do, o, causal=True)
+
+
+def test_arrays_in_two_places_are_refused_naming_the_one_elsewhere():
+    q, k, v, _ = tensors(5, torch.float16)
+    with pytest.raises(ValueError, match=f"k is in host memory but q is in CUDA device {GPU.index}"):
+        rt.attention(q, k.cpu(), v)
+    with pytest.raises(ValueError, match="sinks is in host memory but q is in CUDA device"):
+        rt.attention(q, k, v, sinks=torch.zeros(8))
+    with pytest.raises(ValueError, match="v is in CUDA device [0-9]+ but q is in host memory"):
+        rt.attention(q.detach().cpu(), k.detach().cpu(), v)
+
+
+def test_the_core_takes_and_returns_cuda_tensors_of_the_callers_framework():
+    q, k, v, do = (x.detach() for x in tensors(6, torch.bfloat16))
+    o, lse = ringattn.attention(q, k, v, causal=True, return_lse=True)
+    assert isinstance(o, torch.Tensor) and o.device == GPU and lse.device == GPU and lse.dtype == torch.float32
+    dq, dk, dv = ringattn.attention_backward(q, k, v, o, lse, do, causal=True)
+    assert all(x.device == GPU for x in (dq, dk, dv)) and dq.dtype == torch.bfloat16
+    # The custom op gives the same bits: one kernel, one stream.
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_op = rt.attention(*leaves, causal=True)
+    o_op.backward(do)
+    assert torch.equal(o_op, o)
+    for got, want in zip((leaf.grad for leaf in leaves), (dq, dk, dv)):
+        assert torch.equal(got, want)
+
+
+def test_torch_compile_of_a_module_on_the_gpu_matches_eager():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(128, 3 * 128)
+
+        def forward(self, x):
+            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 64).unbind(2)
+            return rt.attention(q, k, v, causal=True).float().sum()
+
+    torch.manual_seed(7)
+    block = Block().to(GPU, torch.bfloat16)
+    x = torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16)
+    eager = block(x)
+    eager.backward()
+    want = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    got = compiled(x)
+    got.backward()
+    close(got, eager, 1e-6)
+    for g, w in zip((p.grad for p in block.parameters()), want):
+        close(g, w, 1e-6)
