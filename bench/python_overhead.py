@@ -51,7 +51,9 @@ def cuda_median_ms(fn, iters, before=lambda: None):
 
 def cpp_rows(args):
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"\s(forward|backward|forward\+backward)\s+([0-9.]+)\s", out)}
+    # The table's rows: pass, time_ms, TFLOP/s (the line on peak memory after it names "backward" too).
+    rows = re.finditer(r"\s(forward|backward|forward\+backward)\s+([0-9.]+)\s+[0-9.]+\s", out)
+    return {m.group(1): float(m.group(2)) for m in rows}
 
 
 def cuda_main(a):
@@ -63,6 +65,7 @@ def cuda_main(a):
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+
     def step():  # a training step's attention: forward, then backward through autograd
         o, lse = rt.attention(*leaves, causal=a.causal, return_lse=True)
         o.backward(do)
@@ -72,20 +75,26 @@ def cuda_main(a):
         for x in leaves:
             x.grad = None
 
-    rounds = []
-    for _ in range(2):  # the two sides interleaved, twice: drift between them shows as a difference of rounds
+    o, lse = ringattn.attention(q, k, v, causal=bool(a.causal), return_lse=True)
+    cmd = [a.ringattn, "bench", "--backend", "cuda", "--backward", "--impl", "flash_attn2", "--seq", str(T),
+           "--heads", str(H), "--head-dim", str(D), "--dtype", "bf16", "--iters", str(a.iters), "--warmup", "2"]
+    cmd += ["--causal"] if a.causal else []
+    print(f"B={B} T={T} H={H} D={D} bf16 causal={int(a.causal)}, flash_attn2 on one GPU, median of {a.iters} "
+          "(round 1 Python first, round 2 C++ first):")
+    for i in (1, 2):
+        rows = cpp_rows(cmd) if i == 2 else None
         fwd = cuda_median_ms(lambda: rt.attention(q, k, v, causal=a.causal, return_lse=True), a.iters)
+        # The backward alone through the framework-neutral core (no torch.library, no autograd).
+        core_bwd = cuda_median_ms(lambda: ringattn.attention_backward(q, k, v, o, lse, do, causal=bool(a.causal)),
+                                  a.iters)
         both = cuda_median_ms(step, a.iters, clear_grads)
         # As a training loop runs it: the outputs released and the gradients added into .grad inside the timing.
         loop = cuda_median_ms(lambda: rt.attention(*leaves, causal=a.causal).backward(do), a.iters)
-        cmd = [a.ringattn, "bench", "--backend", "cuda", "--backward", "--impl", "flash_attn2", "--seq", str(T),
-               "--heads", str(H), "--head-dim", str(D), "--dtype", "bf16", "--iters", str(a.iters), "--warmup", "2"]
-        rows = cpp_rows(cmd + (["--causal"] if a.causal else []))
-        rounds.append((fwd, both, loop, rows))
-    print(f"B={B} T={T} H={H} D={D} bf16 causal={int(a.causal)}, flash_attn2 on one GPU, median of {a.iters}:")
-    for i, (fwd, both, loop, rows) in enumerate(rounds, 1):
+        rows = rows or cpp_rows(cmd)
         print(f"  round {i} forward:          Python {fwd:8.3f} ms, C++ {rows['forward']:8.3f} ms, "
               f"ratio {fwd / rows['forward']:.3f}")
+        print(f"  round {i} backward (core):  Python {core_bwd:8.3f} ms, C++ {rows['backward']:8.3f} ms, "
+              f"ratio {core_bwd / rows['backward']:.3f}")
         print(f"  round {i} forward+backward: Python {both:8.3f} ms, C++ {rows['forward+backward']:8.3f} ms, "
               f"ratio {both / rows['forward+backward']:.3f}; as a training loop (frees and .grad sums timed) "
               f"{loop:8.3f} ms, ratio {loop / rows['forward+backward']:.3f}")
