@@ -115,7 +115,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   // dS (visible in dbias and dsinks, which sum dS over rows).
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   const MemoryKind memory = in.q.memory();
-  Carry carry = Carry::empty(B, Hq, T, Dv, memory);
+  Carry carry = Carry::empty(B, Hq, T, Dv, memory, cuda_stream());
   accumulate(in, pos, params, carry);
   const DType o_dtype = backward_reads_output() ? in.q.dtype() : DType::kF32;
   const AttentionOutput own{Tensor(o_dtype, {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};

@@ -13,7 +13,8 @@
 
 namespace ra {
 
-Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, MemoryKind memory) {
+Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, MemoryKind memory,
+                   void* cuda_stream) {
   Carry c;
   c.batch = batch;
   c.heads = heads;
@@ -22,6 +23,12 @@ Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim
   c.numerator = Tensor(DType::kF32, {batch, heads, rows, value_dim}, memory);
   c.denominator = Tensor(DType::kF32, {batch, heads, rows}, memory);
   c.max = Tensor(DType::kF32, {batch, heads, rows}, memory);
+  if (memory == MemoryKind::kCuda) {  // a kernel: fill_f32 would stage -inf through pageable host memory
+#if RA_HAVE_CUDA
+    fill_carry_max_cuda(c, static_cast<cudaStream_t>(cuda_stream));
+#endif
+    return c;
+  }
   fill_f32(c.max.view(), -INFINITY);
   return c;
 }

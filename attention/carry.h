@@ -19,8 +19,10 @@ struct Carry {
   Tensor denominator;  // (B, Hq, T) f32
   Tensor max;          // (B, Hq, T) f32
 
+  // On a device the max's -inf is written by a kernel queued on `cuda_stream` (a cudaStream_t; nullptr:
+  // the legacy default stream, then waited for, so that work on any stream sees it).
   static Carry empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim,
-                     MemoryKind memory = MemoryKind::kHost);
+                     MemoryKind memory = MemoryKind::kHost, void* cuda_stream = nullptr);
   MemoryKind memory() const { return numerator.view().memory(); }
   int64_t row_count() const { return batch * heads * rows; }
 };

@@ -38,7 +38,7 @@ AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const Attentio
   validate_attention(in, params, pos, max_head_dim());
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   const MemoryKind memory = in.q.memory();
-  Carry carry = Carry::empty(B, Hq, T, Dv, memory);
+  Carry carry = Carry::empty(B, Hq, T, Dv, memory, cuda_stream());
   accumulate(in, pos, params, carry);
   AttentionOutput out{Tensor(in.q.dtype(), {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
   finalize(carry, in.sinks, out.o, out.lse, cuda_stream());

@@ -88,6 +88,13 @@ void reset_carry_cuda(Carry& carry, cudaStream_t stream) {
   RA_CUDA_CHECK(cudaGetLastError());
 }
 
+void fill_carry_max_cuda(Carry& carry, cudaStream_t stream) {
+  const int64_t n = carry.row_count();
+  if (n > 0) fill_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(carry.max.data<float>(), n, -INFINITY);
+  RA_CUDA_CHECK(cudaGetLastError());
+  if (stream == nullptr) RA_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // non-blocking streams do not wait for it
+}
+
 void merge_carry_cuda(Carry& into, const Carry& other, int64_t row_offset, cudaStream_t stream) {
   RA_CHECK(into.batch == other.batch && into.heads == other.heads && into.value_dim == other.value_dim &&
                row_offset >= 0 && row_offset + other.rows <= into.rows,

@@ -11,6 +11,10 @@ namespace ra {
 // Numerator and denominator 0, max -inf, queued on `stream`.
 void reset_carry_cuda(Carry& carry, cudaStream_t stream);
 
+// Max -inf (a new carry, its numerator and denominator already zero), queued on `stream`; on the legacy
+// default stream (nullptr) also waited for.
+void fill_carry_max_cuda(Carry& carry, cudaStream_t stream);
+
 // into <- into (+) other, other's rows landing at row_offset (as ra::merge).
 void merge_carry_cuda(Carry& into, const Carry& other, int64_t row_offset, cudaStream_t stream);
 

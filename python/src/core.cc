@@ -5,8 +5,11 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "arrays.h"
@@ -19,11 +22,16 @@
 namespace ra::python {
 namespace {
 
-// The implementation `impl` for where q lives, bound to the call's stream on a device.
-std::unique_ptr<AttentionImpl> impl_for(const std::string& impl, const CallDevice& call) {
-  std::unique_ptr<AttentionImpl> kernel = AttentionRegistry::builtin().create(impl, call.backend());
-  call.bind(*kernel);
-  return kernel;
+// The implementation `impl` for where q lives, bound to the call's stream on a device: one object per
+// (name, backend, device) and thread, reused across calls as a C++ caller would, so that what it keeps
+// between calls (the positions' device and pinned buffers, cudnn's built graphs) is made once rather than
+// allocated and freed by every call (a pinned or device free waits for the whole device).
+AttentionImpl& impl_for(const std::string& impl, const CallDevice& call) {
+  thread_local std::map<std::tuple<std::string, Backend, int>, std::unique_ptr<AttentionImpl>> cache;
+  std::unique_ptr<AttentionImpl>& kept = cache[{impl, call.backend(), call.where.device}];
+  if (!kept) kept = AttentionRegistry::builtin().create(impl, call.backend());
+  call.bind(*kept);
+  return *kept;
 }
 
 nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, const std::string& impl,
@@ -35,7 +43,7 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, co
   {
     nb::gil_scoped_release released;  // the kernels' threads run without the interpreter
     const CallDevice call(where, stream);
-    out = impl_for(impl, call)->forward(in, params);
+    out = impl_for(impl, call).forward(in, params);
   }
   return output_of(out, return_lse, framework_of(like), where);
 }
@@ -52,9 +60,9 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
   {
     nb::gil_scoped_release released;
     const CallDevice call(where, stream);
-    const std::unique_ptr<AttentionImpl> kernel = impl_for(impl, call);
-    RA_CHECK(kernel->has_backward(), "implementation '", impl, "' has no backward pass");
-    g = kernel->backward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)), grad_out, forward, f32_gradients);
+    AttentionImpl& kernel = impl_for(impl, call);
+    RA_CHECK(kernel.has_backward(), "implementation '", impl, "' has no backward pass");
+    g = kernel.backward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)), grad_out, forward, f32_gradients);
   }
   return gradient_tuple(g, in, framework_of(like), where);
 }
