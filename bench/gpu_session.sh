@@ -444,7 +444,8 @@ if has python; then  # issue 22: the Python package on CUDA tensors (tests, then
   $py -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2  # mpi4py for our Open MPI, pytest
   export PYTHONPATH=$build/python:/tmp/pylib
   $py -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name())"
-  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py 2>&1 | tee "$out/python_cuda.log" | tail -n 40
+  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py python/tests/test_jax_cuda.py 2>&1 |
+    tee "$out/python_cuda.log" | tail -n 40
   timeout 300 mpirun -np 2 -x PYTHONPATH $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda_ring.py 2>&1 |
     tee "$out/python_cuda_ring.log" | tail -n 40
   timeout 300 $py -m pytest -q -p no:cacheprovider python/tests/test_core.py python/tests/test_torch.py 2>&1 | tail -n 3
