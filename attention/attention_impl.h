@@ -50,6 +50,10 @@ class AttentionImpl {
   // device the result is ready once cuda_stream() has reached this point).
   AttentionOutput forward(const AttentionInputs& in, const AttentionParams& params) const;
   AttentionOutput forward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos) const;
+  // The same into the caller's o (q's dtype, or f32) and lse (f32), both contiguous in q's memory: no
+  // allocation for the results (a framework's allocator made them).
+  void forward_into(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
+                    const ForwardViews& out) const;
 
   // The backward of `accumulate` (attention/backward.h): dq, dk, dv (and dbias) of this K/V block added
   // into f32 accumulators the caller holds. Validated inputs. Implementations without a backward throw.
@@ -75,9 +79,12 @@ class AttentionImpl {
   Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                      const TensorView& d_o, const AttentionOutput* forward_output = nullptr,
                      bool f32_gradients = false) const;
-  // The same from the forward's O and LSE as views (both defined).
+  // The same from the forward's O and LSE as views (both defined). With `into`, dq, dk and dv are
+  // written there (each view's dtype: q's or f32; contiguous, in q's memory) instead of returned; dbias
+  // and dsinks are still returned.
   Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
-                     const TensorView& d_o, const ForwardViews& forward, bool f32_gradients = false) const;
+                     const TensorView& d_o, const ForwardViews& forward, bool f32_gradients = false,
+                     const GradViews* into = nullptr) const;
   // Sums what a sequence-parallel backward computes per rank but owns jointly (dsinks; dbias of a bias
   // broadcast over the query rows) over the sequence axis; local implementations have nothing to sum.
   virtual void reduce_sequence_gradients(Gradients& g) const {}

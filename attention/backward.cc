@@ -124,14 +124,21 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
 }
 
 Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
-                                  const TensorView& d_o, const ForwardViews& forward, bool f32_gradients) const {
+                                  const TensorView& d_o, const ForwardViews& forward, bool f32_gradients,
+                                  const GradViews* into) const {
   validate_attention(in, params, pos, max_head_dim());
   const TensorView o = forward.o, lse = forward.lse;
   BackwardInputs grad{lse, d_o, TensorView(), o};
   validate_backward(in, o, grad);
+  if (into != nullptr) {
+    check_output(into->dq, "dq", in.q.shape(), in.q, true);
+    check_output(into->dk, "dk", in.k.shape(), in.q, true);
+    check_output(into->dv, "dv", in.v.shape(), in.q, true);
+  }
   void* stream = cuda_stream();
   Gradients direct;
-  if (!f32_gradients && backward_into(in, pos, params, grad, direct)) {
+  // The direct path writes q's dtype into tensors of its own: only where the caller gave no views.
+  if (!f32_gradients && into == nullptr && backward_into(in, pos, params, grad, direct)) {
     if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, compute_delta(o, d_o, stream), stream);
     return direct;
   }
@@ -139,9 +146,18 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   grad.delta = delta;
   GradAccumulators acc = GradAccumulators::zeros(in, in.q.memory());
   accumulate_backward(in, pos, params, grad, acc.views());
-  const DType dtype = f32_gradients ? DType::kF32 : in.q.dtype();
-  Gradients g{in_dtype(std::move(acc.dq), dtype, stream), in_dtype(std::move(acc.dk), dtype, stream),
-              in_dtype(std::move(acc.dv), dtype, stream), std::move(acc.dbias), Tensor()};
+  Gradients g;
+  if (into != nullptr) {
+    convert_gradient(acc.dq, into->dq, stream);
+    convert_gradient(acc.dk, into->dk, stream);
+    convert_gradient(acc.dv, into->dv, stream);
+  } else {
+    const DType dtype = f32_gradients ? DType::kF32 : in.q.dtype();
+    g.dq = in_dtype(std::move(acc.dq), dtype, stream);
+    g.dk = in_dtype(std::move(acc.dk), dtype, stream);
+    g.dv = in_dtype(std::move(acc.dv), dtype, stream);
+  }
+  g.dbias = std::move(acc.dbias);
   if (in.sinks.defined()) g.dsinks = sinks_gradient(in.sinks, lse, delta, stream);
   reduce_sequence_gradients(g);
   return g;

@@ -52,6 +52,10 @@ Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const Tens
 // out (any float dtype, contiguous) <- the f32 accumulator `acc` (same shape), on acc's memory.
 void convert_gradient(const TensorView& acc, const TensorView& out, void* cuda_stream = nullptr);
 
+// Checks a caller-given output: `shape`, contiguous, in q's memory, f32 or (with q_dtype_or_f32) q's dtype.
+void check_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& q,
+                  bool q_dtype_or_f32);
+
 // Checks dO, LSE (when need_lse), delta and O (when given) against validated inputs, naming the tensor and
 // the dimension.
 void validate_backward(const AttentionInputs& in, const TensorView& o, const BackwardInputs& grad,

@@ -38,11 +38,20 @@ AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const Attentio
   validate_attention(in, params, pos, max_head_dim());
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   const MemoryKind memory = in.q.memory();
-  Carry carry = Carry::empty(B, Hq, T, Dv, memory, cuda_stream());
-  accumulate(in, pos, params, carry);
   AttentionOutput out{Tensor(in.q.dtype(), {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
-  finalize(carry, in.sinks, out.o, out.lse, cuda_stream());
+  forward_into(in, params, pos, ForwardViews{out.o.view(), out.lse.view()});
   return out;
+}
+
+void AttentionImpl::forward_into(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
+                                 const ForwardViews& out) const {
+  validate_attention(in, params, pos, max_head_dim());
+  const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
+  check_output(out.o, "o", Shape{B, T, Hq, Dv}, in.q, /*q_dtype_or_f32=*/true);
+  check_output(out.lse, "lse", Shape{B, Hq, T}, in.q, /*q_dtype_or_f32=*/false);
+  Carry carry = Carry::empty(B, Hq, T, Dv, in.q.memory(), cuda_stream());
+  accumulate(in, pos, params, carry);
+  finalize(carry, in.sinks, out.o, out.lse, cuda_stream());
 }
 
 void AttentionRegistry::register_impl(const std::vector<std::string>& names, Backend backend, Factory factory) {

@@ -110,6 +110,16 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
   RA_CHECK(p.block_q >= 1 && p.block_k >= 1, "block sizes (", p.block_q, ", ", p.block_k, ") must be >= 1");
 }
 
+void check_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& q,
+                  bool q_dtype_or_f32) {
+  RA_CHECK(out.defined(), "output ", name, " is missing, expected ", shape.str());
+  RA_CHECK(out.shape() == shape, "output ", name, " has shape ", out.shape().str(), ", expected ", shape.str());
+  RA_CHECK(out.dtype() == DType::kF32 || (q_dtype_or_f32 && out.dtype() == q.dtype()), "output ", name, " has dtype ",
+           dtype_name(out.dtype()), ", expected ", q_dtype_or_f32 ? std::string(dtype_name(q.dtype())) + " or " : "", "f32");
+  RA_CHECK(out.is_contiguous(), "output ", name, " is not contiguous");
+  RA_CHECK(out.memory() == q.memory(), "output ", name, " must be in q's memory (host or device)");
+}
+
 void validate_backward(const AttentionInputs& in, const TensorView& o, const BackwardInputs& grad, bool need_lse) {
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   RA_CHECK(grad.d_o.defined(), "do (the gradient of o) is required for the backward pass, expected (", B, ", ", T,

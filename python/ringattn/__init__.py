@@ -5,7 +5,9 @@ Arrays cross into the C++ core through DLPack without copies (numpy, PyTorch, JA
 host memory or on a CUDA device) and the results come back as arrays of the same framework, where q
 lives. Every array of a call lives where q does; on a device the call runs on q's GPU with its CUDA
 implementations, its work queued on `stream` (a cudaStream_t as an integer; None: the legacy default
-stream), so the results are ready for later work on that stream, as DLPack's exchange expects. Shapes follow
+stream), so the results are ready for later work on that stream, as DLPack's exchange expects. With
+`out=` the results are written into the caller's arrays (contiguous, where q lives; o in q's dtype or
+float32, lse float32; gradients in q's dtype or float32) and those are returned: no allocation for them. Shapes follow
 PyTorch and the seeds: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (B, T, Hq, Dv);
 lse (B, Hq, T) float32, natural log. Keyword options, by the seeds' names: causal, window=(left, right)
 (-1: unbounded), softcap, scale (0: 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32,
@@ -25,25 +27,27 @@ def _stream(stream):
     return 0 if stream is None else int(stream)
 
 
-def attention(q, k, v, *, impl="flash_attn2", return_lse=False, stream=None, **options):
+def attention(q, k, v, *, impl="flash_attn2", return_lse=False, out=None, stream=None, **options):
     """o = attention of q over k and v on this process; (o, lse) with return_lse=True.
 
     impl: "flash_attn2", "sdpa" or "blockwise" on the host; "flash_attn2", "sdpa" or "cudnn" on a GPU.
+    out: None, or (o, lse) arrays to write into.
     """
-    return _core.attention(q, k, v, impl, options, return_lse, _stream(stream), q)
+    return _core.attention(q, k, v, impl, options, return_lse, out, _stream(stream), q)
 
 
-def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients=False, stream=None, **options):
+def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients=False, out=None, stream=None,
+                       **options):
     """(dq, dk, dv[, dbias][, dsinks]) of attention(q, k, v, **options), given its o, lse and do = dLoss/do.
 
     The options must be the forward's. dq, dk, dv come in q's dtype (float32 with f32_gradients=True),
-    dbias in the bias's shape, dsinks (Hq,) float32.
+    dbias in the bias's shape, dsinks (Hq,) float32. out: None, or (dq, dk, dv) arrays to write into.
     """
-    return _core.attention_backward(q, k, v, o, lse, do, impl, options, f32_gradients, _stream(stream), q)
+    return _core.attention_backward(q, k, v, o, lse, do, impl, options, f32_gradients, out, _stream(stream), q)
 
 
 def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
-                   local_impl="flash_attn2", timeout=60.0, return_lse=False, stream=None, **options):
+                   local_impl="flash_attn2", timeout=60.0, return_lse=False, out=None, stream=None, **options):
     """Ring attention of this rank's shard over every rank of `comm` (an mpi4py communicator).
 
     On CUDA arrays the GPU ring runs (copy engines between ranks of one node, NCCL across nodes), one
@@ -55,18 +59,19 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     others fail after `timeout` seconds instead of hanging.
     """
     return _core.ring_attention(q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
-                                options, return_lse, _stream(stream), q)
+                                options, return_lse, out, _stream(stream), q)
 
 
 def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
-                            local_impl="flash_attn2", timeout=60.0, f32_gradients=False, stream=None, **options):
+                            local_impl="flash_attn2", timeout=60.0, f32_gradients=False, out=None, stream=None,
+                            **options):
     """This rank's (dq, dk, dv[, dbias][, dsinks]) of ring_attention(), given its o, lse and do.
 
     dK / dV accumulate in float32 around the ring; dsinks and the dbias of a bias shared by every
     rank's rows are summed over the ranks.
     """
     return _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
-                                         float(timeout), options, f32_gradients, _stream(stream), q)
+                                         float(timeout), options, f32_gradients, out, _stream(stream), q)
 
 
 def shard(x, axis, layout, rank, size):

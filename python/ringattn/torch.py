@@ -31,6 +31,17 @@ def _stream_of(x: Tensor) -> int:
     return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
 
 
+def _outputs(q: Tensor, v: Tensor):
+    """o and lse for the forward, from PyTorch's allocator (its caching allocator on a GPU): ringattn
+    writes into them instead of allocating (each of its own device frees waits for the whole device)."""
+    return q.new_empty(q.shape[:3] + v.shape[3:]), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def _gradient_outputs(q: Tensor, k: Tensor, v: Tensor):
+    """dq, dk, dv (contiguous, whatever the strides of q, k, v) for ringattn to write into."""
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 def _plain(x: Tensor) -> Tensor:
     """x as DLPack can export it: detached from autograd, contiguous (no copy when it already is)."""
     return x.detach().contiguous()
@@ -114,8 +125,7 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
                        dropout: float, dropout_seed: int, impl: str) -> tuple[Tensor, Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed)
-    o, lse = _core.attention(_plain(q), _plain(k), _plain(v), impl, options, True, _stream_of(q), q)
-    return o, lse
+    return _core.attention(_plain(q), _plain(k), _plain(v), impl, options, True, _outputs(q, v), _stream_of(q), q)
 
 
 @torch.library.custom_op("ringattn::attention_backward", mutates_args=())
@@ -126,7 +136,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed)
     grads = _core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do), impl,
-                                     options, False, _stream_of(q), q)
+                                     options, False, _gradient_outputs(q, k, v), _stream_of(q), q)
     return list(grads)
 
 
@@ -138,9 +148,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias
                   global_kv_len: Optional[int], local_impl: str, timeout: float) -> tuple[Tensor, Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed)
-    o, lse = _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
-                                  global_kv_len, local_impl, timeout, options, True, _stream_of(q), q)
-    return o, lse
+    return _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
+                                global_kv_len, local_impl, timeout, options, True, _outputs(q, v), _stream_of(q), q)
 
 
 @torch.library.custom_op("ringattn::ring_attention_backward", mutates_args=())
@@ -154,19 +163,17 @@ def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
                        scale, dropout, dropout_seed)
     grads = _core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
                                           _communicators[comm], layout, global_q_len, global_kv_len, local_impl,
-                                          timeout, options, False, _stream_of(q), q)
+                                          timeout, options, False, _gradient_outputs(q, k, v), _stream_of(q), q)
     return list(grads)
 
 
 # Fake implementations: output shapes and dtypes only, for torch.compile / torch.export tracing.
 def _fake_forward(q, k, v, *rest):
-    o = q.new_empty(q.shape[:3] + v.shape[3:])
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    return o, lse
+    return _outputs(q, v)
 
 
 def _fake_backward(q, k, v, o, lse, do, sinks, bias, *rest):
-    grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    grads = list(_gradient_outputs(q, k, v))
     if bias is not None:
         grads.append(torch.empty_like(bias, dtype=torch.float32))
     if sinks is not None:

@@ -93,6 +93,40 @@ nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework fra
   return nb::tuple(result);
 }
 
+std::vector<TensorView> output_views(nb::handle out, std::initializer_list<std::pair<const char*, size_t>> names,
+                                     const Placement& where) {
+  std::vector<TensorView> views;
+  if (out.is_none()) return views;
+  RA_CHECK(nb::isinstance<nb::sequence>(out) && nb::len(out) == names.size(), "out must be a sequence of ",
+           names.size(), " arrays (", names.begin()->first, names.size() > 2 ? ", ..." : ", ", (names.end() - 1)->first,
+           ")");
+  size_t i = 0;
+  for (const auto& [name, rank] : names) {
+    const nb::object entry = out[i++];
+    try {
+      views.push_back(view_of(nb::cast<AnyArray>(entry), name, rank, where));
+    } catch (const nb::cast_error&) {
+      RA_FAIL("out's ", name, " is a ", nb::cast<std::string>(nb::handle(entry.type()).attr("__name__")),
+              ", expected an array (anything with __dlpack__)");
+    }
+  }
+  return views;
+}
+
+nb::object given_output(nb::handle out, bool return_lse) {
+  if (!return_lse) return out[0];
+  return nb::make_tuple(out[0], out[1]);
+}
+
+nb::object given_gradients(nb::handle out, Gradients& g, const AttentionInputs& in, Framework framework,
+                           const Placement& where) {
+  nb::list result;
+  for (size_t i = 0; i < 3; ++i) result.append(out[i]);
+  if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework, where.device));
+  if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework, where.device));
+  return nb::tuple(result);
+}
+
 CallDevice::CallDevice(const Placement& where, uintptr_t stream) : where(where) {
   RA_CHECK(where.on_device() || stream == 0, "stream is given (", stream, ") but q is in host memory: a stream "
            "orders device work only");

@@ -1,8 +1,10 @@
 // The options every Python call takes (the seeds' names) and the inputs they describe.
 #pragma once
 
+#include <initializer_list>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "arrays.h"
 #include "attention/attention_impl.h"
@@ -41,6 +43,17 @@ ForwardViews forward_views_of(const AnyArray& o, const AnyArray& lse, const Plac
 
 // (dq, dk, dv[, dbias][, dsinks]) as arrays of `framework`: dbias and dsinks where `in` has a bias / sinks.
 nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework, const Placement& where);
+
+// The caller's output arrays: `out` is None (empty result) or a sequence of one array per entry of
+// `names` (name, rank), each checked to live where q does; written in place by the call.
+std::vector<TensorView> output_views(nb::handle out, std::initializer_list<std::pair<const char*, size_t>> names,
+                                     const Placement& where);
+
+// The forward's result when the caller gave `out` = (o, lse): o, or (o, lse) with return_lse.
+nb::object given_output(nb::handle out, bool return_lse);
+// The backward's result when the caller gave `out` = (dq, dk, dv): those, then dbias / dsinks as gradient_tuple.
+nb::object given_gradients(nb::handle out, Gradients& g, const AttentionInputs& in, Framework framework,
+                           const Placement& where);
 
 // Where a call runs: q's memory; on a CUDA device that device is current and the work is ordered on
 // `stream` (a cudaStream_t as an integer, 0 for the legacy default stream), as DLPack's producer /

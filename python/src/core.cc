@@ -35,35 +35,47 @@ AttentionImpl& impl_for(const std::string& impl, const CallDevice& call) {
 }
 
 nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, const std::string& impl,
-                     const CallOptions& options, bool return_lse, uintptr_t stream, nb::handle like) {
+                     const CallOptions& options, bool return_lse, nb::handle out, uintptr_t stream, nb::handle like) {
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, options, where);
   const AttentionParams params = params_of(options);
-  AttentionOutput out;
+  const std::vector<TensorView> into = output_views(out, {{"o", 4}, {"lse", 3}}, where);
+  const TokenPositions pos = TokenPositions::dense(in.q.dim(1), in.k.dim(1));
+  AttentionOutput result;
   {
     nb::gil_scoped_release released;  // the kernels' threads run without the interpreter
     const CallDevice call(where, stream);
-    out = impl_for(impl, call).forward(in, params);
+    if (into.empty()) {
+      result = impl_for(impl, call).forward(in, params, pos);
+    } else {
+      impl_for(impl, call).forward_into(in, params, pos, ForwardViews{into[0], into[1]});
+    }
   }
-  return output_of(out, return_lse, framework_of(like), where);
+  if (!into.empty()) return given_output(out, return_lse);
+  return output_of(result, return_lse, framework_of(like), where);
 }
 
 nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
                               const AnyArray& lse, const AnyArray& d_o, const std::string& impl,
-                              const CallOptions& options, bool f32_gradients, uintptr_t stream, nb::handle like) {
+                              const CallOptions& options, bool f32_gradients, nb::handle out, uintptr_t stream,
+                              nb::handle like) {
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, options, where);
   const AttentionParams params = params_of(options);
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
+  const std::vector<TensorView> into = output_views(out, {{"dq", 4}, {"dk", 4}, {"dv", 4}}, where);
+  const GradViews into_views = into.empty() ? GradViews{} : GradViews{into[0], into[1], into[2], TensorView()};
   Gradients g;
   {
     nb::gil_scoped_release released;
     const CallDevice call(where, stream);
     AttentionImpl& kernel = impl_for(impl, call);
     RA_CHECK(kernel.has_backward(), "implementation '", impl, "' has no backward pass");
-    g = kernel.backward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)), grad_out, forward, f32_gradients);
+    g = kernel.backward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)), grad_out, forward, f32_gradients,
+                        into.empty() ? nullptr : &into_views);
   }
+  if (!into.empty()) return given_gradients(out, g, in, framework_of(like), where);
   return gradient_tuple(g, in, framework_of(like), where);
 }
 
@@ -84,20 +96,22 @@ NB_MODULE(_core, m) {
   });
   // The keyword options come as one dict (the Python wrappers in ringattn/__init__.py hold the signatures).
   // `stream`: the cudaStream_t (as an integer; 0 = the legacy default stream) device work goes on.
+  // `out`: None, or the caller's arrays the results are written into ((o, lse); (dq, dk, dv)).
   m.def("attention",
         [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const std::string& impl, const nb::dict& options,
-           bool return_lse, uintptr_t stream, nb::handle like) {
-          return ra::python::attention(q, k, v, impl, ra::python::options_from(options), return_lse, stream, like);
+           bool return_lse, nb::handle out, uintptr_t stream, nb::handle like) {
+          return ra::python::attention(q, k, v, impl, ra::python::options_from(options), return_lse, out, stream, like);
         },
-        "q"_a, "k"_a, "v"_a, "impl"_a, "options"_a, "return_lse"_a, "stream"_a, "like"_a);
+        "q"_a, "k"_a, "v"_a, "impl"_a, "options"_a, "return_lse"_a, "out"_a.none(), "stream"_a, "like"_a);
   m.def("attention_backward",
         [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o, const AnyArray& lse,
-           const AnyArray& d_o, const std::string& impl, const nb::dict& options, bool f32_gradients, uintptr_t stream,
-           nb::handle like) {
+           const AnyArray& d_o, const std::string& impl, const nb::dict& options, bool f32_gradients, nb::handle out,
+           uintptr_t stream, nb::handle like) {
           return ra::python::attention_backward(q, k, v, o, lse, d_o, impl, ra::python::options_from(options),
-                                                f32_gradients, stream, like);
+                                                f32_gradients, out, stream, like);
         },
-        "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "impl"_a, "options"_a, "f32_gradients"_a, "stream"_a, "like"_a);
+        "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "impl"_a, "options"_a, "f32_gradients"_a, "out"_a.none(),
+        "stream"_a, "like"_a);
   m.def("built_with_cuda", &ra::built_with_cuda, "Whether this build of ringattn has its CUDA back end.");
   ra::python::bind_ring(m);
 }

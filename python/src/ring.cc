@@ -106,42 +106,53 @@ struct CallRing {
 nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, nb::handle comm,
                           const std::string& layout, std::optional<int64_t> global_q_len,
                           std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
-                          const nb::dict& options, bool return_lse, uintptr_t stream, nb::handle like) {
+                          const nb::dict& options, bool return_lse, nb::handle out, uintptr_t stream,
+                          nb::handle like) {
   const CallOptions call = options_from(options);
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, call, where);
   const AttentionParams params = params_of(call);
+  const std::vector<TensorView> into = output_views(out, {{"o", 4}, {"lse", 3}}, where);
   const CallerComm caller = caller_comm_of(comm);
-  AttentionOutput out;
+  AttentionOutput result;
   {
     nb::gil_scoped_release released;  // the ring waits on its peers without holding the interpreter
     const CallDevice device(where, stream);
     CallRing ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, in, device);
-    out = ring.impl->forward(in, params, ring.pos);
+    if (into.empty()) {
+      result = ring.impl->forward(in, params, ring.pos);
+    } else {
+      ring.impl->forward_into(in, params, ring.pos, ForwardViews{into[0], into[1]});
+    }
   }
-  return output_of(out, return_lse, framework_of(like), where);
+  if (!into.empty()) return given_output(out, return_lse);
+  return output_of(result, return_lse, framework_of(like), where);
 }
 
 nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
                                    const AnyArray& lse, const AnyArray& d_o, nb::handle comm,
                                    const std::string& layout, std::optional<int64_t> global_q_len,
                                    std::optional<int64_t> global_kv_len, const std::string& local_impl,
-                                   double timeout_s, const nb::dict& options, bool f32_gradients, uintptr_t stream,
-                                   nb::handle like) {
+                                   double timeout_s, const nb::dict& options, bool f32_gradients, nb::handle out,
+                                   uintptr_t stream, nb::handle like) {
   const CallOptions call = options_from(options);
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, call, where);
   const AttentionParams params = params_of(call);
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
+  const std::vector<TensorView> into = output_views(out, {{"dq", 4}, {"dk", 4}, {"dv", 4}}, where);
+  const GradViews into_views = into.empty() ? GradViews{} : GradViews{into[0], into[1], into[2], TensorView()};
   const CallerComm caller = caller_comm_of(comm);
   Gradients g;
   {
     nb::gil_scoped_release released;
     const CallDevice device(where, stream);
     CallRing ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, in, device);
-    g = ring.impl->backward(in, params, ring.pos, grad_out, forward, f32_gradients);
+    g = ring.impl->backward(in, params, ring.pos, grad_out, forward, f32_gradients,
+                            into.empty() ? nullptr : &into_views);
   }
+  if (!into.empty()) return given_gradients(out, g, in, framework_of(like), where);
   return gradient_tuple(g, in, framework_of(like), where);
 }
 
@@ -149,10 +160,11 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
 
 void bind_ring(nb::module_& m) {
   m.def("ring_attention", &ring_attention, "q"_a, "k"_a, "v"_a, "comm"_a, "layout"_a, "global_q_len"_a.none(),
-        "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "options"_a, "return_lse"_a, "stream"_a, "like"_a);
+        "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "options"_a, "return_lse"_a, "out"_a.none(), "stream"_a,
+        "like"_a);
   m.def("ring_attention_backward", &ring_attention_backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "comm"_a,
         "layout"_a, "global_q_len"_a.none(), "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "options"_a,
-        "f32_gradients"_a, "stream"_a, "like"_a);
+        "f32_gradients"_a, "out"_a.none(), "stream"_a, "like"_a);
   // Which rows of a global sequence of `length` part `index` of `parts` holds under `layout`.
   m.def("layout_indices", [](const std::string& layout, int64_t length, int parts, int index) {
     std::vector<int64_t> rows = layout_indices(parse_layout(layout), length, parts, index);

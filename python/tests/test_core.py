@@ -161,3 +161,39 @@ def test_torch_arrays_come_back_as_torch():
     o = ringattn.attention(tq, tk, tv, causal=True)
     assert isinstance(o, torch.Tensor)
     np.testing.assert_allclose(o.numpy(), ringattn.attention(q, k, v, causal=True), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_results_written_into_the_callers_arrays_equal_the_allocated_ones(dtype):
+    q, k, v, do, _ = problem(13, T=29, S=41, dtype=dtype)
+    sinks = np.linspace(-1, 1, 4).astype(np.float32)
+    o, lse = ringattn.attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
+    out = (np.full(o.shape, np.nan, np.float32), np.full(lse.shape, np.nan, np.float32))  # o in f32: allowed
+    got = ringattn.attention(q, k, v, causal=True, sinks=sinks, return_lse=True, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+    np.testing.assert_array_equal(out[1], lse)
+    np.testing.assert_allclose(out[0], o.astype(np.float32), rtol=0, atol=1e-3 if dtype == np.float16 else 0)
+    grads = ringattn.attention_backward(q, k, v, o, lse, do, causal=True, sinks=sinks)
+    into = tuple(np.full(x.shape, np.nan, x.dtype) for x in (q, k, v))
+    got = ringattn.attention_backward(q, k, v, o, lse, do, causal=True, sinks=sinks, out=into)
+    assert all(a is b for a, b in zip(got[:3], into)) and len(got) == 4  # then dsinks, allocated
+    for mine, theirs in zip(got, grads):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.parametrize(
+    "make_out, pattern",
+    [
+        (lambda o, lse: (o[:, :5], lse), "output o has shape"),
+        (lambda o, lse: (o.astype(np.float16), lse), "output o has dtype f16, expected f32"),
+        (lambda o, lse: (o, lse.astype(np.float16)), "output lse has dtype f16, expected f32"),
+        (lambda o, lse: (o.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3), lse), "output o is not contiguous"),
+        (lambda o, lse: (o,), "out must be a sequence of 2 arrays"),
+        (lambda o, lse: (o, "lse"), "out's lse is a str"),
+    ],
+)
+def test_bad_output_arrays_are_refused_naming_them(make_out, pattern):
+    q, k, v, _, _ = problem(14)
+    o, lse = ringattn.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=pattern):
+        ringattn.attention(q, k, v, return_lse=True, out=make_out(np.empty_like(o), np.empty_like(lse)))
