@@ -18,6 +18,7 @@ checks that the two loss curves agree (exit 1 if they differ by more than --tole
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -97,6 +98,10 @@ class Launcher:
         if "comm" not in self.ring:
             dist.barrier()
             dist.destroy_process_group()
+            # A gloo worker may still be releasing the barrier's work (which holds the last all_reduce's
+            # tensors) when this returns; that release needs the interpreter, so give it the GIL before
+            # the interpreter's shutdown begins (PyTorch's hazard: pytorch/pytorch#179291, abandoned).
+            time.sleep(0.2)
 
     def sum(self, tensor):
         if "comm" in self.ring:  # through host memory: Open MPI need not be CUDA-aware

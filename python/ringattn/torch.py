@@ -74,17 +74,25 @@ class DistributedComm:
         peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)  # noqa: E731
         self._next, self._previous = peer((self.rank + 1) % self.size), peer((self.rank - 1) % self.size)
 
+    # The tensors handed to torch.distributed own their memory (copies of the ring's buffers, copied back
+    # once the exchange is done): gloo's threads may release a work's tensors after the wait, even while
+    # the interpreter shuts down, and a tensor over one of ringattn's buffers holds a Python object whose
+    # release then aborts the process; nor can a late write land in a buffer the ring has freed after a
+    # timeout.
     def ring_shift(self, send, recv, tag):
-        ops = [self._dist.P2POp(self._dist.isend, _bytes(send), self._next, self.group),
-               self._dist.P2POp(self._dist.irecv, _bytes(recv), self._previous, self.group)]
-        return _Pending(self._dist.batch_isend_irecv(ops))
+        outgoing, incoming = _bytes(send).clone(), torch.empty(len(recv), dtype=torch.uint8)
+        ops = [self._dist.P2POp(self._dist.isend, outgoing, self._next, self.group),
+               self._dist.P2POp(self._dist.irecv, incoming, self._previous, self.group)]
+        return _Pending(self._dist.batch_isend_irecv(ops), lambda: _bytes(recv).copy_(incoming))
 
     timeout = 60.0  # seconds an all_reduce may wait for the other ranks: the calling ring's step timeout
 
     def all_reduce(self, values, dtype, op):
         ops = {"sum": self._dist.ReduceOp.SUM, "max": self._dist.ReduceOp.MAX, "min": self._dist.ReduceOp.MIN}
         tensor = torch.frombuffer(values, dtype=getattr(torch, dtype))
-        _Pending([self._dist.all_reduce(tensor, op=ops[op], group=self.group, async_op=True)]).wait(self.timeout)
+        owned = tensor.clone()
+        _Pending([self._dist.all_reduce(owned, op=ops[op], group=self.group, async_op=True)],
+                 lambda: tensor.copy_(owned)).wait(self.timeout)
 
 
 def _bytes(view) -> Tensor:
@@ -93,14 +101,18 @@ def _bytes(view) -> Tensor:
 
 
 class _Pending:
-    def __init__(self, works):
-        self._works = works
+    """Works in flight; `done` runs once every one of them has completed (copies the results back)."""
+
+    def __init__(self, works, done=lambda: None):
+        self._works, self._done = works, done
 
     def wait(self, timeout_seconds):
         import datetime
 
         for work in self._works:
             work.wait(datetime.timedelta(seconds=timeout_seconds))
+        self._works = []
+        self._done()
 
 
 # Communicators by handle: a custom op's schema takes ints, not Python objects.

@@ -117,8 +117,11 @@ def test_torch_compile_of_a_module_calling_it_matches_eager():
             return rt.attention(q, k, v, causal=True).sum()
 
     torch.manual_seed(7)
-    block = Block()
-    x = torch.randn(2, 23, 32)
+    check_compiled_matches_eager(Block(), torch.randn(2, 23, 32))
+
+
+def check_compiled_matches_eager(block, x):
+    """block(x) (a scalar) and its parameters' gradients, compiled (aot_eager, one graph) and eager."""
     eager = block(x)
     eager.backward()
     want = [p.grad.clone() for p in block.parameters()]

@@ -19,7 +19,7 @@ if not ringattn.built_with_cuda():
 
 import ringattn.torch as rt  # noqa: E402
 import reference  # noqa: E402
-from test_torch import close  # noqa: E402
+from test_torch import check_compiled_matches_eager, close  # noqa: E402
 
 GPU = torch.device("cuda", torch.cuda.current_device())
 # Half-precision inputs, f32 accumulation: a few units of the dtype's rounding, relative to the largest entry
@@ -142,15 +142,4 @@ def test_torch_compile_of_a_module_on_the_gpu_matches_eager():
             return rt.attention(q, k, v, causal=True).float().sum()
 
     torch.manual_seed(7)
-    block = Block().to(GPU, torch.bfloat16)
-    x = torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16)
-    eager = block(x)
-    eager.backward()
-    want = [p.grad.clone() for p in block.parameters()]
-    block.zero_grad()
-    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
-    got = compiled(x)
-    got.backward()
-    close(got, eager, 1e-6)
-    for g, w in zip((p.grad for p in block.parameters()), want):
-        close(g, w, 1e-6)
+    check_compiled_matches_eager(Block().to(GPU, torch.bfloat16), torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16))

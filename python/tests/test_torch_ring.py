@@ -7,6 +7,7 @@ Skipped where PyTorch is not installed."""
 import pytest
 
 import os  # noqa: E402
+import time  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs none; run on a machine with it)")
 import ringattn  # noqa: E402
@@ -36,34 +37,42 @@ def process_group_closed_at_the_end():
     if "group" in RING:
         dist.barrier()
         dist.destroy_process_group()
+        time.sleep(0.2)  # a gloo worker may still release the barrier's work, which needs the interpreter
 
 
 def shard(x, layout, axis=1):
     return ringattn.shard(x, axis, layout, RANK, SIZE)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_shards_of_the_ring_equal_one_process(layout, causal):
+def check_ring_shards_equal_one_process(ring, layout, causal, shape, tol, device="cpu", dtype=torch.float32):
+    """The ring's shards of o and of the gradients (q, k, v, sinks, and a bias shared by every query row,
+    whose gradient sums over the ranks) against one process's attention on the whole sequence."""
     g = torch.Generator().manual_seed(11)  # every rank draws the same global tensors
-    B, T, H, Hkv, D = 2, 53, 4, 2, 16
-    q, k, v = (torch.randn(B, T, h, D, generator=g) for h in (H, Hkv, Hkv))
-    do = torch.randn(B, T, H, D, generator=g)
-    sinks = torch.randn(H, generator=g)
-    bias = torch.randn(1, H, 1, T, generator=g)  # shared by every query row: its gradient sums over ranks
+    B, T, H, Hkv, D = shape
+    q, k, v = (torch.randn(B, T, h, D, generator=g).to(device, dtype) for h in (H, Hkv, Hkv))
+    do = torch.randn(B, T, H, D, generator=g).to(device, dtype)
+    sinks = torch.randn(H, generator=g).to(device)
+    bias = torch.randn(1, H, 1, T, generator=g).to(device)
     whole = [x.clone().requires_grad_() for x in (q, k, v, sinks, bias)]
     o = rt.attention(*whole[:3], sinks=whole[3], bias=whole[4], causal=causal, softcap=4.0)
     o.backward(do)
 
     mine = [shard(x, layout).clone().requires_grad_() for x in (q, k, v)] + [x.clone().requires_grad_() for x in (sinks, bias)]
-    o_ring = rt.ring_attention(*mine[:3], **RING, layout=layout, sinks=mine[3], bias=mine[4], causal=causal,
+    o_ring = rt.ring_attention(*mine[:3], **ring, layout=layout, sinks=mine[3], bias=mine[4], causal=causal,
                                softcap=4.0)
-    o_ring.backward(shard(do, layout))
-    close(o_ring, shard(o, layout), 1e-5)
+    o_ring.backward(shard(do, layout).contiguous())
+    assert o_ring.device == q.device and mine[0].grad.device == q.device
+    close(o_ring.cpu(), shard(o, layout).cpu(), tol)
     for got, want in zip(mine[:3], whole[:3]):
-        close(got.grad, shard(want.grad, layout), 1e-5)
-    close(mine[3].grad, whole[3].grad, 1e-5)
-    close(mine[4].grad, whole[4].grad, 1e-5)
+        close(got.grad.cpu(), shard(want.grad, layout).cpu(), tol)
+    close(mine[3].grad.cpu(), whole[3].grad.cpu(), tol)
+    close(mine[4].grad.cpu(), whole[4].grad.cpu(), tol)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_shards_of_the_ring_equal_one_process(layout, causal):
+    check_ring_shards_equal_one_process(RING, layout, causal, shape=(2, 53, 4, 2, 16), tol=1e-5)
 
 
 def test_torch_compile_traces_the_ring():
