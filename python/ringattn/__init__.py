@@ -18,7 +18,7 @@ mask (the same shape, bool / uint8, true = attend), segment_ids (B, T) int32 and
 from . import _core
 
 __all__ = ["attention", "attention_backward", "ring_attention", "ring_attention_backward", "shard", "unshard",
-           "built_with_cuda"]
+           "built_with_cuda", "release_rings"]
 
 built_with_cuda = _core.built_with_cuda  # whether CUDA arrays can be passed (this build has the GPU back end)
 
@@ -72,6 +72,13 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", globa
     """
     return _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
                                          float(timeout), options, f32_gradients, out, _stream(stream), q)
+
+
+def release_rings():
+    """Frees the rings ring_attention keeps between calls over an mpi4py communicator (up to 4
+    configurations: layout, lengths, implementation, device; on GPUs their K/V windows, mappings and NCCL
+    communicators). Collective: every rank calls it. Kept rings are otherwise left to the process's exit."""
+    _core.release_rings()
 
 
 def shard(x, axis, layout, rank, size):

@@ -93,5 +93,36 @@ def test_bad_input_raises_on_every_rank():
         ringattn.ring_attention(q, k, v, comm=42)
     # Every rank passes the whole sequence but declares it as the global one: the shard is too long.
     if SIZE > 1:
-        with pytest.raises(ValueError, match="q has 16 rows \(dimension 1\) on rank"):
+        with pytest.raises(ValueError, match=r"q has 16 rows \(dimension 1\) on rank"):
             ringattn.ring_attention(q, k, v, comm=COMM, layout="contiguous", global_q_len=16, global_kv_len=16)
+
+
+def test_a_ring_is_kept_per_configuration_and_communicator_and_released_on_request():
+    ringattn.release_rings()
+    q, k, v, _, _ = problem(31, T=40, S=40)
+    part = lambda x: ringattn.shard(x, 1, "zigzag", RANK, SIZE)  # noqa: E731
+    first = ringattn.ring_attention(part(q), part(k), part(v), comm=COMM, causal=True)
+    for _ in range(2):  # the same configuration: the kept ring, the same result
+        np.testing.assert_array_equal(ringattn.ring_attention(part(q), part(k), part(v), comm=COMM, causal=True), first)
+    assert ringattn._core.kept_ring_count() == 1
+    ringattn.ring_attention(part(q), part(k), part(v), comm=COMM, layout="zigzag", local_impl="sdpa")
+    assert ringattn._core.kept_ring_count() == 2
+    # A communicator over the same ranks in the same order reuses its ring; one over other ranks does not.
+    same = COMM.Dup()
+    ringattn.ring_attention(part(q), part(k), part(v), comm=same, causal=True)
+    assert ringattn._core.kept_ring_count() == 2
+    reversed_ranks = COMM.Split(0, SIZE - 1 - RANK)
+    mine = lambda x: ringattn.shard(x, 1, "zigzag", reversed_ranks.Get_rank(), SIZE)  # noqa: E731
+    got = ringattn.ring_attention(mine(q), mine(k), mine(v), comm=reversed_ranks, causal=True)
+    np.testing.assert_allclose(got, mine(ringattn.attention(q, k, v, causal=True)), rtol=1e-5, atol=2e-6)
+    assert ringattn._core.kept_ring_count() == (2 if SIZE == 1 else 3)
+    # Past the kept ones, calls build their own ring and still agree.
+    for layout in ("contiguous", "striped"):
+        cut = lambda x: ringattn.shard(x, 1, layout, RANK, SIZE)  # noqa: E731
+        got = ringattn.ring_attention(cut(q), cut(k), cut(v), comm=COMM, layout=layout, causal=True)
+        np.testing.assert_allclose(got, cut(ringattn.attention(q, k, v, causal=True)), rtol=1e-5, atol=2e-6)
+    assert ringattn._core.kept_ring_count() == 4
+    ringattn.release_rings()
+    assert ringattn._core.kept_ring_count() == 0
+    same.Free()
+    reversed_ranks.Free()

@@ -1,0 +1,185 @@
+#include "call_ring.h"
+
+#include <nanobind/stl/string.h>
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
+#include "attention/registry.h"
+#include "collectives/mpi_check.h"
+#include "collectives/mpi_communicator.h"
+#include "mesh/sequence_layout.h"
+#include "python_communicator.h"
+#include "runtime/error.h"
+
+#if RA_HAVE_CUDA
+#include "collectives/nccl_communicator.h"
+#include "collectives/peer_copy_ring.h"
+#endif
+
+namespace ra::python {
+namespace {
+
+constexpr size_t kKeptRings = 4;
+
+// The GPU ring's communicators over the caller's MPI ranks: MPI itself where copy engines can carry
+// every block (the same node, peer access), otherwise an NCCL communicator bootstrapped over MPI.
+void use_device_ring(Communicator& communicator, RingContext& ctx, std::unique_ptr<Communicator>& nccl) {
+#if RA_HAVE_CUDA
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&communicator);
+  RA_CHECK(mpi != nullptr, "ring_attention on CUDA arrays needs comm to be an mpi4py communicator (launch with "
+           "mpirun); a torch.distributed group carries host tensors only in this version");
+  ctx.host_comm = mpi;
+  if (!PeerCopyRing::supported(*mpi)) nccl = std::make_unique<NcclCommunicator>(*mpi);
+#else
+  RA_FAIL("ring_attention on CUDA arrays: this build of ringattn has no CUDA back end");
+#endif
+}
+
+// Kept rings in the order they were made; every rank makes and drops them in the same order.
+struct KeptRings {
+  std::mutex mutex;
+  std::deque<std::unique_ptr<CallRing>> rings;
+};
+KeptRings& kept() {
+  static KeptRings* rings = new KeptRings;  // never destroyed at exit: teardown is collective (release_kept_rings)
+  return *rings;
+}
+
+// The kept ring for `config` whose communicator is `caller`'s ranks in the same order, or nullptr.
+CallRing* find_kept(MPI_Comm caller, const RingConfig& config) {
+  std::lock_guard<std::mutex> lock(kept().mutex);
+  for (auto& ring : kept().rings) {
+    if (!(ring->config == config)) continue;
+    int same = MPI_UNEQUAL;
+    RA_MPI_CHECK(MPI_Comm_compare(caller, static_cast<MpiCommunicator&>(*ring->communicator).comm(), &same));
+    if (same == MPI_CONGRUENT) return ring.get();
+  }
+  return nullptr;
+}
+
+// Takes `ring` out of the kept ones without destroying it (a failed call: its teardown is collective).
+void forget_kept(CallRing* ring) {
+  std::lock_guard<std::mutex> lock(kept().mutex);
+  for (auto it = kept().rings.begin(); it != kept().rings.end(); ++it)
+    if (it->get() == ring) {
+      (void)it->release();
+      kept().rings.erase(it);
+      return;
+    }
+}
+
+void check_shard_rows(const CallRing& ring, const AttentionInputs& in) {
+  const RingContext& ctx = ring.ctx;
+  for (auto [t, name, rows, global] : {std::tuple{&in.q, "q", ring.pos.q.size(), ctx.global_q_len},
+                                       std::tuple{&in.k, "k", ring.pos.k.size(), ctx.global_kv_len}})
+    RA_CHECK(t->dim(1) == int64_t(rows), name, " has ", t->dim(1), " rows (dimension 1) on rank ", ctx.comm->rank(),
+             ", but the ", ring.config.layout, " layout of a global length ", global, " over ", ctx.comm->size(),
+             " ranks gives it ", rows, " (ringattn.shard cuts them)");
+}
+
+}  // namespace
+
+CallerComm caller_comm_of(nb::handle comm) {
+  if (is_python_communicator(comm)) return {MPI_COMM_NULL, comm};
+  RA_CHECK(nb::hasattr(comm, "py2f"), "comm is a ", nb::cast<std::string>(nb::handle(comm.type()).attr("__name__")),
+           ", expected an mpi4py communicator (mpi4py.MPI.Comm) or an object with ring_shift (see ringattn.torch)");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  RA_CHECK(initialized, "MPI is not initialized: import mpi4py.MPI first");
+  return {MPI_Comm_f2c(nb::cast<int>(comm.attr("py2f")())), nb::handle()};
+}
+
+CallRing::CallRing(std::unique_ptr<Communicator> comm, const RingConfig& config)
+    : communicator(std::move(comm)), config(config) {
+  ctx.comm = communicator.get();
+  if (config.backend == Backend::kCuda) {
+    use_device_ring(*communicator, ctx, nccl);
+    if (nccl) ctx.comm = nccl.get();
+  }
+  ctx.layout = parse_layout(config.layout);
+  ctx.global_q_len = config.global_q_len;
+  ctx.global_kv_len = config.global_kv_len;
+  ctx.local_impl = config.local_impl;
+  ctx.step_timeout = std::chrono::milliseconds(config.timeout_ms);
+  impl = AttentionRegistry::builtin().create("ring", config.backend, &ctx);
+  pos = ring_positions(ctx);
+}
+
+RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
+                         std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
+                         const AttentionInputs& in, const CallDevice& device) {
+  RA_CHECK(timeout_s > 0, "timeout is ", timeout_s, " s, expected a positive number of seconds");
+  RingConfig config{layout, local_impl, 0, 0, in.q.dim(1), in.k.dim(1), int64_t(timeout_s * 1000), device.backend(),
+                    device.where.device};
+  (void)parse_layout(layout);  // a bad name fails here, on every rank, before any collective
+  int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
+  if (caller.python.is_valid()) {  // carried by Python: built for this call
+    auto communicator = std::make_unique<PythonCommunicator>(caller.python);
+    RA_CHECK(device.backend() == Backend::kCpu, "ring_attention on CUDA arrays needs comm to be an mpi4py communicator "
+             "(launch with mpirun); a torch.distributed group carries host tensors only in this version");
+    if (!global_q_len || !global_kv_len) communicator->all_reduce(lengths, 2, ReduceOp::kSum);
+    config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
+    owned_ = std::make_unique<CallRing>(std::move(communicator), config);
+    ring_ = owned_.get();
+  } else {
+    // Agreed over the caller's own communicator, before any rank builds anything collectively.
+    if (!global_q_len || !global_kv_len)
+      RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, lengths, 2, MPI_INT64_T, MPI_SUM, caller.mpi));
+    config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
+    CallRing* found = find_kept(caller.mpi, config);
+    int every_rank[2] = {found != nullptr, 0};
+    {
+      std::lock_guard<std::mutex> lock(kept().mutex);
+      every_rank[1] = kept().rings.size() < kKeptRings;
+    }
+    RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, every_rank, 2, MPI_INT, MPI_MIN, caller.mpi));
+    if (every_rank[0]) {
+      ring_ = found;
+    } else {
+      if (found != nullptr) forget_kept(found);  // kept here only: the ranks' kept rings differ after a failure
+      auto ring = std::make_unique<CallRing>(std::make_unique<MpiCommunicator>(caller.mpi), config);
+      ring_ = ring.get();
+      if (every_rank[1]) {
+        std::lock_guard<std::mutex> lock(kept().mutex);
+        kept().rings.push_back(std::move(ring));
+      } else {
+        owned_ = std::move(ring);
+      }
+    }
+  }
+  device.bind(*ring_->impl);
+  try {
+    check_shard_rows(*ring_, in);
+  } catch (...) {
+    drop();
+    throw;
+  }
+}
+
+void RingForCall::drop() {
+  if (owned_) {
+    (void)owned_.release();  // its destructor is collective and the peers may have failed
+  } else {
+    forget_kept(ring_);
+  }
+}
+
+void release_kept_rings() {
+  std::deque<std::unique_ptr<CallRing>> rings;
+  {
+    std::lock_guard<std::mutex> lock(kept().mutex);
+    rings.swap(kept().rings);
+  }
+  while (!rings.empty()) rings.pop_front();  // in the order they were made, as on every rank
+}
+
+size_t kept_ring_count() {
+  std::lock_guard<std::mutex> lock(kept().mutex);
+  return kept().rings.size();
+}
+
+}  // namespace ra::python

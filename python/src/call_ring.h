@@ -1,0 +1,78 @@
+// The ring a Python call runs on: its communicators, context and implementation, built from the caller's
+// communicator (an mpi4py one, or a Python object carrying the messages) and kept between calls over MPI,
+// so that a training loop does not rebuild the GPU ring's window, mappings and NCCL communicator per call.
+#pragma once
+
+#include <mpi.h>
+#include <nanobind/nanobind.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "attention/attention_impl.h"
+#include "attention/ring/ring.h"
+#include "call_options.h"
+#include "collectives/communicator.h"
+
+namespace ra::python {
+
+// The caller's communicator, read with the interpreter held: the MPI communicator behind an mpi4py one,
+// or a Python object that carries the messages itself (python_communicator.h).
+struct CallerComm {
+  MPI_Comm mpi = MPI_COMM_NULL;
+  nb::handle python;
+};
+CallerComm caller_comm_of(nb::handle comm);
+
+// What a ring is built for; two calls with equal configurations over congruent communicators share one.
+struct RingConfig {
+  std::string layout, local_impl;
+  int64_t global_q_len = 0, global_kv_len = 0, local_q_len = 0, local_kv_len = 0;
+  int64_t timeout_ms = 0;
+  Backend backend = Backend::kCpu;
+  int device = 0;
+  bool operator==(const RingConfig&) const = default;
+};
+
+struct CallRing {
+  // Collective over `communicator` (the GPU ring's window and mappings, or its NCCL communicator).
+  CallRing(std::unique_ptr<Communicator> communicator, const RingConfig& config);
+  std::unique_ptr<Communicator> communicator, nccl;  // nccl: the GPU ring's, where copy engines cannot run
+  RingConfig config;
+  RingContext ctx;
+  std::unique_ptr<AttentionImpl> impl;
+  TokenPositions pos;
+};
+
+// The ring for one call, bound to the call's device stream; this rank's shard checked against the layout
+// before any exchange. Over MPI every rank first agrees (over the caller's communicator) on the global
+// lengths and on whether each holds a kept ring for this configuration; up to kKeptRings configurations
+// are kept, later ones built for the call. `run` does the call; a ring whose call failed is dropped
+// without its collective teardown (its peers may be gone).
+class RingForCall {
+ public:
+  RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
+              std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
+              const AttentionInputs& in, const CallDevice& device);
+  template <typename Run>
+  auto run(Run&& body) {
+    try {
+      return body(*ring_);
+    } catch (...) {
+      drop();
+      throw;
+    }
+  }
+
+ private:
+  void drop();
+  CallRing* ring_ = nullptr;
+  std::unique_ptr<CallRing> owned_;  // a ring for this call only
+};
+
+// Destroys every kept ring, in the order they were made (collective: every rank of their communicators calls it).
+void release_kept_rings();
+size_t kept_ring_count();
+
+}  // namespace ra::python
