@@ -439,6 +439,10 @@ if has ring_memory; then  # issue 21: the ring backward's peak device memory per
     done
   done
 fi
+# `python` needs, beside the pack, the module built here for the device image's Python 3.12 (configure the
+# build with -DPython_EXECUTABLE=<a python3.12>) and .device/wheels: mpi4py built against Debian's Open MPI
+# (`python3.12 -m pip wheel --no-deps -w .device/wheels mpi4py==4.0.3`; 3.1.4 no longer builds) and pytest's
+# wheels (`pip download -d .device/wheels pytest`).
 if has python; then  # issue 22: the Python package on CUDA tensors (tests, then its cost beside the C++ bench)
   py=${RA_DEVICE_PYTHON:-python3}
   $py -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2  # mpi4py for our Open MPI, pytest
