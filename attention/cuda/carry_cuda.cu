@@ -78,20 +78,22 @@ __global__ void fill_kernel(float* p, int64_t n, float value) {
 
 unsigned row_blocks(int64_t rows) { return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
-}  // namespace
-
-void reset_carry_cuda(Carry& carry, cudaStream_t stream) {
-  RA_CUDA_CHECK(cudaMemsetAsync(carry.numerator.data<float>(), 0, carry.numerator.view().nbytes(), stream));
-  RA_CUDA_CHECK(cudaMemsetAsync(carry.denominator.data<float>(), 0, carry.denominator.view().nbytes(), stream));
+void fill_max(Carry& carry, cudaStream_t stream) {
   const int64_t n = carry.row_count();
   if (n > 0) fill_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(carry.max.data<float>(), n, -INFINITY);
   RA_CUDA_CHECK(cudaGetLastError());
 }
 
+}  // namespace
+
+void reset_carry_cuda(Carry& carry, cudaStream_t stream) {
+  RA_CUDA_CHECK(cudaMemsetAsync(carry.numerator.data<float>(), 0, carry.numerator.view().nbytes(), stream));
+  RA_CUDA_CHECK(cudaMemsetAsync(carry.denominator.data<float>(), 0, carry.denominator.view().nbytes(), stream));
+  fill_max(carry, stream);
+}
+
 void fill_carry_max_cuda(Carry& carry, cudaStream_t stream) {
-  const int64_t n = carry.row_count();
-  if (n > 0) fill_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(carry.max.data<float>(), n, -INFINITY);
-  RA_CUDA_CHECK(cudaGetLastError());
+  fill_max(carry, stream);
   if (stream == nullptr) RA_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // non-blocking streams do not wait for it
 }
 

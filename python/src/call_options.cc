@@ -75,24 +75,13 @@ AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& 
   return in;
 }
 
-nb::object output_of(AttentionOutput& out, bool return_lse, Framework framework, const Placement& where) {
-  nb::object o = to_array(std::move(out.o), framework, where.device);
-  if (!return_lse) return o;
-  return nb::make_tuple(o, to_array(std::move(out.lse), framework, where.device));
-}
-
 ForwardViews forward_views_of(const AnyArray& o, const AnyArray& lse, const Placement& where) {
   return {view_of(o, "o", 4, where), view_of(lse, "lse", 3, where)};
 }
 
-nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework, const Placement& where) {
-  nb::list result;
-  for (Tensor* t : {&g.dq, &g.dk, &g.dv}) result.append(to_array(std::move(*t), framework, where.device));
-  if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework, where.device));
-  if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework, where.device));
-  return nb::tuple(result);
-}
+namespace {
 
+// `out` as one view per entry of `names` (name, rank); empty when `out` is None.
 std::vector<TensorView> output_views(nb::handle out, std::initializer_list<std::pair<const char*, size_t>> names,
                                      const Placement& where) {
   std::vector<TensorView> views;
@@ -113,15 +102,35 @@ std::vector<TensorView> output_views(nb::handle out, std::initializer_list<std::
   return views;
 }
 
-nb::object given_output(nb::handle out, bool return_lse) {
-  if (!return_lse) return out[0];
-  return nb::make_tuple(out[0], out[1]);
+}  // namespace
+
+std::optional<ForwardViews> forward_out_of(nb::handle out, const Placement& where) {
+  const std::vector<TensorView> v = output_views(out, {{"o", 4}, {"lse", 3}}, where);
+  if (v.empty()) return std::nullopt;
+  return ForwardViews{v[0], v[1]};
 }
 
-nb::object given_gradients(nb::handle out, Gradients& g, const AttentionInputs& in, Framework framework,
-                           const Placement& where) {
+std::optional<GradViews> gradients_out_of(nb::handle out, const Placement& where) {
+  const std::vector<TensorView> v = output_views(out, {{"dq", 4}, {"dk", 4}, {"dv", 4}}, where);
+  if (v.empty()) return std::nullopt;
+  return GradViews{v[0], v[1], v[2], TensorView()};
+}
+
+nb::object forward_result(AttentionOutput& result, nb::handle out, bool return_lse, nb::handle like,
+                          const Placement& where) {
+  const Framework framework = framework_of(like);
+  nb::object o = out.is_none() ? to_array(std::move(result.o), framework, where.device) : nb::object(out[0]);
+  if (!return_lse) return o;
+  return nb::make_tuple(o, out.is_none() ? to_array(std::move(result.lse), framework, where.device) : nb::object(out[1]));
+}
+
+nb::object gradients_result(Gradients& g, nb::handle out, const AttentionInputs& in, nb::handle like,
+                            const Placement& where) {
+  const Framework framework = framework_of(like);
   nb::list result;
-  for (size_t i = 0; i < 3; ++i) result.append(out[i]);
+  Tensor* computed[3] = {&g.dq, &g.dk, &g.dv};
+  for (size_t i = 0; i < 3; ++i)
+    result.append(out.is_none() ? to_array(std::move(*computed[i]), framework, where.device) : nb::object(out[i]));
   if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework, where.device));
   if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework, where.device));
   return nb::tuple(result);

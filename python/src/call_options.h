@@ -1,7 +1,6 @@
 // The options every Python call takes (the seeds' names) and the inputs they describe.
 #pragma once
 
-#include <initializer_list>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -35,25 +34,21 @@ AttentionParams params_of(const CallOptions& o);
 AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallOptions& o,
                           const Placement& where);
 
-// o, or (o, lse) with return_lse, as arrays of `framework` (on `where`).
-nb::object output_of(AttentionOutput& out, bool return_lse, Framework framework, const Placement& where);
-
 // The forward's o and lse as views (no copies), checked to live with q.
 ForwardViews forward_views_of(const AnyArray& o, const AnyArray& lse, const Placement& where);
 
-// (dq, dk, dv[, dbias][, dsinks]) as arrays of `framework`: dbias and dsinks where `in` has a bias / sinks.
-nb::object gradient_tuple(Gradients& g, const AttentionInputs& in, Framework framework, const Placement& where);
+// The caller's output arrays, written in place by the call: `out` is None (nothing given) or a sequence
+// (o, lse) / (dq, dk, dv), each checked to live where q does.
+std::optional<ForwardViews> forward_out_of(nb::handle out, const Placement& where);
+std::optional<GradViews> gradients_out_of(nb::handle out, const Placement& where);
 
-// The caller's output arrays: `out` is None (empty result) or a sequence of one array per entry of
-// `names` (name, rank), each checked to live where q does; written in place by the call.
-std::vector<TensorView> output_views(nb::handle out, std::initializer_list<std::pair<const char*, size_t>> names,
-                                     const Placement& where);
-
-// The forward's result when the caller gave `out` = (o, lse): o, or (o, lse) with return_lse.
-nb::object given_output(nb::handle out, bool return_lse);
-// The backward's result when the caller gave `out` = (dq, dk, dv): those, then dbias / dsinks as gradient_tuple.
-nb::object given_gradients(nb::handle out, Gradients& g, const AttentionInputs& in, Framework framework,
-                           const Placement& where);
+// What a call returns: o, or (o, lse) with return_lse; then (dq, dk, dv[, dbias][, dsinks]) (dbias and
+// dsinks where `in` has a bias / sinks). The caller's own `out` arrays where given, the call's results
+// otherwise, as arrays of `like`'s framework on `where`.
+nb::object forward_result(AttentionOutput& result, nb::handle out, bool return_lse, nb::handle like,
+                          const Placement& where);
+nb::object gradients_result(Gradients& g, nb::handle out, const AttentionInputs& in, nb::handle like,
+                            const Placement& where);
 
 // Where a call runs: q's memory; on a CUDA device that device is current and the work is ordered on
 // `stream` (a cudaStream_t as an integer, 0 for the legacy default stream), as DLPack's producer /

@@ -39,20 +39,19 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, co
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, options, where);
   const AttentionParams params = params_of(options);
-  const std::vector<TensorView> into = output_views(out, {{"o", 4}, {"lse", 3}}, where);
+  const std::optional<ForwardViews> into = forward_out_of(out, where);
   const TokenPositions pos = TokenPositions::dense(in.q.dim(1), in.k.dim(1));
   AttentionOutput result;
   {
     nb::gil_scoped_release released;  // the kernels' threads run without the interpreter
     const CallDevice call(where, stream);
-    if (into.empty()) {
-      result = impl_for(impl, call).forward(in, params, pos);
+    if (into) {
+      impl_for(impl, call).forward_into(in, params, pos, *into);
     } else {
-      impl_for(impl, call).forward_into(in, params, pos, ForwardViews{into[0], into[1]});
+      result = impl_for(impl, call).forward(in, params, pos);
     }
   }
-  if (!into.empty()) return given_output(out, return_lse);
-  return output_of(result, return_lse, framework_of(like), where);
+  return forward_result(result, out, return_lse, like, where);
 }
 
 nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
@@ -64,8 +63,7 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
   const AttentionParams params = params_of(options);
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
-  const std::vector<TensorView> into = output_views(out, {{"dq", 4}, {"dk", 4}, {"dv", 4}}, where);
-  const GradViews into_views = into.empty() ? GradViews{} : GradViews{into[0], into[1], into[2], TensorView()};
+  const std::optional<GradViews> into = gradients_out_of(out, where);
   Gradients g;
   {
     nb::gil_scoped_release released;
@@ -73,10 +71,9 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
     AttentionImpl& kernel = impl_for(impl, call);
     RA_CHECK(kernel.has_backward(), "implementation '", impl, "' has no backward pass");
     g = kernel.backward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)), grad_out, forward, f32_gradients,
-                        into.empty() ? nullptr : &into_views);
+                        into ? &*into : nullptr);
   }
-  if (!into.empty()) return given_gradients(out, g, in, framework_of(like), where);
-  return gradient_tuple(g, in, framework_of(like), where);
+  return gradients_result(g, out, in, like, where);
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& 
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, call, where);
   const AttentionParams params = params_of(call);
-  const std::vector<TensorView> into = output_views(out, {{"o", 4}, {"lse", 3}}, where);
+  const std::optional<ForwardViews> into = forward_out_of(out, where);
   const CallerComm caller = caller_comm_of(comm);
   AttentionOutput result;
   {
@@ -38,15 +38,14 @@ nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& 
     const CallDevice device(where, stream);
     RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, in, device);
     ring.run([&](CallRing& r) {
-      if (into.empty()) {
-        result = r.impl->forward(in, params, r.pos);
+      if (into) {
+        r.impl->forward_into(in, params, r.pos, *into);
       } else {
-        r.impl->forward_into(in, params, r.pos, ForwardViews{into[0], into[1]});
+        result = r.impl->forward(in, params, r.pos);
       }
     });
   }
-  if (!into.empty()) return given_output(out, return_lse);
-  return output_of(result, return_lse, framework_of(like), where);
+  return forward_result(result, out, return_lse, like, where);
 }
 
 nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
@@ -61,8 +60,7 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
   const AttentionParams params = params_of(call);
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
-  const std::vector<TensorView> into = output_views(out, {{"dq", 4}, {"dk", 4}, {"dv", 4}}, where);
-  const GradViews into_views = into.empty() ? GradViews{} : GradViews{into[0], into[1], into[2], TensorView()};
+  const std::optional<GradViews> into = gradients_out_of(out, where);
   const CallerComm caller = caller_comm_of(comm);
   Gradients g;
   {
@@ -70,11 +68,10 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
     const CallDevice device(where, stream);
     RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, in, device);
     g = ring.run([&](CallRing& r) {
-      return r.impl->backward(in, params, r.pos, grad_out, forward, f32_gradients, into.empty() ? nullptr : &into_views);
+      return r.impl->backward(in, params, r.pos, grad_out, forward, f32_gradients, into ? &*into : nullptr);
     });
   }
-  if (!into.empty()) return given_gradients(out, g, in, framework_of(like), where);
-  return gradient_tuple(g, in, framework_of(like), where);
+  return gradients_result(g, out, in, like, where);
 }
 
 }  // namespace
