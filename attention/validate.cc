@@ -34,14 +34,19 @@ Tensor f32_copy(const TensorView& t) {
   Tensor out(DType::kF32, t.shape());
   float* dst = out.data<float>();
   const size_t elem = dtype_size(t.dtype());
-  const Shape& s = t.shape();
+  // Walked as a 4-d view: dimensions below the tensor's rank lead, of size 1.
+  const int pad = kMaxRank - t.rank();
+  int64_t dim[kMaxRank], stride[kMaxRank];
+  for (int i = 0; i < kMaxRank; ++i) {
+    dim[i] = i < pad ? 1 : t.dim(i - pad);
+    stride[i] = i < pad ? 0 : t.stride(i - pad);
+  }
   int64_t n = 0;
-  for (int64_t a = 0; a < s[0]; ++a)
-    for (int64_t b = 0; b < s[1]; ++b)
-      for (int64_t c = 0; c < s[2]; ++c) {
-        const char* row = static_cast<const char*>(t.data()) +
-                          (a * t.stride(0) + b * t.stride(1) + c * t.stride(2)) * int64_t(elem);
-        for (int64_t d = 0; d < s[3]; ++d) dst[n++] = load_as_f32(row, t.dtype(), size_t(d * t.stride(3)));
+  for (int64_t a = 0; a < dim[0]; ++a)
+    for (int64_t b = 0; b < dim[1]; ++b)
+      for (int64_t c = 0; c < dim[2]; ++c) {
+        const char* row = static_cast<const char*>(t.data()) + (a * stride[0] + b * stride[1] + c * stride[2]) * int64_t(elem);
+        for (int64_t d = 0; d < dim[3]; ++d) dst[n++] = load_as_f32(row, t.dtype(), size_t(d * stride[3]));
       }
   return out;
 }

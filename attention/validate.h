@@ -19,7 +19,7 @@ struct F32Inputs {
 };
 F32Inputs as_f32_inputs(const AttentionInputs& in, const TokenPositions& pos);
 
-// A contiguous f32 host copy of a rank-4 host tensor of any float dtype and strides.
+// A contiguous f32 host copy of a host tensor of rank up to 4, any float dtype and strides.
 Tensor f32_copy(const TensorView& t);
 
 }  // namespace ra

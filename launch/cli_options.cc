@@ -47,7 +47,7 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o,
      "every rank can use them)")
     ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer")
     ("deterministic", po::bool_switch(&o.deterministic), "bitwise-identical results for any number of ranks and "
-     "layout (host ring: an exact max pass and fixed-point sums; several times slower)")
+     "layout, forward and --backward (host ring: an exact max pass and fixed-point sums; tens of times slower)")
     ("no-block-checksums", po::bool_switch(&o.no_block_checksums), "skip the checksum of K/V blocks in flight")
     ("allow-nonfinite", po::bool_switch(&o.allow_nonfinite), "run even when inputs hold NaN or Inf (reported either way)");
 }

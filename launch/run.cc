@@ -161,8 +161,6 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   if (backward) {  // every rank decides alike, before any exchange
     RA_CHECK(job.sequence_axis().size() == 1 || opts.impl == "ring", "--backward with --impl ", opts.impl, " on the mesh ",
              job.shape.str(), ": a sequence split over ", job.sequence_axis().size(), " ranks needs --impl ring");
-    RA_CHECK(!opts.deterministic, "--backward with --deterministic: the exact-sum ring has no backward yet (the "
-             "backward's sums run in a fixed order for a given ring size and layout without it)");
     check_upstream_gradient(file, plan, do_dataset);
   }
   // Before any allocation: the slices, and on GPUs the device's share, must fit.

@@ -18,9 +18,6 @@ namespace {
 constexpr int kFractionBits = 50;
 constexpr float kMaxDropout = 0.99975f;  // 1 / (1 - p) < 2^12
 
-// x * scale (a power of two: exact) rounded to the nearest integer.
-int64_t to_fixed(double x, double scale) { return std::llrint(x * scale); }
-
 // Calls row(b, h, kh, t, q) for every query row, in parallel over (b, h).
 template <typename Row>
 void for_each_row(const F32Inputs& in, const Row& row) {
@@ -95,21 +92,6 @@ void ExactSum::merge_into(Carry& carry) const {
     mx[r] = float(double(max_[size_t(r)]) + std::log(std::ldexp(double(l), -kFractionBits)));
   }
   merge(carry, result);
-}
-
-int local_value_exponent(const TensorView& v) {
-  RA_CHECK(host_accessible(v.memory()) && v.rank() == 4, "v must be a 4-d host tensor");
-  float max_abs = 0;
-  for (int64_t b = 0; b < v.dim(0); ++b)
-    for (int64_t s = 0; s < v.dim(1); ++s)
-      for (int64_t h = 0; h < v.dim(2); ++h)
-        for (int64_t d = 0; d < v.dim(3); ++d)
-          max_abs = std::fmax(max_abs, std::fabs(load_as_f32(v.data(), v.dtype(),
-                                                             size_t(b * v.stride(0) + s * v.stride(1) + h * v.stride(2) + d * v.stride(3)))));
-  if (max_abs == 0) return -126;
-  int exponent = 0;
-  std::frexp(max_abs, &exponent);  // max_abs = f * 2^exponent with f in [0.5, 1)
-  return exponent;
 }
 
 }  // namespace ra

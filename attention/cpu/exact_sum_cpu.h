@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention/carry.h"
+#include "attention/cpu/fixed_point.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
 
@@ -16,7 +17,7 @@ namespace ra {
 class ExactSum {
  public:
   // `value_exponent`: V is summed in units of 2^(value_exponent - 50); 2^value_exponent must bound
-  // |v| over every key of the whole sequence (the same on every rank), see value_exponent_for.
+  // |v| over every key of the whole sequence (the same on every rank): magnitude_exponent's maximum.
   ExactSum(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, int value_exponent);
 
   void max_pass(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params);
@@ -28,10 +29,7 @@ class ExactSum {
   int64_t batch_, heads_, rows_, value_dim_;
   int value_exponent_;
   std::vector<float> max_;                       // (B, Hq, T)
-  std::vector<__int128> numerator_, denominator_;  // (B, Hq, T, Dv) and (B, Hq, T), fixed point
+  std::vector<Fixed> numerator_, denominator_;  // (B, Hq, T, Dv) and (B, Hq, T)
 };
-
-// The smallest e with |v| <= 2^e for every element of `v` (host, any float dtype); -126 when v is 0.
-int local_value_exponent(const TensorView& v);
 
 }  // namespace ra

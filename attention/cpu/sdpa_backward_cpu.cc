@@ -1,11 +1,14 @@
 // CPU scaled-dot-product attention backward, one template over the accumulation type (float for the
-// implementation, double for the oracle), as the forward. Each row's probabilities are recomputed from
-// its final LSE, so no T x S matrix is kept. Parallel over (batch, K/V head): a thread owns the dK / dV
-// rows of its head and the dQ rows of the query heads of its group; dBias, which a broadcast bias shares
-// across threads, is added atomically.
+// implementation, double for the oracle), as the forward, and over the sums' type (the accumulation
+// type, or fixed point for the deterministic ring: each f64 term rounded on its own, integer sums).
+// Each row's probabilities are recomputed from its final LSE, so no T x S matrix is kept. Parallel over
+// (batch, K/V head): a thread owns the dK / dV rows of its head and the dQ rows of the query heads of its
+// group; dBias, which a broadcast bias shares across threads, is added atomically.
+#include <atomic>
 #include <cmath>
 #include <vector>
 
+#include "attention/cpu/exact_backward_cpu.h"
 #include "attention/cpu/sdpa_cpu.h"
 #include "attention/online_softmax.h"
 #include "attention/pair_logit.h"
@@ -14,19 +17,30 @@
 namespace ra {
 namespace {
 
-template <typename Acc>
+template <typename Acc, typename LseT = Acc, typename Sum = Acc>
 struct BackwardBuffers {
   const float* d_o;   // (B, T, Hq, Dv) contiguous
-  const Acc* lse;     // (B, Hq, T)
-  const Acc* delta;   // (B, Hq, T)
-  Acc *dq, *dk, *dv;  // contiguous, shaped as q, k, v
-  Acc* dbias;         // nullptr without a bias; else indexed with dbias_strides over (B, Hq, T, S_total)
+  const LseT* lse;    // (B, Hq, T)
+  const LseT* delta;  // (B, Hq, T)
+  Sum *dq, *dk, *dv;  // contiguous, shaped as q, k, v
+  Sum* dbias;         // nullptr without a bias; else indexed with dbias_strides over (B, Hq, T, S_total)
   std::array<int64_t, kMaxRank> dbias_strides{};
+  FixedUnits units{};                           // fixed-point sums only: each output's unit
+  std::atomic<bool>* out_of_range = nullptr;    // fixed-point sums only: set when a term exceeds its range
 };
 
+// sum += term: as is for floating-point sums; for fixed point, rounded to `unit` on its own.
 template <typename Acc>
+void add_term(Acc& sum, Acc term, double, std::atomic<bool>*) {
+  sum += term;
+}
+inline void add_term(Fixed& sum, double term, double unit, std::atomic<bool>* out_of_range) {
+  if (!fixed_add(sum, term, unit)) out_of_range->store(true, std::memory_order_relaxed);
+}
+
+template <typename Acc, typename LseT, typename Sum>
 void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionParams& p,
-                        const BackwardBuffers<Acc>& buf) {
+                        const BackwardBuffers<Acc, LseT, Sum>& buf) {
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
   const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3), group = Hq / Hkv;
   const Acc scale = effective_scale(p, D), cap = p.logits_soft_cap;
@@ -34,15 +48,15 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t kh = 0; kh < Hkv; ++kh) {
-      std::vector<Acc> dq_row(static_cast<size_t>(D));
+      std::vector<Sum> dq_row(static_cast<size_t>(D));
       for (int64_t h = kh * group; h < (kh + 1) * group; ++h)
         for (int64_t t = 0; t < T; ++t) {
           const int64_t r = (b * Hq + h) * T + t;
-          const Acc lse = buf.lse[r], delta = buf.delta[r];
+          const Acc lse = Acc(buf.lse[r]), delta = Acc(buf.delta[r]);
           if (lse == -INFINITY) continue;  // the row saw nothing: no gradient flows through it
           const float* q = in.q.data_as<float>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
           const float* d_o = buf.d_o + ((b * T + t) * Hq + h) * Dv;
-          std::fill(dq_row.begin(), dq_row.end(), Acc(0));
+          std::fill(dq_row.begin(), dq_row.end(), Sum(0));
           for (int64_t j = 0; j < S; ++j) {
             const Acc s = pair_logit<Acc>(in, pos, p, scale, q, b, h, kh, t, j);
             if (s == -INFINITY) continue;
@@ -50,18 +64,23 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
             const Acc prob = std::exp(s - lse);
             const Acc weight = dropout_weight(p, keep_scale, Acc(1), b, h, pos.q[size_t(t)], kpos);
             const float* v = in.v.data_as<float>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
-            Acc* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
+            Sum* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
             Acc dp = 0;
             for (int64_t d = 0; d < Dv; ++d) {
               dp += Acc(d_o[d]) * Acc(v[d]);
-              dv[d] += prob * weight * Acc(d_o[d]);
+              add_term(dv[d], prob * weight * Acc(d_o[d]), buf.units.dv, buf.out_of_range);
             }
             const Acc ds = prob * (dp * weight - delta);  // d loss / d logit
             const int64_t bias_at = b * buf.dbias_strides[0] + h * buf.dbias_strides[1] + t * buf.dbias_strides[2] +
                                     kpos * buf.dbias_strides[3];
             if (buf.dbias != nullptr) {
+              if constexpr (std::is_same_v<Sum, Fixed>) {  // no atomic add on 128 bits
+#pragma omp critical(ra_fixed_dbias)
+                add_term(buf.dbias[bias_at], ds, buf.units.dbias, buf.out_of_range);
+              } else {
 #pragma omp atomic
-              buf.dbias[bias_at] += ds;
+                buf.dbias[bias_at] += ds;
+              }
             }
             Acc dx = ds * scale;  // through the soft cap: d(cap tanh(x / cap)) / dx = 1 - tanh^2
             if (cap > 0) {
@@ -74,13 +93,13 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
               dx *= Acc(1) - th * th;
             }
             const float* k = in.k.data_as<float>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
-            Acc* dk = buf.dk + ((b * S + j) * Hkv + kh) * D;
+            Sum* dk = buf.dk + ((b * S + j) * Hkv + kh) * D;
             for (int64_t d = 0; d < D; ++d) {
-              dq_row[size_t(d)] += dx * Acc(k[d]);
-              dk[d] += dx * Acc(q[d]);
+              add_term(dq_row[size_t(d)], dx * Acc(k[d]), buf.units.dq, buf.out_of_range);
+              add_term(dk[d], dx * Acc(q[d]), buf.units.dk, buf.out_of_range);
             }
           }
-          Acc* dq = buf.dq + ((b * T + t) * Hq + h) * D;
+          Sum* dq = buf.dq + ((b * T + t) * Hq + h) * D;
           for (int64_t d = 0; d < D; ++d) dq[d] += dq_row[size_t(d)];
         }
     }
@@ -105,6 +124,21 @@ void sdpa_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPosi
                              acc.dbias.data_as<float>()};
   if (in_raw.bias.defined()) buf.dbias_strides = dbias_strides(acc.dbias, in_raw, pos);
   sdpa_backward_rows<float>(in, pos, p, buf);
+}
+
+bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPositions& pos, const AttentionParams& p,
+                                    const BackwardInputs& grad, const FixedGradViews& acc) {
+  const F32Inputs in = as_f32_inputs(in_raw, pos);
+  const Tensor d_o = f32_copy(grad.d_o);
+  std::atomic<bool> out_of_range{false};
+  BackwardBuffers<double, float, Fixed> buf{d_o.data<float>(), grad.lse.data_as<float>(), grad.delta.data_as<float>(),
+                                            acc.dq, acc.dk, acc.dv, acc.dbias};
+  buf.units = acc.units;
+  buf.out_of_range = &out_of_range;
+  if (in_raw.bias.defined())  // strides from the bias's shape (the sums are contiguous in it)
+    buf.dbias_strides = dbias_strides(TensorView(acc.dbias, DType::kF32, in_raw.bias.shape()), in_raw, pos);
+  sdpa_backward_rows(in, pos, p, buf);
+  return !out_of_range.load();
 }
 
 ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_raw, const AttentionParams& p,

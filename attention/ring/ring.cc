@@ -119,7 +119,7 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
     return;
   }
   // Bitwise-reproducible: the global bound of |v| (an exact max), then two trips around the ring.
-  int64_t exponent = local_value_exponent(in.v);
+  int64_t exponent = magnitude_exponent(in.v);
   ctx_.comm->all_reduce(&exponent, 1, ReduceOp::kMax);
   ExactSum exact(carry.batch, carry.heads, carry.rows, carry.value_dim, int(exponent));
   rotate_blocks(in, pos, params, forward_fault, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {

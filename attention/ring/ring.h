@@ -18,6 +18,7 @@
 namespace ra {
 
 class MpiCommunicator;
+struct GradientTrip;
 
 // How the GPU ring moves K/V blocks: NCCL send/recv, or copy engines writing into the next GPU's
 // memory over CUDA IPC (one node with peer access; no SMs taken from the local kernel). kAuto: copy
@@ -36,8 +37,9 @@ struct RingContext {
   // traffic; each hop rounds the running sum to bf16, so the error grows with the ring's size).
   DType gradient_wire = DType::kF32;
   bool verify_blocks = true;  // a checksum of every block in flight, checked on arrival (CRC-32 on the host, 64-bit sum on GPUs)
-  // Bitwise-identical results for any ring size and layout (host ring): an exact max pass and a
-  // fixed-point sum pass (two trips around the ring, scalar kernels; see attention/exact_sum_cpu.h).
+  // Bitwise-identical results for any ring size and layout (host ring): the forward an exact max pass
+  // and a fixed-point sum pass (two trips around the ring, scalar kernels; attention/cpu/exact_sum_cpu.h),
+  // the backward one trip of fixed-point sums (attention/cpu/exact_backward_cpu.h).
   bool deterministic = false;
   // GPU ring: time every step's compute and exchange with CUDA events (RingStats::step_*_ms). A
   // timing event between two kernels keeps the second from starting on the SMs the first leaves idle,
@@ -123,12 +125,20 @@ class RingAttention final : public AttentionImpl {
   Backend backend_;
   std::unique_ptr<AttentionImpl> local_;
   mutable RingStats stats_;
+  mutable Tensor exact_dsinks_;  // the deterministic backward's dsinks, for reduce_sequence_gradients
 
   // One trip around the ring: visit(block, positions, step, source rank) at every step, with block null
   // where the masks leave the block empty for this rank's queries; `fault` is the pass's fault plan.
   using BlockVisitor = std::function<void(const AttentionInputs*, const TokenPositions&, int, int)>;
   void rotate_blocks(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                      const FaultPlan& fault, const BlockVisitor& visit) const;
+  // The backward's trip (attention/ring/ring_backward.cc): the blocks rotate as in rotate_blocks, and each
+  // block's dK/dV sums travel one step behind it, each rank adding its part; a last hop brings them home.
+  void carry_gradients(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                       const FaultPlan& fault, const GradientTrip& trip) const;
+  // --deterministic's backward (attention/ring/ring_backward_exact.cc).
+  void accumulate_backward_exact(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                                 const BackwardInputs& grad, const GradViews& acc) const;
 };
 
 }  // namespace ra

@@ -7,11 +7,14 @@
 // run in a fixed order, so a given ring size and layout give the same bits on every run.
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "attention/backward.h"
 #include "attention/ring/block_schedule.h"
 #include "attention/ring/gradient_block.h"
+#include "attention/ring/gradient_trip.h"
 #include "attention/ring/host_block.h"
 #include "attention/ring/ring.h"
 #include "runtime/activity.h"
@@ -56,31 +59,14 @@ bool bias_shared_over_ring(Communicator& comm, const AttentionInputs& in) {
   return shared != 0;
 }
 
-void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPositions& pos,
-                                        const AttentionParams& params, const BackwardInputs& grad,
-                                        const GradViews& acc) const {
-  RA_CHECK(!ctx_.deterministic, "ring backward: --deterministic (the exact-sum ring) has no backward yet; the "
-           "backward's sums already run in a fixed order for a given ring size");
-  RA_CHECK(local_->has_backward(), "ring backward: the local implementation '", local_->name(), "' has no backward");
-  stats_ = RingStats{};
-  stats_.transport = ctx_.comm->backend_name();
-  const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kBackward);
+void RingAttention::carry_gradients(const AttentionInputs& in, const TokenPositions& pos,
+                                    const AttentionParams& params, const FaultPlan& fault,
+                                    const GradientTrip& trip) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
-  const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3),
-                             layout_max_rows(ctx_.layout, ctx_.global_kv_len, n),
-                             n > 1 ? ctx_.gradient_wire : DType::kF32};  // a ring of one has no wire
-  const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
-  const size_t payload = layout.payload(), bytes = kBlockHeaderBytes + payload;
+  const size_t payload = trip.wire_bytes, bytes = kBlockHeaderBytes + payload;
   // [sending] the accumulator passed on, [arriving] the one coming in, [partial] this step's part.
-  BlockBuffers buffers(part_layout.payload(), 3);
-  // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.
-  const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
-  Tensor dbias_part;
-  if (shared_bias) dbias_part = Tensor(DType::kF32, acc.dbias.shape());  // zeroed
-  const TensorView dbias = shared_bias ? dbias_part.view() : acc.dbias;
-  const std::string accumulator_name = "dK/dV accumulator (" + std::string(dtype_name(layout.dtype)) + ", " +
-                                       std::to_string(payload) + " bytes)";
+  BlockBuffers buffers(std::max(trip.part_bytes, trip.wire_bytes), 3);
   int sending = 0, arriving = 1;
   char* const partial = buffers[2] + kBlockHeaderBytes;
   auto payload_of = [&](int i) { return buffers[i] + kBlockHeaderBytes; };
@@ -99,7 +85,7 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
       throw;
     }
     if (step == n) inject_corruption(fault, rank, n, payload_of(arriving), payload);  // the last hop's accumulator
-    check_arrived_block(buffers[arriving], payload, rank, comm.previous(), step, origin, accumulator_name);
+    check_arrived_block(buffers[arriving], payload, rank, comm.previous(), step, origin, trip.wire_name);
     std::swap(sending, arriving);
   };
 
@@ -109,29 +95,59 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
     std::unique_ptr<PendingExchange> pending;
     if (step > 0) pending = start_shift(step);
     if (block != nullptr) {
-      std::memset(partial, 0, part_layout.payload());
-      const GradViews views{acc.dq, part_layout.dk_view(partial, rows, MemoryKind::kHost),
-                            part_layout.dv_view(partial, rows, MemoryKind::kHost), dbias};
-      local_->accumulate_backward(*block, block_pos, params, grad, views);
+      std::memset(partial, 0, trip.part_bytes);
+      trip.compute(*block, block_pos, partial, rows);
     }
     if (pending) {
       finish_shift(*pending, step, src);  // what arrived goes on, with our part added
     } else {
       std::memset(payload_of(sending), 0, payload);  // step 0: our own block, nobody has added yet
     }
-    if (block != nullptr) {
-      add_into_wire(layout.dk_view(payload_of(sending), rows, MemoryKind::kHost),
-                    part_layout.dk_view(partial, rows, MemoryKind::kHost));
-      add_into_wire(layout.dv_view(payload_of(sending), rows, MemoryKind::kHost),
-                    part_layout.dv_view(partial, rows, MemoryKind::kHost));
-    }
+    if (block != nullptr) trip.add_part(payload_of(sending), partial, rows);
     seal_block(buffers[sending], src, payload, ctx_.verify_blocks);
   });
   // The last hop: the accumulator held now belongs to the next rank; ours comes from the previous one.
   if (n > 1) finish_shift(*start_shift(n), n, rank);
-  const int64_t local_rows = in.k.dim(1);
-  add_from_wire(acc.dk, layout.dk_view(payload_of(sending), local_rows, MemoryKind::kHost));
-  add_from_wire(acc.dv, layout.dv_view(payload_of(sending), local_rows, MemoryKind::kHost));
+  trip.take_home(payload_of(sending), in.k.dim(1));
+}
+
+void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPositions& pos,
+                                        const AttentionParams& params, const BackwardInputs& grad,
+                                        const GradViews& acc) const {
+  stats_ = RingStats{};
+  stats_.transport = ctx_.comm->backend_name();
+  if (ctx_.deterministic) return accumulate_backward_exact(in, pos, params, grad, acc);
+  RA_CHECK(local_->has_backward(), "ring backward: the local implementation '", local_->name(), "' has no backward");
+  Communicator& comm = *ctx_.comm;
+  const int n = comm.size();
+  const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3),
+                             layout_max_rows(ctx_.layout, ctx_.global_kv_len, n),
+                             n > 1 ? ctx_.gradient_wire : DType::kF32};  // a ring of one has no wire
+  const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
+  // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.
+  const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
+  Tensor dbias_part;
+  if (shared_bias) dbias_part = Tensor(DType::kF32, acc.dbias.shape());  // zeroed
+  const TensorView dbias = shared_bias ? dbias_part.view() : acc.dbias;
+  GradientTrip trip;
+  trip.wire_bytes = layout.payload();
+  trip.part_bytes = part_layout.payload();
+  trip.wire_name = "dK/dV accumulator (" + std::string(dtype_name(layout.dtype)) + ", " +
+                   std::to_string(trip.wire_bytes) + " bytes)";
+  trip.compute = [&](const AttentionInputs& block, const TokenPositions& block_pos, char* part, int64_t rows) {
+    const GradViews views{acc.dq, part_layout.dk_view(part, rows, MemoryKind::kHost),
+                          part_layout.dv_view(part, rows, MemoryKind::kHost), dbias};
+    local_->accumulate_backward(block, block_pos, params, grad, views);
+  };
+  trip.add_part = [&](char* wire, char* part, int64_t rows) {
+    add_into_wire(layout.dk_view(wire, rows, MemoryKind::kHost), part_layout.dk_view(part, rows, MemoryKind::kHost));
+    add_into_wire(layout.dv_view(wire, rows, MemoryKind::kHost), part_layout.dv_view(part, rows, MemoryKind::kHost));
+  };
+  trip.take_home = [&](char* wire, int64_t rows) {
+    add_from_wire(acc.dk, layout.dk_view(wire, rows, MemoryKind::kHost));
+    add_from_wire(acc.dv, layout.dv_view(wire, rows, MemoryKind::kHost));
+  };
+  carry_gradients(in, pos, params, ctx_.fault.in_pass(FaultPlan::Pass::kBackward), trip);
   if (shared_bias) {
     all_reduce_sum_f64(comm, dbias_part.data<float>(), size_t(dbias_part.numel()));
     add_floats(acc.dbias.data_as<float>(), dbias_part.data<float>(), size_t(dbias_part.numel()));
@@ -139,6 +155,10 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
 }
 
 void RingAttention::reduce_sequence_gradients(Gradients& g) const {
+  if (ctx_.deterministic) {  // the exact sums of accumulate_backward_exact, already over the whole ring
+    if (g.dsinks.defined()) g.dsinks = std::move(exact_dsinks_);
+    return;
+  }
   if (g.dsinks.defined()) all_reduce_sum_f64(*ctx_.comm, g.dsinks.data<float>(), size_t(g.dsinks.numel()));
 }
 

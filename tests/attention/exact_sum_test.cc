@@ -23,7 +23,7 @@ AttentionOutput exact_over_blocks(const Problem& p, std::vector<int64_t> cuts, u
   std::vector<size_t> order(cuts.size() - 1);
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), std::mt19937_64(shuffle_seed));
-  ExactSum exact(B, Hq, T, Dv, local_value_exponent(in.v));
+  ExactSum exact(B, Hq, T, Dv, magnitude_exponent(in.v));
   for (int pass = 0; pass < 2; ++pass)
     for (size_t i : order) {
       const int64_t k0 = cuts[i], nk = cuts[i + 1] - cuts[i];
@@ -62,9 +62,9 @@ TEST(ExactSum, BlockCutsAndOrderDoNotChangeTheBits) {
 
 TEST(ExactSum, ValueExponentBoundsEveryValue) {
   float values[4] = {0.25f, -3.0f, 1.0f, 0.0f};
-  EXPECT_EQ(local_value_exponent(TensorView(values, DType::kF32, Shape{1, 2, 1, 2})), 2);  // 3 <= 2^2
+  EXPECT_EQ(magnitude_exponent(TensorView(values, DType::kF32, Shape{1, 2, 1, 2})), 2);  // 3 <= 2^2
   float zeros[2] = {0, 0};
-  EXPECT_EQ(local_value_exponent(TensorView(zeros, DType::kF32, Shape{1, 1, 1, 2})), -126);
+  EXPECT_EQ(magnitude_exponent(TensorView(zeros, DType::kF32, Shape{1, 1, 1, 2})), -126);
 }
 
 }  // namespace

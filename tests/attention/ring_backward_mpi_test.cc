@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "attention/backward.h"
 #include "attention/compare.h"
@@ -44,6 +45,7 @@ struct RingBackwardCase {
   bool cuda = false;         // a GPU ring case (run with --backend=cuda only)
   int64_t head_dim = 64, v_head_dim = 32;
   DType gradient_wire = DType::kF32;  // bf16: --grad-wire bf16 (the error may grow with the ring; bounded, printed)
+  bool deterministic = false;         // --deterministic: every ring size gives the same bits
 };
 
 // The gradients of the whole problem, each value written by the one rank that holds it (zeros elsewhere).
@@ -160,6 +162,7 @@ TEST_P(RingBackward, EveryRingSizeMatchesTheF64GradientsWithoutDrift) {
       RingContext ctx{test_ring.comm, c.layout, c.q_len, c.kv_len, c.local_impl, std::chrono::milliseconds(30000)};
       ctx.transport = g_args.transport;
       ctx.gradient_wire = c.gradient_wire;
+      ctx.deterministic = c.deterministic;
       ctx.host_comm = test_ring.mpi.get();
       const Shard shard(global, ctx);
       const Tensor shard_d_o = take(d_o, 1, shard.q_rows);
@@ -198,6 +201,18 @@ TEST_P(RingBackward, EveryRingSizeMatchesTheF64GradientsWithoutDrift) {
     for (const Verdict& v : verdicts) std::printf(" %.3g", v.error);
     std::printf("\n");
   }
+  if (c.deterministic)  // the exact sums: the same bits as one rank, every gradient
+    for (size_t n = 1; n < results.size(); ++n) {
+      const GlobalGradients &one = results[0], &ring = results[n];
+      for (auto [name, a, b] : {std::tuple{"dq", &one.dq, &ring.dq}, std::tuple{"dk", &one.dk, &ring.dk},
+                                std::tuple{"dv", &one.dv, &ring.dv}, std::tuple{"dbias", &one.dbias, &ring.dbias},
+                                std::tuple{"dsinks", &one.dsinks, &ring.dsinks}}) {
+        size_t differing = 0;
+        for (size_t i = 0; i < a->size(); ++i) differing += !((*a)[i] == (*b)[i]);
+        EXPECT_EQ(differing, 0u) << "ring of " << n + 1 << " ranks: " << name << " differs from one rank's in "
+                                 << differing << " values";
+      }
+    }
   for (size_t i = 0; i < verdicts.size(); ++i) {
     const Verdict& v = verdicts[i];
     EXPECT_EQ(v.nan, 0) << "ring of " << i + 1 << ": NaN";
@@ -232,6 +247,21 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   cases.push_back(wire);
   wire.options = opts[0], wire.layout = SequenceLayout::kContiguous;
   cases.push_back(wire);
+  // --deterministic: the exact sums, every layout, each option and all of them, uneven shards, S != T with
+  // GQA 8:1, a bias shared by every rank's rows, fewer tokens than ranks.
+  auto exact = [](SequenceLayout layout, const Options& o, DType dtype, int64_t t, int64_t s, int64_t hq, int64_t hkv,
+                  bool shared_bias = false) {
+    RingBackwardCase c{layout, o, dtype, t, s, hq, hkv, "flash_attn2", shared_bias};
+    c.deterministic = true;
+    return c;
+  };
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped}) {
+    cases.push_back(exact(layout, opts[6], DType::kF32, 97, 97, 4, 2));
+    cases.push_back(exact(layout, opts[7], DType::kBF16, 53, 97, 8, 1));
+  }
+  for (int i : {0, 1, 2, 3, 4, 5}) cases.push_back(exact(SequenceLayout::kZigzag, opts[size_t(i)], DType::kF32, 64, 64, 4, 2));
+  cases.push_back(exact(SequenceLayout::kContiguous, opts[0], DType::kF16, 48, 120, 2, 2, true));
+  cases.push_back(exact(SequenceLayout::kStriped, opts[1], DType::kF32, 3, 3, 2, 2));
   // The GPU ring: its kernels' dtypes (flash_attn2 and cudnn: f16 / bf16, head_dim 64 or 128; sdpa: f32).
   auto gpu = [](SequenceLayout layout, const Options& o, DType dtype, int64_t t, int64_t s, int64_t hq, int64_t hkv,
                 const char* impl, bool shared_bias = false) {
@@ -258,7 +288,8 @@ INSTANTIATE_TEST_SUITE_P(Mpi, RingBackward, testing::ValuesIn(ring_backward_case
   return std::string(layout_name(c.layout)) + "_" + c.options.name() + "_" + std::string(dtype_name(c.dtype)) + "_T" +
          std::to_string(c.q_len) + "_S" + std::to_string(c.kv_len) + "_H" + std::to_string(c.q_heads) + "x" +
          std::to_string(c.kv_heads) + "_" + c.local_impl + (c.shared_bias ? "_shared_bias" : "") +
-         (c.gradient_wire != DType::kF32 ? "_bf16_wire" : "") + (c.cuda ? "_cuda" : "");
+         (c.gradient_wire != DType::kF32 ? "_bf16_wire" : "") + (c.deterministic ? "_deterministic" : "") +
+         (c.cuda ? "_cuda" : "");
 });
 
 // The bits of a given ring size and layout do not change from run to run (fixed accumulation order).
@@ -278,23 +309,6 @@ TEST(RingBackwardRepeat, SameBitsOnEveryRun) {
     differing += std::memcmp(x->view().data(), y->view().data(), x->view().nbytes()) != 0;
   g_world->all_reduce(&differing, 1, ReduceOp::kSum);
   EXPECT_EQ(differing, 0);
-}
-
-// The GPU ring and the exact-sum ring have no backward yet: refused by name, not run wrongly.
-TEST(RingBackwardRefusals, DeterministicRingNamesWhatIsMissing) {
-  Problem global(ProblemSpec{1, 16, 16, 2, 2, 32, 32, DType::kF32, Options{}, 3});
-  RingContext ctx{g_world, SequenceLayout::kContiguous, 16, 16, "flash_attn2", std::chrono::milliseconds(30000)};
-  ctx.deterministic = true;
-  const Shard shard(global, ctx);
-  std::mt19937_64 rng(4);
-  const Tensor d_o = take(random_normal(DType::kF32, {1, 16, 2, 32}, rng, 1.0f), 1, shard.q_rows);
-  auto ring = AttentionRegistry::builtin().create("ring", Backend::kCpu, &ctx);
-  try {
-    ring->backward(shard.inputs, global.params(), shard.pos, d_o.view());
-    FAIL() << "the deterministic ring ran a backward";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("--deterministic"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

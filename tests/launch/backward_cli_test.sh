@@ -61,8 +61,6 @@ expect "--do-dataset without --backward" 2 "add --backward" "$ra" run --input bf
 expect "--do-dataset missing" 2 "has no dataset 'g'" "$ra" run --input bf16.h5 --output x.h5 --backward --do-dataset g
 expect "do of the wrong shape" 2 "dimension 3 (v_head_dim) is 32, expected 24" "$ra" run --input bf16.h5 --output x.h5 \
   --backward --do-dataset q
-expect "--deterministic backward refused" 2 "exact-sum ring has no backward" "$mpiexec" --oversubscribe -np 2 "$ra" run \
-  --input f32.h5 --output x.h5 --backward --deterministic
 expect "a local implementation on a split sequence refused" 2 "needs --impl ring" "$mpiexec" --oversubscribe -np 2 "$ra" \
   run --input f32.h5 --output x.h5 --backward --impl flash_attn2
 no_output "refusals leave no output" x.h5
@@ -79,6 +77,26 @@ for n in 2 3 4; do
         "$ra" verify --input $input.h5 --output ring-$n-$layout-$input.h5 --layout $layout $opts
     done
   done
+done
+# --deterministic: the exact-sum ring's forward and backward give the same bits on 1 to 4 ranks, any layout
+# (o, lse, dq, dk, dv, dbias), and pass verify.
+for input in f32 bf16; do
+  opts="--window 9,3 --softcap 20"; [ $input = bf16 ] && opts="--causal"
+  for run in 1:contiguous 2:zigzag 3:striped 4:zigzag; do
+    n=${run%%:*}; layout=${run#*:}
+    expect "--deterministic -np $n $layout $input run --backward" 0 "backward" "$mpiexec" --oversubscribe -np $n "$ra" run \
+      --input $input.h5 --output det-$input-$n.h5 --impl ring --layout $layout $opts --backward --deterministic --quiet
+  done
+  expect "--deterministic $input verify" 0 "dv vs f64 reference.*#wrong 0  OK" "$ra" verify --input $input.h5 \
+    --output det-$input-1.h5 $opts
+  expect "--deterministic $input: the same bits on 1, 2, 3 and 4 ranks" 0 "identical" env INPUT=$input $python - <<'PY'
+import h5py, numpy as np, os
+files = [h5py.File("det-%s-%d.h5" % (os.environ["INPUT"], n), "r") for n in (1, 2, 3, 4)]
+names = [n for n in ("o", "lse", "dq", "dk", "dv", "dbias") if n in files[0]]
+bad = [(n, i + 2) for n in names for i, f in enumerate(files[1:])
+       if not np.array_equal(files[0][n][...].view(np.uint8), f[n][...].view(np.uint8))]
+print("%s: %s" % (" ".join(names), "identical" if not bad else "DIFFERENT %s" % bad))
+PY
 done
 # --grad-wire bf16: the accumulators travel in bf16 (checked against bf16 inputs' tolerance); refused by name
 # without --backward and for another dtype.
