@@ -83,7 +83,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   if (backward) {
     RA_CHECK(json_path.empty() && !step_times, "--json and --step-times apply to the forward bench, not --backward");
     return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, iters, warmup, dtype,
-                                             parse_gradient_wire(grad_wire)}, opts, job);
+                                             parse_gradient_wire(grad_wire, "--grad-wire")}, opts, job);
   }
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");

@@ -52,11 +52,6 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o,
     ("allow-nonfinite", po::bool_switch(&o.allow_nonfinite), "run even when inputs hold NaN or Inf (reported either way)");
 }
 
-DType parse_gradient_wire(const std::string& text) {
-  RA_CHECK(text == "f32" || text == "bf16", "--grad-wire '", text, "': expected f32 or bf16");
-  return text == "bf16" ? DType::kBF16 : DType::kF32;
-}
-
 int64_t positive(int64_t value, const char* option) {
   RA_CHECK(value > 0, "--", option, " is ", value, ", expected a positive integer");
   return value;

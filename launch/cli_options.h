@@ -26,7 +26,6 @@ struct AttentionOptions {
 };
 
 // --grad-wire: the dtype of the backward's dK/dV accumulators between ring steps ("f32" or "bf16").
-DType parse_gradient_wire(const std::string& text);
 inline constexpr const char* kGradWireHelp = "with --backward: the dK/dV accumulators between ring steps in f32 "
     "(default) or bf16 (half their traffic; each hop rounds the running sum, so the error grows with the ranks)";
 

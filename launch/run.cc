@@ -13,6 +13,7 @@
 #include "attention/invariants.h"
 #include "attention/validate.h"
 #include "attention/registry.h"
+#include "attention/ring/ring.h"
 #include "launch/commands.h"
 #include "launch/sharded_io.h"
 #include "launch/watchdog.h"
@@ -139,7 +140,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   positive(io_timeout_s, "io-timeout");
   RA_CHECK(backward || (!f32_gradients && do_dataset == "do" && grad_wire == "f32"), "--f32-gradients, "
            "--do-dataset and --grad-wire apply to the backward pass: add --backward");
-  const DType gradient_wire = parse_gradient_wire(grad_wire);
+  const DType gradient_wire = parse_gradient_wire(grad_wire, "--grad-wire");
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   const auto started = std::chrono::steady_clock::now();

@@ -36,6 +36,11 @@ RingTransport parse_ring_transport(const std::string& name) {
   RA_FAIL("ring transport '", name, "' is unknown: expected auto, nccl or copy-engines");
 }
 
+DType parse_gradient_wire(const std::string& text, const char* option) {
+  RA_CHECK(text == "f32" || text == "bf16", option, " '", text, "': expected f32 or bf16");
+  return text == "bf16" ? DType::kBF16 : DType::kF32;
+}
+
 const char* ring_transport_name(RingTransport transport) {
   switch (transport) {
     case RingTransport::kAuto: return "auto";

@@ -27,6 +27,10 @@ enum class RingTransport { kAuto, kNccl, kCopyEngines };
 RingTransport parse_ring_transport(const std::string& name);  // "auto" | "nccl" | "copy-engines"
 const char* ring_transport_name(RingTransport transport);
 
+// The backward's dK/dV accumulators on the wire (RingContext::gradient_wire): "f32" or "bf16"; `option`
+// names the setting in the error ("--grad-wire", "grad_wire").
+DType parse_gradient_wire(const std::string& text, const char* option);
+
 struct RingContext {
   Communicator* comm = nullptr;                      // the sequence-parallel axis
   SequenceLayout layout = SequenceLayout::kContiguous;

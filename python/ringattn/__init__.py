@@ -47,7 +47,8 @@ def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients
 
 
 def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
-                   local_impl="flash_attn2", timeout=60.0, return_lse=False, out=None, stream=None, **options):
+                   local_impl="flash_attn2", timeout=60.0, deterministic=False, return_lse=False, out=None, stream=None,
+                   **options):
     """Ring attention of this rank's shard over every rank of `comm` (an mpi4py communicator).
 
     On CUDA arrays the GPU ring runs (copy engines between ranks of one node, NCCL across nodes), one
@@ -57,21 +58,27 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     "striped"; shard() cuts them); the global lengths default to the sum over the ranks. Returns this
     rank's rows of o (and lse). Every rank calls it with the same options; a rank that stops makes the
     others fail after `timeout` seconds instead of hanging.
+
+    deterministic=True (host arrays): the same bits for any number of ranks and any layout (exact sums,
+    tens of times slower); its backward too when ring_attention_backward is called with it.
     """
     return _core.ring_attention(q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
-                                options, return_lse, out, _stream(stream), q)
+                                bool(deterministic), "f32", options, return_lse, out, _stream(stream), q)
 
 
 def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
-                            local_impl="flash_attn2", timeout=60.0, f32_gradients=False, out=None, stream=None,
-                            **options):
+                            local_impl="flash_attn2", timeout=60.0, deterministic=False, grad_wire="f32",
+                            f32_gradients=False, out=None, stream=None, **options):
     """This rank's (dq, dk, dv[, dbias][, dsinks]) of ring_attention(), given its o, lse and do.
 
-    dK / dV accumulate in float32 around the ring; dsinks and the dbias of a bias shared by every
-    rank's rows are summed over the ranks.
+    dK / dV accumulate in float32 around the ring (grad_wire="bf16": they travel in bfloat16, half the
+    traffic, each hop rounding the running sum); dsinks and the dbias of a bias shared by every rank's
+    rows are summed over the ranks. deterministic=True (host arrays): the same bits for any number of
+    ranks and any layout, given o and lse of a deterministic forward.
     """
     return _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
-                                         float(timeout), options, f32_gradients, out, _stream(stream), q)
+                                         float(timeout), bool(deterministic), grad_wire, options, f32_gradients, out,
+                                         _stream(stream), q)
 
 
 def release_rings():

@@ -157,11 +157,13 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias
                   mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
                   causal: bool, window_left: int, window_right: int, softcap: float, scale: float, dropout: float,
                   dropout_seed: int, comm: int, layout: str, global_q_len: Optional[int],
-                  global_kv_len: Optional[int], local_impl: str, timeout: float) -> tuple[Tensor, Tensor]:
+                  global_kv_len: Optional[int], local_impl: str, timeout: float, deterministic: bool,
+                  grad_wire: str) -> tuple[Tensor, Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed)
     return _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
-                                global_kv_len, local_impl, timeout, options, True, _outputs(q, v), _stream_of(q), q)
+                                global_kv_len, local_impl, timeout, deterministic, grad_wire, options, True, _outputs(q, v),
+                                _stream_of(q), q)
 
 
 @torch.library.custom_op("ringattn::ring_attention_backward", mutates_args=())
@@ -170,12 +172,13 @@ def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
                    kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
                    softcap: float, scale: float, dropout: float, dropout_seed: int, comm: int, layout: str,
                    global_q_len: Optional[int], global_kv_len: Optional[int], local_impl: str,
-                   timeout: float) -> list[Tensor]:
+                   timeout: float, deterministic: bool, grad_wire: str) -> list[Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed)
     grads = _core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
                                           _communicators[comm], layout, global_q_len, global_kv_len, local_impl,
-                                          timeout, options, False, _gradient_outputs(q, k, v), _stream_of(q), q)
+                                          timeout, deterministic, grad_wire, options, False,
+                                          _gradient_outputs(q, k, v), _stream_of(q), q)
     return list(grads)
 
 
@@ -262,8 +265,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
 
 def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_len=None, global_kv_len=None, causal=False, window=None,
                    softcap=None, scale=None, sinks=None, bias=None, mask=None, segment_ids=None, kv_segment_ids=None,
-                   dropout=0.0, dropout_seed=0, local_impl="flash_attn2", timeout=60.0, layout_bhtd=False,
-                   return_lse=False):
+                   dropout=0.0, dropout_seed=0, local_impl="flash_attn2", timeout=60.0, deterministic=False,
+                   grad_wire="f32", layout_bhtd=False, return_lse=False):
     """Ring attention of this rank's shard over every rank of `comm`, differentiable.
 
     comm: an mpi4py communicator (under mpirun; CPU tensors, or CUDA tensors over the GPU ring); without
@@ -272,11 +275,14 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
 
     q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag", "striped";
     ringattn.shard cuts them). Every rank calls it (and its backward) with the same options; dK / dV
-    accumulate in float32 around the ring. A rank that stops makes the others fail after `timeout` seconds.
+    accumulate in float32 around the ring (grad_wire="bf16": in bfloat16 on the wire, half the traffic). A
+    rank that stops makes the others fail after `timeout` seconds. deterministic=True (CPU tensors): the same
+    bits, forward and gradients, for any number of ranks and any layout (exact sums; tens of times slower).
     """
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed)
     o, lse = _ring_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
-                           _handle_of(comm, group, float(timeout)), layout, global_q_len, global_kv_len, local_impl, float(timeout))
+                           _handle_of(comm, group, float(timeout)), layout, global_q_len, global_kv_len, local_impl, float(timeout),
+                           bool(deterministic), str(grad_wire))
     o = _to_bthd(o, layout_bhtd)
     return (o, lse) if return_lse else o

@@ -105,16 +105,18 @@ CallRing::CallRing(std::unique_ptr<Communicator> comm, const RingConfig& config)
   ctx.global_kv_len = config.global_kv_len;
   ctx.local_impl = config.local_impl;
   ctx.step_timeout = std::chrono::milliseconds(config.timeout_ms);
+  ctx.deterministic = config.deterministic;
+  ctx.gradient_wire = config.gradient_wire;
   impl = AttentionRegistry::builtin().create("ring", config.backend, &ctx);
   pos = ring_positions(ctx);
 }
 
 RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
                          std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
-                         const AttentionInputs& in, const CallDevice& device) {
+                         const RingModes& modes, const AttentionInputs& in, const CallDevice& device) {
   RA_CHECK(timeout_s > 0, "timeout is ", timeout_s, " s, expected a positive number of seconds");
-  RingConfig config{layout, local_impl, 0, 0, in.q.dim(1), in.k.dim(1), int64_t(timeout_s * 1000), device.backend(),
-                    device.where.device};
+  RingConfig config{layout,        local_impl,          0, 0, in.q.dim(1), in.k.dim(1), int64_t(timeout_s * 1000),
+                    device.backend(), device.where.device, modes.deterministic, modes.gradient_wire};
   (void)parse_layout(layout);  // a bad name fails here, on every rank, before any collective
   int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
   if (caller.python.is_valid()) {  // carried by Python: built for this call

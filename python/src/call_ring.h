@@ -32,6 +32,8 @@ struct RingConfig {
   int64_t timeout_ms = 0;
   Backend backend = Backend::kCpu;
   int device = 0;
+  bool deterministic = false;                // RingContext::deterministic (host ring)
+  DType gradient_wire = DType::kF32;         // RingContext::gradient_wire
   bool operator==(const RingConfig&) const = default;
 };
 
@@ -45,6 +47,12 @@ struct CallRing {
   TokenPositions pos;
 };
 
+// What a call chooses beyond its implementation: the ring's modes.
+struct RingModes {
+  bool deterministic = false;
+  DType gradient_wire = DType::kF32;
+};
+
 // The ring for one call, bound to the call's device stream; this rank's shard checked against the layout
 // before any exchange. Over MPI every rank first agrees (over the caller's communicator) on the global
 // lengths and on whether each holds a kept ring for this configuration; up to kKeptRings configurations
@@ -54,7 +62,7 @@ class RingForCall {
  public:
   RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
               std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
-              const AttentionInputs& in, const CallDevice& device);
+              const RingModes& modes, const AttentionInputs& in, const CallDevice& device);
   template <typename Run>
   auto run(Run&& body) {
     try {

@@ -24,8 +24,10 @@ using namespace nb::literals;
 nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, nb::handle comm,
                           const std::string& layout, std::optional<int64_t> global_q_len,
                           std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
-                          const nb::dict& options, bool return_lse, nb::handle out, uintptr_t stream,
-                          nb::handle like) {
+                          bool deterministic, const std::string& grad_wire, const nb::dict& options,
+                          bool return_lse, nb::handle out, uintptr_t stream, nb::handle like) {
+  // The backward's wire is part of the ring's configuration: a forward and its backward share a kept ring.
+  const RingModes modes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
   const CallOptions call = options_from(options);
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, call, where);
@@ -36,7 +38,7 @@ nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& 
   {
     nb::gil_scoped_release released;  // the ring waits on its peers without holding the interpreter
     const CallDevice device(where, stream);
-    RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, in, device);
+    RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, modes, in, device);
     ring.run([&](CallRing& r) {
       if (into) {
         r.impl->forward_into(in, params, r.pos, *into);
@@ -52,8 +54,10 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
                                    const AnyArray& lse, const AnyArray& d_o, nb::handle comm,
                                    const std::string& layout, std::optional<int64_t> global_q_len,
                                    std::optional<int64_t> global_kv_len, const std::string& local_impl,
-                                   double timeout_s, const nb::dict& options, bool f32_gradients, nb::handle out,
-                                   uintptr_t stream, nb::handle like) {
+                                   double timeout_s, bool deterministic, const std::string& grad_wire,
+                                   const nb::dict& options, bool f32_gradients, nb::handle out, uintptr_t stream,
+                                   nb::handle like) {
+  const RingModes modes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
   const CallOptions call = options_from(options);
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, call, where);
@@ -66,7 +70,7 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
   {
     nb::gil_scoped_release released;
     const CallDevice device(where, stream);
-    RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, in, device);
+    RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, modes, in, device);
     g = ring.run([&](CallRing& r) {
       return r.impl->backward(in, params, r.pos, grad_out, forward, f32_gradients, into ? &*into : nullptr);
     });
@@ -78,11 +82,11 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
 
 void bind_ring(nb::module_& m) {
   m.def("ring_attention", &ring_attention, "q"_a, "k"_a, "v"_a, "comm"_a, "layout"_a, "global_q_len"_a.none(),
-        "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "options"_a, "return_lse"_a, "out"_a.none(), "stream"_a,
+        "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "deterministic"_a, "grad_wire"_a, "options"_a, "return_lse"_a, "out"_a.none(), "stream"_a,
         "like"_a);
   m.def("ring_attention_backward", &ring_attention_backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "comm"_a,
-        "layout"_a, "global_q_len"_a.none(), "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "options"_a,
-        "f32_gradients"_a, "out"_a.none(), "stream"_a, "like"_a);
+        "layout"_a, "global_q_len"_a.none(), "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "deterministic"_a,
+        "grad_wire"_a, "options"_a, "f32_gradients"_a, "out"_a.none(), "stream"_a, "like"_a);
   // The rings kept between calls over MPI (call_ring.h): how many, and their collective release.
   m.def("kept_ring_count", &kept_ring_count);
   m.def("release_rings", [] {

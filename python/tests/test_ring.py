@@ -24,16 +24,15 @@ CASES = {
 }
 
 
-def local_options(extra, layout):
-    """This rank's share of the per-row options (bias / mask rows, segment ids)."""
+def local_options(extra, layout, rank=RANK, size=SIZE):
+    """Rank `rank`'s share (of `size`) of the per-row options (bias / mask rows, segment ids)."""
     out = dict(extra)
-    T = None
     for name, axis in (("bias", 2), ("mask", 2)):
         if name in out and out[name].shape[axis] != 1:
-            out[name] = ringattn.shard(out[name], axis, layout, RANK, SIZE)
+            out[name] = ringattn.shard(out[name], axis, layout, rank, size)
     if "segment_ids" in out:
-        out["kv_segment_ids"] = ringattn.shard(out.get("kv_segment_ids", out["segment_ids"]), 1, layout, RANK, SIZE)
-        out["segment_ids"] = ringattn.shard(out["segment_ids"], 1, layout, RANK, SIZE)
+        out["kv_segment_ids"] = ringattn.shard(out.get("kv_segment_ids", out["segment_ids"]), 1, layout, rank, size)
+        out["segment_ids"] = ringattn.shard(out["segment_ids"], 1, layout, rank, size)
     return out
 
 
@@ -83,6 +82,53 @@ def test_shard_unshard_round_trip(layout):
     parts = [ringattn.shard(x, 1, layout, r, SIZE) for r in range(SIZE)]
     assert sum(p.shape[1] for p in parts) == 23
     np.testing.assert_array_equal(ringattn.unshard(parts, 1, layout), x)
+
+
+def test_deterministic_gives_the_same_bits_for_every_ring_size():
+    q, k, v, do, extra = problem(9, T=37, S=37, H=4, Hkv=2, **CASES["everything"])
+    results = []
+    for n in range(1, SIZE + 1):  # the ring of the first n ranks
+        member = RANK < n
+        ring = COMM.Split(0 if member else MPI.UNDEFINED, RANK)
+        mine = None
+        if member:
+            cut = lambda x, axis=1: ringattn.shard(x, axis, "striped", RANK, n)  # noqa: E731
+            opts = local_options(extra, "striped", RANK, n)
+            o, lse = ringattn.ring_attention(cut(q), cut(k), cut(v), comm=ring, layout="striped", deterministic=True,
+                                             return_lse=True, **opts)
+            g = ringattn.ring_attention_backward(cut(q), cut(k), cut(v), o, lse, cut(do), comm=ring, layout="striped",
+                                                 deterministic=True, **opts)
+            mine = (o, lse) + tuple(g)  # o, lse, dq, dk, dv, dbias (this rank's rows), dsinks (the sum)
+            ringattn.release_rings()  # collective over this ring's ranks
+            ring.Free()
+        shards = COMM.allgather(mine)[:n]
+        axes = (1, 2, 1, 1, 1, 2)
+        whole = [ringattn.unshard([s[i] for s in shards], axis, "striped") for i, axis in enumerate(axes)]
+        results.append(whole + [shards[0][-1]])
+    for n, got in enumerate(results[1:], start=2):
+        for name, a, b in zip(("o", "lse", "dq", "dk", "dv", "dbias", "dsinks"), results[0], got):
+            assert np.array_equal(a, b), "ring of %d ranks: %s differs from one rank's in %d values" % (
+                n, name, int((a != b).sum()))
+    # And one rank's gradients are right (against the single-process ones, within f32 rounding).
+    o1, lse1 = ringattn.attention(q, k, v, return_lse=True, **extra)
+    g1 = ringattn.attention_backward(q, k, v, o1, lse1, do, **extra)
+    for got, want in zip(results[0][2:], g1):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_grad_wire_bf16_rounds_the_sums_in_flight():
+    q, k, v, do, extra = problem(12, T=40, S=40, H=4, Hkv=2, causal=True)
+    cut = lambda x: ringattn.shard(x, 1, "zigzag", RANK, SIZE)  # noqa: E731
+    o, lse = ringattn.ring_attention(cut(q), cut(k), cut(v), comm=COMM, return_lse=True, **extra)
+    f32 = ringattn.ring_attention_backward(cut(q), cut(k), cut(v), o, lse, cut(do), comm=COMM, **extra)
+    bf16 = ringattn.ring_attention_backward(cut(q), cut(k), cut(v), o, lse, cut(do), comm=COMM, grad_wire="bf16",
+                                            **extra)
+    np.testing.assert_array_equal(bf16[0], f32[0])  # dq never travels
+    for a, b in zip(bf16[1:], f32[1:]):  # dk, dv: within bf16's rounding of the running sums
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2 * float(np.abs(b).max()))
+    with pytest.raises(ValueError, match="grad_wire 'f16': expected f32 or bf16"):
+        ringattn.ring_attention_backward(cut(q), cut(k), cut(v), o, lse, cut(do), comm=COMM, grad_wire="f16", **extra)
+    ringattn.release_rings()
 
 
 def test_bad_input_raises_on_every_rank():

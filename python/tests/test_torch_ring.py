@@ -75,6 +75,13 @@ def test_shards_of_the_ring_equal_one_process(layout, causal):
     check_ring_shards_equal_one_process(RING, layout, causal, shape=(2, 53, 4, 2, 16), tol=1e-5)
 
 
+@pytest.mark.parametrize("modes, tol", [({"deterministic": True}, 1e-5), ({"grad_wire": "bf16"}, 2e-2)])
+def test_ring_modes_through_autograd(modes, tol):
+    """deterministic=True (exact sums) and grad_wire="bf16" (dK/dV rounded in flight) reach the ring's
+    forward and backward through the ops, and agree with one process (bf16's rounding for the wire)."""
+    check_ring_shards_equal_one_process({**RING, **modes}, "zigzag", True, shape=(2, 37, 4, 2, 16), tol=tol)
+
+
 def test_torch_compile_traces_the_ring():
     g = torch.Generator().manual_seed(12)
     q, k, v = (shard(torch.randn(1, 40, 2, 8, generator=g), "zigzag").requires_grad_() for _ in range(3))
