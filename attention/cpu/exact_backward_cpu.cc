@@ -60,8 +60,8 @@ void ExactBackward::add_block(const AttentionInputs& block, const TokenPositions
   const FixedUnits units{unit_for(dq_exp_), unit_for(dk_exp_), unit_for(dv_exp_), unit_for(dbias_exp_)};
   const FixedGradViews views{dq_.data(), dk, dv, dbias_.empty() ? nullptr : dbias_.data(), units};
   RA_CHECK(sdpa_accumulate_backward_fixed(block, pos, params_, grad, views),
-           "deterministic backward: a gradient term exceeds the fixed-point range its input bounds give (is lse "
-           "the forward's of these inputs?)");
+           "deterministic backward: a gradient term is not finite or exceeds the fixed-point range its input bounds "
+           "give (a bias or sinks of NaN or +Inf?)");
 }
 
 std::vector<Fixed> ExactBackward::sinks_sums(const TensorView& sinks, const TensorView& lse,
@@ -76,7 +76,8 @@ std::vector<Fixed> ExactBackward::sinks_sums(const TensorView& sinks, const Tens
       for (int64_t t = 0; t < T; ++t) {
         const int64_t r = (b * H + h) * T + t;
         if (l[r] == -INFINITY) continue;
-        RA_CHECK(fixed_add(sums[size_t(h)], -std::exp(double(s.data<float>()[h]) - double(l[r])) * double(dl[r]), unit),
+        const double p_sink = std::exp(std::fmin(double(s.data<float>()[h]) - double(l[r]), 0.0));  // <= 1
+        RA_CHECK(fixed_add(sums[size_t(h)], -p_sink * double(dl[r]), unit),
                  "deterministic backward: a sink's gradient term exceeds its fixed-point range (is lse the forward's?)");
       }
   return sums;

@@ -2,6 +2,7 @@
 // f32 values is exact in f64, and each term is rounded to an integer once, on its own.
 #include "attention/cpu/exact_sum_cpu.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -54,15 +55,20 @@ void ExactSum::sum_pass(const AttentionInputs& raw, const TokenPositions& pos, c
   const float keep_scale = 1.0f / (1.0f - p.dropout_prob);
   const double probability_scale = std::ldexp(1.0, kFractionBits);
   const double value_scale = std::ldexp(1.0, kFractionBits - value_exponent_);
+  std::atomic<bool> not_finite{false};  // a logit of NaN or +Inf (from the bias): no fixed-point term
   for_each_row(in, [&](int64_t b, int64_t h, int64_t kh, int64_t t, const float* q) {
     const int64_t r = (b * heads_ + h) * rows_ + t;
     const float m = max_[size_t(r)];
     if (m == -INFINITY) return;
-    __int128* num = &numerator_[size_t(r * value_dim_)];
+    Fixed* num = &numerator_[size_t(r * value_dim_)];
     for (int64_t j = 0; j < in.k.dim(1); ++j) {
       const float s = pair_logit<float>(in, pos, p, scale, q, b, h, kh, t, j);
       if (s == -INFINITY) continue;
       const float e = std::exp(s - m);
+      if (!(e <= 1.0f)) {
+        not_finite.store(true, std::memory_order_relaxed);
+        continue;
+      }
       const float w = dropout_weight(p, keep_scale, e, b, h, pos.q[size_t(t)], pos.k[size_t(j)]);
       denominator_[size_t(r)] += to_fixed(e, probability_scale);
       if (w == 0.0f) continue;
@@ -70,6 +76,8 @@ void ExactSum::sum_pass(const AttentionInputs& raw, const TokenPositions& pos, c
       for (int64_t d = 0; d < value_dim_; ++d) num[d] += to_fixed(double(w) * double(v[d]), value_scale);
     }
   });
+  RA_CHECK(!not_finite.load(), "a logit is NaN or +Inf (a bias holding NaN or +Inf?): the deterministic ring's "
+           "fixed-point sums cannot carry it (run without --deterministic to have it propagate)");
 }
 
 void ExactSum::merge_into(Carry& carry) const {

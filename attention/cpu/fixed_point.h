@@ -33,7 +33,12 @@ inline float fixed_to_float(Fixed count, int exponent) {
 }
 
 // The smallest e with |x| < 2^e for every element of `t` (host, any float dtype, any rank); -126 when t
-// is all zeros.
+// is all zeros; kNonFiniteExponent when it holds NaN or Inf (fixed-point sums cannot carry them).
+constexpr int kNonFiniteExponent = 1 << 20;
 int magnitude_exponent(const TensorView& t);
+
+// Refuses, naming the tensor, where `exponents` (magnitude_exponent's, the maximum over the ranks, so
+// that every rank refuses alike) mark non-finite values.
+void check_finite_for_exact_sums(const int64_t* exponents, const char* const* names, int count);
 
 }  // namespace ra

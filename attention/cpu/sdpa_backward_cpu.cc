@@ -17,7 +17,9 @@
 namespace ra {
 namespace {
 
-template <typename Acc, typename LseT = Acc, typename Sum = Acc>
+// Acc: the terms' arithmetic; LseT: LSE and delta as stored; Sum: the sums; LogitT: the logits' arithmetic
+// (the deterministic ring's f64 terms take f32 logits, as its forward's LSE was computed from).
+template <typename Acc, typename LseT = Acc, typename Sum = Acc, typename LogitT = Acc>
 struct BackwardBuffers {
   const float* d_o;   // (B, T, Hq, Dv) contiguous
   const LseT* lse;    // (B, Hq, T)
@@ -38,12 +40,13 @@ inline void add_term(Fixed& sum, double term, double unit, std::atomic<bool>* ou
   if (!fixed_add(sum, term, unit)) out_of_range->store(true, std::memory_order_relaxed);
 }
 
-template <typename Acc, typename LseT, typename Sum>
+template <typename Acc, typename LseT, typename Sum, typename LogitT>
 void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionParams& p,
-                        const BackwardBuffers<Acc, LseT, Sum>& buf) {
+                        const BackwardBuffers<Acc, LseT, Sum, LogitT>& buf) {
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
   const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3), group = Hq / Hkv;
   const Acc scale = effective_scale(p, D), cap = p.logits_soft_cap;
+  const LogitT logit_scale = effective_scale(p, D);
   const Acc keep_scale = Acc(1) / (Acc(1) - Acc(p.dropout_prob));
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t b = 0; b < B; ++b)
@@ -58,10 +61,12 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
           const float* d_o = buf.d_o + ((b * T + t) * Hq + h) * Dv;
           std::fill(dq_row.begin(), dq_row.end(), Sum(0));
           for (int64_t j = 0; j < S; ++j) {
-            const Acc s = pair_logit<Acc>(in, pos, p, scale, q, b, h, kh, t, j);
+            const Acc s = pair_logit<LogitT>(in, pos, p, logit_scale, q, b, h, kh, t, j);
             if (s == -INFINITY) continue;
             const int64_t kpos = pos.k[size_t(j)];
-            const Acc prob = std::exp(s - lse);
+            // P <= 1: LSE bounds every logit of its row, but a rounded LSE (f32, of logits far from 0) may
+            // sit an ulp below the largest one.
+            const Acc prob = std::exp(std::fmin(s - lse, Acc(0)));
             const Acc weight = dropout_weight(p, keep_scale, Acc(1), b, h, pos.q[size_t(t)], kpos);
             const float* v = in.v.data_as<float>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
             Sum* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
@@ -131,7 +136,7 @@ bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPo
   const F32Inputs in = as_f32_inputs(in_raw, pos);
   const Tensor d_o = f32_copy(grad.d_o);
   std::atomic<bool> out_of_range{false};
-  BackwardBuffers<double, float, Fixed> buf{d_o.data<float>(), grad.lse.data_as<float>(), grad.delta.data_as<float>(),
+  BackwardBuffers<double, float, Fixed, float> buf{d_o.data<float>(), grad.lse.data_as<float>(), grad.delta.data_as<float>(),
                                             acc.dq, acc.dk, acc.dv, acc.dbias};
   buf.units = acc.units;
   buf.out_of_range = &out_of_range;

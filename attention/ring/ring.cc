@@ -124,9 +124,11 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
     return;
   }
   // Bitwise-reproducible: the global bound of |v| (an exact max), then two trips around the ring.
-  int64_t exponent = magnitude_exponent(in.v);
-  ctx_.comm->all_reduce(&exponent, 1, ReduceOp::kMax);
-  ExactSum exact(carry.batch, carry.heads, carry.rows, carry.value_dim, int(exponent));
+  int64_t exponents[3] = {magnitude_exponent(in.q), magnitude_exponent(in.k), magnitude_exponent(in.v)};
+  ctx_.comm->all_reduce(exponents, 3, ReduceOp::kMax);
+  static const char* const kNames[3] = {"q", "k", "v"};
+  check_finite_for_exact_sums(exponents, kNames, 3);
+  ExactSum exact(carry.batch, carry.heads, carry.rows, carry.value_dim, int(exponents[2]));
   rotate_blocks(in, pos, params, forward_fault, [&](const AttentionInputs* block, const TokenPositions& block_pos, int, int) {
     if (block) exact.max_pass(*block, block_pos, params);
   });

@@ -43,6 +43,8 @@ void RingAttention::accumulate_backward_exact(const AttentionInputs& in, const T
   MagnitudeBounds bounds = MagnitudeBounds::of(in, grad);
   static_assert(sizeof(MagnitudeBounds) == 5 * sizeof(int64_t));
   comm.all_reduce(&bounds.q, 5, ReduceOp::kMax);
+  static const char* const kNames[5] = {"q", "k", "v", "do", "o (through delta = rowsum(do * o))"};
+  check_finite_for_exact_sums(&bounds.q, kNames, 5);
   ExactBackward exact(in, params, bounds);
   const int64_t slot_rows = layout_max_rows(ctx_.layout, ctx_.global_kv_len, comm.size());
   const size_t dk_bytes = exact.dk_count(slot_rows) * sizeof(Fixed);

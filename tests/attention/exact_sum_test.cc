@@ -65,6 +65,9 @@ TEST(ExactSum, ValueExponentBoundsEveryValue) {
   EXPECT_EQ(magnitude_exponent(TensorView(values, DType::kF32, Shape{1, 2, 1, 2})), 2);  // 3 <= 2^2
   float zeros[2] = {0, 0};
   EXPECT_EQ(magnitude_exponent(TensorView(zeros, DType::kF32, Shape{1, 1, 1, 2})), -126);
+  float with_nan[3] = {1.0f, NAN, 2.0f}, with_inf[2] = {-INFINITY, 0.5f};
+  EXPECT_EQ(magnitude_exponent(TensorView(with_nan, DType::kF32, Shape{3})), kNonFiniteExponent);  // any rank
+  EXPECT_EQ(magnitude_exponent(TensorView(with_inf, DType::kF32, Shape{1, 2})), kNonFiniteExponent);
 }
 
 }  // namespace

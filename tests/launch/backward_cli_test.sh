@@ -98,6 +98,28 @@ bad = [(n, i + 2) for n in names for i, f in enumerate(files[1:])
 print("%s: %s" % (" ".join(names), "identical" if not bad else "DIFFERENT %s" % bad))
 PY
 done
+# Non-finite inputs cannot be fixed-point terms: refused by name on every rank (exit 2, no output), forward
+# and backward, even with --allow-nonfinite (which lets them propagate without --deterministic).
+$python - <<'PY'
+import h5py, numpy as np, shutil
+shutil.copy("f32.h5", "nan.h5")
+with h5py.File("nan.h5", "r+") as f:
+    x = f["do"][...]
+    x[1, 7, 2, 3] = np.inf
+    f["do"][...] = x
+shutil.copy("f32.h5", "nan-k.h5")
+with h5py.File("nan-k.h5", "r+") as f:
+    x = f["k"][...]
+    x[0, 30, 0, 1] = np.nan
+    f["k"][...] = x
+PY
+expect "--deterministic forward refuses a k holding NaN" 2 "k holds NaN or Inf" "$mpiexec" --oversubscribe -np 3 "$ra" \
+  run --input nan-k.h5 --output x.h5 --deterministic --allow-nonfinite
+expect "--deterministic refuses a do holding Inf" 2 "do holds NaN or Inf" "$mpiexec" --oversubscribe -np 2 "$ra" run \
+  --input nan.h5 --output x.h5 --backward --deterministic --allow-nonfinite
+expect "without --deterministic it propagates" 0 "backward" "$mpiexec" --oversubscribe -np 2 "$ra" run --input nan.h5 \
+  --output nan-out.h5 --backward --allow-nonfinite --quiet
+no_output "the refusal leaves no output" x.h5
 # --grad-wire bf16: the accumulators travel in bf16 (checked against bf16 inputs' tolerance); refused by name
 # without --backward and for another dtype.
 expect "ring -np 3 --grad-wire bf16 run --backward" 0 "backward" "$mpiexec" --oversubscribe -np 3 "$ra" run \
