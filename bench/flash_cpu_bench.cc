@@ -1,6 +1,7 @@
 // CPU flash kernel throughput, forward and backward, beside the machine's f32 GEMM rate (OpenBLAS
 // sgemm), all measured in this run with the same threads: GFLOP/s (4 B H T S D, half for causal; 2.5x
-// that for the backward), medians, and their ratio.
+// that for the backward), medians, and their ratio. The backward's two ways to form dQ (CpuDqStrategy) are
+// timed alternately, call by call, beside the default (auto).
 // Usage: flash_cpu_bench [T] [H] [D] [--append FILE]   (defaults 4096 8 128)
 #include <cblas.h>
 #include <omp.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/backward.h"
 #include "attention/cpu/flash_cpu.h"
 #include "attention/registry.h"
 #include "runtime/random.h"
@@ -86,11 +88,35 @@ int main(int argc, char** argv) {
     std::mt19937_64 grad_rng(2);
     const ra::Tensor d_o = ra::random_normal(ra::DType::kF32, {1, T, H, D}, grad_rng);
     const double bs = median_seconds(3, [&] { flash->backward(in, p, d_o, &out); });
-    const double bgflops = 2.5 * 4.0 * H * double(T) * double(T) * D / (causal ? 2 : 1) / bs * 1e-9;
-    std::snprintf(row, sizeof row, "| flash_attn2 cpu backward (%s) | B=1 T=S=%ld H=%ld D=%ld f32 %s | %d | %.3f s | %.1f | %.1f | %.0f%% |\n",
-                  ra::cpu_isa_name(ra::best_cpu_isa()), long(T), long(H), long(D), causal ? "causal" : "non-causal",
-                  threads, bs, bgflops, gemm_gflops, 100.0 * bgflops / gemm_gflops);
-    rows += row;
+    auto backward_row = [&](const char* what, double seconds) {
+      const double bgflops = 2.5 * 4.0 * H * double(T) * double(T) * D / (causal ? 2 : 1) / seconds * 1e-9;
+      std::snprintf(row, sizeof row, "| flash_attn2 cpu backward%s (%s) | B=1 T=S=%ld H=%ld D=%ld f32 %s | %d | %.3f s | %.1f | %.1f | %.0f%% |\n",
+                    what, ra::cpu_isa_name(ra::best_cpu_isa()), long(T), long(H), long(D),
+                    causal ? "causal" : "non-causal", threads, seconds, bgflops, gemm_gflops, 100.0 * bgflops / gemm_gflops);
+      rows += row;
+    };
+    backward_row("", bs);
+    // The two dQ strategies, alternating (each call: delta, zeroed accumulators, the kernel).
+    const ra::TokenPositions positions = ra::TokenPositions::dense(T, T);
+    const ra::Tensor delta = ra::compute_delta(out.o.view(), d_o.view());
+    const ra::BackwardInputs grad{out.lse.view(), d_o.view(), delta.view(), out.o.view()};
+    auto run = [&](ra::CpuDqStrategy dq) {
+      ra::GradAccumulators acc = ra::GradAccumulators::zeros(in, ra::MemoryKind::kHost);
+      ra::flash_accumulate_backward_cpu(in, positions, p, grad, acc.views(), ra::best_cpu_isa(), dq);
+    };
+    std::vector<double> second_pass, partials;
+    run(ra::CpuDqStrategy::kSecondPass);
+    run(ra::CpuDqStrategy::kThreadPartials);
+    for (int i = 0; i < 5; ++i)
+      for (auto [dq, times] : {std::pair{ra::CpuDqStrategy::kSecondPass, &second_pass},
+                               std::pair{ra::CpuDqStrategy::kThreadPartials, &partials}}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        run(dq);
+        times->push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    for (std::vector<double>* t : {&second_pass, &partials}) std::sort(t->begin(), t->end());
+    backward_row(", dQ second pass", second_pass[2]);
+    backward_row(", dQ thread partials", partials[2]);
   }
   std::printf("| kernel | shape | threads | time (median) | GFLOP/s | sgemm %d^3 GFLOP/s | ratio |\n|---|---|---|---|---|---|---|\n%s",
               n, rows.c_str());

@@ -1,6 +1,8 @@
 // Front of the CPU flash kernel: f32 views, the plain params struct, and the ISA dispatch.
 #include "attention/cpu/flash_cpu.h"
 
+#include <omp.h>
+
 #include "attention/validate.h"
 #include "runtime/error.h"
 
@@ -91,7 +93,7 @@ void flash_accumulate_cpu(const AttentionInputs& in_raw, const TokenPositions& p
 
 void flash_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPositions& pos,
                                    const AttentionParams& params, const BackwardInputs& grad, const GradViews& acc,
-                                   CpuIsa isa) {
+                                   CpuIsa isa, CpuDqStrategy dq) {
   const F32Inputs in = as_f32_inputs(in_raw, pos);
   const Tensor d_o = f32_copy(grad.d_o);
   FlashCpuBackwardParams g{kernel_params(in, pos, params), d_o.data<float>(), grad.lse.data_as<float>(),
@@ -104,6 +106,9 @@ void flash_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPos
     for (int i = 0; i < 4; ++i) g.dbias_stride[i] = dbias.stride(i);
   }
   if (in.q.dim(1) == 0 || in.k.dim(1) == 0) return;
+  const int64_t partial_bytes = int64_t(omp_get_max_threads()) * in.q.numel() * int64_t(sizeof(float));
+  g.dq_thread_partials = dq == CpuDqStrategy::kThreadPartials ||
+                         (dq == CpuDqStrategy::kAuto && partial_bytes <= kDqPartialsBudgetBytes);
   switch (isa) {
 #if defined(RA_HAVE_X86_ISAS)
     case CpuIsa::kAvx512: isa_avx512::flash_backward(g); return;

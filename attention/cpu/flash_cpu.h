@@ -53,14 +53,23 @@ struct FlashCpuBackwardParams {
   float* dv;           // (B, S, Hkv, Dv) +=
   float* dbias;        // optional, indexed as the bias (broadcast strides)
   int64_t dbias_stride[4];
+  bool dq_thread_partials = false;  // CpuDqStrategy::kThreadPartials
 };
+
+// How the CPU flash backward forms dQ: in a second pass over query blocks, which recomputes P and dS (7
+// block products instead of 5, no shared writes, no memory beyond the tiles), or in the key-block pass into
+// per-thread partials summed at the end (5 products; threads x B x Hq x T x D f32 more memory).
+// kAuto: the partials where they fit kDqPartialsBudgetBytes (measured faster, bench/RESULTS.md).
+enum class CpuDqStrategy : uint8_t { kAuto, kSecondPass, kThreadPartials };
+inline constexpr int64_t kDqPartialsBudgetBytes = int64_t(1) << 30;
 
 inline constexpr int64_t kFlashCpuMaxHeadDim = 256;
 
 void flash_accumulate_cpu(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                           Carry& carry, CpuIsa isa);
 void flash_accumulate_backward_cpu(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
-                                   const BackwardInputs& grad, const GradViews& acc, CpuIsa isa);
+                                   const BackwardInputs& grad, const GradViews& acc, CpuIsa isa,
+                                   CpuDqStrategy dq = CpuDqStrategy::kAuto);
 
 namespace isa_generic { void flash_forward(const FlashCpuParams& p); void flash_backward(const FlashCpuBackwardParams& g); }
 namespace isa_avx2 { void flash_forward(const FlashCpuParams& p); void flash_backward(const FlashCpuBackwardParams& g); }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <tuple>
@@ -356,11 +357,12 @@ TEST(BackwardValidation, RefusesWrongDoAndMissingLse) {
             std::string::npos);
 }
 
-// Each SIMD variant of the CPU flash backward on its own (the registry picks only the best one).
-class FlashBackwardIsa : public testing::TestWithParam<CpuIsa> {};
+// Each SIMD variant of the CPU flash backward on its own (the registry picks only the best one), with
+// each way of forming dQ (a second pass over query blocks, or per-thread partials in the key-block pass).
+class FlashBackwardIsa : public testing::TestWithParam<std::tuple<CpuIsa, CpuDqStrategy>> {};
 
 TEST_P(FlashBackwardIsa, MatchesF64Gradients) {
-  const CpuIsa isa = GetParam();
+  const auto [isa, dq_strategy] = GetParam();
   if (isa == CpuIsa::kAvx512 && best_cpu_isa() != CpuIsa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
   if (isa == CpuIsa::kAvx2 && best_cpu_isa() == CpuIsa::kGeneric) GTEST_SKIP() << "no AVX2 here";
   const ProblemSpec spec{2, 97, 130, 8, 2, 80, 72, DType::kF32, Options{true, true, true, true, true, true, true, true}, 11};
@@ -374,15 +376,45 @@ TEST_P(FlashBackwardIsa, MatchesF64Gradients) {
   for (size_t i = 0; i < ref.forward.o.size(); ++i) o.data<float>()[i] = float(ref.forward.o[i]);
   const Tensor delta = compute_delta(o, d_o);
   GradAccumulators acc = GradAccumulators::zeros(in, MemoryKind::kHost);
-  flash_accumulate_backward_cpu(in, pos, problem.params(), BackwardInputs{lse, d_o, delta}, acc.views(), isa);
+  flash_accumulate_backward_cpu(in, pos, problem.params(), BackwardInputs{lse, d_o, delta}, acc.views(), isa,
+                                dq_strategy);
   expect_gradient(acc.dq, ref.dq, "dq");
   expect_gradient(acc.dk, ref.dk, "dk");
   expect_gradient(acc.dv, ref.dv, "dv");
   expect_gradient(acc.dbias, ref.dbias, "dbias");
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, FlashBackwardIsa, testing::Values(CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512),
-                         [](const auto& info) { return std::string(cpu_isa_name(info.param)); });
+// dQ from per-thread partials is the same bits on every run: each thread sums the same tiles in the same
+// order (tasks dealt round robin, not to whichever thread is free) and the partials add in thread order.
+TEST(FlashBackwardDq, ThreadPartialsGiveTheSameBitsOnEveryRun) {
+  const ProblemSpec spec{2, 300, 300, 4, 2, 64, 64, DType::kF32, Options{true}, 5};
+  Problem problem(spec);
+  const AttentionInputs in = problem.inputs();
+  const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+  const Tensor d_o = random_d_o(spec, DType::kF32);
+  auto impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCpu);
+  const AttentionOutput out = impl->forward(in, problem.params());
+  const Tensor delta = compute_delta(out.o, d_o);
+  const BackwardInputs grad{out.lse, d_o, delta};
+  std::vector<Tensor> dq;
+  for (int run = 0; run < 4; ++run) {
+    GradAccumulators acc = GradAccumulators::zeros(in, MemoryKind::kHost);
+    flash_accumulate_backward_cpu(in, pos, problem.params(), grad, acc.views(), best_cpu_isa(),
+                                  CpuDqStrategy::kThreadPartials);
+    dq.push_back(std::move(acc.dq));
+  }
+  for (int run = 1; run < 4; ++run)
+    EXPECT_EQ(std::memcmp(dq[0].data<float>(), dq[size_t(run)].data<float>(), dq[0].view().nbytes()), 0) << "run " << run;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, FlashBackwardIsa,
+                         testing::Combine(testing::Values(CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512),
+                                          testing::Values(CpuDqStrategy::kSecondPass, CpuDqStrategy::kThreadPartials)),
+                         [](const auto& info) {
+                           return std::string(cpu_isa_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) == CpuDqStrategy::kSecondPass ? "_dq_second_pass"
+                                                                                         : "_dq_thread_partials");
+                         });
 
 }  // namespace
 }  // namespace ra::test
