@@ -27,7 +27,7 @@ RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)) {
   RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
   RA_CHECK(!ctx_.deterministic, "the deterministic ring (bitwise-identical results for any ring size) runs on the "
-           "host: use --backend cpu");
+           "host: use --backend cpu (host arrays from Python)");
   std::unique_ptr<AttentionImpl> local = AttentionRegistry::builtin().create(ctx_.local_impl, Backend::kCuda);
   local_.reset(dynamic_cast<CudaAttentionImpl*>(local.release()));
   RA_CHECK(local_ != nullptr, "local kernel '", ctx_.local_impl, "' has no device implementation");

@@ -45,3 +45,12 @@ def test_a_torchrun_group_with_cuda_tensors_is_refused_by_name():
     q = torch.zeros(1, 8, 2, 16, device=GPU, dtype=torch.float16)
     with pytest.raises(ValueError, match="needs comm to be an mpi4py communicator"):
         ringattn.ring_attention(q, q, q, comm=NotMpi(), global_q_len=8 * SIZE, global_kv_len=8 * SIZE)
+
+
+def test_grad_wire_bf16_on_the_gpu_ring_and_deterministic_refused():
+    # dK / dV in bfloat16 on the wire: within bf16's rounding of the running sums.
+    check_ring_shards_equal_one_process({"comm": COMM, "grad_wire": "bf16"}, "zigzag", True, shape=(2, 203, 8, 2, 64),
+                                        tol=2e-2, device=GPU, dtype=torch.float16)
+    q = torch.zeros(1, 8, 2, 64, device=GPU, dtype=torch.float16)
+    with pytest.raises(ValueError, match="deterministic ring .* runs on the host: pass host arrays"):
+        ringattn.ring_attention(q, q, q, comm=COMM, deterministic=True)
