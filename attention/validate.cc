@@ -94,9 +94,9 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
              ", expected f32 (", Hq, ") (one logit per query head)");
   }
   RA_CHECK(in.q_segment_ids.defined() == in.kv_segment_ids.defined(),
-           "segment ids need both q_segment_ids (B, T) and kv_segment_ids (B, S)");
-  if (in.q_segment_ids.defined()) {
-    for (auto [t, name, len] : {std::tuple{&in.q_segment_ids, "q_segment_ids", T},
+           "segment ids need both segment_ids (B, T) and kv_segment_ids (B, S)");
+  if (in.q_segment_ids.defined()) {  // named as the CLI's datasets and Python's options name them
+    for (auto [t, name, len] : {std::tuple{&in.q_segment_ids, "segment_ids", T},
                                 std::tuple{&in.kv_segment_ids, "kv_segment_ids", S}}) {
       RA_CHECK(t->dtype() == DType::kI32, name, " has dtype ", dtype_name(t->dtype()), ", expected i32");
       check_rank(*t, name, 2, "(batch, len)");
@@ -106,21 +106,30 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
   }
   RA_CHECK(p.window_left >= -1 && p.window_right >= -1, "sliding window (", p.window_left, ", ", p.window_right,
            ") has a negative size: expected sizes >= 0, or -1 for unbounded");
-  RA_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0.0f, "softmax_scale is ", p.softmax_scale,
+  RA_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0.0f, "scale (softmax_scale) is ", p.softmax_scale,
            ", expected a finite value > 0 (or 0 for 1/sqrt(head_dim))");
-  RA_CHECK(std::isfinite(p.logits_soft_cap) && p.logits_soft_cap >= 0.0f, "logits_soft_cap is ",
+  RA_CHECK(std::isfinite(p.logits_soft_cap) && p.logits_soft_cap >= 0.0f, "softcap (logits_soft_cap) is ",
            p.logits_soft_cap, ", expected >= 0 (0 is off)");
   RA_CHECK(p.dropout_prob >= 0.0f && p.dropout_prob < 1.0f, "dropout_prob is ", p.dropout_prob,
            ", expected 0 <= p < 1");
   RA_CHECK(p.block_q >= 1 && p.block_k >= 1, "block sizes (", p.block_q, ", ", p.block_k, ") must be >= 1");
 }
 
+namespace {
+
+// What a tensor that may be in q's dtype or f32 may be: "q's bf16 or f32", or "f32" where q is f32.
+std::string q_dtype_or_f32_text(const TensorView& q) {
+  return q.dtype() == DType::kF32 ? std::string("f32") : "q's " + std::string(dtype_name(q.dtype())) + " or f32";
+}
+
+}  // namespace
+
 void check_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& q,
                   bool q_dtype_or_f32) {
   RA_CHECK(out.defined(), "output ", name, " is missing, expected ", shape.str());
   RA_CHECK(out.shape() == shape, "output ", name, " has shape ", out.shape().str(), ", expected ", shape.str());
   RA_CHECK(out.dtype() == DType::kF32 || (q_dtype_or_f32 && out.dtype() == q.dtype()), "output ", name, " has dtype ",
-           dtype_name(out.dtype()), ", expected ", q_dtype_or_f32 ? std::string(dtype_name(q.dtype())) + " or " : "", "f32");
+           dtype_name(out.dtype()), ", expected ", q_dtype_or_f32 ? q_dtype_or_f32_text(q) : "f32");
   RA_CHECK(out.is_contiguous(), "output ", name, " is not contiguous");
   RA_CHECK(out.memory() == q.memory(), "output ", name, " must be in q's memory (host or device)");
 }
@@ -134,8 +143,9 @@ void validate_backward(const AttentionInputs& in, const TensorView& o, const Bac
   check_dim(grad.d_o, "do", 1, "q_len", T, "(q's q_len)");
   check_dim(grad.d_o, "do", 2, "q_heads", Hq, "(q's q_heads)");
   check_dim(grad.d_o, "do", 3, "v_head_dim", Dv, "(v's v_head_dim)");
+  const std::string q_dtype_or_f32 = q_dtype_or_f32_text(in.q);
   RA_CHECK(grad.d_o.dtype() == in.q.dtype() || grad.d_o.dtype() == DType::kF32, "do has dtype ",
-           dtype_name(grad.d_o.dtype()), ", expected q's ", dtype_name(in.q.dtype()), " or f32");
+           dtype_name(grad.d_o.dtype()), ", expected ", q_dtype_or_f32);
   RA_CHECK(grad.d_o.memory() == in.q.memory(), "do must be in q's memory (host or device)");
   for (auto [t, name] : {std::pair{&grad.lse, "lse"}, std::pair{&grad.delta, "delta"}}) {
     const bool is_lse = std::string_view(name) == "lse";
@@ -153,7 +163,7 @@ void validate_backward(const AttentionInputs& in, const TensorView& o, const Bac
   if (o.defined()) {
     check_rank(o, "o", 4, "(batch, q_len, q_heads, v_head_dim)");
     RA_CHECK(o.dtype() == in.q.dtype() || o.dtype() == DType::kF32, "o has dtype ", dtype_name(o.dtype()),
-             ", expected q's ", dtype_name(in.q.dtype()), " or f32");
+             ", expected ", q_dtype_or_f32);
     for (int d = 0; d < 4; ++d)
       RA_CHECK(o.dim(d) == grad.d_o.dim(d), "o dimension ", d, " is ", o.dim(d), ", expected do's ", grad.d_o.dim(d),
                " (o ", o.shape().str(), ", do ", grad.d_o.shape().str(), ")");
