@@ -12,7 +12,7 @@ PyTorch and the seeds: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (
 lse (B, Hq, T) float32, natural log. Keyword options, by the seeds' names: causal, window=(left, right)
 (-1: unbounded), softcap, scale (0: 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32,
 mask (the same shape, bool / uint8, true = attend), segment_ids (B, T) int32 and kv_segment_ids
-(B, S), dropout, dropout_seed. Bad input raises ValueError naming the tensor and dimension.
+(B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed. Bad input raises ValueError naming the tensor and dimension.
 """
 
 from . import _core
@@ -27,13 +27,29 @@ def _stream(stream):
     return 0 if stream is None else int(stream)
 
 
+def _int32_segments(options):
+    """options with int64 segment ids (numpy's and PyTorch's default integers) as the core's int32, once
+    their values are checked to fit."""
+    for name in ("segment_ids", "kv_segment_ids"):
+        x = options.get(name)
+        if x is None or str(getattr(x, "dtype", "")).replace("torch.", "") != "int64":
+            continue
+        count = x.numel() if callable(getattr(x, "numel", None)) else x.size
+        if count and not (-2**31 <= int(x.min()) and int(x.max()) < 2**31):
+            raise ValueError("%s holds values outside int32's range (%d to %d): segment ids are int32" %
+                             (name, int(x.min()), int(x.max())))
+        options = dict(options)
+        options[name] = x.int() if type(x).__module__.startswith("torch") else x.astype("int32")
+    return options
+
+
 def attention(q, k, v, *, impl="flash_attn2", return_lse=False, out=None, stream=None, **options):
     """o = attention of q over k and v on this process; (o, lse) with return_lse=True.
 
     impl: "flash_attn2", "sdpa" or "blockwise" on the host; "flash_attn2", "sdpa" or "cudnn" on a GPU.
     out: None, or (o, lse) arrays to write into.
     """
-    return _core.attention(q, k, v, impl, options, return_lse, out, _stream(stream), q)
+    return _core.attention(q, k, v, impl, _int32_segments(options), return_lse, out, _stream(stream), q)
 
 
 def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients=False, out=None, stream=None,
@@ -43,7 +59,7 @@ def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients
     The options must be the forward's. dq, dk, dv come in q's dtype (float32 with f32_gradients=True),
     dbias in the bias's shape, dsinks (Hq,) float32. out: None, or (dq, dk, dv) arrays to write into.
     """
-    return _core.attention_backward(q, k, v, o, lse, do, impl, options, f32_gradients, out, _stream(stream), q)
+    return _core.attention_backward(q, k, v, o, lse, do, impl, _int32_segments(options), f32_gradients, out, _stream(stream), q)
 
 
 def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
@@ -63,7 +79,7 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     tens of times slower); its backward too when ring_attention_backward is called with it.
     """
     return _core.ring_attention(q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
-                                bool(deterministic), "f32", options, return_lse, out, _stream(stream), q)
+                                bool(deterministic), "f32", _int32_segments(options), return_lse, out, _stream(stream), q)
 
 
 def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
@@ -77,7 +93,7 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", globa
     ranks and any layout, given o and lse of a deterministic forward.
     """
     return _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
-                                         float(timeout), bool(deterministic), grad_wire, options, f32_gradients, out,
+                                         float(timeout), bool(deterministic), grad_wire, _int32_segments(options), f32_gradients, out,
                                          _stream(stream), q)
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from . import _core
+from . import _int32_segments
 
 __all__ = ["attention", "ring_attention", "DistributedComm"]
 
@@ -57,7 +58,7 @@ def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left
                          ("kv_segment_ids", kv_segment_ids)):
         if tensor is not None:
             options[name] = _plain(tensor)
-    return options
+    return _int32_segments(options)
 
 
 class DistributedComm:

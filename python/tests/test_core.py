@@ -197,3 +197,14 @@ def test_bad_output_arrays_are_refused_naming_them(make_out, pattern):
     o, lse = ringattn.attention(q, k, v, return_lse=True)
     with pytest.raises(ValueError, match=pattern):
         ringattn.attention(q, k, v, return_lse=True, out=make_out(np.empty_like(o), np.empty_like(lse)))
+
+
+def test_int64_segment_ids_are_taken_as_int32():
+    q, k, v, do, _ = problem(41, T=20, S=20)
+    seg = np.repeat(np.arange(4), 5)[None].repeat(2, axis=0)  # int64, numpy's default
+    want = ringattn.attention(q, k, v, segment_ids=seg.astype(np.int32), kv_segment_ids=seg.astype(np.int32))
+    np.testing.assert_array_equal(ringattn.attention(q, k, v, segment_ids=seg, kv_segment_ids=seg), want)
+    o, lse = ringattn.attention(q, k, v, segment_ids=seg, kv_segment_ids=seg, return_lse=True)
+    ringattn.attention_backward(q, k, v, o, lse, do, segment_ids=seg, kv_segment_ids=seg)
+    with pytest.raises(ValueError, match="segment_ids holds values outside int32's range"):
+        ringattn.attention(q, k, v, segment_ids=seg * 2**40, kv_segment_ids=seg)

@@ -197,3 +197,11 @@ def test_dropout_backward_uses_the_forwards_mask():
         close(got, torch.from_numpy(want), 0.0)
     no_dropout = rt.attention(q, k, v)
     assert float((o - no_dropout).detach().abs().max()) > 1e-3  # dropout did act
+
+
+def test_int64_segment_ids_are_taken_as_int32():
+    q, k, v = (x.requires_grad_() for x in tensors(43, T=20, S=20)[:3])
+    seg = torch.arange(4).repeat_interleave(5).expand(2, 20)  # torch.long, PyTorch's default
+    o = rt.attention(q, k, v, segment_ids=seg)
+    o.sum().backward()
+    close(o, rt.attention(q, k, v, segment_ids=seg.int()), 0.0)
