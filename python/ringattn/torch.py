@@ -236,6 +236,15 @@ _attention_forward.register_autograd(_attention_autograd, setup_context=_setup_c
 _ring_forward.register_autograd(_ring_autograd, setup_context=_setup_context)
 
 
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("ringattn's attention backward is not differentiable itself: gradients of its gradients "
+                       "(double backward, e.g. a gradient penalty) are not implemented")
+
+
+for _op in (_attention_backward, _ring_backward):  # create_graph=True works until the graph is differentiated
+    _op.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)
+
+
 def _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                  dropout_seed):
     """The ops' flat option arguments (masks and biases are (B, H, T, S) in both layouts)."""

@@ -205,3 +205,10 @@ def test_int64_segment_ids_are_taken_as_int32():
     o = rt.attention(q, k, v, segment_ids=seg)
     o.sum().backward()
     close(o, rt.attention(q, k, v, segment_ids=seg.int()), 0.0)
+
+
+def test_double_backward_is_refused_by_name():
+    q, k, v = tensors(44, T=9, S=9)[:3]
+    (dq,) = torch.autograd.grad(rt.attention(q, k, v).sum(), q, create_graph=True)  # the first order works
+    with pytest.raises(RuntimeError, match="not differentiable itself"):
+        torch.autograd.grad(dq.sum(), q)
