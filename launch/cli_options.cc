@@ -95,6 +95,8 @@ void add_dataset_options(po::options_description& desc, DatasetOptions& o) {
     ("v-dataset", po::value(&o.names.v)->default_value(o.names.v), "path of v")
     ("mask-dataset", po::value(&o.names.mask)->default_value(o.names.mask), "path of the optional mask (non-zero = attend)")
     ("bias-dataset", po::value(&o.names.bias)->default_value(o.names.bias), "path of the optional additive bias")
+    ("sinks-dataset", po::value(&o.names.sinks)->default_value(o.names.sinks),
+     "path of the optional attention sinks (q_heads) float32: one logit per head with a zero value row")
     ("segment-ids-dataset", po::value(&o.names.segment_ids)->default_value(o.names.segment_ids),
      "path of the optional segment ids");
 }
@@ -137,7 +139,7 @@ bool parse(int argc, char** argv, const po::options_description& desc, const cha
     RA_FAIL(e.what(), " (see --help)");
   }
   if (datasets != nullptr)
-    for (const char* option : {"mask-dataset", "bias-dataset", "segment-ids-dataset"})
+    for (const char* option : {"mask-dataset", "bias-dataset", "sinks-dataset", "segment-ids-dataset"})
       if (vm.count(option) && !vm[option].defaulted()) datasets->named.push_back({option, vm[option].as<std::string>()});
   return true;
 }

@@ -56,6 +56,11 @@ void sum_shared_bias_gradient(Tensor& dbias, const Shape& bias_shape, const Job&
 void sum_shared_bias_gradient(std::vector<double>& dbias, const Shape& bias_shape, const Job& job,
                               std::initializer_list<const char*> axes);
 
+// A host tensor (or f64 values) summed over the ranks of each named mesh axis the job has (those that
+// share its entries, e.g. dsinks over "dp" and "sp").
+void sum_over_mesh_axes(Tensor& t, const Job& job, std::initializer_list<const char*> axes);
+void sum_over_mesh_axes(std::vector<double>& values, const Job& job, std::initializer_list<const char*> axes);
+
 // The command line after the program name, for the agreement check.
 std::string args_text(int argc, char** argv);
 

@@ -1,4 +1,4 @@
-// `ringattn generate`: random Q/K/V (and optionally mask, bias, segment ids) in an HDF5 file,
+// `ringattn generate`: random Q/K/V (and optionally mask, bias, sinks, segment ids) in an HDF5 file,
 // written by rank 0 through a temporary name.
 #include <filesystem>
 #include <random>
@@ -23,7 +23,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
   std::string output, dtype_text = "f32";
   int64_t batch = 1, seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, segments = 0;
   uint64_t seed = 0;
-  bool with_mask = false, with_bias = false, with_grad = false, overwrite = false;
+  bool with_mask = false, with_bias = false, with_sinks = false, with_grad = false, overwrite = false;
   po::options_description desc("ringattn generate");
   desc.add_options()("help", "this text")
     ("output", po::value(&output)->required(), "HDF5 file to write")
@@ -38,6 +38,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     ("seed", po::value(&seed)->default_value(0), "random seed")
     ("with-mask", po::bool_switch(&with_mask), "add a random boolean mask (1, 1, T, S)")
     ("with-bias", po::bool_switch(&with_bias), "add a random f32 bias (1, Hq, T, S)")
+    ("with-sinks", po::bool_switch(&with_sinks), "add random f32 attention sinks (Hq)")
     ("with-grad", po::bool_switch(&with_grad), "add a random upstream gradient do (B, T, Hq, Dv) for run --backward")
     ("segments", po::value(&segments)->default_value(0), "pack N sequences: segment_ids (B, T) (needs S == T)")
     ("overwrite", po::bool_switch(&overwrite), "replace an existing file");
@@ -73,6 +74,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
         for (int64_t i = 0; i < s.numel(); ++i) s.data<int32_t>()[i] = int32_t((i % seq) * segments / seq);
         write(f, "segment_ids", s);
       }
+      if (with_sinks) write(f, "sinks", random_normal(DType::kF32, {heads}, rng));  // last: earlier draws unchanged
       f.set_attribute("generator", std::string("ringattn generate seed=") + std::to_string(seed));
       f.close();
     }

@@ -90,6 +90,18 @@ bool shares_bias_dimension(const char* axis, const Shape& bias_shape, const Job&
 
 }  // namespace
 
+void sum_over_mesh_axes(Tensor& t, const Job& job, std::initializer_list<const char*> axes) {
+  for (const char* axis : axes)
+    if (job.shape.has_axis(axis) && job.host_axis(axis).size() > 1)
+      all_reduce_sum_f64(job.host_axis(axis), t.data<float>(), size_t(t.numel()));
+}
+
+void sum_over_mesh_axes(std::vector<double>& values, const Job& job, std::initializer_list<const char*> axes) {
+  for (const char* axis : axes)
+    if (job.shape.has_axis(axis) && job.host_axis(axis).size() > 1)
+      job.host_axis(axis).all_reduce(values.data(), values.size(), ReduceOp::kSum);
+}
+
 void sum_shared_bias_gradient(std::vector<double>& dbias, const Shape& bias_shape, const Job& job,
                               std::initializer_list<const char*> axes) {
   for (const char* axis : axes)

@@ -27,12 +27,16 @@ namespace {
 // --allow-nonfinite. Returns the total.
 int64_t check_finite_inputs(const LocalTensors& local, const DatasetNames& names, const std::string& input, bool allow,
                             Job& job) {
-  const std::pair<const Tensor*, const std::string*> datasets[] = {
-      {&local.q, &names.q}, {&local.k, &names.k}, {&local.v, &names.v}, {&local.bias, &names.bias}};
-  int64_t counts[4], all = 0;
-  for (int i = 0; i < 4; ++i) counts[i] = count_nonfinite(datasets[i].first->view());
-  job.world.all_reduce(counts, 4, ReduceOp::kSum);
-  for (int i = 0; i < 4; ++i) {
+  const std::pair<const Tensor*, const std::string*> datasets[] = {{&local.q, &names.q},
+                                                                    {&local.k, &names.k},
+                                                                    {&local.v, &names.v},
+                                                                    {&local.bias, &names.bias},
+                                                                    {&local.sinks, &names.sinks}};
+  constexpr int kCount = 5;
+  int64_t counts[kCount], all = 0;
+  for (int i = 0; i < kCount; ++i) counts[i] = count_nonfinite(datasets[i].first->view());
+  job.world.all_reduce(counts, kCount, ReduceOp::kSum);
+  for (int i = 0; i < kCount; ++i) {
     if (counts[i] == 0) continue;
     all += counts[i];
     RA_CHECK(allow, "input '", input, "' dataset '", *datasets[i].second, "' holds ", counts[i],
@@ -120,14 +124,14 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   int64_t io_timeout_s = 600;
   po::options_description desc("ringattn run");
   desc.add_options()("help", "this text")
-    ("input", po::value(&input)->required(), "HDF5 file with q, k, v (and optional mask, bias, segment_ids)")
+    ("input", po::value(&input)->required(), "HDF5 file with q, k, v (and optional mask, bias, sinks, segment_ids)")
     ("output", po::value(&output)->required(), "HDF5 file to write o and lse to")
     ("overwrite", po::bool_switch(&overwrite), "replace an existing output file (never the input, never a non-regular file)")
     ("no-space-check", po::bool_switch(&no_space_check), "skip the free-space and file-size-limit check of the output")
     ("pageable", po::bool_switch(&pageable), "with --backend cuda: stage inputs and outputs in pageable host memory "
      "instead of pinned (page-locked) buffers")
     ("quiet", po::bool_switch(&quiet), "no progress lines on stderr")
-    ("backward", po::bool_switch(&backward), "also compute dq, dk, dv (and dbias) from dO and write them beside o and "
+    ("backward", po::bool_switch(&backward), "also compute dq, dk, dv (and dbias, dsinks) from dO and write them beside o and "
      "lse (one sequence shard: no ring yet)")
     ("do-dataset", po::value(&do_dataset)->default_value(do_dataset), "with --backward: path of dO (B, T, Hq, Dv) in the input")
     ("f32-gradients", po::bool_switch(&f32_gradients), "with --backward: write dq, dk, dv in f32 instead of the input dtype")
@@ -239,7 +243,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     job.synchronize();
     backward_seconds = lap();
     if (job.on_device)
-      for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv, &grads.dbias})
+      for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv, &grads.dbias, &grads.dsinks})
         if (t->defined()) *t = to_memory(*t, staging);
   }
   job.world.all_reduce(seconds, 4, ReduceOp::kMax);
@@ -253,7 +257,9 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", params.describe()},
       {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
-  GradientSlices gradient_slices{grads.dq, grads.dk, grads.dv, grads.dbias, Shape{}};
+  GradientSlices gradient_slices{grads.dq, grads.dk, grads.dv, grads.dbias, Shape{}, grads.dsinks};
+  // dsinks sums over every query row: over the batch's dp ranks here (the ring summed its sequence axis).
+  if (grads.dsinks.defined()) sum_over_mesh_axes(grads.dsinks, job, {"dp"});
   if (grads.dbias.defined()) {  // a bias broadcast over batch or heads is shared by the dp / tp ranks: sum
     gradient_slices.bias_shape = file.info(plan.names.bias).shape;
     sum_shared_bias_gradient(grads.dbias, gradient_slices.bias_shape, job, {"dp", "tp"});
@@ -272,9 +278,9 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
                 long(plan.head_dim), std::string(dtype_name(plan.dtype)).c_str(), seconds[2], flops / seconds[2] * 1e-9,
                 output.c_str());
     if (backward)  // FlashAttention's count: 2.5 times the forward's (five products instead of two)
-      std::printf("ringattn run: backward (forward recomputed) %.3f s, %.2f GFLOP/s total; dq, dk, dv%s -> %s\n",
+      std::printf("ringattn run: backward (forward recomputed) %.3f s, %.2f GFLOP/s total; dq, dk, dv%s%s -> %s\n",
                   backward_seconds, 2.5 * flops / backward_seconds * 1e-9, grads.dbias.defined() ? ", dbias" : "",
-                  output.c_str());
+                  grads.dsinks.defined() ? ", dsinks" : "", output.c_str());
     std::printf("ringattn run: reading %.3f s", seconds[0]);
     if (job.on_device)
       std::printf(", %s host -> device %.3f s, device -> host %.3f s", pageable ? "pageable" : "pinned", seconds[1],

@@ -91,6 +91,9 @@ Tensor read_pairwise(const H5File& f, const std::string& name, const ShardPlan& 
   return f.read(name, select_pairwise(p, info.shape), pairwise_local_shape(p, info.shape), memory);
 }
 
+// sinks / dsinks (Hq): this rank's heads.
+Selection select_heads(const ShardPlan& p) { return {{{p.hq_offset}, {p.hq_count}, {1}}}; }
+
 Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs, MemoryKind memory) {
   Selection sel;
   for (const IndexRun& r : runs) sel.push_back({{p.b_offset, r.start}, {p.b_count, r.count}, {1, r.stride}});
@@ -156,6 +159,11 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   if (f.has(names.mask))
     expect_dtype(f, names.mask, check_pairwise(f, names.mask, p), {DType::kU8}, "bool or uint8 (non-zero = attend)");
   if (f.has(names.bias)) expect_dtype(f, names.bias, check_pairwise(f, names.bias, p), {DType::kF32}, "float32");
+  if (f.has(names.sinks)) {
+    DatasetInfo sinks = required(f, names.sinks, 1, "(q_heads): one logit per query head");
+    expect_dtype(f, names.sinks, sinks, {DType::kF32}, "float32");
+    expect_dim(f, names.sinks, sinks, 0, "q_heads", p.q_heads, "(q's q_heads)");
+  }
   if (f.has(names.segment_ids)) {
     DatasetInfo seg = required(f, names.segment_ids, 2, "(batch, seq_len)");
     expect_dtype(f, names.segment_ids, seg, {DType::kI32}, "int32");
@@ -184,12 +192,13 @@ std::vector<MemoryNeed> local_input_bytes(const ShardPlan& p, const H5File& f, b
     const Shape s = f.info(*name).shape;
     add(*name, {s[0] == 1 ? 1 : p.b_count, s[1] == 1 ? 1 : p.hq_count, s[2] == 1 ? 1 : rows_q, s[3]}, dtype);
   }
+  if (f.has(p.names.sinks)) add(p.names.sinks, {p.hq_count}, DType::kF32);
   if (f.has(p.names.segment_ids)) add(p.names.segment_ids, {p.b_count, rows_q + rows_kv}, DType::kI32);
   return needs;
 }
 
 AttentionInputs LocalTensors::inputs() const {
-  return AttentionInputs{q, k, v, bias, mask, {}, q_segment_ids, kv_segment_ids};  // undefined stay undefined
+  return AttentionInputs{q, k, v, bias, mask, sinks, q_segment_ids, kv_segment_ids};  // undefined stay undefined
 }
 
 LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv, MemoryKind memory) {
@@ -204,6 +213,7 @@ LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv, Memo
                {p.b_count, kv_rows, p.hkv_count, p.v_head_dim}, memory);
   if (f.has(p.names.mask)) t.mask = read_pairwise(f, p.names.mask, p, memory);  // types checked by plan_shards
   if (f.has(p.names.bias)) t.bias = read_pairwise(f, p.names.bias, p, memory);
+  if (f.has(p.names.sinks)) t.sinks = f.read(p.names.sinks, select_heads(p), {p.hq_count}, memory);
   if (f.has(p.names.segment_ids)) {
     t.q_segment_ids = read_segments(f, p, p.q_runs, memory);
     t.kv_segment_ids = read_segments(f, p, kv_runs, memory);
@@ -237,6 +247,10 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
       if (gradients->dbias.defined()) {  // the bias's shape; ranks sharing a broadcast part write the same sums
         f.create_dataset("dbias", DType::kF32, gradients->bias_shape);
         f.write("dbias", select_pairwise(p, gradients->bias_shape), gradients->dbias);
+      }
+      if (gradients->dsinks.defined()) {  // ranks of the same heads write the same sums
+        f.create_dataset("dsinks", DType::kF32, {p.q_heads});
+        f.write("dsinks", select_heads(p), gradients->dsinks);
       }
     }
     for (const auto& [name, value] : attributes) f.set_attribute(name, value);
@@ -277,7 +291,8 @@ Tensor read_upstream_gradient(const H5File& f, const ShardPlan& p, const std::st
                 {p.b_count, p.local_q(), p.hq_count, p.v_head_dim}, memory);
 }
 
-void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias) {
+void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias,
+                    Tensor& dsinks) {
   const std::pair<const char*, Shape> expected[] = {{"dq", {p.batch, p.q_len, p.q_heads, p.head_dim}},
                                                     {"dk", {p.batch, p.kv_len, p.kv_heads, p.head_dim}},
                                                     {"dv", {p.batch, p.kv_len, p.kv_heads, p.v_head_dim}}};
@@ -294,6 +309,12 @@ void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk,
   if (f.has("dbias")) {
     const DatasetInfo info = check_pairwise(f, "dbias", p);
     dbias = f.read("dbias", select_pairwise(p, info.shape), pairwise_local_shape(p, info.shape));
+  }
+  if (f.has("dsinks")) {
+    const DatasetInfo info = required(f, "dsinks", 1, "(q_heads)");
+    RA_CHECK((info.shape == Shape{p.q_heads}), where(f, "dsinks"), " has shape ", info.shape.str(), ", expected (",
+             p.q_heads, ")");
+    dsinks = f.read("dsinks", select_heads(p), {p.hq_count});
   }
 }
 

@@ -1,4 +1,4 @@
-// Sharded HDF5 I/O for the CLI: which slice of q, k, v (and mask, bias, segment_ids) this rank holds
+// Sharded HDF5 I/O for the CLI: which slice of q, k, v (and mask, bias, sinks, segment_ids) this rank holds
 // under the mesh (batch over dp, heads over tp, sequence over sp by the layout), reading exactly
 // that slice, and writing o / lse slices into a file that appears under its name only when complete.
 #pragma once
@@ -19,7 +19,7 @@ namespace ra::cli {
 
 // Where the datasets sit in the input file (paths through groups allowed, e.g. /layer3/attn/q).
 struct DatasetNames {
-  std::string q = "q", k = "k", v = "v", mask = "mask", bias = "bias", segment_ids = "segment_ids";
+  std::string q = "q", k = "k", v = "v", mask = "mask", bias = "bias", sinks = "sinks", segment_ids = "segment_ids";
 };
 
 struct ShardPlan {
@@ -46,7 +46,7 @@ ShardPlan plan_shards(const H5File& file, const MeshShape& mesh, int rank, Seque
 std::vector<MemoryNeed> local_input_bytes(const ShardPlan& plan, const H5File& file, bool whole_kv = false);
 
 struct LocalTensors {
-  Tensor q, k, v, mask, bias, q_segment_ids, kv_segment_ids;
+  Tensor q, k, v, mask, bias, sinks, q_segment_ids, kv_segment_ids;  // sinks: this rank's heads
   AttentionInputs inputs() const;
 };
 // Reads this rank's slices into `memory` (kPinned when they go on to a GPU); `whole_kv` reads all S
@@ -55,10 +55,11 @@ LocalTensors read_local(const H5File& file, const ShardPlan& plan, bool whole_kv
                         MemoryKind memory = MemoryKind::kHost);
 
 // The backward's gradients of this rank's slices: dq (B, T, Hq, D), dk (B, S, Hkv, D), dv (B, S, Hkv, Dv),
-// and dbias in the bias's shape (one rank only: a bias broadcast over ranks would need a reduction).
+// dbias in the bias's shape and dsinks (this rank's heads of (Hq)), each summed over the ranks that share it.
 struct GradientSlices {
   TensorView dq, dk, dv, dbias;
   Shape bias_shape;  // the input bias's (B|1, H|1, T|1, S): dbias takes it, each rank writing its part
+  TensorView dsinks;
 };
 
 // This rank's part of a (B|1, H|1, T|1, S) mask, bias or dbias dataset, and its local shape.
@@ -81,7 +82,8 @@ void check_upstream_gradient(const H5File& file, const ShardPlan& plan, const st
 Tensor read_upstream_gradient(const H5File& file, const ShardPlan& plan, const std::string& name,
                               MemoryKind memory = MemoryKind::kHost);
 
-// Reads this rank's slices of dq, dk, dv (and the whole dbias, when the file has it) from an output file.
-void read_gradients(const H5File& file, const ShardPlan& plan, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias);
+// Reads this rank's slices of dq, dk, dv (and of dbias and dsinks, when the file has them) from an output file.
+void read_gradients(const H5File& file, const ShardPlan& plan, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias,
+                    Tensor& dsinks);
 
 }  // namespace ra::cli

@@ -24,8 +24,8 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
                          Job& job) {
   check_upstream_gradient(in_file, plan, do_dataset);
   const Tensor d_o = read_upstream_gradient(in_file, plan, do_dataset);
-  Tensor dq, dk, dv, dbias;
-  read_gradients(out_file, plan, dq, dk, dv, dbias);
+  Tensor dq, dk, dv, dbias, dsinks;
+  read_gradients(out_file, plan, dq, dk, dv, dbias, dsinks);
   ReferenceGradients ref = reference_attention_backward_f64(local.inputs(), params, pos, d_o);
   if (plan.sp_size > 1) {  // this rank's queries gave every key a part of dK / dV: sum them, keep its rows
     Communicator& sequence = job.sequence_axis();
@@ -45,12 +45,21 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
   // The GPU kernels round P and dS to the input dtype before their products; the CPU ones keep f32.
   const bool on_gpu = out_file.string_attribute("backend") == "cuda";
   const DType rounded = on_gpu ? plan.dtype : DType::kF32;
-  std::pair<const char*, GradientComparison> results[4] = {
+  std::pair<const char*, GradientComparison> results[5] = {
       {"dq", compare_gradient(dq, ref.dq, rounded)}, {"dk", compare_gradient(dk, ref.dk, rounded)},
-      {"dv", compare_gradient(dv, ref.dv, rounded)}, {"dbias", GradientComparison{}}};
+      {"dv", compare_gradient(dv, ref.dv, rounded)}, {"dbias", GradientComparison{}}, {"dsinks", GradientComparison{}}};
   if (dbias.defined()) {  // the file holds the sums over the ranks that share a broadcast part of the bias
     sum_shared_bias_gradient(ref.dbias, in_file.info(plan.names.bias).shape, job, {"dp", "tp", "sp"});
     results[3].second = compare_gradient(dbias, ref.dbias, rounded);
+  }
+  const bool sinks = local.sinks.defined();
+  if (sinks) {  // over every query row: this rank's part of the sum, summed over the batch and sequence ranks
+    RA_CHECK(dsinks.defined(), "output '", out_file.path(), "' has no dataset 'dsinks': the input has sinks (was it "
+             "written by run --backward with them?)");
+    sum_over_mesh_axes(ref.dsinks, job, {"dp", "sp"});
+    results[4].second = compare_gradient(dsinks, ref.dsinks, rounded);
+    if (plan.sp_index != 0 || plan.b_offset != 0)  // the dp and sp ranks of these heads hold the same values: count once
+      results[4].second.wrong = results[4].second.nan = 0;
   }
   int64_t wrong = 0;
   for (auto& [name, c] : results) {
@@ -60,7 +69,8 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
     job.world.all_reduce(&tolerance, 1, ReduceOp::kMax);
     job.world.all_reduce(&bad, 1, ReduceOp::kSum);
     wrong += bad;
-    if (job.world.rank() == 0 && (std::string_view(name) != "dbias" || dbias.defined()))
+    const bool given = (std::string_view(name) != "dbias" || dbias.defined()) && (std::string_view(name) != "dsinks" || sinks);
+    if (job.world.rank() == 0 && given)
       std::printf("ringattn verify: %s vs f64 reference: max |err| %.3e (tolerance %.3e), #wrong %ld  %s\n", name,
                   error, tolerance, long(bad), bad ? "FAILED" : "OK");
   }

@@ -78,6 +78,32 @@ for n in 2 3 4; do
     done
   done
 done
+# Attention sinks from the file: o, lse and dsinks (summed over every query row, over the batch's dp ranks and
+# the ring's sp ranks; each tp rank writes its heads) against f64 on every mesh; a changed dsinks is caught;
+# a sinks dataset of the wrong length or dtype is refused by name.
+"$ra" generate --output sinks.h5 --batch 2 --seq 45 --heads 4 --kv-heads 2 --head-dim 32 --dtype bf16 --with-sinks \
+  --with-grad --seed 8 >/dev/null
+for mesh in sp=1 sp=3 dp=2,sp=2 tp=2,sp=2; do
+  n=$(( $(sed 's/[a-z]*=//g; s/,/*/g' <<<"$mesh") ))
+  expect "sinks on $mesh run --backward" 0 "dsinks" "$mpiexec" --oversubscribe -np $n "$ra" run --input sinks.h5 \
+    --output sinks-$mesh.h5 --mesh $mesh --causal --backward
+  expect "sinks on $mesh verify" 0 "dsinks vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np $n "$ra" \
+    verify --input sinks.h5 --output sinks-$mesh.h5 --mesh $mesh --causal
+done
+$python - <<'PY'
+import h5py, numpy as np, shutil
+with h5py.File("sinks-sp=3.h5", "r+") as f:
+    f["dsinks"][2] += 0.01
+shutil.copy("sinks.h5", "sinks-short.h5")
+with h5py.File("sinks-short.h5", "r+") as f:
+    del f["sinks"]
+    f["sinks"] = np.zeros(5, np.float32)
+PY
+expect "verify catches a changed dsinks" 1 "dsinks vs f64 reference.*#wrong 1  FAILED" "$mpiexec" --oversubscribe -np 3 \
+  "$ra" verify --input sinks.h5 --output sinks-sp=3.h5 --mesh sp=3 --causal
+expect "sinks of the wrong length refused" 2 "dataset 'sinks' of '.*' dimension 0 (q_heads) is 5, expected 4" "$ra" run \
+  --input sinks-short.h5 --output x.h5
+no_output "the sinks refusal leaves no output" x.h5
 # --deterministic: the exact-sum ring's forward and backward give the same bits on 1 to 4 ranks, any layout
 # (o, lse, dq, dk, dv, dbias), and pass verify.
 for input in f32 bf16; do
