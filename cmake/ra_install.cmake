@@ -28,9 +28,10 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/ringattnConfigVersion.cmake
 install(FILES ${CMAKE_BINARY_DIR}/ringattnConfig.cmake ${CMAKE_BINARY_DIR}/ringattnConfigVersion.cmake
         DESTINATION ${RA_CMAKE_DIR})
 
-# pkg-config: our libraries in link order, then what they need (MPI, HDF5, OpenMP, CUDA when built).
+# pkg-config: our libraries in link order, then what they need (MPI, zlib, OpenMP, CUDA when built; HDF5 is
+# the CLI's only).
 set(RA_PC_LIBS "-lra_attention -lra_mesh -lra_collectives -lra_runtime")
-set(RA_PC_PRIVATE "${HDF5_C_LIBRARIES};${MPI_C_LIBRARIES};-fopenmp;-lpthread")
+set(RA_PC_PRIVATE "${MPI_C_LIBRARIES};-lz;-fopenmp;-lpthread")
 if(RA_HAVE_CUDA)
   if(RA_CUDNN_LIBRARY AND EXISTS "${RA_CUDNN_FRONTEND_DIR}/cudnn_frontend.h")
     list(APPEND RA_PC_PRIVATE ${RA_CUDNN_LIBRARY} $<TARGET_FILE:CUDA::nvrtc>)

@@ -6,7 +6,7 @@
 #include "launch/commands.h"
 #include "runtime/activity.h"
 #include "runtime/error.h"
-#include "runtime/hdf5_file.h"
+#include "launch/hdf5_file.h"
 #include "runtime/random.h"
 
 namespace ra::cli {

@@ -13,7 +13,7 @@
 #include "launch/memory_budget.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/sequence_layout.h"
-#include "runtime/hdf5_file.h"
+#include "launch/hdf5_file.h"
 
 namespace ra::cli {
 

@@ -1,6 +1,6 @@
 // HDF5 tensor I/O on one rank: dtypes survive a round trip, hyperslab unions read in file order,
 // errors name the file and the dataset, corrupt files give errors rather than crashes in libhdf5.
-#include "runtime/hdf5_file.h"
+#include "launch/hdf5_file.h"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>

@@ -1,6 +1,6 @@
 // HDF5 through its C API with RAII ids. Automatic error printing is off: every failure becomes an
 // ra::Error naming the file and dataset, and no HDF5 id outlives its scope.
-#include "runtime/hdf5_file.h"
+#include "launch/hdf5_file.h"
 
 #include <hdf5.h>
 
