@@ -78,7 +78,8 @@ std::vector<Fixed> ExactBackward::sinks_sums(const TensorView& sinks, const Tens
         if (l[r] == -INFINITY) continue;
         const double p_sink = std::exp(std::fmin(double(s.data<float>()[h]) - double(l[r]), 0.0));  // <= 1
         RA_CHECK(fixed_add(sums[size_t(h)], -p_sink * double(dl[r]), unit),
-                 "deterministic backward: a sink's gradient term exceeds its fixed-point range (is lse the forward's?)");
+                 "deterministic backward: a sink's gradient term exceeds its fixed-point range (is lse the "
+                 "forward's?)");
       }
   return sums;
 }

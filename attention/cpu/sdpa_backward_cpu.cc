@@ -27,8 +27,8 @@ struct BackwardBuffers {
   Sum *dq, *dk, *dv;  // contiguous, shaped as q, k, v
   Sum* dbias;         // nullptr without a bias; else indexed with dbias_strides over (B, Hq, T, S_total)
   std::array<int64_t, kMaxRank> dbias_strides{};
-  FixedUnits units{};                           // fixed-point sums only: each output's unit
-  std::atomic<bool>* out_of_range = nullptr;    // fixed-point sums only: set when a term exceeds its range
+  FixedUnits units{};                         // fixed-point sums only: each output's unit
+  std::atomic<bool>* out_of_range = nullptr;  // fixed-point sums only: set when a term exceeds its range
 };
 
 // sum += term: as is for floating-point sums; for fixed point, rounded to `unit` on its own.
@@ -136,8 +136,8 @@ bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPo
   const F32Inputs in = as_f32_inputs(in_raw, pos);
   const Tensor d_o = f32_copy(grad.d_o);
   std::atomic<bool> out_of_range{false};
-  BackwardBuffers<double, float, Fixed, float> buf{d_o.data<float>(), grad.lse.data_as<float>(), grad.delta.data_as<float>(),
-                                            acc.dq, acc.dk, acc.dv, acc.dbias};
+  BackwardBuffers<double, float, Fixed, float> buf{d_o.data<float>(), grad.lse.data_as<float>(),
+                                                   grad.delta.data_as<float>(), acc.dq, acc.dk, acc.dv, acc.dbias};
   buf.units = acc.units;
   buf.out_of_range = &out_of_range;
   if (in_raw.bias.defined())  // strides from the bias's shape (the sums are contiguous in it)
