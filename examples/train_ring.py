@@ -1,7 +1,7 @@
 """Training with ring attention over the sequence, on CPU ranks under mpirun or torchrun, or on GPUs
 under mpirun (one GPU per rank, or ranks sharing one):
 
-    mpirun -np 2 python examples/train_ring.py [--steps 200] [--seq 96] [--csv losses.csv]
+    mpirun -np 2 python examples/train_ring.py [--steps 200] [--seq 96] [--csv losses.csv] [--png losses.png]
     torchrun --nproc-per-node 2 examples/train_ring.py ...     (torch.distributed's gloo group)
     mpirun -np 2 python examples/train_ring.py --device cuda --dtype bf16 --seq 2048 --dim 256 --lr 1.0 --tolerance 5e-2
 
@@ -122,6 +122,7 @@ def main():
     parser.add_argument("--lr", type=float, default=0.2)
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--csv", help="write step, ring loss, one-process loss here (rank 0)")
+    parser.add_argument("--png", help="plot both loss curves and their relative difference here (rank 0; matplotlib)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="cuda: rank r on GPU r %% (GPUs visible), under mpirun")
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="attention's input dtype")
@@ -160,6 +161,8 @@ def main():
             out.write("step,ring_loss,one_process_sdpa_loss\n")
             for step, (a, b) in enumerate(zip(ring_losses, one_losses)):
                 out.write(f"{step},{a:.8g},{b:.8g}\n")
+    if args.png:
+        plot(args.png, ring_losses, one_losses, f"{size} ranks, {args.device}, attention in {args.dtype}")
     print(f"train_ring: {size} ranks ({args.device}, attention in {args.dtype}), {args.steps} steps, loss {one_losses[0]:.5f} -> {ring_losses[-1]:.5f} "
           f"(one process with SDPA: {one_losses[-1]:.5f}); largest relative difference {worst:.2e}")
     if not one_losses[-1] < 0.5 * one_losses[0]:
@@ -170,6 +173,32 @@ def main():
               file=sys.stderr)
         return 1
     return 0
+
+
+def plot(path, ring_losses, one_losses, what):
+    """The two loss curves (log scale) and the ring's relative difference from one process, to a PNG."""
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("train_ring: --png needs matplotlib (pip install matplotlib, or apt install python3-matplotlib)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = range(len(ring_losses))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=[3, 1])
+    top.plot(steps, one_losses, label="one process, PyTorch SDPA", linewidth=3, alpha=0.5)
+    top.plot(steps, ring_losses, label="ring (ringattn.torch.ring_attention)", linewidth=1)
+    top.set_yscale("log")
+    top.set_ylabel("loss")
+    top.set_title(f"train_ring: {what}")
+    top.legend()
+    # Points, not a line: steps where the two agree to the last bit (0) have no place on a log scale.
+    bottom.plot(steps, [abs(a - b) / abs(b) for a, b in zip(ring_losses, one_losses)], ".", markersize=3)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("|ring - one| / one")
+    bottom.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":
