@@ -59,7 +59,12 @@ struct FlashCpuBackwardParams {
 // How the CPU flash backward forms dQ: in a second pass over query blocks, which recomputes P and dS (7
 // block products instead of 5, no shared writes, no memory beyond the tiles), or in the key-block pass into
 // per-thread partials summed at the end (5 products; threads x B x Hq x T x D f32 more memory).
-// kAuto: the partials where they fit kDqPartialsBudgetBytes (measured faster, bench/RESULTS.md).
+// kAuto: the partials where they fit kDqPartialsBudgetBytes and the call has at least threads^2 keys
+// (1.4-1.5x faster measured on 2 cores, bench/RESULTS.md). The keys' bound is a model, not yet measured on
+// a many-core machine: zeroing and summing the partials moves threads x dQ bytes while the second pass they
+// save costs about S x dQ's FLOPs over the threads, so the saving outweighs the traffic only while S grows
+// with threads^2 (about 1.7 S / threads^2 at ~100 GB/s and ~30 GFLOP/s per core); a ring step's keys are its
+// block's.
 enum class CpuDqStrategy : uint8_t { kAuto, kSecondPass, kThreadPartials };
 inline constexpr int64_t kDqPartialsBudgetBytes = int64_t(1) << 30;
 
