@@ -108,7 +108,7 @@ void flash_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPos
   if (in.q.dim(1) == 0 || in.k.dim(1) == 0) return;
   const int64_t threads = omp_get_max_threads();
   const int64_t partial_bytes = threads * in.q.numel() * int64_t(sizeof(float));
-  const bool partials_pay = partial_bytes <= kDqPartialsBudgetBytes && in.k.dim(1) >= threads * threads;
+  const bool partials_pay = partial_bytes <= kDqPartialsBudgetBytes && in.k.dim(1) >= 16 * threads * threads;
   g.dq_thread_partials = dq == CpuDqStrategy::kThreadPartials || (dq == CpuDqStrategy::kAuto && partials_pay);
   switch (isa) {
 #if defined(RA_HAVE_X86_ISAS)

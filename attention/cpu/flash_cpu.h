@@ -59,11 +59,10 @@ struct FlashCpuBackwardParams {
 // How the CPU flash backward forms dQ: in a second pass over query blocks, which recomputes P and dS (7
 // block products instead of 5, no shared writes, no memory beyond the tiles), or in the key-block pass into
 // per-thread partials summed at the end (5 products; threads x B x Hq x T x D f32 more memory).
-// kAuto: the partials where they fit kDqPartialsBudgetBytes and the call has at least threads^2 keys
-// (1.4-1.5x faster measured on 2 cores, bench/RESULTS.md). The keys' bound is a model, not yet measured on
-// a many-core machine: zeroing and summing the partials moves threads x dQ bytes while the second pass they
-// save costs about S x dQ's FLOPs over the threads, so the saving outweighs the traffic only while S grows
-// with threads^2 (about 1.7 S / threads^2 at ~100 GB/s and ~30 GFLOP/s per core); a ring step's keys are its
+// kAuto: the partials where they fit kDqPartialsBudgetBytes and the call has at least 16 threads^2 keys
+// (bench/RESULTS.md: 1.4-1.5x faster on 2 cores at S=2048; on 16 cores 1.1-1.35x at S=4096 non-causal, even
+// causal, 5-25% slower at S <= 1024). Why threads^2: zeroing and summing the partials moves threads x dQ bytes
+// while the pass they save costs about S x dQ's FLOPs spread over the threads; a ring step's keys are its
 // block's.
 enum class CpuDqStrategy : uint8_t { kAuto, kSecondPass, kThreadPartials };
 inline constexpr int64_t kDqPartialsBudgetBytes = int64_t(1) << 30;
