@@ -83,9 +83,10 @@ Communicator& Job::host_axis(const char* name) const { return shape.has_axis(nam
 
 namespace {
 
-bool shares_bias_dimension(const char* axis, const Shape& bias_shape, const Job& job) {
+// Whether the bias (B|1, H|1, T|1, S) broadcasts the dimension the mesh axis splits (dp: 0, tp: 1, sp: 2).
+bool bias_broadcasts_over(const char* axis, const Shape& bias_shape) {
   const int dim = std::string_view(axis) == "dp" ? 0 : std::string_view(axis) == "tp" ? 1 : 2;
-  return bias_shape[dim] == 1 && job.shape.has_axis(axis) && job.host_axis(axis).size() > 1;
+  return bias_shape[dim] == 1;
 }
 
 }  // namespace
@@ -105,14 +106,13 @@ void sum_over_mesh_axes(std::vector<double>& values, const Job& job, std::initia
 void sum_shared_bias_gradient(std::vector<double>& dbias, const Shape& bias_shape, const Job& job,
                               std::initializer_list<const char*> axes) {
   for (const char* axis : axes)
-    if (shares_bias_dimension(axis, bias_shape, job)) job.host_axis(axis).all_reduce(dbias.data(), dbias.size(), ReduceOp::kSum);
+    if (bias_broadcasts_over(axis, bias_shape)) sum_over_mesh_axes(dbias, job, {axis});
 }
 
 void sum_shared_bias_gradient(Tensor& dbias, const Shape& bias_shape, const Job& job,
                               std::initializer_list<const char*> axes) {
   for (const char* axis : axes)
-    if (shares_bias_dimension(axis, bias_shape, job))
-      all_reduce_sum_f64(job.host_axis(axis), dbias.data<float>(), size_t(dbias.numel()));
+    if (bias_broadcasts_over(axis, bias_shape)) sum_over_mesh_axes(dbias, job, {axis});
 }
 
 void* Job::stream() const {

@@ -39,8 +39,7 @@ MagnitudeBounds MagnitudeBounds::of(const AttentionInputs& in, const BackwardInp
 
 ExactBackward::ExactBackward(const AttentionInputs& in, const AttentionParams& params, const MagnitudeBounds& global)
     : params_(params), batch_(in.k.dim(0)), kv_heads_(in.k.dim(2)), head_dim_(in.k.dim(3)), value_dim_(in.v.dim(3)) {
-  RA_CHECK(params.dropout_prob < 1.0f, "dropout ", params.dropout_prob, " keeps nothing");
-  // Bounds of every term (sdpa_backward_rows): P <= 1, a kept probability is scaled by keep <= 2^keep_exp,
+  // Bounds of every term (sdpa_backward_rows; validated params: dropout < 1): P <= 1, a kept probability is scaled by keep <= 2^keep_exp,
   // dP = dO . V over Dv, dS = P (dP keep - delta).
   const int keep_exp = exponent_of(1.0 / (1.0 - double(params.dropout_prob)));
   const int scale_exp = exponent_of(double(effective_scale(params, in.q.dim(3))));
