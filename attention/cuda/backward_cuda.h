@@ -20,8 +20,9 @@ void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t 
 // (B, L, H, X).
 void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream);
 
-// A copy of an f32 LSE with -inf (rows that saw no key) replaced by +inf: kernels that recompute
+// A copy of an f32 LSE with -inf (rows that saw no key) replaced by +inf, in `scratch` (grow-only: no
+// allocation, and so no device-wide wait in cudaFree, once it is large enough): kernels that recompute
 // P = exp(S - LSE) then give P = 0 there instead of exp(+inf).
-Tensor finite_or_positive_infinity(const TensorView& lse, cudaStream_t stream);
+TensorView finite_or_positive_infinity(const TensorView& lse, Tensor& scratch, cudaStream_t stream);
 
 }  // namespace ra

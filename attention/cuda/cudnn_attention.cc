@@ -4,9 +4,10 @@
 //
 // A call is cut into sub-blocks along runs of consecutive positions (a zigzag shard is two runs);
 // each (query run, key run) pair is skipped, computed without a mask, or computed with cuDNN's
-// causal mask when its diagonal is one cuDNN can express (top-left or bottom-right aligned). What
+// causal mask where its diagonal is one cuDNN can express (top-left or bottom-right aligned; other
+// diagonals are cut into parts that are). What
 // cuDNN cannot express here (bias, mask, segment ids, soft cap, our deterministic dropout, sliding
-// windows, other diagonals) is refused by name, pointing at flash_attn2. The backward runs cuDNN's
+// windows) is refused by name, pointing at flash_attn2. The backward runs cuDNN's
 // fused SDPA backward on the same blocks, adding each block's gradients into the f32 accumulators.
 #include <cudnn_frontend.h>
 
@@ -104,7 +105,7 @@ class CudnnAttention final : public CudaAttentionImpl {
   bool backward_reads_output() const override { return true; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
-    const Tensor stats = checked_stats(in, grad);
+    const TensorView stats = checked_stats(in, grad);
     for_each_block(in, pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) {
       run_backward_block(in, grad, stats, qr, kr, mask, p, &acc, nullptr);
     });
@@ -118,7 +119,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     const std::vector<Run> k_runs = consecutive_runs(pos.k.data(), int64_t(pos.k.size()));
     if (q_runs.size() != 1 || k_runs.size() != 1) return false;
     check_supported(in, p);
-    const Tensor stats = checked_stats(in, grad);
+    const TensorView stats = checked_stats(in, grad);
     out.dq = Tensor(in.q.dtype(), in.q.shape(), MemoryKind::kCuda);
     out.dk = Tensor(in.q.dtype(), in.k.shape(), MemoryKind::kCuda);
     out.dv = Tensor(in.q.dtype(), in.v.shape(), MemoryKind::kCuda);
@@ -131,7 +132,7 @@ class CudnnAttention final : public CudaAttentionImpl {
 
  private:
   // Calls fn(query run, key run, mask) for each pair of runs of consecutive positions that is not
-  // skipped, with the causal mask cuDNN can express for it (or a refusal naming why not).
+  // skipped, or for the parts of it that carry a causal mask cuDNN can express.
   template <typename Fn>
   void for_each_block(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p, Fn&& fn) const {
     RA_CHECK(pos.q_host != nullptr && pos.k_host != nullptr, "cudnn attention needs the token positions on the host");
@@ -142,39 +143,48 @@ class CudnnAttention final : public CudaAttentionImpl {
              "these rows form ", q_runs.size(), " x ", k_runs.size(), " runs (the striped layout?): use --layout "
              "contiguous or zigzag, or --impl flash_attn2");
     for (const Run& qr : q_runs)
-      for (const Run& kr : k_runs) {
-        const int64_t q_lo = qr.first_position, q_hi = q_lo + qr.length - 1;
-        const int64_t k_lo = kr.first_position, k_hi = k_lo + kr.length - 1;
-        const BlockKind kind = classify_block(q_lo, q_hi, k_lo, k_hi, p.causal, p.window_left, p.window_right);
-        if (kind == BlockKind::kSkip) continue;
-        MaskMode mask = MaskMode::kNone;
-        if (kind == BlockKind::kPartial) {
-          // Causal only (windows were refused): key k_lo + j visible from query q_lo + i when j <= i + (q_lo - k_lo).
-          const int64_t offset = q_lo - k_lo;
-          if (offset == 0) mask = MaskMode::kCausalTopLeft;
-          else if (offset == kr.length - qr.length) mask = MaskMode::kCausalBottomRight;
-          RA_CHECK(mask != MaskMode::kNone && offset >= 0, "cudnn attention cannot express the causal diagonal of "
-                   "this block (queries from position ", q_lo, ", keys from ", k_lo, ", ", qr.length, " x ", kr.length,
-                   "); use --impl flash_attn2");
-        }
-        fn(qr, kr, mask);
-      }
+      for (const Run& kr : k_runs) each_expressible_part(qr, kr, p, fn);
+  }
+
+  // Calls fn for the parts of one (query run, key run) pair with a mask cuDNN can express. A causal
+  // diagonal it cannot (the ring's half blocks: queries that start before the keys, or keys that start
+  // before the queries on a block that is not bottom-right aligned) is cut into what it can: queries
+  // before the first key see none of it and drop out, keys before the first query are seen by every
+  // query (one unmasked part), and what is left has its diagonal at the top left.
+  template <typename Fn>
+  static void each_expressible_part(Run qr, Run kr, const AttentionParams& p, Fn&& fn) {
+    const BlockKind kind = classify_block(qr.first_position, qr.first_position + qr.length - 1, kr.first_position,
+                                          kr.first_position + kr.length - 1, p.causal, p.window_left, p.window_right);
+    if (kind == BlockKind::kSkip) return;
+    if (kind == BlockKind::kFull) return fn(qr, kr, MaskMode::kNone);
+    // Causal only (windows were refused): key k_lo + j visible from query q_lo + i when j <= i + (q_lo - k_lo).
+    const int64_t offset = qr.first_position - kr.first_position;
+    if (offset == 0) return fn(qr, kr, MaskMode::kCausalTopLeft);
+    if (offset > 0 && offset == kr.length - qr.length) return fn(qr, kr, MaskMode::kCausalBottomRight);
+    if (offset < 0) return each_expressible_part(tail(qr, -offset), kr, p, fn);
+    fn(qr, head(kr, offset), MaskMode::kNone);
+    each_expressible_part(qr, tail(kr, offset), p, fn);
+  }
+  static Run head(const Run& r, int64_t n) { return {r.index, std::min(n, r.length), r.first_position}; }
+  static Run tail(const Run& r, int64_t n) {
+    const int64_t drop = std::min(n, r.length);
+    return {r.index + drop, r.length - drop, r.first_position + drop};
   }
 
   // O and dO as cuDNN needs them, and its stats: cuDNN recomputes P = exp(S - stats), so a row that
   // saw nothing (LSE -inf) would give exp(+inf); its stats become +inf, so P = 0 and it adds nothing.
-  Tensor checked_stats(const AttentionInputs& in, const BackwardInputs& grad) const {
+  TensorView checked_stats(const AttentionInputs& in, const BackwardInputs& grad) const {
     RA_CHECK(grad.o.defined() && grad.o.memory() == MemoryKind::kCuda && grad.o.stride(3) == 1,
              "cudnn's backward needs the forward's o on the device (it computes delta from o and do)");
     RA_CHECK(grad.d_o.dtype() == in.q.dtype() && grad.o.dtype() == in.q.dtype() && grad.d_o.stride(3) == 1,
              "cudnn's backward needs o and do in q's dtype (", dtype_name(in.q.dtype()), ") with a contiguous last "
              "dimension; do is ", dtype_name(grad.d_o.dtype()), ", o ", dtype_name(grad.o.dtype()));
-    return finite_or_positive_infinity(grad.lse, stream_);
+    return finite_or_positive_infinity(grad.lse, stats_, stream_);
   }
 
   // One (query run, key run) block of the backward: cuDNN's dQ, dK, dV in the input dtype, added into
   // the f32 accumulators at the runs' rows (acc), or written straight into `direct` (one block only).
-  void run_backward_block(const AttentionInputs& in, const BackwardInputs& grad, const Tensor& stats, const Run& qr,
+  void run_backward_block(const AttentionInputs& in, const BackwardInputs& grad, const TensorView& stats, const Run& qr,
                           const Run& kr, MaskMode mask, const AttentionParams& p, const GradViews* acc,
                           Gradients* direct) const {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length), o = narrow(grad.o, 1, qr.index, qr.length);
@@ -184,7 +194,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     // cuDNN before 9.26 reads stats only packed: a run of fewer rows than the call's (the ring's zigzag
     // and striped shards) gets its rows of stats copied out.
     const int64_t T = in.q.dim(1);
-    const float* run_stats = stats.data<float>() + qr.index;
+    const float* run_stats = stats.data_as<float>() + qr.index;
     if (Tq != T) {
       reserve_scratch(stats_run_, size_t(B * H * Tq) * sizeof(float), MemoryKind::kCuda, "cudnn's packed stats");
       RA_CUDA_CHECK(cudaMemcpy2DAsync(stats_run_.data<float>(), size_t(Tq) * sizeof(float), run_stats,
@@ -324,7 +334,7 @@ class CudnnAttention final : public CudaAttentionImpl {
   cudnnHandle_t handle_ = nullptr;
   mutable std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs_, backward_graphs_;
   mutable std::map<std::pair<int64_t, int>, std::string> head_dim_refusals_;
-  mutable Tensor scratch_, stats_run_;
+  mutable Tensor scratch_, stats_, stats_run_;  // grow-only: a free inside a ring step would wait for the device
 };
 
 }  // namespace

@@ -23,6 +23,7 @@ class NcclChannel final : public DeviceRingChannel {
   }
   std::unique_ptr<PendingExchange> shift(const std::vector<Piece>& pieces, int step,
                                          std::chrono::milliseconds timeout) override {
+    RA_CHECK(!pieces.empty(), "the NCCL ring channel was asked to shift nothing at step ", step);
     nccl_.set_timeout(timeout);
     // One send / receive pair per piece, in order on the one stream: the last one's completion is all of them.
     std::unique_ptr<PendingExchange> last;

@@ -33,9 +33,9 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                          Carry& carry) const override;
   // The backward (attention/ring/ring_cuda_backward.cc): K/V rotate as in the forward while each
-  // block's f32 dK/dV accumulator travels one step behind it, each rank adding its part (computed into
-  // a zeroed partial while the accumulator is in flight), checksummed by every sender and checked on
-  // arrival; a last hop brings every accumulator home. dQ stays local; dsinks and the dbias of a bias
+  // block's f32 dK/dV accumulator travels one step behind it, each other rank adding its part (computed
+  // into a zeroed partial while the accumulator is in flight), checksummed by every sender and checked
+  // on arrival; a last hop brings every accumulator home, hidden by the owner's own block. dQ stays local; dsinks and the dbias of a bias
   // shared by every rank's rows are summed over the ring.
   bool has_backward() const override { return local_->has_backward(); }
   bool backward_reads_output() const override { return local_->backward_reads_output(); }

@@ -1,11 +1,14 @@
 // The GPU ring's backward. K/V blocks rotate exactly as in the forward (KvRotationCuda); beside them the
-// f32 dK/dV accumulator of each block travels one step behind it, in two more buffers of the channel's
-// window. At step s a rank computes its part of the held block's dK/dV into a zeroed partial while the
-// accumulator of that block (what the ranks before it added) is in flight to it, in the same shift as
-// the next K/V block; once both are done it checks the accumulator's checksum, adds the partial in and
-// reseals it, and the next step's shift passes it on. After the last step each accumulator is one hop
-// from its owner, and a last shift brings it home. The sums run in a fixed order: a given ring size and
-// layout give the same bits on every run.
+// f32 dK/dV accumulator of each other rank's block travels one step behind it, in two more buffers of
+// the channel's window. A rank's own block adds to its own dK/dV, which never travel: half of its keys
+// at step 0, while its K/V leave, the other half at the end, while the last accumulator comes home, so
+// that no transfer waits alone (with the own block first, the last hop of a whole accumulator did:
+// 1.8 ms of a 29.6 ms call on 2 H200, bench/RESULTS.md). At step s >= 1 a rank computes its part of the
+// held block's dK/dV into a zeroed partial while that block's accumulator (what the ranks before it
+// added) is in flight to it, in the same shift as the next K/V block; once both are done it checks
+// the accumulator's checksum, adds the partial in and reseals it, and the next shift passes it on.
+// After the last step each accumulator is one hop from its owner. The sums run in a fixed order: a
+// given ring size and layout give the same bits on every run.
 #include <algorithm>
 
 #include "attention/cuda/backward_cuda.h"
@@ -86,8 +89,8 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     RA_CUDA_CHECK(cudaMemsetAsync(arrived_trailers, 0, 2 * size_t(n + 1) * sizeof(BlockTrailer), stream_));
   CudaEvent compute_done, gradient_arrived;
   const char* transport = kv.transport();
-  // Once the accumulator of `origin`'s block is in [arriving] (step `hop`): its trailer and checksum
-  // are taken before anything changes it, on the compute stream.
+  // Once the accumulator of hop `hop` is in [arriving]: its trailer and checksum are taken before
+  // anything changes it, on the compute stream.
   auto take_arrival = [&](int hop) {
     RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, gradient_arrived.get(), 0));
     if (!verify) return;
@@ -95,50 +98,91 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
                                   cudaMemcpyDeviceToDevice, stream_));
     block_checksum_cuda(slot[arriving], payload, &recomputed[hop].checksum, stream_);
   };
-
-  for (int step = 0; step < n; ++step) {
+  // Whether the mask leaves keys [first, first + count) of the block from `src` to none of this rank's queries.
+  auto skipped = [&](int src, int64_t first, int64_t count) {
+    const auto keys = source_keys_[size_t(src)].begin() + first;
+    return query_positions_.empty() ||
+           ring_block_skipped(q_lo_, q_hi_, std::vector<int64_t>(keys, keys + count), params);
+  };
+  // This rank's part of those keys' dK/dV (and its dQ) into `dk`/`dv`.
+  auto compute = [&](const AttentionInputs& block, int src, int64_t first, int64_t count, const TensorView& dk,
+                     const TensorView& dv) {
+    const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
+    AttentionInputs part = block;
+    part.k = narrow(block.k, 1, first, count);
+    part.v = narrow(block.v, 1, first, count);
+    if (block.kv_segment_ids.defined()) part.kv_segment_ids = narrow(block.kv_segment_ids, 1, first, count);
+    const DevicePositions part_pos{pos.q, pos.k + key_offsets_[size_t(src)] + first, pos.total_keys, pos.keys_sorted,
+                                   query_positions_.data(), k_host.data() + first, pos.queries_sorted};
+    local_->accumulate_backward_device(part, part_pos, params, grad, GradViews{acc.dq, dk, dv, dbias});
+  };
+  if (n == 1) {
+    if (skipped(rank, 0, in.k.dim(1))) ++stats_.skipped;
+    else compute(in, rank, 0, in.k.dim(1), acc.dk, acc.dv);
+    ++stats_.steps;
+  }
+  // This rank's own block adds to its own dK / dV, which never travel: half of its keys while its K/V
+  // leave for the first exchange, the other half while the last accumulator comes home, so that
+  // neither transfer waits alone. Straight into the caller's accumulators where the rows are contiguous
+  // there (B = 1), else through the zeroed partial.
+  const int64_t own_rows = in.k.dim(1), own_half = own_rows / 2;
+  auto own_part = [&](int64_t first, int64_t count) {
+    if (skipped(rank, first, count)) {
+      ++stats_.skipped;
+      return;
+    }
+    const TensorView dk = narrow(acc.dk, 1, first, count), dv = narrow(acc.dv, 1, first, count);
+    if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv);
+    char* part = partial_.data<char>();
+    RA_CUDA_CHECK(cudaMemsetAsync(part, 0, part_layout.payload(), stream_));
+    const TensorView pk = part_layout.dk_view(part, count, MemoryKind::kCuda);
+    const TensorView pv = part_layout.dv_view(part, count, MemoryKind::kCuda);
+    compute(in, rank, first, count, pk, pv);
+    add_rows_cuda(dk, pk, stream_);
+    add_rows_cuda(dv, pv, stream_);
+  };
+  // Step s >= 1 computes the block of rank src(s) and adds to its accumulator, which the ranks after
+  // that block's owner start (step 1: into [sending], zeroed, as nobody has added before) and pass
+  // on one step behind the K/V block: what arrives at step s >= 2 is finished there and sent at s + 1.
+  for (int step = 0; n > 1 && step < n; ++step) {
     inject_process_fault(fault, rank, step);
     const int src = ring_source_rank(rank, step, n);
     set_activity("ring backward step %d of %d (%s): the K/V block of rank %d and its dK/dV", step, n, transport, src);
     if (step > 0) kv.before_exchange(step, compute_done.get());  // also orders the accumulator sent now
     kv.before_compute(step);
-    const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
-    const int64_t rows = int64_t(k_host.size());
-    const bool skipped = query_positions_.empty() || ring_block_skipped(q_lo_, q_hi_, k_host, params);
-    // Step 0 on an f32 wire adds straight into this rank's own accumulator (nobody has added before);
-    // a ring of one into the caller's.
-    char* target = step == 0 && f32_wire ? slot[sending] : partial_.data<char>();
-    if (step == 0 && n > 1) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, stream_));
-    if (n > 1 && !skipped && target != slot[sending])
-      RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), stream_));
-    if (skipped) {
-      ++stats_.skipped;
+    const int64_t rows = int64_t(source_keys_[size_t(src)].size());
+    const bool computed = step > 0 && !skipped(src, 0, rows);
+    if (step == 0) {
+      own_part(0, own_half);
     } else {
-      const AttentionInputs block = kv.block(step, src);
-      const DevicePositions block_pos{pos.q, pos.k + key_offsets_[size_t(src)], pos.total_keys, pos.keys_sorted,
-                                      query_positions_.data(), k_host.data(), pos.queries_sorted};
-      const GradViews views = n == 1 ? GradViews{acc.dq, acc.dk, acc.dv, dbias}
-                                     : GradViews{acc.dq, part_layout.dk_view(target, rows, MemoryKind::kCuda),
-                                                 part_layout.dv_view(target, rows, MemoryKind::kCuda), dbias};
-      local_->accumulate_backward_device(block, block_pos, params, grad, views);
+      char* target = step == 1 && f32_wire ? slot[sending] : partial_.data<char>();
+      if (step == 1) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, stream_));
+      if (computed && target != slot[sending])
+        RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), stream_));
+      if (computed)
+        compute(kv.block(step, src), src, 0, rows, part_layout.dk_view(target, rows, MemoryKind::kCuda),
+                part_layout.dv_view(target, rows, MemoryKind::kCuda));
+      else
+        ++stats_.skipped;
     }
-    if (n == 1) break;
     // One shift: the held K/V block (but at the last step) and the accumulator finished at the previous step.
     std::vector<DeviceRingChannel::Piece> pieces;
     if (step + 1 < n) pieces = kv.outgoing(step);
-    if (step > 0) pieces.push_back({slot[sending], slot_offset[arriving], bytes});
-    if (step == 0) {
-      if (!f32_wire && !skipped) add_into_wire(slot[sending], rows);
-      if (verify) seal_block_cuda(slot[sending], payload, uint32_t(rank), stream_);
-      compute_done.record(stream_);  // this rank's own accumulator is complete (it leaves at step 1)
+    if (step >= 2) pieces.push_back({slot[sending], slot_offset[arriving], bytes});
+    if (step == 1) {
+      if (!f32_wire && computed) add_into_wire(slot[sending], rows);
+      if (verify) seal_block_cuda(slot[sending], payload, uint32_t(src), stream_);
     }
-    std::unique_ptr<PendingExchange> pending = state_.channel->shift(pieces, step, ctx_.step_timeout);
+    if (step <= 1) compute_done.record(stream_);  // step 1: the first accumulator is complete (it leaves at step 2)
+    // Nothing moves at step 1 of a ring of two (its first accumulator goes home on the last hop).
+    std::unique_ptr<PendingExchange> pending;
+    if (!pieces.empty()) pending = state_.channel->shift(pieces, step, ctx_.step_timeout);
     if (step + 1 < n) kv.after_shift(step);
     gradient_arrived.record(state_.channel->stream());
-    if (step > 0) {
-      // What arrived goes on, with this rank's part added and a new seal.
-      take_arrival(step);
-      if (!skipped) {
+    if (step >= 2) {
+      // What arrived (hop step - 1) goes on, with this rank's part added and a new seal.
+      take_arrival(step - 1);
+      if (computed) {
         add_into_wire(slot[arriving], rows);
         if (verify) seal_block_cuda(slot[arriving], payload, uint32_t(src), stream_);
       }
@@ -147,15 +191,16 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     set_activity("ring backward step %d of %d (%s): waiting for rank %d's K/V block and dK/dV (ours going to rank %d)",
                  step, n, transport, comm.previous(), comm.next());
     const auto t1 = std::chrono::steady_clock::now();
-    pending->wait(ctx_.step_timeout);
+    if (pending) pending->wait(ctx_.step_timeout);
     stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     if (step + 1 < n) kv.advance();
-    if (step > 0) std::swap(sending, arriving);
+    if (step >= 2) std::swap(sending, arriving);
     ++stats_.steps;
     if (ctx_.on_step) ctx_.on_step(step, n);
   }
   if (n > 1) {
-    // The last hop: the accumulator held now belongs to the next rank; ours comes from the previous one.
+    // The last hop (n - 1): the accumulator held now is the next rank's block's, complete but for its
+    // owner's part; ours comes from the previous rank while the other half of our own block computes.
     set_activity("ring backward (%s): the last hop, rank %d's dK/dV coming home from rank %d", transport, rank,
                  comm.previous());
     state_.channel->wait_for(compute_done.get());
@@ -164,11 +209,11 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     if (const std::optional<size_t> at = corrupted_byte(fault, rank, n, payload))
       flip_byte_cuda(slot[arriving], *at, state_.channel->stream());  // the fault tests' hook for accumulators
     gradient_arrived.record(state_.channel->stream());
+    own_part(own_half, own_rows - own_half);
     pending->wait(ctx_.step_timeout);
-    take_arrival(n);
-    const int64_t local_rows = in.k.dim(1);
-    add_rows_cuda(acc.dk, layout.dk_view(slot[arriving], local_rows, MemoryKind::kCuda), stream_);
-    add_rows_cuda(acc.dv, layout.dv_view(slot[arriving], local_rows, MemoryKind::kCuda), stream_);
+    take_arrival(n - 1);
+    add_rows_cuda(acc.dk, layout.dk_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
+    add_rows_cuda(acc.dv, layout.dv_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
   }
   kv.finish(stream_);
   // Every block and accumulator that arrived is checked before the gradients are used.
@@ -176,12 +221,12 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     kv.check_arrivals();
     if (verify) {
       const std::vector<BlockTrailer> host = read_trailers(arrived_trailers, 2 * size_t(n + 1), stream_);
-      for (int hop = 1; hop <= n; ++hop) {
+      for (int hop = 1; hop < n; ++hop) {
         const BlockTrailer& got = host[size_t(hop)];
         const uint64_t checksum = host[size_t(n + 1 + hop)].checksum;
-        const int origin = ring_source_rank(rank, hop, n);
+        const int origin = ring_source_rank(rank, hop + 1, n);  // the block the accumulator of this hop belongs to
         RA_CHECK(got.magic == BlockTrailer::kMagic && int(got.origin_rank) == origin && got.checksum == checksum,
-                 "ring backward step ", hop - 1, " (", transport, "): rank ", rank, " received the dK/dV accumulator "
+                 "ring backward hop ", hop, " of ", n - 1, " (", transport, "): rank ", rank, " received the dK/dV accumulator "
                  "of rank ", origin, "'s block from rank ", comm.previous(), " (", dtype_name(layout.dtype), ", ", payload,
                  " bytes) with checksum ",
                  std::hex, checksum, " but it was sent with ", got.checksum, std::dec, " (origin rank in the trailer: ",
