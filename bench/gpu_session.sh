@@ -16,7 +16,10 @@
 # the GPU ring's forward and backward tests on however many GPUs there are, ranks sharing them where fewer,
 # the CLI's run --backward over the GPU ring, and the ring of one against its local kernel), `ring_memory` (the
 # ring backward's peak device memory per rank on 2 ranks); `python` (issue 22: the Python package's CUDA tests, on one GPU
-# and over the GPU ring, then what it costs beside the C++ bench);
+# and over the GPU ring, then what it costs beside the C++ bench); `two_gpus` (issues 21 / 22 on 2 GPUs: the ring
+# backward per GPU beside one GPU's at the same global T, the bf16 grad wire, PyTorch context_parallel in the same
+# call, the Python ring beside the C++ bench, then 1M tokens causal); `two_gpus_tests` (the GPU ring's forward and
+# backward tests over copy engines and over NCCL, the backward's faults, the training example on 2 GPUs);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -460,4 +463,44 @@ if has python; then  # issue 22: the Python package on CUDA tensors (tests, then
     timeout 300 $py bench/python_overhead.py $bin --cuda --seq 32768 --heads 32 --head-dim 128 --iters 10 --causal $causal 2>&1 |
       tee -a "$out/python_overhead.txt"
   done
+fi
+if has two_gpus; then  # issues 21 / 22: speed per GPU on 2 GPUs (a GPU per rank)
+  for t in 16384 32768; do
+    for causal in "" "--causal"; do
+      for local in cudnn flash_attn2; do
+        bench 1 --backward --impl $local --seq $t --iters 10 $causal
+        bench 2 --backward --impl ring --local-impl $local --seq $t --iters 10 $causal ${causal:+--layout zigzag}
+      done
+    done
+  done
+  for local in cudnn flash_attn2; do  # the bf16 grad wire beside the f32 one
+    for wire in f32 bf16; do bench 2 --backward --impl ring --local-impl $local --seq 16384 --iters 10 --causal --grad-wire $wire; done
+  done
+  timeout 240 python3 -m torch.distributed.run --nproc-per-node 2 bench/torch_context_parallel.py --seqs 16384 32768 2>&1 |
+    grep -v "^W\|^\s*warnings.warn\|UserWarning" | tee -a "$out/context_parallel.txt"
+  python3 -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2
+  for round in 1 2; do  # the Python ring (kept rings) beside the C++ bench, alternating which goes first
+    [ $round = 2 ] && bench 2 --backward --impl ring --seq 32768 --iters 10 --causal --layout zigzag
+    timeout 120 mpirun -np 2 -x PYTHONPATH=$build/python:/tmp/pylib python3 bench/python_ring_overhead.py --seqs 32768 \
+      --iters 10 2>&1 | tee -a "$out/python_ring_2gpu.txt"
+    [ $round = 1 ] && bench 2 --backward --impl ring --seq 32768 --iters 10 --causal --layout zigzag
+  done
+  nvidia-smi --query-gpu=memory.used --format=csv
+  timeout 300 mpirun -np 2 $bin bench --backward --backend cuda --impl ring --local-impl cudnn --batch 1 --heads 32 \
+    --head-dim 128 --dtype bf16 --seq 1048576 --causal --layout zigzag --warmup 0 --iters 1 2>&1 | tee -a "$out/million.txt"
+fi
+if has two_gpus_tests; then  # issues 21 / 22: correctness on 2 GPUs, both transports
+  for tr in copy-engines nccl; do
+    for t in ring_mpi_test ring_backward_mpi_test; do
+      timeout 200 mpirun -np 2 $build/tests/$t --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
+        tee "$out/${t}_2gpu_$tr.log" | grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 4
+    done
+  done
+  bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL)|^\[rank|error" | head -n 60
+  python3 -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2
+  timeout 300 mpirun -np 2 -x PYTHONPATH=$build/python:/tmp/pylib python3 -m pytest -q -rs -p no:cacheprovider \
+    python/tests/test_torch_cuda_ring.py 2>&1 | tee "$out/python_cuda_ring.log" | tail -n 5
+  timeout 300 mpirun -np 2 -x PYTHONPATH=$build/python:/tmp/pylib python3 examples/train_ring.py --device cuda --dtype bf16 \
+    --seq 2048 --dim 256 --heads 4 --batch 2 --steps 200 --lr 1.0 --tolerance 5e-2 --csv "$out/train_ring_cuda_2gpu.csv" \
+    --png "$out/train_ring_cuda_2gpu.png" 2>&1 | tail -n 4; echo "train_ring cuda 2 GPUs exit $?"
 fi
