@@ -503,4 +503,11 @@ if has two_gpus_tests; then  # issues 21 / 22: correctness on 2 GPUs, both trans
   timeout 300 mpirun -np 2 -x PYTHONPATH=$build/python:/tmp/pylib python3 examples/train_ring.py --device cuda --dtype bf16 \
     --seq 2048 --dim 256 --heads 4 --batch 2 --steps 200 --lr 1.0 --tolerance 5e-2 --csv "$out/train_ring_cuda_2gpu.csv" \
     --png "$out/train_ring_cuda_2gpu.png" 2>&1 | tail -n 4; echo "train_ring cuda 2 GPUs exit $?"
+  # Under torchrun: the group carries an NCCL communicator's unique id (ringattn.NcclComm), no MPI.
+  export PYTHONPATH=$build/python:/tmp/pylib:python/tests
+  timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m pytest -q -rs -p no:cacheprovider \
+    python/tests/test_torch_cuda_torchrun.py 2>&1 | tee "$out/python_cuda_torchrun.log" | tail -n 5
+  timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 examples/train_ring.py --device cuda \
+    --dtype bf16 --seq 2048 --dim 256 --heads 4 --batch 2 --steps 200 --lr 1.0 --tolerance 5e-2 \
+    --png "$out/train_ring_cuda_torchrun.png" 2>&1 | tail -n 4; echo "train_ring cuda torchrun exit $?"
 fi

@@ -4,6 +4,7 @@
 
 #include <nccl.h>
 
+#include <cstring>
 #include <exception>
 #include <thread>
 #include <vector>
@@ -59,10 +60,35 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, std::chrono
   }
   const int mpi_status = MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, bootstrap.comm());
   RA_CHECK(mpi_status == MPI_SUCCESS, "broadcasting the NCCL unique id over MPI failed");
+  init(&id, init_timeout);
+}
+
+NcclCommunicator::NcclCommunicator(const std::string& unique_id, int rank, int size,
+                                   std::chrono::milliseconds init_timeout)
+    : rank_(rank), size_(size) {
+  RA_CHECK(unique_id.size() == sizeof(ncclUniqueId), "the NCCL unique id has ", unique_id.size(), " bytes, expected ",
+           sizeof(ncclUniqueId), " (the bytes of rank 0's unique_id())");
+  RA_CHECK(size > 0 && rank >= 0 && rank < size, "NCCL communicator rank ", rank, " of ", size,
+           ": expected 0 <= rank < size");
+  ncclUniqueId id{};
+  std::memcpy(&id, unique_id.data(), sizeof(id));
+  init(&id, init_timeout);
+}
+
+size_t NcclCommunicator::unique_id_size() { return sizeof(ncclUniqueId); }
+
+std::string NcclCommunicator::unique_id() {
+  ncclUniqueId id{};
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  RA_CHECK(r == ncclSuccess, "ncclGetUniqueId failed: ", ncclGetErrorString(r));
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+void NcclCommunicator::init(const void* id, std::chrono::milliseconds init_timeout) {
   RA_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns; progress and errors are polled with a deadline
-  ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+  ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, *static_cast<const ncclUniqueId*>(id), rank_, &config);
   if (r != ncclSuccess && r != ncclInProgress) RA_FAIL("ncclCommInitRankConfig failed on rank ", rank_, ": ", ncclGetErrorString(r));
   wait_enqueued(detail::concat("NCCL communicator set-up on rank ", rank_, " of ", size_, " (a peer rank missing or stuck?)"),
                 init_timeout);

@@ -1,5 +1,5 @@
 // The NCCL back end of Communicator over device memory, bootstrapped from an MPI communicator (rank
-// 0's ncclUniqueId is broadcast over it). The NCCL communicator is non-blocking: every wait polls
+// 0's ncclUniqueId is broadcast over it) or from a unique id the caller broadcast itself (torchrun). The NCCL communicator is non-blocking: every wait polls
 // ncclCommGetAsyncError against a deadline, and on an error or a timeout the communicator is aborted
 // and an ra::Error names the step and the peers, so that no rank hangs in a dead collective.
 //
@@ -24,6 +24,13 @@ class NcclCommunicator final : public Communicator {
   // Collective over `bootstrap`. The calling thread's current CUDA device is the one used.
   explicit NcclCommunicator(const MpiCommunicator& bootstrap,
                             std::chrono::milliseconds init_timeout = std::chrono::seconds(120));
+  // Collective over the `size` processes that pass the same `unique_id` (the bytes of rank 0's
+  // unique_id(), carried to the others by the caller, e.g. over torch.distributed), each its own `rank`.
+  NcclCommunicator(const std::string& unique_id, int rank, int size,
+                   std::chrono::milliseconds init_timeout = std::chrono::seconds(120));
+  // A new ncclUniqueId's bytes, for the constructor above, and how many there are.
+  static std::string unique_id();
+  static size_t unique_id_size();
   // Uses the caller's communicator (blocking or not) without owning it: it is neither finalized nor
   // destroyed here, though a failure still aborts it (a failed NCCL communicator is unusable anyway).
   static std::unique_ptr<NcclCommunicator> adopt(ncclComm* comm);
@@ -63,6 +70,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   NcclCommunicator();
+  void init(const void* id, std::chrono::milliseconds init_timeout);  // ncclCommInitRankConfig, non-blocking
   void check_state(const char* where);  // throws after an abort or an async error
   void read_rank_and_size(const std::string& what);  // from comm_
   // Non-blocking calls: wait until the call is queued (a first send/recv also connects to the peer,

@@ -1,9 +1,11 @@
 """Training with ring attention over the sequence, on CPU ranks under mpirun or torchrun, or on GPUs
-under mpirun (one GPU per rank, or ranks sharing one):
+under mpirun (one GPU per rank, or ranks sharing one) or torchrun (one GPU per rank):
 
     mpirun -np 2 python examples/train_ring.py [--steps 200] [--seq 96] [--csv losses.csv] [--png losses.png]
     torchrun --nproc-per-node 2 examples/train_ring.py ...     (torch.distributed's gloo group)
     mpirun -np 2 python examples/train_ring.py --device cuda --dtype bf16 --seq 2048 --dim 256 --lr 1.0 --tolerance 5e-2
+    torchrun --nproc-per-node 2 examples/train_ring.py --device cuda ...   (the group carries an NCCL
+                                                                          communicator's unique id once)
 
 A small causal transformer block (attention + MLP, pre-norm) learns to imitate a fixed random teacher
 block on random sequences. Every rank holds the same parameters and its zigzag shard of each sequence;
@@ -77,11 +79,13 @@ def train(model, batches, attend, rows, total_rows, comm, steps, lr):
 
 
 class Launcher:
-    """The ranks as mpirun (mpi4py) or torchrun (torch.distributed, gloo) made them."""
+    """The ranks as mpirun (mpi4py) or torchrun (torch.distributed: gloo, and NCCL for CUDA tensors) made them."""
 
-    def __init__(self):
+    def __init__(self, device_type):
         if "TORCHELASTIC_RUN_ID" in os.environ:
-            dist.init_process_group("gloo")
+            if device_type == "cuda":
+                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            dist.init_process_group("cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo")
             self.rank, self.size, self.ring = dist.get_rank(), dist.get_world_size(), {}
         else:
             from mpi4py import MPI
@@ -124,13 +128,14 @@ def main():
     parser.add_argument("--csv", help="write step, ring loss, one-process loss here (rank 0)")
     parser.add_argument("--png", help="plot both loss curves and their relative difference here (rank 0; matplotlib)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="cuda: rank r on GPU r %% (GPUs visible), under mpirun")
+                        help="cuda: rank r on GPU r %% (GPUs visible) under mpirun, its local rank's under torchrun")
     parser.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="attention's input dtype")
     args = parser.parse_args()
-    comm = Launcher()
+    comm = Launcher(args.device)
     rank, size = comm.rank, comm.size
     torch.set_num_threads(1)
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cuda", local % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
 
     torch.manual_seed(0)  # every rank: the same data, teacher and initial parameters

@@ -18,9 +18,13 @@ mask (the same shape, bool / uint8, true = attend), segment_ids (B, T) int32 and
 from . import _core
 
 __all__ = ["attention", "attention_backward", "ring_attention", "ring_attention_backward", "shard", "unshard",
-           "built_with_cuda", "release_rings"]
+           "built_with_cuda", "release_rings", "NcclComm", "nccl_unique_id"]
 
 built_with_cuda = _core.built_with_cuda  # whether CUDA arrays can be passed (this build has the GPU back end)
+# The GPU ring's communicator without MPI: rank 0 makes nccl_unique_id(), the caller carries the bytes to
+# every rank (e.g. torch.distributed.broadcast_object_list), each makes NcclComm(id, rank, size, device).
+NcclComm = _core.NcclComm
+nccl_unique_id = _core.nccl_unique_id
 
 
 def _stream(stream):
@@ -65,10 +69,11 @@ def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients
 def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
                    local_impl="flash_attn2", timeout=60.0, deterministic=False, return_lse=False, out=None, stream=None,
                    **options):
-    """Ring attention of this rank's shard over every rank of `comm` (an mpi4py communicator).
+    """Ring attention of this rank's shard over every rank of `comm` (an mpi4py communicator, or an NcclComm
+    for CUDA arrays without MPI).
 
-    On CUDA arrays the GPU ring runs (copy engines between ranks of one node, NCCL across nodes), one
-    GPU per rank or ranks sharing one.
+    On CUDA arrays the GPU ring runs (copy engines between ranks of one node, NCCL across nodes, one GPU
+    per rank or ranks sharing one; over an NcclComm: NCCL, one GPU per rank).
 
     q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag",
     "striped"; shard() cuts them); the global lengths default to the sum over the ranks. Returns this

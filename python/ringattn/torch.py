@@ -63,7 +63,7 @@ def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left
 
 class DistributedComm:
     """A torch.distributed process group (None: the default one) carrying the ring's messages, for the
-    ring under torchrun; gloo for CPU tensors. ringattn's C++ ring calls ring_shift and all_reduce."""
+    host ring under torchrun (gloo, CPU tensors). ringattn's C++ ring calls ring_shift and all_reduce."""
 
     def __init__(self, group=None):
         import torch.distributed as dist
@@ -121,8 +121,27 @@ _communicators = {}
 _group_comms = {}
 
 
-def _handle_of(comm, group, timeout) -> int:
-    if comm is None:  # the torch.distributed group's, made once per group
+def _nccl_comm_of(group, device: torch.device, timeout: float):
+    """The group's NCCL communicator for the GPU ring on `device`, made once: rank 0 of the group makes the
+    unique id and torch.distributed carries it to the others (collective over the group)."""
+    import torch.distributed as dist
+
+    key = (group, device.index)
+    if key not in _group_comms:
+        if not dist.is_initialized():
+            raise ValueError("group: torch.distributed is not initialized (call init_process_group first)")
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        unique_id = [_core.nccl_unique_id() if rank == 0 else None]
+        root = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(unique_id, src=root, group=group, device=device)
+        _group_comms[key] = _core.NcclComm(unique_id[0], rank, size, device.index, timeout)
+    return _group_comms[key]
+
+
+def _handle_of(comm, group, timeout, device: torch.device) -> int:
+    if comm is None and device.type == "cuda":  # the group's NCCL communicator, made once per group and device
+        comm = _nccl_comm_of(group, device, timeout)
+    elif comm is None:  # the group's torch.distributed carrier (gloo, host tensors), made once per group
         if group not in _group_comms:
             _group_comms[group] = DistributedComm(group)
         comm = _group_comms[group]
@@ -279,9 +298,11 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
                    grad_wire="f32", layout_bhtd=False, return_lse=False):
     """Ring attention of this rank's shard over every rank of `comm`, differentiable.
 
-    comm: an mpi4py communicator (under mpirun; CPU tensors, or CUDA tensors over the GPU ring); without
-    it, the torch.distributed process group `group` (None: the default one) carries the messages (under
-    torchrun; gloo, CPU tensors).
+    comm: an mpi4py communicator (under mpirun; CPU tensors, or CUDA tensors over the GPU ring), or a
+    ringattn.NcclComm (CUDA tensors); without it, the torch.distributed process group `group` (None: the
+    default one), under torchrun: for CPU tensors it carries the messages itself (gloo); for CUDA tensors
+    it carries, once per group and device, the unique id of an NCCL communicator that the GPU ring then
+    uses (one GPU per rank).
 
     q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag", "striped";
     ringattn.shard cuts them). Every rank calls it (and its backward) with the same options; dK / dV
@@ -292,7 +313,7 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed)
     o, lse = _ring_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
-                           _handle_of(comm, group, float(timeout)), layout, global_q_len, global_kv_len, local_impl, float(timeout),
+                           _handle_of(comm, group, float(timeout), q.device), layout, global_q_len, global_kv_len, local_impl, float(timeout),
                            bool(deterministic), str(grad_wire))
     o = _to_bthd(o, layout_bhtd)
     return (o, lse) if return_lse else o

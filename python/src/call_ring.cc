@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <tuple>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "collectives/mpi_check.h"
 #include "collectives/mpi_communicator.h"
 #include "mesh/sequence_layout.h"
+#include "nccl_comm.h"
 #include "python_communicator.h"
 #include "runtime/error.h"
 
@@ -30,8 +32,8 @@ constexpr size_t kKeptRings = 4;
 void use_device_ring(Communicator& communicator, RingContext& ctx, std::unique_ptr<Communicator>& nccl) {
 #if RA_HAVE_CUDA
   auto* mpi = dynamic_cast<MpiCommunicator*>(&communicator);
-  RA_CHECK(mpi != nullptr, "ring_attention on CUDA arrays needs comm to be an mpi4py communicator (launch with "
-           "mpirun); a torch.distributed group carries host tensors only in this version");
+  RA_CHECK(mpi != nullptr, "ring_attention on CUDA arrays needs comm to be an mpi4py communicator (under mpirun) or "
+           "a ringattn.NcclComm (under torchrun)");
   ctx.host_comm = mpi;
   if (!PeerCopyRing::supported(*mpi)) nccl = std::make_unique<NcclCommunicator>(*mpi);
 #else
@@ -53,11 +55,19 @@ KeptRings& kept() {
 CallRing* find_kept(MPI_Comm caller, const RingConfig& config) {
   std::lock_guard<std::mutex> lock(kept().mutex);
   for (auto& ring : kept().rings) {
-    if (!(ring->config == config)) continue;
+    if (ring->caller_nccl || !(ring->config == config)) continue;
     int same = MPI_UNEQUAL;
     RA_MPI_CHECK(MPI_Comm_compare(caller, static_cast<MpiCommunicator&>(*ring->communicator).comm(), &same));
     if (same == MPI_CONGRUENT) return ring.get();
   }
+  return nullptr;
+}
+
+// The kept ring for `config` over the caller's NCCL communicator itself, or nullptr.
+CallRing* find_kept(const Communicator* caller, const RingConfig& config) {
+  std::lock_guard<std::mutex> lock(kept().mutex);
+  for (auto& ring : kept().rings)
+    if (ring->caller_nccl.get() == caller && ring->config == config) return ring.get();
   return nullptr;
 }
 
@@ -84,6 +94,10 @@ void check_shard_rows(const CallRing& ring, const AttentionInputs& in) {
 }  // namespace
 
 CallerComm caller_comm_of(nb::handle comm) {
+  if (nb::isinstance<NcclComm>(comm)) {
+    const NcclComm& nccl = nb::cast<const NcclComm&>(comm);
+    return {MPI_COMM_NULL, nb::handle(), nccl.comm, nccl.device};
+  }
   if (is_python_communicator(comm)) return {MPI_COMM_NULL, comm};
   RA_CHECK(nb::hasattr(comm, "py2f"), "comm is a ", nb::cast<std::string>(nb::handle(comm.type()).attr("__name__")),
            ", expected an mpi4py communicator (mpi4py.MPI.Comm) or an object with ring_shift (see ringattn.torch)");
@@ -100,6 +114,15 @@ CallRing::CallRing(std::unique_ptr<Communicator> comm, const RingConfig& config)
     use_device_ring(*communicator, ctx, nccl);
     if (nccl) ctx.comm = nccl.get();
   }
+  build();
+}
+
+CallRing::CallRing(CallerNccl caller, const RingConfig& config) : caller_nccl(std::move(caller.comm)), config(config) {
+  ctx.comm = caller_nccl.get();  // no host communicator: the ring moves its blocks over NCCL
+  build();
+}
+
+void CallRing::build() {
   ctx.layout = parse_layout(config.layout);
   ctx.global_q_len = config.global_q_len;
   ctx.global_kv_len = config.global_kv_len;
@@ -121,10 +144,21 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
                     device.backend(), device.where.device, modes.deterministic, modes.gradient_wire};
   (void)parse_layout(layout);  // a bad name fails here, on every rank, before any collective
   int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
-  if (caller.python.is_valid()) {  // carried by Python: built for this call
+  if (caller.nccl) {  // a ringattn.NcclComm: CUDA arrays on its device; agreed and kept over NCCL itself
+    RA_CHECK(device.backend() == Backend::kCuda, "comm is a ringattn.NcclComm, which carries CUDA arrays; q is in ",
+             device.where.str(), " (host arrays go over an mpi4py communicator or a torch.distributed group)");
+    RA_CHECK(device.where.device == caller.nccl_device, "q is on CUDA device ", device.where.device,
+             " but comm (a ringattn.NcclComm) was made on device ", caller.nccl_device);
+    Communicator& nccl = *caller.nccl;
+    if (!global_q_len || !global_kv_len) nccl.all_reduce(lengths, 2, ReduceOp::kSum);
+    config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
+    keep_or_build(find_kept(caller.nccl.get(), config), [&](int64_t* v) { nccl.all_reduce(v, 2, ReduceOp::kMin); },
+                  [&] { return std::make_unique<CallRing>(CallRing::CallerNccl{caller.nccl}, config); });
+  } else if (caller.python.is_valid()) {  // carried by Python: built for this call
     auto communicator = std::make_unique<PythonCommunicator>(caller.python);
     RA_CHECK(device.backend() == Backend::kCpu, "ring_attention on CUDA arrays needs comm to be an mpi4py communicator "
-             "(launch with mpirun); a torch.distributed group carries host tensors only in this version");
+             "(under mpirun) or a ringattn.NcclComm (under torchrun: ringattn.torch makes one for a group); an object "
+             "with ring_shift carries host arrays only");
     if (!global_q_len || !global_kv_len) communicator->all_reduce(lengths, 2, ReduceOp::kSum);
     config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
     owned_ = std::make_unique<CallRing>(std::move(communicator), config);
@@ -134,26 +168,9 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
     if (!global_q_len || !global_kv_len)
       RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, lengths, 2, MPI_INT64_T, MPI_SUM, caller.mpi));
     config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
-    CallRing* found = find_kept(caller.mpi, config);
-    int every_rank[2] = {found != nullptr, 0};
-    {
-      std::lock_guard<std::mutex> lock(kept().mutex);
-      every_rank[1] = kept().rings.size() < kKeptRings;
-    }
-    RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, every_rank, 2, MPI_INT, MPI_MIN, caller.mpi));
-    if (every_rank[0]) {
-      ring_ = found;
-    } else {
-      if (found != nullptr) forget_kept(found);  // kept here only: the ranks' kept rings differ after a failure
-      auto ring = std::make_unique<CallRing>(std::make_unique<MpiCommunicator>(caller.mpi), config);
-      ring_ = ring.get();
-      if (every_rank[1]) {
-        std::lock_guard<std::mutex> lock(kept().mutex);
-        kept().rings.push_back(std::move(ring));
-      } else {
-        owned_ = std::move(ring);
-      }
-    }
+    keep_or_build(find_kept(caller.mpi, config),
+                  [&](int64_t* v) { RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MIN, caller.mpi)); },
+                  [&] { return std::make_unique<CallRing>(std::make_unique<MpiCommunicator>(caller.mpi), config); });
   }
   device.bind(*ring_->impl);
   try {
@@ -161,6 +178,29 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
   } catch (...) {
     drop();
     throw;
+  }
+}
+
+void RingForCall::keep_or_build(CallRing* found, const std::function<void(int64_t*)>& min_over_ranks,
+                                const std::function<std::unique_ptr<CallRing>()>& build) {
+  int64_t every_rank[2] = {found != nullptr, 0};  // holds a kept ring for this configuration; has room for one
+  {
+    std::lock_guard<std::mutex> lock(kept().mutex);
+    every_rank[1] = kept().rings.size() < kKeptRings;
+  }
+  min_over_ranks(every_rank);
+  if (every_rank[0]) {
+    ring_ = found;
+    return;
+  }
+  if (found != nullptr) forget_kept(found);  // kept here only: the ranks' kept rings differ after a failure
+  std::unique_ptr<CallRing> ring = build();
+  ring_ = ring.get();
+  if (every_rank[1]) {
+    std::lock_guard<std::mutex> lock(kept().mutex);
+    kept().rings.push_back(std::move(ring));
+  } else {
+    owned_ = std::move(ring);
   }
 }
 

@@ -1,11 +1,13 @@
 // The ring a Python call runs on: its communicators, context and implementation, built from the caller's
-// communicator (an mpi4py one, or a Python object carrying the messages) and kept between calls over MPI,
-// so that a training loop does not rebuild the GPU ring's window, mappings and NCCL communicator per call.
+// communicator (an mpi4py one, a ringattn.NcclComm, or a Python object carrying the messages) and kept
+// between calls over MPI or NCCL, so that a training loop does not rebuild the GPU ring's window, mappings
+// and NCCL communicator per call.
 #pragma once
 
 #include <mpi.h>
 #include <nanobind/nanobind.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,10 +20,13 @@
 namespace ra::python {
 
 // The caller's communicator, read with the interpreter held: the MPI communicator behind an mpi4py one,
-// or a Python object that carries the messages itself (python_communicator.h).
+// the NCCL communicator of a ringattn.NcclComm (CUDA arrays, no MPI: torchrun), or a Python object that
+// carries the messages itself (python_communicator.h).
 struct CallerComm {
   MPI_Comm mpi = MPI_COMM_NULL;
   nb::handle python;
+  std::shared_ptr<Communicator> nccl;
+  int nccl_device = 0;
 };
 CallerComm caller_comm_of(nb::handle comm);
 
@@ -40,11 +45,20 @@ struct RingConfig {
 struct CallRing {
   // Collective over `communicator` (the GPU ring's window and mappings, or its NCCL communicator).
   CallRing(std::unique_ptr<Communicator> communicator, const RingConfig& config);
+  // The GPU ring over the caller's NCCL communicator (a ringattn.NcclComm's), shared with it.
+  struct CallerNccl {
+    std::shared_ptr<Communicator> comm;
+  };
+  CallRing(CallerNccl caller, const RingConfig& config);
   std::unique_ptr<Communicator> communicator, nccl;  // nccl: the GPU ring's, where copy engines cannot run
+  std::shared_ptr<Communicator> caller_nccl;         // set for a ring over a ringattn.NcclComm
   RingConfig config;
   RingContext ctx;
   std::unique_ptr<AttentionImpl> impl;
   TokenPositions pos;
+
+ private:
+  void build();  // the context's layout and modes, the implementation and this rank's positions
 };
 
 // What a call chooses beyond its implementation: the ring's modes.
@@ -74,6 +88,10 @@ class RingForCall {
   }
 
  private:
+  // The kept ring `found` where every rank holds one for this configuration (agreed by min_over_ranks over
+  // the caller's communicator, two values), else one that `build` makes now, kept where every rank has room.
+  void keep_or_build(CallRing* found, const std::function<void(int64_t*)>& min_over_ranks,
+                     const std::function<std::unique_ptr<CallRing>()>& build);
   void drop();
   CallRing* ring_ = nullptr;
   std::unique_ptr<CallRing> owned_;  // a ring for this call only

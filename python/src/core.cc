@@ -14,6 +14,7 @@
 
 #include "arrays.h"
 #include "call_options.h"
+#include "nccl_comm.h"
 #include "attention/attention_impl.h"
 #include "attention/registry.h"
 #include "runtime/error.h"
@@ -111,4 +112,5 @@ NB_MODULE(_core, m) {
         "stream"_a, "like"_a);
   m.def("built_with_cuda", &ra::built_with_cuda, "Whether this build of ringattn has its CUDA back end.");
   ra::python::bind_ring(m);
+  ra::python::bind_nccl_comm(m);
 }

@@ -208,3 +208,16 @@ def test_int64_segment_ids_are_taken_as_int32():
     ringattn.attention_backward(q, k, v, o, lse, do, segment_ids=seg, kv_segment_ids=seg)
     with pytest.raises(ValueError, match="segment_ids holds values outside int32's range"):
         ringattn.attention(q, k, v, segment_ids=seg * 2**40, kv_segment_ids=seg)
+
+
+def test_nccl_comm_refuses_a_bad_unique_id_by_name():
+    # ringattn.NcclComm (the GPU ring's communicator under torchrun): arguments are checked before any device
+    # or peer is touched; a build without CUDA says it has none.
+    if not ringattn.built_with_cuda():
+        with pytest.raises(ValueError, match="no CUDA back end"):
+            ringattn.NcclComm(bytes(128), 0, 1, 0)
+        return
+    with pytest.raises(ValueError, match="unique_id has 3 bytes, expected 128"):
+        ringattn.NcclComm(b"abc", 0, 1, 0)
+    with pytest.raises(ValueError, match="rank 2 of size 2: expected 0 <= rank < size"):
+        ringattn.NcclComm(bytes(128), 2, 2, 0)
