@@ -6,27 +6,13 @@ Usage: mpirun -np 2 python3 bench/python_ring_overhead.py [--seqs 512 32768] [--
 """
 
 import argparse
-import statistics
 
 import torch
 from mpi4py import MPI
 
 import ringattn
 import ringattn.torch as rt
-
-
-def median_ms(fn, iters):
-    fn()
-    times = []
-    for _ in range(iters):
-        MPI.COMM_WORLD.Barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from bench_common import median_ms
 
 
 def main():
@@ -44,8 +30,8 @@ def main():
         q, k, v, do = (ringattn.shard(torch.randn(1, T, a.heads, a.head_dim, device="cuda", dtype=torch.bfloat16,
                                                   generator=g), 1, "zigzag", rank, size).contiguous() for _ in range(4))
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        fwd = median_ms(lambda: rt.ring_attention(q, k, v, comm=comm, causal=True), a.iters)
-        both = median_ms(lambda: rt.ring_attention(*leaves, comm=comm, causal=True).backward(do), a.iters)
+        fwd = median_ms(lambda: rt.ring_attention(q, k, v, comm=comm, causal=True), a.iters, comm.Barrier)
+        both = median_ms(lambda: rt.ring_attention(*leaves, comm=comm, causal=True).backward(do), a.iters, comm.Barrier)
         if rank == 0:
             print(f"ring of {size}, T={T} H={a.heads} D={a.head_dim} bf16 causal zigzag, median of {a.iters}: "
                   f"forward {fwd:.3f} ms, forward+backward {both:.3f} ms")

@@ -1,7 +1,7 @@
 """PyTorch's `context_parallel` (DTensor ring over SDPA, all-to-all rotation) per GPU, for the side-by-side
 rows of bench/RESULTS.md: bf16, B=1, (B, H, T, D) buffers sharded by `context_parallel` (its head-tail load
-balancing for causal, contiguous shards otherwise), forward and backward each the median of `--iters` CUDA-event-timed calls after 2
-warm-up calls, the slowest rank's time; TFLOP/s per GPU as `ringattn bench` counts them (4 B H T^2 D for
+balancing for causal, contiguous shards otherwise), forward and backward each the median of `--iters`
+CUDA-event-timed calls after 2 warm-up calls, the slowest rank's time; TFLOP/s per GPU as `ringattn bench` counts them (4 B H T^2 D for
 the forward, 2.5x that for the backward, halved for causal, divided by the GPUs).
 
 Usage: torchrun --nproc-per-node 2 bench/torch_context_parallel.py [--seqs 16384 32768]
@@ -10,7 +10,6 @@ Usage: torchrun --nproc-per-node 2 bench/torch_context_parallel.py [--seqs 16384
 
 import argparse
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -18,6 +17,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from bench_common import median_ms
 
 try:  # where PyTorch keeps its ring's switches moved between releases
     from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options, set_rotate_method
@@ -29,18 +30,7 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTEN
 
 def slowest_median_ms(fn, iters):
     """The median of `iters` timed calls on this rank, then the largest median over the ranks."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    median = torch.tensor([statistics.median(times)], device="cuda")
+    median = torch.tensor([median_ms(fn, iters, dist.barrier, warmup=2)], device="cuda")
     dist.all_reduce(median, op=dist.ReduceOp.MAX)
     return median.item()
 

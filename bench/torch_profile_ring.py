@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import ringattn
 import ringattn.torch as rt
+from bench_common import add_shape_arguments
 
 BLOCKING = ("cudaFree", "cudaMalloc", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
             "cudaMemcpy ", "cudaMemcpy(", "cudaHostAlloc", "cudaMallocHost", "cudaFreeHost", "cudaIpc")
@@ -25,10 +26,7 @@ BLOCKING = ("cudaFree", "cudaMalloc", "cudaStreamSynchronize", "cudaDeviceSynchr
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seq", type=int, default=32768)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--causal", type=int, default=1)
+    add_shape_arguments(parser)
     parser.add_argument("--local-impl", default="cudnn")
     parser.add_argument("--min-us", type=float, default=20.0, help="leave out device activities shorter than this")
     a = parser.parse_args()

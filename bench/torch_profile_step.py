@@ -11,14 +11,12 @@ from torch.profiler import ProfilerActivity, profile
 
 import ringattn
 import ringattn.torch as rt
+from bench_common import add_shape_arguments
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seq", type=int, default=32768)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--causal", type=int, default=1)
+    add_shape_arguments(parser)
     a = parser.parse_args()
     q, k, v, do = (torch.randn(1, a.seq, a.heads, a.head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
