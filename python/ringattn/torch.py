@@ -130,10 +130,21 @@ def _nccl_comm_of(group, device: torch.device, timeout: float):
     if key not in _group_comms:
         if not dist.is_initialized():
             raise ValueError("group: torch.distributed is not initialized (call init_process_group first)")
+        if not _core.built_with_cuda():  # every rank alike, before the broadcast
+            raise ValueError("q is a CUDA tensor but this build of ringattn has no CUDA back end")
         rank, size = dist.get_rank(group), dist.get_world_size(group)
-        unique_id = [_core.nccl_unique_id() if rank == 0 else None]
+        unique_id = [None]
+        if rank == 0:  # a failure here travels in place of the id, so that no rank waits for one
+            try:
+                unique_id = [_core.nccl_unique_id()]
+            except Exception as e:  # noqa: BLE001
+                unique_id = [f"{type(e).__name__}: {e}"]
         root = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast_object_list(unique_id, src=root, group=group, device=device)
+        # The id goes through the group's own backend: on the GPU where it has NCCL, in host memory for gloo.
+        carrier = device if "nccl" in str(dist.get_backend(group)) else torch.device("cpu")
+        dist.broadcast_object_list(unique_id, src=root, group=group, device=carrier)
+        if isinstance(unique_id[0], str):
+            raise ValueError(f"the group's first rank could not make an NCCL unique id: {unique_id[0]}")
         _group_comms[key] = _core.NcclComm(unique_id[0], rank, size, device.index, timeout)
     return _group_comms[key]
 

@@ -92,3 +92,12 @@ def test_torch_compile_traces_the_ring():
     rt.ring_attention(*want, **RING, causal=True).sum().backward()
     for got, ref in zip((q, k, v), want):
         close(got.grad, ref.grad, 1e-6)
+
+
+def test_a_group_for_cuda_tensors_without_a_usable_gpu_fails_on_every_rank():
+    """CUDA tensors under torchrun make the group's NCCL communicator (its unique id broadcast by the group):
+    where it cannot be made (no CUDA back end, no GPU) every rank raises, none waits in the broadcast."""
+    if "group" not in RING or torch.cuda.is_available():
+        pytest.skip("under torchrun without a GPU only")
+    with pytest.raises(ValueError, match="no CUDA back end|NCCL|CUDA|cuda"):
+        rt._nccl_comm_of(None, torch.device("cuda", 0), 10.0)
