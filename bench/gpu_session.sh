@@ -446,19 +446,24 @@ fi
 # build with -DPython_EXECUTABLE=<a python3.12>) and .device/wheels: mpi4py built against Debian's Open MPI
 # (`python3.12 -m pip wheel --no-deps -w .device/wheels mpi4py==4.0.3`; 3.1.4 no longer builds) and pytest's
 # wheels (`pip download -d .device/wheels pytest`).
-if has python; then  # issue 22: the Python package on CUDA tensors (tests, then its cost beside the C++ bench)
-  py=${RA_DEVICE_PYTHON:-python3}
-  $py -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2  # mpi4py for our Open MPI, pytest
+py=${RA_DEVICE_PYTHON:-python3}
+python_package() {  # the module and the wheels (mpi4py for our Open MPI, pytest) on PYTHONPATH
+  $py -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2
   export PYTHONPATH=$build/python:/tmp/pylib
+}
+# examples/train_ring.py on the GPU ring, against one process's SDPA (the launcher's words come first)
+train_cuda=(examples/train_ring.py --device cuda --dtype bf16 --seq 2048 --dim 256 --heads 4 --batch 2 --steps 200
+            --lr 1.0 --tolerance 5e-2)
+if has python; then  # issue 22: the Python package on CUDA tensors (tests, then its cost beside the C++ bench)
+  python_package
   $py -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name())"
   timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py python/tests/test_jax_cuda.py 2>&1 |
     tee "$out/python_cuda.log" | tail -n 40
   timeout 300 mpirun -np 2 -x PYTHONPATH $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda_ring.py 2>&1 |
     tee "$out/python_cuda_ring.log" | tail -n 40
   timeout 300 $py -m pytest -q -p no:cacheprovider python/tests/test_core.py python/tests/test_torch.py 2>&1 | tail -n 3
-  # examples/train_ring.py on the GPU ring (ranks share the GPU where there are fewer), against one process's SDPA
-  timeout 300 mpirun -np 2 -x PYTHONPATH $py examples/train_ring.py --device cuda --dtype bf16 --seq 2048 --dim 256 \
-    --heads 4 --batch 2 --steps 200 --lr 1.0 --tolerance 5e-2 --csv "$out/train_ring_cuda.csv"; echo "train_ring cuda exit $?"
+  # ranks share the GPU where there are fewer
+  timeout 300 mpirun -np 2 -x PYTHONPATH $py "${train_cuda[@]}" --csv "$out/train_ring_cuda.csv"; echo "train_ring cuda exit $?"
   for causal in 0 1; do
     timeout 300 $py bench/python_overhead.py $bin --cuda --seq 32768 --heads 32 --head-dim 128 --iters 10 --causal $causal 2>&1 |
       tee -a "$out/python_overhead.txt"
@@ -478,11 +483,11 @@ if has two_gpus; then  # issues 21 / 22: speed per GPU on 2 GPUs (a GPU per rank
   done
   timeout 240 python3 -m torch.distributed.run --nproc-per-node 2 bench/torch_context_parallel.py --seqs 16384 32768 2>&1 |
     grep -v "^W\|^\s*warnings.warn\|UserWarning" | tee -a "$out/context_parallel.txt"
-  python3 -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2
+  python_package
   for round in 1 2; do  # the Python ring (kept rings) beside the C++ bench, alternating which goes first
     [ $round = 2 ] && bench 2 --backward --impl ring --seq 32768 --iters 10 --causal --layout zigzag
-    timeout 120 mpirun -np 2 -x PYTHONPATH=$build/python:/tmp/pylib python3 bench/python_ring_overhead.py --seqs 32768 \
-      --iters 10 2>&1 | tee -a "$out/python_ring_2gpu.txt"
+    timeout 120 mpirun -np 2 -x PYTHONPATH $py bench/python_ring_overhead.py --seqs 32768 --iters 10 2>&1 |
+      tee -a "$out/python_ring_2gpu.txt"
     [ $round = 1 ] && bench 2 --backward --impl ring --seq 32768 --iters 10 --causal --layout zigzag
   done
   nvidia-smi --query-gpu=memory.used --format=csv
@@ -497,17 +502,14 @@ if has two_gpus_tests; then  # issues 21 / 22: correctness on 2 GPUs, both trans
     done
   done
   bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL)|^\[rank|error" | head -n 60
-  python3 -m pip install -q --no-deps --target /tmp/pylib .device/wheels/*.whl 2>&1 | tail -n 2
-  timeout 300 mpirun -np 2 -x PYTHONPATH=$build/python:/tmp/pylib python3 -m pytest -q -rs -p no:cacheprovider \
-    python/tests/test_torch_cuda_ring.py 2>&1 | tee "$out/python_cuda_ring.log" | tail -n 5
-  timeout 300 mpirun -np 2 -x PYTHONPATH=$build/python:/tmp/pylib python3 examples/train_ring.py --device cuda --dtype bf16 \
-    --seq 2048 --dim 256 --heads 4 --batch 2 --steps 200 --lr 1.0 --tolerance 5e-2 --csv "$out/train_ring_cuda_2gpu.csv" \
+  python_package
+  timeout 300 mpirun -np 2 -x PYTHONPATH $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda_ring.py \
+    2>&1 | tee "$out/python_cuda_ring.log" | tail -n 5
+  timeout 300 mpirun -np 2 -x PYTHONPATH $py "${train_cuda[@]}" --csv "$out/train_ring_cuda_2gpu.csv" \
     --png "$out/train_ring_cuda_2gpu.png" 2>&1 | tail -n 4; echo "train_ring cuda 2 GPUs exit $?"
   # Under torchrun: the group carries an NCCL communicator's unique id (ringattn.NcclComm), no MPI.
-  export PYTHONPATH=$build/python:/tmp/pylib:python/tests
-  timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m pytest -q -rs -p no:cacheprovider \
+  timeout 300 $py -m torch.distributed.run --standalone --nproc-per-node 2 -m pytest -q -rs -p no:cacheprovider \
     python/tests/test_torch_cuda_torchrun.py 2>&1 | tee "$out/python_cuda_torchrun.log" | tail -n 5
-  timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 examples/train_ring.py --device cuda \
-    --dtype bf16 --seq 2048 --dim 256 --heads 4 --batch 2 --steps 200 --lr 1.0 --tolerance 5e-2 \
+  timeout 300 $py -m torch.distributed.run --standalone --nproc-per-node 2 "${train_cuda[@]}" \
     --png "$out/train_ring_cuda_torchrun.png" 2>&1 | tail -n 4; echo "train_ring cuda torchrun exit $?"
 fi

@@ -66,16 +66,17 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, std::chrono
 NcclCommunicator::NcclCommunicator(const std::string& unique_id, int rank, int size,
                                    std::chrono::milliseconds init_timeout)
     : rank_(rank), size_(size) {
-  RA_CHECK(unique_id.size() == sizeof(ncclUniqueId), "the NCCL unique id has ", unique_id.size(), " bytes, expected ",
-           sizeof(ncclUniqueId), " (the bytes of rank 0's unique_id())");
-  RA_CHECK(size > 0 && rank >= 0 && rank < size, "NCCL communicator rank ", rank, " of ", size,
-           ": expected 0 <= rank < size");
+  check_arguments(unique_id, rank, size);
   ncclUniqueId id{};
   std::memcpy(&id, unique_id.data(), sizeof(id));
   init(&id, init_timeout);
 }
 
-size_t NcclCommunicator::unique_id_size() { return sizeof(ncclUniqueId); }
+void NcclCommunicator::check_arguments(const std::string& unique_id, int rank, int size) {
+  RA_CHECK(unique_id.size() == sizeof(ncclUniqueId), "unique_id has ", unique_id.size(), " bytes, expected ",
+           sizeof(ncclUniqueId), " (the bytes of one rank's NCCL unique id)");
+  RA_CHECK(size > 0 && rank >= 0 && rank < size, "rank ", rank, " of size ", size, ": expected 0 <= rank < size");
+}
 
 std::string NcclCommunicator::unique_id() {
   ncclUniqueId id{};

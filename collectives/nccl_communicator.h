@@ -1,6 +1,6 @@
 // The NCCL back end of Communicator over device memory, bootstrapped from an MPI communicator (rank
-// 0's ncclUniqueId is broadcast over it) or from a unique id the caller broadcast itself (torchrun). The NCCL communicator is non-blocking: every wait polls
-// ncclCommGetAsyncError against a deadline, and on an error or a timeout the communicator is aborted
+// 0's ncclUniqueId is broadcast over it) or from a unique id the caller broadcast itself (torchrun).
+// The NCCL communicator is non-blocking: every wait polls ncclCommGetAsyncError against a deadline, and on an error or a timeout the communicator is aborted
 // and an ra::Error names the step and the peers, so that no rank hangs in a dead collective.
 //
 // ring_shift, all_gather and broadcast take device pointers and are queued on this communicator's
@@ -28,9 +28,11 @@ class NcclCommunicator final : public Communicator {
   // unique_id(), carried to the others by the caller, e.g. over torch.distributed), each its own `rank`.
   NcclCommunicator(const std::string& unique_id, int rank, int size,
                    std::chrono::milliseconds init_timeout = std::chrono::seconds(120));
-  // A new ncclUniqueId's bytes, for the constructor above, and how many there are.
+  // A new ncclUniqueId's bytes, for the constructor above.
   static std::string unique_id();
-  static size_t unique_id_size();
+  // What that constructor refuses (a unique id of the wrong size, a rank outside the size), named; callers
+  // that must refuse before touching a device check it first.
+  static void check_arguments(const std::string& unique_id, int rank, int size);
   // Uses the caller's communicator (blocking or not) without owning it: it is neither finalized nor
   // destroyed here, though a failure still aborts it (a failed NCCL communicator is unusable anyway).
   static std::unique_ptr<NcclCommunicator> adopt(ncclComm* comm);

@@ -5,12 +5,13 @@
 // A call is cut into sub-blocks along runs of consecutive positions (a zigzag shard is two runs);
 // each (query run, key run) pair is skipped, computed without a mask, or computed with cuDNN's
 // causal mask where its diagonal is one cuDNN can express (top-left or bottom-right aligned; other
-// diagonals are cut into parts that are). What
-// cuDNN cannot express here (bias, mask, segment ids, soft cap, our deterministic dropout, sliding
-// windows) is refused by name, pointing at flash_attn2. The backward runs cuDNN's
-// fused SDPA backward on the same blocks, adding each block's gradients into the f32 accumulators.
+// diagonals are cut into parts that are). What cuDNN cannot express here (bias, mask, segment ids, soft
+// cap, our deterministic dropout, sliding windows) is refused by name, pointing at flash_attn2. The
+// backward runs cuDNN's fused SDPA backward on the same blocks, adding each block's gradients into the
+// f32 accumulators.
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 

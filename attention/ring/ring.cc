@@ -59,7 +59,7 @@ TokenPositions ring_positions(const RingContext& ctx) {
   return pos;
 }
 
-bool ring_block_skipped(int64_t q_lo, int64_t q_hi, const std::vector<int64_t>& source_keys, const AttentionParams& params) {
+bool ring_block_skipped(int64_t q_lo, int64_t q_hi, std::span<const int64_t> source_keys, const AttentionParams& params) {
   if (source_keys.empty()) return true;
   const auto [k_lo, k_hi] = std::minmax_element(source_keys.begin(), source_keys.end());
   return classify_block(q_lo, q_hi, *k_lo, *k_hi, params.causal, params.window_left, params.window_right) ==

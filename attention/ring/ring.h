@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,7 @@ TokenPositions ring_positions(const RingContext& ctx);
 
 // Whether a block with keys at `source_keys` (the block that started on one rank) holds no key any of
 // this rank's queries (positions in [q_lo, q_hi]) may see, so that the step computes nothing.
-bool ring_block_skipped(int64_t q_lo, int64_t q_hi, const std::vector<int64_t>& source_keys, const AttentionParams& params);
+bool ring_block_skipped(int64_t q_lo, int64_t q_hi, std::span<const int64_t> source_keys, const AttentionParams& params);
 
 // Whether the bias is shared by the query rows of every rank (its query-row dimension broadcast), so
 // that its gradient is the sum of the ranks' parts; a bias of this rank's rows needs no sum. Collective.

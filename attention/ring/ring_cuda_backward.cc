@@ -10,6 +10,7 @@
 // After the last step each accumulator is one hop from its owner. The sums run in a fixed order: a
 // given ring size and layout give the same bits on every run.
 #include <algorithm>
+#include <span>
 
 #include "attention/cuda/backward_cuda.h"
 #include "attention/ring/block_schedule.h"
@@ -100,9 +101,9 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   };
   // Whether the mask leaves keys [first, first + count) of the block from `src` to none of this rank's queries.
   auto skipped = [&](int src, int64_t first, int64_t count) {
-    const auto keys = source_keys_[size_t(src)].begin() + first;
     return query_positions_.empty() ||
-           ring_block_skipped(q_lo_, q_hi_, std::vector<int64_t>(keys, keys + count), params);
+           ring_block_skipped(q_lo_, q_hi_, std::span(source_keys_[size_t(src)]).subspan(size_t(first), size_t(count)),
+                              params);
   };
   // This rank's part of those keys' dK/dV (and its dQ) into `dk`/`dv`.
   auto compute = [&](const AttentionInputs& block, int src, int64_t first, int64_t count, const TensorView& dk,
@@ -155,15 +156,15 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     if (step == 0) {
       own_part(0, own_half);
     } else {
-      char* target = step == 1 && f32_wire ? slot[sending] : partial_.data<char>();
       if (step == 1) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, stream_));
-      if (computed && target != slot[sending])
-        RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), stream_));
-      if (computed)
+      if (!computed) {
+        ++stats_.skipped;
+      } else {
+        char* target = step == 1 && f32_wire ? slot[sending] : partial_.data<char>();
+        if (target != slot[sending]) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), stream_));
         compute(kv.block(step, src), src, 0, rows, part_layout.dk_view(target, rows, MemoryKind::kCuda),
                 part_layout.dv_view(target, rows, MemoryKind::kCuda));
-      else
-        ++stats_.skipped;
+      }
     }
     // One shift: the held K/V block (but at the last step) and the accumulator finished at the previous step.
     std::vector<DeviceRingChannel::Piece> pieces;

@@ -143,33 +143,38 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
   RingConfig config{layout,        local_impl,          0, 0, in.q.dim(1), in.k.dim(1), int64_t(timeout_s * 1000),
                     device.backend(), device.where.device, modes.deterministic, modes.gradient_wire};
   (void)parse_layout(layout);  // a bad name fails here, on every rank, before any collective
-  int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
+  // How the caller's ranks agree on two values before any ring is built: over the caller's own communicator.
+  std::function<void(int64_t*, ReduceOp)> agree;
+  std::unique_ptr<PythonCommunicator> python;
   if (caller.nccl) {  // a ringattn.NcclComm: CUDA arrays on its device; agreed and kept over NCCL itself
     RA_CHECK(device.backend() == Backend::kCuda, "comm is a ringattn.NcclComm, which carries CUDA arrays; q is in ",
              device.where.str(), " (host arrays go over an mpi4py communicator or a torch.distributed group)");
     RA_CHECK(device.where.device == caller.nccl_device, "q is on CUDA device ", device.where.device,
              " but comm (a ringattn.NcclComm) was made on device ", caller.nccl_device);
-    Communicator& nccl = *caller.nccl;
-    if (!global_q_len || !global_kv_len) nccl.all_reduce(lengths, 2, ReduceOp::kSum);
-    config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
-    keep_or_build(find_kept(caller.nccl.get(), config), [&](int64_t* v) { nccl.all_reduce(v, 2, ReduceOp::kMin); },
-                  [&] { return std::make_unique<CallRing>(CallRing::CallerNccl{caller.nccl}, config); });
+    agree = [&](int64_t* v, ReduceOp op) { caller.nccl->all_reduce(v, 2, op); };
   } else if (caller.python.is_valid()) {  // carried by Python: built for this call
-    auto communicator = std::make_unique<PythonCommunicator>(caller.python);
+    python = std::make_unique<PythonCommunicator>(caller.python);
     RA_CHECK(device.backend() == Backend::kCpu, "ring_attention on CUDA arrays needs comm to be an mpi4py communicator "
              "(under mpirun) or a ringattn.NcclComm (under torchrun: ringattn.torch makes one for a group); an object "
              "with ring_shift carries host arrays only");
-    if (!global_q_len || !global_kv_len) communicator->all_reduce(lengths, 2, ReduceOp::kSum);
-    config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
-    owned_ = std::make_unique<CallRing>(std::move(communicator), config);
-    ring_ = owned_.get();
+    agree = [&](int64_t* v, ReduceOp op) { python->all_reduce(v, 2, op); };
   } else {
-    // Agreed over the caller's own communicator, before any rank builds anything collectively.
-    if (!global_q_len || !global_kv_len)
-      RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, lengths, 2, MPI_INT64_T, MPI_SUM, caller.mpi));
-    config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
-    keep_or_build(find_kept(caller.mpi, config),
-                  [&](int64_t* v) { RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MIN, caller.mpi)); },
+    agree = [&](int64_t* v, ReduceOp op) {
+      RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, op == ReduceOp::kSum ? MPI_SUM : MPI_MIN, caller.mpi));
+    };
+  }
+  int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
+  if (!global_q_len || !global_kv_len) agree(lengths, ReduceOp::kSum);
+  config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
+  const auto min_over_ranks = [&](int64_t* v) { agree(v, ReduceOp::kMin); };
+  if (python) {
+    owned_ = std::make_unique<CallRing>(std::move(python), config);
+    ring_ = owned_.get();
+  } else if (caller.nccl) {
+    keep_or_build(find_kept(caller.nccl.get(), config), min_over_ranks,
+                  [&] { return std::make_unique<CallRing>(CallRing::CallerNccl{caller.nccl}, config); });
+  } else {
+    keep_or_build(find_kept(caller.mpi, config), min_over_ranks,
                   [&] { return std::make_unique<CallRing>(std::make_unique<MpiCommunicator>(caller.mpi), config); });
   }
   device.bind(*ring_->impl);

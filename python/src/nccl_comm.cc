@@ -28,12 +28,9 @@ nb::bytes nccl_unique_id() {
 void make_nccl_comm(NcclComm* self, nb::bytes unique_id, int rank, int size, int device, double timeout_s) {
 #if RA_HAVE_CUDA
   RA_CHECK(timeout_s > 0, "timeout is ", timeout_s, " s, expected a positive number of seconds");
-  // Checked before anything touches a device, on every rank alike.
-  RA_CHECK(unique_id.size() == NcclCommunicator::unique_id_size(), "unique_id has ", unique_id.size(),
-           " bytes, expected ", NcclCommunicator::unique_id_size(), " (the bytes of nccl_unique_id() on one rank)");
-  RA_CHECK(size > 0 && rank >= 0 && rank < size, "rank ", rank, " of size ", size, ": expected 0 <= rank < size");
-  RA_CHECK(device >= 0, "device ", device, ": expected a CUDA device index");
   const std::string id(unique_id.c_str(), unique_id.size());
+  NcclCommunicator::check_arguments(id, rank, size);  // before anything touches a device, on every rank alike
+  RA_CHECK(device >= 0, "device ", device, ": expected a CUDA device index");
   std::shared_ptr<Communicator> comm;
   {
     nb::gil_scoped_release released;  // set-up waits for every rank
