@@ -25,9 +25,18 @@ GradAccumulators GradAccumulators::zeros(const AttentionInputs& in, MemoryKind m
   return acc;
 }
 
+GradAccumulators GradAccumulators::temporary(const AttentionInputs& in, MemoryKind memory, void* cuda_stream) {
+  GradAccumulators acc;
+  acc.dq = Tensor::temporary(DType::kF32, in.q.shape(), memory, cuda_stream);
+  acc.dk = Tensor::temporary(DType::kF32, in.k.shape(), memory, cuda_stream);
+  acc.dv = Tensor::temporary(DType::kF32, in.v.shape(), memory, cuda_stream);
+  if (in.bias.defined()) acc.dbias = Tensor(DType::kF32, in.bias.shape(), memory);
+  return acc;
+}
+
 Tensor compute_delta(const TensorView& o, const TensorView& d_o, void* cuda_stream) {
   const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3);
-  Tensor delta(DType::kF32, {B, H, T}, o.memory());
+  Tensor delta = Tensor::temporary(DType::kF32, {B, H, T}, o.memory(), cuda_stream);
   if (o.memory() == MemoryKind::kCuda) {
 #if RA_HAVE_CUDA
     compute_delta_cuda(o, d_o, delta, static_cast<cudaStream_t>(cuda_stream));
@@ -115,10 +124,11 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   // dS (visible in dbias and dsinks, which sum dS over rows).
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   const MemoryKind memory = in.q.memory();
-  Carry carry = Carry::empty(B, Hq, T, Dv, memory, cuda_stream());
+  Carry carry = Carry::temporary(B, Hq, T, Dv, memory, cuda_stream());
   accumulate(in, pos, params, carry);
   const DType o_dtype = backward_reads_output() ? in.q.dtype() : DType::kF32;
-  const AttentionOutput own{Tensor(o_dtype, {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
+  const AttentionOutput own{Tensor::temporary(o_dtype, {B, T, Hq, Dv}, memory, cuda_stream()),
+                            Tensor::temporary(DType::kF32, {B, Hq, T}, memory, cuda_stream())};
   finalize(carry, in.sinks, own.o, own.lse, cuda_stream());
   return backward(in, params, pos, d_o, ForwardViews{own.o.view(), own.lse.view()}, f32_gradients);
 }
@@ -144,7 +154,11 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   }
   const Tensor delta = compute_delta(o, d_o, stream);
   grad.delta = delta;
-  GradAccumulators acc = GradAccumulators::zeros(in, in.q.memory());
+  // f32 gradients without the caller's views are the accumulators themselves, handed to the caller:
+  // those cannot be temporaries of this call's stream.
+  const bool accumulators_returned = into == nullptr && f32_gradients;
+  GradAccumulators acc = accumulators_returned ? GradAccumulators::zeros(in, in.q.memory())
+                                               : GradAccumulators::temporary(in, in.q.memory(), stream);
   accumulate_backward(in, pos, params, grad, acc.views());
   Gradients g;
   if (into != nullptr) {

@@ -31,6 +31,9 @@ struct GradViews {
 struct GradAccumulators {
   Tensor dq, dk, dv, dbias;
   static GradAccumulators zeros(const AttentionInputs& in, MemoryKind memory);
+  // dq, dk and dv for the span of one call on `cuda_stream` (Tensor::temporary); dbias, which the
+  // single-call backward hands to its caller, as in zeros().
+  static GradAccumulators temporary(const AttentionInputs& in, MemoryKind memory, void* cuda_stream);
   GradViews views() const { return {dq.view(), dk.view(), dv.view(), dbias.view()}; }
 };
 
@@ -41,7 +44,7 @@ struct Gradients {
 };
 
 // delta (B, Hq, T) f32 = sum over Dv of dO * O, row by row (f32 products and sums). On the device when
-// o is (then on `cuda_stream`).
+// o is (then on `cuda_stream`, a temporary of the call: Tensor::temporary).
 Tensor compute_delta(const TensorView& o, const TensorView& d_o, void* cuda_stream = nullptr);
 
 // dsinks (Hq) f32 = -sum over (b, t) of exp(sink_h - lse) * delta: a sink is one more logit whose value

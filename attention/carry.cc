@@ -13,16 +13,20 @@
 
 namespace ra {
 
-Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, MemoryKind memory,
-                   void* cuda_stream) {
+namespace {
+
+// A carry whose tensors `make` allocates zeroed (shape, memory), the max then set to -inf.
+template <typename Make>
+Carry empty_carry(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, MemoryKind memory, void* cuda_stream,
+                  Make make) {
   Carry c;
   c.batch = batch;
   c.heads = heads;
   c.rows = rows;
   c.value_dim = value_dim;
-  c.numerator = Tensor(DType::kF32, {batch, heads, rows, value_dim}, memory);
-  c.denominator = Tensor(DType::kF32, {batch, heads, rows}, memory);
-  c.max = Tensor(DType::kF32, {batch, heads, rows}, memory);
+  c.numerator = make(Shape{batch, heads, rows, value_dim});
+  c.denominator = make(Shape{batch, heads, rows});
+  c.max = make(Shape{batch, heads, rows});
   if (memory == MemoryKind::kCuda) {  // a kernel: fill_f32 would stage -inf through pageable host memory
 #if RA_HAVE_CUDA
     fill_carry_max_cuda(c, static_cast<cudaStream_t>(cuda_stream));
@@ -31,6 +35,20 @@ Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim
   }
   fill_f32(c.max.view(), -INFINITY);
   return c;
+}
+
+}  // namespace
+
+Carry Carry::empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, MemoryKind memory,
+                   void* cuda_stream) {
+  return empty_carry(batch, heads, rows, value_dim, memory, cuda_stream,
+                     [&](const Shape& shape) { return Tensor(DType::kF32, shape, memory); });
+}
+
+Carry Carry::temporary(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, MemoryKind memory,
+                       void* cuda_stream) {
+  return empty_carry(batch, heads, rows, value_dim, memory, cuda_stream,
+                     [&](const Shape& shape) { return Tensor::temporary(DType::kF32, shape, memory, cuda_stream); });
 }
 
 void reset(Carry& carry, void* cuda_stream) {

@@ -23,6 +23,11 @@ struct Carry {
   // the legacy default stream, then waited for, so that work on any stream sees it).
   static Carry empty(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim,
                      MemoryKind memory = MemoryKind::kHost, void* cuda_stream = nullptr);
+  // The carry of one call whose device work is queued on `cuda_stream`: on a device from ringattn's
+  // cache of temporaries, zeroed there with no wait for the device (Tensor::temporary: it must die
+  // while the stream lives, before the stream's later work reuses its memory).
+  static Carry temporary(int64_t batch, int64_t heads, int64_t rows, int64_t value_dim, MemoryKind memory,
+                         void* cuda_stream);
   MemoryKind memory() const { return numerator.view().memory(); }
   int64_t row_count() const { return batch * heads * rows; }
 };

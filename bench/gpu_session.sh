@@ -19,7 +19,8 @@
 # and over the GPU ring, then what it costs beside the C++ bench); `two_gpus` (issues 21 / 22 on 2 GPUs: the ring
 # backward per GPU beside one GPU's at the same global T, the bf16 grad wire, PyTorch context_parallel in the same
 # call, the Python ring beside the C++ bench, then 1M tokens causal); `two_gpus_tests` (the GPU ring's forward and
-# backward tests over copy engines and over NCCL, the backward's faults, the training example on 2 GPUs);
+# backward tests over copy engines and over NCCL, the backward's faults, the training example on 2 GPUs); `cache`
+# (the device cache of call temporaries: GPU tests, bench --backward against the variants, the Python layer's cost);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -468,6 +469,32 @@ if has python; then  # issue 22: the Python package on CUDA tensors (tests, then
     timeout 300 $py bench/python_overhead.py $bin --cuda --seq 32768 --heads 32 --head-dim 128 --iters 10 --causal $causal 2>&1 |
       tee -a "$out/python_overhead.txt"
   done
+fi
+if has cache; then  # the device cache of call temporaries: GPU tests, then bench --backward against the variants
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 12
+  for t in ring_mpi_test ring_backward_mpi_test; do  # ranks share the GPU where there are fewer
+    timeout 150 mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 2>&1 | tee "$out/${t}_cuda.log" |
+      grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 4
+  done
+  python_package
+  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py python/tests/test_core.py 2>&1 |
+    tee "$out/python_cuda.log" | tail -n 6
+  cache_rows() {  # forward() and backward() per call, where the temporaries are allocated
+    local b=$1 shape local
+    for shape in "8192 " "32768 " "32768 --causal"; do
+      for local in cudnn flash_attn2; do bin=$b bench 1 --backward --impl $local --seq ${shape% *} --iters 10 ${shape#* }; done
+    done
+  }
+  for_each_build cache_rows
+  for shape in "8192 " "32768 " "32768 --causal"; do  # the forward with its carry allocated once, for reference
+    for local in cudnn flash_attn2; do bench 1 --impl $local --seq ${shape% *} --iters 10 ${shape#* }; done
+  done
+  for causal in 0 1; do
+    timeout 300 $py bench/python_overhead.py $bin --cuda --seq 32768 --heads 32 --head-dim 128 --iters 10 --causal $causal 2>&1 |
+      tee -a "$out/python_overhead.txt"
+  done
+  timeout 300 $py bench/python_overhead.py $bin --cuda --seq 4096 --heads 32 --head-dim 128 --iters 20 --causal 1 2>&1 |
+    tee -a "$out/python_overhead.txt"
 fi
 if has two_gpus; then  # issues 21 / 22: speed per GPU on 2 GPUs (a GPU per rank)
   for t in 16384 32768; do

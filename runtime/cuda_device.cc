@@ -2,11 +2,13 @@
 #include "runtime/cuda_device.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace ra {
 
@@ -66,33 +68,149 @@ void cuda_reset_allocated_peak() {
   tracker().peak = tracker().current;
 }
 
-void* cuda_allocate(size_t bytes, const char* what) {
-  void* p = nullptr;
-  const cudaError_t status = cudaMalloc(&p, bytes ? bytes : 1);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    size_t free_bytes = 0, total_bytes = 0;
-    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-    RA_FAIL("out of device memory: ", what, " needs ", bytes, " bytes but only ", free_bytes, " of ", total_bytes,
-            " bytes are free on the device (", cudaGetErrorName(status), "); use more ranks or a shorter sequence");
-  }
+namespace {
+
+void track_allocation(void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(tracker().mutex);
   tracker().sizes[p] = bytes;
   tracker().current += bytes;
   tracker().peak = std::max(tracker().peak, tracker().current);
+}
+
+void track_release(void* p) {
+  std::lock_guard<std::mutex> lock(tracker().mutex);
+  auto it = tracker().sizes.find(p);
+  if (it != tracker().sizes.end()) {
+    tracker().current -= it->second;
+    tracker().sizes.erase(it);
+  }
+}
+
+// The temporaries' pool of each device, made on first use (CUDA's pools live until the process ends).
+struct TemporaryPools {
+  std::mutex mutex;
+  std::unordered_map<int, cudaMemPool_t> pools;
+  uint64_t limit = UINT64_MAX;
+};
+TemporaryPools& temporary_pools() {
+  static TemporaryPools p;
   return p;
 }
 
-void cuda_release(void* p) {
-  {
-    std::lock_guard<std::mutex> lock(tracker().mutex);
-    auto it = tracker().sizes.find(p);
-    if (it != tracker().sizes.end()) {
-      tracker().current -= it->second;
-      tracker().sizes.erase(it);
-    }
+cudaMemPool_t pool_of_current_device(bool create) {
+  int device = 0;
+  RA_CUDA_CHECK(cudaGetDevice(&device));
+  TemporaryPools& all = temporary_pools();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  auto it = all.pools.find(device);
+  if (it != all.pools.end()) return it->second;
+  if (!create) return nullptr;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  RA_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+  RA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &all.limit));
+  all.pools[device] = pool;
+  return pool;
+}
+
+[[noreturn]] void out_of_device_memory(size_t bytes, const char* what, cudaError_t status) {
+  size_t free_bytes = 0, total_bytes = 0;
+  (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+  RA_FAIL("out of device memory: ", what, " needs ", bytes, " bytes but only ", free_bytes, " of ", total_bytes,
+          " bytes are free on the device (", cudaGetErrorName(status), "); use more ranks or a shorter sequence");
+}
+
+// Gives the driver every cached block whose release the device has reached, without waiting for it
+// (a wait here could hang on a collective whose peer has died).
+void trim_cache_now() {
+  if (cudaMemPool_t pool = pool_of_current_device(/*create=*/false)) (void)cudaMemPoolTrimTo(pool, 0);
+}
+
+// `allocate` once, and once more after handing the cache back when the device is full.
+template <typename Allocate>
+void* allocate_or_release_cache(size_t bytes, const char* what, Allocate allocate) {
+  void* p = nullptr;
+  cudaError_t status = allocate(&p);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    trim_cache_now();
+    status = allocate(&p);
   }
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    out_of_device_memory(bytes, what, status);
+  }
+  track_allocation(p, bytes);
+  return p;
+}
+
+}  // namespace
+
+void* cuda_allocate(size_t bytes, const char* what) {
+  return allocate_or_release_cache(bytes, what, [&](void** p) { return cudaMalloc(p, bytes ? bytes : 1); });
+}
+
+void cuda_release(void* p) {
+  track_release(p);
   (void)cudaFree(p);
+}
+
+void* cuda_allocate_temporary(size_t bytes, cudaStream_t stream, const char* what) {
+  cudaMemPool_t pool = pool_of_current_device(/*create=*/true);
+  return allocate_or_release_cache(bytes, what,
+                                   [&](void** p) { return cudaMallocFromPoolAsync(p, bytes ? bytes : 1, pool, stream); });
+}
+
+void cuda_release_temporary(void* p, cudaStream_t stream) {
+  track_release(p);
+  (void)cudaFreeAsync(p, stream);
+}
+
+void cuda_memset_zero_async(void* p, size_t bytes, cudaStream_t stream) {
+  RA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+}
+
+namespace {
+std::vector<std::pair<int, cudaMemPool_t>> every_pool() {
+  TemporaryPools& all = temporary_pools();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  return {all.pools.begin(), all.pools.end()};
+}
+}  // namespace
+
+size_t cuda_cached_bytes() {
+  size_t cached = 0;
+  for (const auto& [device, pool] : every_pool()) {
+    uint64_t reserved = 0, used = 0;
+    RA_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    RA_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    cached += size_t(reserved - used);
+  }
+  return cached;
+}
+
+void cuda_release_cached() {
+  const auto pools = every_pool();
+  if (pools.empty()) return;  // also where there is no device
+  int current = 0;
+  RA_CUDA_CHECK(cudaGetDevice(&current));
+  for (const auto& [device, pool] : pools) {
+    RA_CUDA_CHECK(cudaSetDevice(device));
+    RA_CUDA_CHECK(cudaDeviceSynchronize());  // blocks released on a stream are free once it gets there
+    RA_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  }
+  RA_CUDA_CHECK(cudaSetDevice(current));
+}
+
+void cuda_set_cache_limit(size_t bytes) {
+  TemporaryPools& all = temporary_pools();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.limit = bytes;
+  for (auto& [device, pool] : all.pools)
+    RA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &all.limit));
 }
 
 void cuda_memset_zero(void* p, size_t bytes) {

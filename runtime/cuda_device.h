@@ -43,6 +43,24 @@ void cuda_reset_allocated_peak();  // on the current device, for the up-front fi
 void* cuda_allocate_pinned(size_t bytes, const char* what);
 void cuda_release_pinned(void* p);
 
+// ringattn's cache for the device memory of a call's temporaries (carries, f32 accumulators, delta):
+// one stream-ordered pool per device whose freed blocks are kept for the next call instead of going
+// back to the driver, so a call neither maps fresh memory nor waits for the device. Allocation, zero
+// fill and release are queued on `stream`; a block released there is reused by later work of any
+// stream only once that work is ordered after the release (CUDA's pool tracks it). Counted in
+// cuda_allocated_peak_bytes. A failed allocation, here or by cuda_allocate, first hands the cache back.
+void* cuda_allocate_temporary(size_t bytes, cudaStream_t stream, const char* what);
+void cuda_release_temporary(void* p, cudaStream_t stream);
+void cuda_memset_zero_async(void* p, size_t bytes, cudaStream_t stream);
+// Bytes the caches of this process's devices hold for reuse (none in use).
+size_t cuda_cached_bytes();
+// Waits for each device with a cache, then gives every cached byte back to the driver (for other
+// libraries' allocators, e.g. PyTorch's, which cannot see this cache).
+void cuda_release_cached();
+// The most bytes each device's cache keeps once the device has been waited for (default: no bound, i.e.
+// the largest call's temporaries stay); above it, the excess goes back to the driver at such waits.
+void cuda_set_cache_limit(size_t bytes);
+
 // kHigh: the device's greatest stream priority. Blocks of a high-priority stream are dispatched
 // before waiting blocks of lower ones, so a transfer queued while a long kernel occupies every SM starts
 // as SMs free up instead of after the kernel's last block.

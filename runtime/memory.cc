@@ -65,6 +65,40 @@ void fill_zero_bytes(void* p, size_t bytes, MemoryKind memory) {
 #endif
 }
 
+void* allocate_temporary_bytes(size_t bytes, MemoryKind memory, void* cuda_stream, const char* what) {
+#if RA_HAVE_CUDA
+  if (memory == MemoryKind::kCuda) return cuda_allocate_temporary(bytes, static_cast<cudaStream_t>(cuda_stream), what);
+#endif
+  (void)cuda_stream;
+  return allocate_bytes(bytes, memory, what);
+}
+
+void release_temporary_bytes(void* p, MemoryKind memory, void* cuda_stream) {
+#if RA_HAVE_CUDA
+  if (p != nullptr && memory == MemoryKind::kCuda) return cuda_release_temporary(p, static_cast<cudaStream_t>(cuda_stream));
+#endif
+  (void)cuda_stream;
+  release_bytes(p, memory);
+}
+
+void fill_zero_temporary_bytes(void* p, size_t bytes, MemoryKind memory, void* cuda_stream) {
+#if RA_HAVE_CUDA
+  if (memory == MemoryKind::kCuda) return cuda_memset_zero_async(p, bytes, static_cast<cudaStream_t>(cuda_stream));
+#endif
+  (void)cuda_stream;
+  fill_zero_bytes(p, bytes, memory);
+}
+
+#if RA_HAVE_CUDA
+size_t device_cache_bytes() { return cuda_cached_bytes(); }
+void release_device_cache() { cuda_release_cached(); }
+void set_device_cache_limit(size_t bytes) { cuda_set_cache_limit(bytes); }
+#else
+size_t device_cache_bytes() { return 0; }
+void release_device_cache() {}
+void set_device_cache_limit(size_t) {}
+#endif
+
 void copy_tensor(const TensorView& dst, const TensorView& src) {
   RA_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy between tensors of ",
            dtype_name(src.dtype()), " ", src.shape().str(), " and ", dtype_name(dst.dtype()), " ", dst.shape().str());

@@ -16,6 +16,18 @@ bool built_with_cuda();
 void* allocate_bytes(size_t bytes, MemoryKind memory, const char* what);
 void release_bytes(void* p, MemoryKind memory);
 void fill_zero_bytes(void* p, size_t bytes, MemoryKind memory);
+// Device memory for one call's temporaries from ringattn's cache (runtime/cuda_device.h), allocated,
+// zeroed and released in the order of `cuda_stream` (a cudaStream_t; nullptr: the legacy default
+// stream) without waiting for the device; host memory as above.
+void* allocate_temporary_bytes(size_t bytes, MemoryKind memory, void* cuda_stream, const char* what);
+void release_temporary_bytes(void* p, MemoryKind memory, void* cuda_stream);
+void fill_zero_temporary_bytes(void* p, size_t bytes, MemoryKind memory, void* cuda_stream);
+
+// The device caches of call temporaries (runtime/cuda_device.h), over this process's GPUs: the bytes they
+// hold for reuse, handing them back to the driver, and the bound of each. Without CUDA: 0, nothing to do.
+size_t device_cache_bytes();
+void release_device_cache();
+void set_device_cache_limit(size_t bytes);
 
 // Copies between two contiguous views of the same dtype and element count, any memory kinds.
 // Synchronous with respect to the host (device work already queued on the legacy stream finishes first).

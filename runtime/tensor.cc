@@ -64,14 +64,29 @@ TensorView::TensorView(void* data, DType dtype, Shape shape, std::array<int64_t,
 
 bool TensorView::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
 
-void Tensor::Release::operator()(void* p) const { release_bytes(p, memory); }
+void Tensor::Release::operator()(void* p) const {
+  if (temporary)
+    release_temporary_bytes(p, memory, cuda_stream);
+  else
+    release_bytes(p, memory);
+}
 
 Tensor::Tensor(DType dtype, Shape shape, MemoryKind memory) {
   const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
   void* p = allocate_bytes(bytes, memory, shape.str().c_str());
+  storage_ = std::unique_ptr<void, Release>(p, Release(memory, /*from_cache=*/false, nullptr));
   fill_zero_bytes(p, bytes, memory);
-  storage_ = std::unique_ptr<void, Release>(p, Release{memory});
   view_ = TensorView(p, dtype, shape, memory);
+}
+
+Tensor Tensor::temporary(DType dtype, Shape shape, MemoryKind memory, void* cuda_stream) {
+  const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+  Tensor t;
+  void* p = allocate_temporary_bytes(bytes, memory, cuda_stream, shape.str().c_str());
+  t.storage_ = std::unique_ptr<void, Release>(p, Release(memory, /*from_cache=*/true, cuda_stream));
+  fill_zero_temporary_bytes(p, bytes, memory, cuda_stream);
+  t.view_ = TensorView(p, dtype, shape, memory);
+  return t;
 }
 
 TensorView narrow(const TensorView& view, int dim, int64_t start, int64_t length) {

@@ -72,6 +72,12 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, Shape shape, MemoryKind memory = MemoryKind::kHost);
+  // A tensor for the span of one call whose device work is queued on `cuda_stream` (a cudaStream_t;
+  // nullptr: the legacy default stream): on a device it comes from ringattn's cache, zeroed and given
+  // back in that stream's order with no wait for the device (runtime/memory.h). So it must die while
+  // the stream lives, and work of other streams that uses it must be ordered before the stream's later
+  // work. On the host: as the constructor.
+  static Tensor temporary(DType dtype, Shape shape, MemoryKind memory, void* cuda_stream);
 
   TensorView view() const { return view_; }
   operator TensorView() const { return view_; }
@@ -84,9 +90,11 @@ class Tensor {
 
  private:
   struct Release {
-    Release() : memory(MemoryKind::kHost) {}
-    explicit Release(MemoryKind kind) : memory(kind) {}
-    MemoryKind memory;
+    Release() {}
+    Release(MemoryKind kind, bool from_cache, void* stream) : memory(kind), temporary(from_cache), cuda_stream(stream) {}
+    MemoryKind memory = MemoryKind::kHost;
+    bool temporary = false;  // from the device cache, released on `cuda_stream`
+    void* cuda_stream = nullptr;
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Release> storage_;

@@ -145,7 +145,7 @@ void SdpaCudaRunner::accumulate(const AttentionInputs& in, const CudaAttentionAr
   const int64_t B = a.batch, T = a.q_len, S = a.kv_len, Hq = a.q_heads, Hkv = a.kv_heads, D = a.head_dim,
                 Dv = a.value_dim;
   auto as_f32 = [&](const TensorView& t, const DeviceView4& view, int64_t L, int64_t H, int64_t width) {
-    Tensor out(DType::kF32, {B, L, H, width}, MemoryKind::kCuda);
+    Tensor out = Tensor::temporary(DType::kF32, {B, L, H, width}, MemoryKind::kCuda, stream);
     const int64_t n = out.numel();
     if (n > 0)
       to_f32_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(view.data, t.dtype(), view, L, H, width, out.data<float>(), n);
@@ -154,7 +154,7 @@ void SdpaCudaRunner::accumulate(const AttentionInputs& in, const CudaAttentionAr
   };
   const Tensor q = as_f32(in.q, a.q, T, Hq, D), k = as_f32(in.k, a.k, S, Hkv, D), v = as_f32(in.v, a.v, S, Hkv, Dv);
   const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 28) / S));
-  const Tensor scores(DType::kF32, {chunk_rows, S}, MemoryKind::kCuda);
+  const Tensor scores = Tensor::temporary(DType::kF32, {chunk_rows, S}, MemoryKind::kCuda, stream);
   cublasHandle_t handle = state_->handle;
   RA_CUBLAS_CHECK(cublasSetStream(handle, stream));
   const float one = 1.0f, zero = 0.0f;
@@ -177,7 +177,7 @@ void SdpaCudaRunner::accumulate(const AttentionInputs& in, const CudaAttentionAr
                                     scores.data<float>(), int(S), &one, num_rows, int(Dv)));
       }
     }
-  // The temporaries are freed on return; cudaFree waits for the work that reads them.
+  // The temporaries go back to the cache on return, in the stream's order, after the work that reads them.
 }
 
 void SdpaCudaRunner::accumulate_backward(const AttentionInputs& in, const CudaAttentionArgs& a,
@@ -186,7 +186,7 @@ void SdpaCudaRunner::accumulate_backward(const AttentionInputs& in, const CudaAt
   const int64_t B = a.batch, T = a.q_len, S = a.kv_len, Hq = a.q_heads, Hkv = a.kv_heads, D = a.head_dim,
                 Dv = a.value_dim;
   auto as_f32 = [&](const TensorView& t, int64_t L, int64_t H, int64_t width) {
-    Tensor out(DType::kF32, {B, L, H, width}, MemoryKind::kCuda);
+    Tensor out = Tensor::temporary(DType::kF32, {B, L, H, width}, MemoryKind::kCuda, stream);
     DeviceView4 view{t.data(), {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}};
     const int64_t n = out.numel();
     if (n > 0)
@@ -203,7 +203,8 @@ void SdpaCudaRunner::accumulate_backward(const AttentionInputs& in, const CudaAt
     for (int i = 0; i < 4; ++i) g.dbias_stride[i] = dbias.stride(i);
   }
   const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(T, (int64_t(1) << 27) / S));
-  const Tensor scores(DType::kF32, {chunk_rows, S}, MemoryKind::kCuda), dp(DType::kF32, {chunk_rows, S}, MemoryKind::kCuda);
+  const Tensor scores = Tensor::temporary(DType::kF32, {chunk_rows, S}, MemoryKind::kCuda, stream),
+               dp = Tensor::temporary(DType::kF32, {chunk_rows, S}, MemoryKind::kCuda, stream);
   cublasHandle_t handle = state_->handle;
   RA_CUBLAS_CHECK(cublasSetStream(handle, stream));
   const float one = 1.0f, zero = 0.0f;

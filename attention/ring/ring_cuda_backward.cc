@@ -56,8 +56,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
   Tensor dbias_part;
   if (shared_bias) {
-    dbias_part = Tensor(DType::kF32, acc.dbias.shape(), MemoryKind::kCuda);
-    RA_CUDA_CHECK(cudaMemsetAsync(dbias_part.view().data(), 0, dbias_part.view().nbytes(), stream_));
+    dbias_part = Tensor::temporary(DType::kF32, acc.dbias.shape(), MemoryKind::kCuda, stream_);
   }
   const TensorView dbias = shared_bias ? dbias_part.view() : acc.dbias;
   // The accumulators' buffers: [sending] passed on at the next shift, [arriving] coming in at this one.

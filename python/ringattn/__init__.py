@@ -18,13 +18,20 @@ mask (the same shape, bool / uint8, true = attend), segment_ids (B, T) int32 and
 from . import _core
 
 __all__ = ["attention", "attention_backward", "ring_attention", "ring_attention_backward", "shard", "unshard",
-           "built_with_cuda", "release_rings", "NcclComm", "nccl_unique_id"]
+           "built_with_cuda", "release_rings", "NcclComm", "nccl_unique_id", "cuda_cache_bytes", "empty_cuda_cache",
+           "set_cuda_cache_limit"]
 
 built_with_cuda = _core.built_with_cuda  # whether CUDA arrays can be passed (this build has the GPU back end)
 # The GPU ring's communicator without MPI: rank 0 makes nccl_unique_id(), the caller carries the bytes to
 # every rank (e.g. torch.distributed.broadcast_object_list), each makes NcclComm(id, rank, size, device).
 NcclComm = _core.NcclComm
 nccl_unique_id = _core.nccl_unique_id
+# A call's device temporaries (carries, f32 accumulators) come from ringattn's own cache, kept for the
+# next call so that none maps fresh memory or waits for the GPU. PyTorch's allocator cannot see it: where
+# it runs short, empty_cuda_cache() hands ringattn's cache back, or set_cuda_cache_limit(bytes) bounds it.
+cuda_cache_bytes = _core.cuda_cache_bytes
+empty_cuda_cache = _core.empty_cuda_cache
+set_cuda_cache_limit = _core.set_cuda_cache_limit
 
 
 def _stream(stream):

@@ -111,6 +111,12 @@ NB_MODULE(_core, m) {
         "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "impl"_a, "options"_a, "f32_gradients"_a, "out"_a.none(),
         "stream"_a, "like"_a);
   m.def("built_with_cuda", &ra::built_with_cuda, "Whether this build of ringattn has its CUDA back end.");
+  m.def("cuda_cache_bytes", &ra::device_cache_bytes,
+        "Device bytes ringattn's cache of call temporaries holds for reuse, over this process's GPUs.");
+  m.def("empty_cuda_cache", &ra::release_device_cache,
+        "Waits for the GPUs, then gives ringattn's cached device memory back to the driver (for PyTorch's allocator).");
+  m.def("set_cuda_cache_limit", &ra::set_device_cache_limit, "bytes"_a,
+        "The most device bytes ringattn's cache keeps per GPU once it has waited for the device (default: no bound).");
   ra::python::bind_ring(m);
   ra::python::bind_nccl_comm(m);
 }

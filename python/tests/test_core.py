@@ -221,3 +221,12 @@ def test_nccl_comm_refuses_a_bad_unique_id_by_name():
         ringattn.NcclComm(b"abc", 0, 1, 0)
     with pytest.raises(ValueError, match="rank 2 of size 2: expected 0 <= rank < size"):
         ringattn.NcclComm(bytes(128), 2, 2, 0)
+
+
+def test_the_device_cache_can_be_emptied_and_bounded_with_or_without_a_gpu():
+    # ringattn's cache of device temporaries: emptying or bounding it is always allowed (nothing to do
+    # without CUDA or before any GPU call), and an emptied cache holds nothing.
+    ringattn.empty_cuda_cache()
+    assert ringattn.cuda_cache_bytes() == 0
+    ringattn.set_cuda_cache_limit(1 << 30)
+    ringattn.set_cuda_cache_limit(2**64 - 1)  # no bound again

@@ -143,3 +143,23 @@ def test_torch_compile_of_a_module_on_the_gpu_matches_eager():
 
     torch.manual_seed(7)
     check_compiled_matches_eager(Block().to(GPU, torch.bfloat16), torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16))
+
+
+def test_call_temporaries_are_cached_between_calls_and_handed_back_on_request():
+    # The carry of a forward and the f32 accumulators of a backward come from ringattn's cache: kept after
+    # the call (so the next one neither maps memory nor waits for the GPU), given back by empty_cuda_cache().
+    q, k, v, do = tensors(11, torch.bfloat16, T=256, S=256)
+    o = rt.attention(q, k, v, impl="flash_attn2")
+    o.backward(do)
+    torch.cuda.synchronize()
+    cached = ringattn.cuda_cache_bytes()
+    carry = 2 * 8 * 256 * 64 * 4  # the forward's f32 numerator alone
+    assert cached >= carry, cached
+    q.grad = k.grad = v.grad = None
+    again = rt.attention(q, k, v, impl="flash_attn2")
+    again.backward(do)
+    torch.cuda.synchronize()
+    assert ringattn.cuda_cache_bytes() == cached  # reused, not grown
+    torch.testing.assert_close(again, o, rtol=0, atol=0)
+    ringattn.empty_cuda_cache()
+    assert ringattn.cuda_cache_bytes() == 0

@@ -3,6 +3,7 @@
 // plus the device carry operations against the host ones. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -373,6 +374,58 @@ TEST(CudaMemory, OutOfMemoryNamesBytesAskedAndFree) {
   // The device is still usable afterwards.
   Tensor small(DType::kF32, {1024}, MemoryKind::kCuda);
   RA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// A call's temporaries come from ringattn's cache: zeroed on the call's stream every time (also when
+// the memory is reused), given back there, held for the next call, and handed to the driver on request.
+TEST(CudaMemory, TemporariesAreZeroedReusedAndReleased) {
+  RA_REQUIRE_GPU();
+  release_device_cache();
+  CudaStream stream;
+  const int64_t n = int64_t(1) << 22;  // 16 MiB of f32
+  auto all_zero = [&](const Tensor& t) {
+    std::vector<float> host(size_t(t.numel()), 1.0f);
+    RA_CUDA_CHECK(cudaMemcpyAsync(host.data(), t.data<float>(), t.view().nbytes(), cudaMemcpyDeviceToHost, stream.get()));
+    stream.synchronize();
+    return std::all_of(host.begin(), host.end(), [](float x) { return x == 0.0f; });
+  };
+  cuda_reset_allocated_peak();
+  void* first = nullptr;
+  {
+    const Tensor t = Tensor::temporary(DType::kF32, {n}, MemoryKind::kCuda, stream.get());
+    first = t.data<float>();
+    EXPECT_TRUE(all_zero(t));
+    RA_CUDA_CHECK(cudaMemsetAsync(t.data<float>(), 0xff, t.view().nbytes(), stream.get()));  // NaNs, if reused unzeroed
+  }
+  EXPECT_GE(cuda_allocated_peak_bytes(), size_t(n) * 4);  // counted like any device tensor
+  stream.synchronize();
+  EXPECT_GE(device_cache_bytes(), size_t(n) * 4) << "the freed temporary went back to the driver";
+  {
+    const Tensor again = Tensor::temporary(DType::kF32, {n}, MemoryKind::kCuda, stream.get());
+    EXPECT_EQ(again.data<float>(), first) << "the cached block was not reused";
+    EXPECT_TRUE(all_zero(again)) << "a reused temporary was not zeroed";
+  }
+  release_device_cache();
+  EXPECT_EQ(device_cache_bytes(), 0u);
+}
+
+TEST(CudaMemory, TemporaryOutOfMemoryNamesBytesAskedAndFree) {
+  RA_REQUIRE_GPU();
+  CudaStream stream;
+  {  // something cached, so that the failure first hands the cache back and tries again
+    const Tensor t = Tensor::temporary(DType::kF32, {1 << 20}, MemoryKind::kCuda, stream.get());
+  }
+  stream.synchronize();
+  try {
+    const Tensor huge = Tensor::temporary(DType::kF32, {int64_t(1) << 40}, MemoryKind::kCuda, stream.get());
+    FAIL() << "a 4 TiB device allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("out of device memory"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("4398046511104 bytes"), std::string::npos) << e.message();
+  }
+  EXPECT_EQ(device_cache_bytes(), 0u) << "the cache was not handed back before failing";
+  const Tensor small = Tensor::temporary(DType::kF32, {1024}, MemoryKind::kCuda, stream.get());
+  stream.synchronize();
 }
 
 // Pinned tensors are host memory the CUDA runtime knows as page-locked: the host reads and writes

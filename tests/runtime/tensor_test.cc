@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/error.h"
+#include "runtime/memory.h"
 
 namespace ra {
 namespace {
@@ -37,6 +38,15 @@ TEST(Tensor, BroadcastErrorNamesTensorAndDimension) {
   } catch (const Error& e) {
     EXPECT_EQ(e.message(), "mask dimension 2 is 7 (shape (2, 1, 7, 5)), expected 1 or 3 to broadcast to (2, 4, 3, 5)");
   }
+}
+
+// On the host a call's temporary is an ordinary zeroed tensor, and the device cache holds nothing (it
+// has none without CUDA, and none before a device temporary; emptying it is always allowed).
+TEST(Tensor, HostTemporariesAreZeroedAndLeaveTheDeviceCacheEmpty) {
+  const Tensor t = Tensor::temporary(DType::kF32, {3, 5}, MemoryKind::kHost, nullptr);
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.data<float>()[i], 0.0f);
+  EXPECT_EQ(device_cache_bytes(), 0u);
+  release_device_cache();
 }
 
 }  // namespace
