@@ -41,6 +41,9 @@ class AttentionImpl {
   // Host implementations ignore it.
   virtual void set_cuda_stream(void* stream) {}
   virtual void* cuda_stream() const { return nullptr; }
+  // Whether AttentionParams::flash_kernel chooses this implementation's kernels (CUDA flash_attn2, and the
+  // GPU ring over it); every other implementation refuses a forced kernel (check_flash_kernel_choice).
+  virtual bool takes_flash_kernel() const { return false; }
 
   // carry (B, Hq, T, Dv) <- carry (+) attention of in.q against in.k / in.v. Validated inputs.
   virtual void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
@@ -92,5 +95,9 @@ class AttentionImpl {
 
 // The effective softmax scale: params' value, or 1/sqrt(head_dim) when it is 0.
 float effective_scale(const AttentionParams& params, int64_t head_dim);
+
+// Throws, naming the implementation, when params force a flash kernel that `impl` does not run: a choice
+// never ignored silently. The single-call entry points (forward, forward_into, backward) check it.
+void check_flash_kernel_choice(const AttentionImpl& impl, const AttentionParams& params);
 
 }  // namespace ra

@@ -119,6 +119,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
     return backward(in, params, pos, d_o, ForwardViews{forward_output->o.view(), forward_output->lse.view()},
                     f32_gradients);
   validate_attention(in, params, pos, max_head_dim());
+  check_flash_kernel_choice(*this, params);
   validate_backward(in, TensorView(), BackwardInputs{TensorView(), d_o, TensorView()}, /*need_lse=*/false);
   // Our own forward keeps O in f32 for delta: an O rounded to bf16 would put its rounding into every
   // dS (visible in dbias and dsinks, which sum dS over rows).
@@ -137,6 +138,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
                                   const TensorView& d_o, const ForwardViews& forward, bool f32_gradients,
                                   const GradViews* into) const {
   validate_attention(in, params, pos, max_head_dim());
+  check_flash_kernel_choice(*this, params);
   const TensorView o = forward.o, lse = forward.lse;
   BackwardInputs grad{lse, d_o, TensorView(), o};
   validate_backward(in, o, grad);

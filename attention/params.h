@@ -7,6 +7,12 @@
 
 namespace ra {
 
+// Which CUDA flash_attn2 kernels run (forward and backward): kAuto the fastest that can run these inputs
+// (wgmma on Hopper for options that only look at positions, else mma.sync); kMmaSync or kWgmma force one.
+enum class FlashKernel : uint8_t { kAuto, kMmaSync, kWgmma };
+FlashKernel parse_flash_kernel(const std::string& text, const char* option);  // "auto" | "mma_sync" | "wgmma"
+const char* flash_kernel_name(FlashKernel kernel);
+
 struct AttentionParams {
   float softmax_scale = 0.0f;   // 0: 1 / sqrt(head_dim)
   bool causal = false;          // keys at positions after the query's are masked
@@ -17,6 +23,9 @@ struct AttentionParams {
   uint64_t dropout_seed = 0;
   int64_t block_q = 64;         // chunk sizes of `blockwise` (the seeds' query_chunk_size / key_chunk_size)
   int64_t block_k = 64;
+  // CUDA flash_attn2 only (the ring's too); any other implementation refuses a forced kernel
+  // (check_flash_kernel_choice, attention/attention_impl.h).
+  FlashKernel flash_kernel = FlashKernel::kAuto;
 
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   std::string describe() const;  // one line, for logs and output attributes

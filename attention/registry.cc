@@ -43,9 +43,16 @@ AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const Attentio
   return out;
 }
 
+void check_flash_kernel_choice(const AttentionImpl& impl, const AttentionParams& params) {
+  RA_CHECK(params.flash_kernel == FlashKernel::kAuto || impl.takes_flash_kernel(), "flash_kernel ",
+           flash_kernel_name(params.flash_kernel), " chooses the kernels of flash_attn2 on cuda (and of the GPU ring "
+           "over it), but implementation '", impl.name(), "' on ", backend_name(impl.backend()), " runs none of them");
+}
+
 void AttentionImpl::forward_into(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                                  const ForwardViews& out) const {
   validate_attention(in, params, pos, max_head_dim());
+  check_flash_kernel_choice(*this, params);
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   check_output(out.o, "o", Shape{B, T, Hq, Dv}, in.q, /*q_dtype_or_f32=*/true);
   check_output(out.lse, "lse", Shape{B, Hq, T}, in.q, /*q_dtype_or_f32=*/false);

@@ -214,7 +214,24 @@ std::string AttentionParams::describe() const {
   std::ostringstream out;
   out << "scale=" << softmax_scale << " causal=" << causal << " window=(" << window_left << "," << window_right
       << ") softcap=" << logits_soft_cap << " dropout=" << dropout_prob << " seed=" << dropout_seed;
+  if (flash_kernel != FlashKernel::kAuto) out << " flash_kernel=" << flash_kernel_name(flash_kernel);
   return out.str();
+}
+
+FlashKernel parse_flash_kernel(const std::string& text, const char* option) {
+  if (text == "auto") return FlashKernel::kAuto;
+  if (text == "mma_sync") return FlashKernel::kMmaSync;
+  if (text == "wgmma") return FlashKernel::kWgmma;
+  RA_FAIL(option, " '", text, "': expected auto, mma_sync or wgmma");
+}
+
+const char* flash_kernel_name(FlashKernel kernel) {
+  switch (kernel) {
+    case FlashKernel::kAuto: return "auto";
+    case FlashKernel::kMmaSync: return "mma_sync";
+    case FlashKernel::kWgmma: return "wgmma";
+  }
+  return "?";
 }
 
 }  // namespace ra

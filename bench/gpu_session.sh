@@ -327,8 +327,8 @@ if has kernels; then  # the two flash kernels on the same shapes in one call: si
     for t in 8192 32768; do
       for causal in "" "--causal"; do
         for k in mma_sync wgmma; do
-          echo "# RINGATTN_FLASH_KERNEL=$k head_dim=$d" | tee -a "$out/bench.txt"
-          RINGATTN_FLASH_KERNEL=$k head_dim=$d bench 1 --impl flash_attn2 --seq $t --iters 10 $causal
+          echo "# --flash-kernel $k head_dim=$d" | tee -a "$out/bench.txt"
+          head_dim=$d bench 1 --impl flash_attn2 --flash-kernel $k --seq $t --iters 10 $causal
         done
       done
     done
@@ -336,8 +336,8 @@ if has kernels; then  # the two flash kernels on the same shapes in one call: si
   for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
     for causal in "" "--causal --layout zigzag"; do
       for k in mma_sync wgmma; do
-        echo "# RINGATTN_FLASH_KERNEL=$k" | tee -a "$out/bench.txt"
-        RINGATTN_FLASH_KERNEL=$k bench $n --impl ring --seq 32768 --iters 10 $causal
+        echo "# --flash-kernel $k" | tee -a "$out/bench.txt"
+        bench $n --impl ring --flash-kernel $k --seq 32768 --iters 10 $causal
       done
     done
   done
@@ -398,7 +398,7 @@ if has backward_kernels; then  # the two flash backward kernels (wgmma, mma.sync
       for shape in "32 128" "64 64"; do
         for kernel in wgmma mma_sync; do
           echo -n "round $round kernel $kernel: " | tee -a "$out/backward_bench.txt"
-          RINGATTN_FLASH_KERNEL=$kernel $bin bench --backward --backend cuda --impl flash_attn2 --batch 1 --heads ${shape% *} \
+          $bin bench --backward --backend cuda --impl flash_attn2 --flash-kernel $kernel --batch 1 --heads ${shape% *} \
             --head-dim ${shape#* } --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep -v '^#' | tee -a "$out/backward_bench.txt"
         done
       done

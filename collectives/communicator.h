@@ -26,6 +26,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend_name() const = 0;
+  // Whether ring_shift and the collectives take device pointers (NCCL); MPI and self take host memory.
+  virtual bool carries_device_memory() const { return false; }
 
   // Sends `bytes` from `send` to rank + 1 and receives `bytes` into `recv` from rank - 1 (mod size),
   // both at once and without blocking; `tag` labels the step in error messages.

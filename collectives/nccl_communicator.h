@@ -47,6 +47,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
+  bool carries_device_memory() const override { return true; }
   // High priority: the transfers it carries start while a long compute kernel still holds the SMs.
   cudaStream_t stream() const { return stream_.get(); }
 

@@ -132,7 +132,10 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   // The same N-1 exchanges with nothing to hide them behind.
   int64_t block_bytes = int64_t(k.view().nbytes() + v.view().nbytes());
   job.world.all_reduce(&block_bytes, 1, ReduceOp::kMax);  // the ring sends blocks of the longest shard
-  Tensor a(DType::kU8, {block_bytes}, job.memory()), b(DType::kU8, {block_bytes}, job.memory());
+  // Between buffers of the memory the communicator carries: an MPI axis (ranks sharing a GPU, whose ring
+  // moves its blocks over copy engines) takes host memory, not device pointers.
+  const MemoryKind comm_memory = job.on_device && !ctx.comm->carries_device_memory() ? MemoryKind::kPinned : job.memory();
+  Tensor a(DType::kU8, {block_bytes}, comm_memory), b(DType::kU8, {block_bytes}, comm_memory);
   std::vector<double> comm_times;
   for (int64_t it = 0; it < std::max<int64_t>(iters, 3); ++it) {
     job.world.barrier();

@@ -35,6 +35,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
     impl = make_impl(opts, job, shape.seq, shape.seq, ctx);
   } else {
     impl = registry.create(opts.impl, parse_backend(opts.backend));
+    check_flash_kernel_choice(*impl, params);
     impl->set_cuda_stream(job.stream());
   }
   RA_CHECK(impl->has_backward(), "bench --backward: implementation '", impl->name(), "' on ", opts.backend,

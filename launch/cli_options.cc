@@ -45,6 +45,9 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o,
     ("ring-transport", po::value(&o.ring_transport)->default_value("auto"), "how the GPU ring moves K/V blocks: "
      "nccl | copy-engines (CUDA IPC within one node; no SMs taken from the kernels) | auto (copy engines where "
      "every rank can use them)")
+    ("flash-kernel", po::value(&o.flash_kernel)->default_value("auto"), "the CUDA flash_attn2 kernels (also the "
+     "ring's local ones): auto (wgmma on Hopper where the options only look at positions, else mma.sync) | mma_sync "
+     "| wgmma")
     ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer")
     ("deterministic", po::bool_switch(&o.deterministic), "bitwise-identical results for any number of ranks and "
      "layout, forward and --backward (host ring: an exact max pass and fixed-point sums; tens of times slower)")
@@ -66,6 +69,7 @@ AttentionParams to_params(const AttentionOptions& o) {
   p.dropout_seed = o.seed;
   p.block_q = positive(o.block_q, "block-q");
   p.block_k = positive(o.block_k, "block-k");
+  p.flash_kernel = parse_flash_kernel(o.flash_kernel, "--flash-kernel");  // refused by make_impl where no kernel takes it
   positive(o.timeout_s, "timeout");
   if (!o.window.empty()) {
     long long l = 0, r = 0;

@@ -17,7 +17,7 @@ namespace po = boost::program_options;
 
 struct AttentionOptions {
   std::string impl = "ring", backend = "cpu", mesh, layout, window, local_impl = "flash_attn2";
-  std::string ring_transport = "auto";
+  std::string ring_transport = "auto", flash_kernel = "auto";
   bool causal = false;
   double softcap = 0, scale = 0, dropout = 0;
   int64_t block_q = 64, block_k = 64, timeout_s = 60;

@@ -147,6 +147,7 @@ std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job
   RA_CHECK(name == "ring" || ctx.comm->size() == 1, "--impl ", name, " runs on one rank's whole sequence; the mesh's sp axis has ",
            ctx.comm->size(), " ranks: use --impl ring (or a mesh without sp)");
   std::unique_ptr<AttentionImpl> impl = registry.create(name, parse_backend(opts.backend), &ctx);
+  check_flash_kernel_choice(*impl, to_params(opts));
   impl->set_cuda_stream(job.stream());
   return impl;
 }

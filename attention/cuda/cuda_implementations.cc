@@ -35,6 +35,7 @@ namespace {
 class FlashCuda final : public CudaAttentionImpl {
  public:
   std::string_view name() const override { return "flash_attn2"; }
+  bool takes_flash_kernel() const override { return true; }
   int64_t max_head_dim() const override { return 256; }
   void check_supported(const AttentionInputs& in, const AttentionParams&) const override {
     check_flash_cuda_supported(in);

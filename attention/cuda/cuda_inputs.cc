@@ -57,6 +57,7 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
   a.dropout_prob = p.dropout_prob;
   a.dropout_seed = p.dropout_seed;
   a.causal = p.causal;
+  a.flash_kernel = p.flash_kernel;
   a.window_left = p.window_left;
   a.window_right = p.window_right;
   return a;

@@ -42,6 +42,7 @@ struct CudaAttentionArgs {
   uint64_t dropout_seed = 0;
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  FlashKernel flash_kernel = FlashKernel::kAuto;  // which flash_attn2 kernels run (AttentionParams)
   float* numerator = nullptr;      // the carry, (B, Hq, T, Dv) and (B, Hq, T) f32
   float* denominator = nullptr;
   float* max = nullptr;

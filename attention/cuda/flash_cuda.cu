@@ -11,7 +11,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "attention/cuda/dispatch.cuh"
@@ -222,20 +221,6 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   RA_CUDA_CHECK(cudaGetLastError());
 }
 
-FlashCudaKernel kernel_from_environment() {
-  const char* value = std::getenv("RINGATTN_FLASH_KERNEL");
-  const std::string name = value ? value : "auto";
-  if (name == "auto" || name.empty()) return FlashCudaKernel::kAuto;
-  if (name == "mma_sync") return FlashCudaKernel::kMmaSync;
-  if (name == "wgmma") return FlashCudaKernel::kWgmma;
-  RA_FAIL("RINGATTN_FLASH_KERNEL is '", name, "': expected auto, mma_sync or wgmma");
-}
-
-FlashCudaKernel& chosen_kernel() {
-  static FlashCudaKernel kernel = kernel_from_environment();
-  return kernel;
-}
-
 }  // namespace
 
 void check_flash_cuda_supported(const AttentionInputs& in) {
@@ -261,22 +246,19 @@ bool flash_has_extras(const CudaAttentionArgs& a) {
 }
 
 bool flash_uses_wgmma(const CudaAttentionArgs& a) {
-  const FlashCudaKernel k = flash_cuda_kernel();
-  if (k == FlashCudaKernel::kMmaSync) return false;
+  const FlashKernel k = a.flash_kernel;
+  if (k == FlashKernel::kMmaSync) return false;
   const bool available = flash_wgmma_available(), extras = flash_has_extras(a), wide = a.head_dim > 128;
-  if (k == FlashCudaKernel::kWgmma) {
-    RA_CHECK(available, "the wgmma flash_attn2 kernels were asked for (RINGATTN_FLASH_KERNEL=wgmma) but this build has "
+  if (k == FlashKernel::kWgmma) {
+    RA_CHECK(available, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but this build has "
              "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
-    RA_CHECK(!extras, "the wgmma flash_attn2 kernels were asked for (RINGATTN_FLASH_KERNEL=wgmma) but they run positions "
+    RA_CHECK(!extras, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but they run positions "
              "only (causal, window, GQA, sinks); soft cap, bias, mask, segment ids and dropout need mma_sync");
-    RA_CHECK(!wide, "the wgmma flash_attn2 kernels were asked for (RINGATTN_FLASH_KERNEL=wgmma) but q dimension 3 "
+    RA_CHECK(!wide, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but q dimension 3 "
              "(head_dim) is ", a.head_dim, ": they run head_dim 64 and 128; 256 needs mma_sync");
   }
   return available && !extras && !wide;
 }
-
-void set_flash_cuda_kernel(FlashCudaKernel kernel) { chosen_kernel() = kernel; }
-FlashCudaKernel flash_cuda_kernel() { return chosen_kernel(); }
 
 void flash_accumulate_cuda(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   if (a.q_len == 0 || a.kv_len == 0) return;

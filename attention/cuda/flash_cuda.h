@@ -15,19 +15,13 @@ inline constexpr int64_t kFlashCudaHeadDims[] = {64, 128};
 // D == Dv in {64, 128}, contiguous last dim, 16-byte aligned rows), and names `sdpa` as the fallback.
 void check_flash_cuda_supported(const AttentionInputs& in);
 
-// Which kernel runs: kAuto picks wgmma where it can run, kMmaSync and kWgmma force one (a forced wgmma
-// that cannot run these inputs is an error naming why). Initialised from RINGATTN_FLASH_KERNEL
-// (auto, mma_sync, wgmma); benchmarks and tests switch it here. Not thread-safe: set it before use.
-enum class FlashCudaKernel { kAuto, kMmaSync, kWgmma };
-void set_flash_cuda_kernel(FlashCudaKernel kernel);
-FlashCudaKernel flash_cuda_kernel();
-
 // True when the arguments use an option beyond positions (soft cap, bias, mask, segment ids, dropout),
 // which only the mma.sync kernels run.
 bool flash_has_extras(const CudaAttentionArgs& args);
 
-// True when the wgmma kernels (forward and backward) run these arguments: kAuto and available with
-// positions-only options and head_dim <= 128; with kWgmma forced, throws naming why they cannot.
+// True when the wgmma kernels (forward and backward) run these arguments (args.flash_kernel, from
+// AttentionParams): kAuto and available with positions-only options and head_dim <= 128; kMmaSync never;
+// kWgmma forced where they cannot run throws naming why.
 bool flash_uses_wgmma(const CudaAttentionArgs& args);
 
 void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);

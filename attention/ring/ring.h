@@ -111,6 +111,7 @@ class RingAttention final : public AttentionImpl {
   std::string_view name() const override { return "ring"; }
   Backend backend() const override { return backend_; }
   int64_t max_head_dim() const override { return local_->max_head_dim(); }
+  bool takes_flash_kernel() const override { return local_->takes_flash_kernel(); }
   void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                   Carry& carry) const override;
   // The host ring's backward (attention/ring/ring_backward.cc): K/V rotate as in the forward and the f32

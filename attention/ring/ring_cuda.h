@@ -24,6 +24,7 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   ~RingAttentionCuda() override;
   std::string_view name() const override { return "ring"; }
   int64_t max_head_dim() const override { return local_->max_head_dim(); }
+  bool takes_flash_kernel() const override { return local_->takes_flash_kernel(); }
   void set_cuda_stream(void* stream) override;
   void check_supported(const AttentionInputs& in, const AttentionParams& params) const override {
     local_->check_supported(in, params);

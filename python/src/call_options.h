@@ -21,11 +21,13 @@ struct CallOptions {
   std::optional<std::pair<int64_t, int64_t>> window;  // (left, right); -1: unbounded on that side
   float softcap = 0, scale = 0, dropout = 0;
   uint64_t dropout_seed = 0;
+  FlashKernel flash_kernel = FlashKernel::kAuto;  // "auto" | "mma_sync" | "wgmma" (CUDA flash_attn2)
   OptionalArray sinks, bias, mask, segment_ids, kv_segment_ids;
 };
 
 // The keyword options of a Python call (a dict: causal, window, softcap, scale, dropout, dropout_seed,
-// sinks, bias, mask, segment_ids, kv_segment_ids); an unknown name is an error listing the known ones.
+// flash_kernel, sinks, bias, mask, segment_ids, kv_segment_ids); an unknown name is an error listing the
+// known ones.
 CallOptions options_from(const nb::dict& options);
 
 AttentionParams params_of(const CallOptions& o);

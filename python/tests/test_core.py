@@ -230,3 +230,17 @@ def test_the_device_cache_can_be_emptied_and_bounded_with_or_without_a_gpu():
     assert ringattn.cuda_cache_bytes() == 0
     ringattn.set_cuda_cache_limit(1 << 30)
     ringattn.set_cuda_cache_limit(2**64 - 1)  # no bound again
+
+
+def test_a_forced_flash_kernel_is_refused_where_no_cuda_flash_kernel_runs():
+    # flash_kernel chooses the CUDA flash_attn2 kernels; on host arrays (or any other implementation) a forced
+    # one is an error naming it, never ignored; an unknown name is refused with the known ones.
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 8, 2, 16)).astype(np.float32) for _ in range(3))
+    np.testing.assert_array_equal(ringattn.attention(q, k, v, flash_kernel="auto"), ringattn.attention(q, k, v))
+    with pytest.raises(ValueError, match="flash_kernel wgmma chooses the kernels of flash_attn2 on cuda.*'flash_attn2' on cpu"):
+        ringattn.attention(q, k, v, flash_kernel="wgmma")
+    with pytest.raises(ValueError, match="'sdpa' on cpu runs none of them"):
+        ringattn.attention(q, k, v, impl="sdpa", flash_kernel="mma_sync")
+    with pytest.raises(ValueError, match="flash_kernel 'tma': expected auto, mma_sync or wgmma"):
+        ringattn.attention(q, k, v, flash_kernel="tma")

@@ -102,7 +102,7 @@ def test_gradcheck_in_f32_with_wide_steps():
 
 def test_opcheck_of_the_registrations():
     q, k, v, _ = tensors(6, T=9, S=9)
-    args = (q, k, v, None, None, None, None, None, True, -1, -1, 0.0, 0.0, 0.0, 0, "flash_attn2")
+    args = (q, k, v, None, None, None, None, None, True, -1, -1, 0.0, 0.0, 0.0, 0, "auto", "flash_attn2")
     torch.library.opcheck(torch.ops.ringattn.attention_forward.default, args)
 
 

@@ -145,6 +145,22 @@ def test_torch_compile_of_a_module_on_the_gpu_matches_eager():
     check_compiled_matches_eager(Block().to(GPU, torch.bfloat16), torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("flash_kernel", ["mma_sync", "wgmma"])
+def test_each_flash_kernel_chosen_per_call_equals_the_f64_reference(flash_kernel):
+    # flash_kernel picks the CUDA flash_attn2 kernels for one call (forward and backward); wgmma needs an
+    # sm_90a build on a Hopper GPU, and says so otherwise.
+    q, k, v, do = tensors(5, torch.bfloat16, T=45, S=77)
+    try:
+        o, lse = rt.attention(q, k, v, causal=True, flash_kernel=flash_kernel, return_lse=True)
+    except ValueError as e:
+        if flash_kernel == "wgmma" and "not a Hopper" in str(e):
+            pytest.skip(str(e))
+        raise
+    o.backward(do)
+    check_against_reference(torch.bfloat16, q, k, v, do, o, lse, causal=True)
+    with pytest.raises(ValueError, match="'cudnn' on cuda runs none of them"):
+        rt.attention(q, k, v, impl="cudnn", flash_kernel=flash_kernel)
+
 def test_call_temporaries_are_cached_between_calls_and_handed_back_on_request():
     # The carry of a forward and the f32 accumulators of a backward come from ringattn's cache: kept after
     # the call (so the next one neither maps memory nor waits for the GPU), given back by empty_cuda_cache().

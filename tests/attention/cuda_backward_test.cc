@@ -20,7 +20,7 @@ namespace {
 struct CudaGradCase {
   std::string impl;
   ProblemSpec spec;
-  FlashCudaKernel kernel = FlashCudaKernel::kAuto;  // flash_attn2 only
+  FlashKernel kernel = FlashKernel::kAuto;  // flash_attn2 only
 };
 
 std::vector<CudaGradCase> cuda_grad_cases() {
@@ -49,7 +49,7 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   // several key blocks with a partial last one, query blocks crossing 64 / 128 rows, GQA, T = 1.
   const Shape wgmma_shapes[] = {{1, 300, 517, 4, 1, 64}, {1, 257, 130, 8, 2, 128}, {2, 77, 77, 4, 4, 128},
                                 {2, 1, 97, 8, 2, 64},    {1, 190, 190, 2, 2, 128}, {1, 131, 203, 8, 4, 64}};
-  for (FlashCudaKernel kernel : {FlashCudaKernel::kWgmma, FlashCudaKernel::kMmaSync})
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
     for (DType dtype : {DType::kF16, DType::kBF16})
       for (const Options& opt : positional_option_sets())
         for (int repeat = 0; repeat < 2; ++repeat) {
@@ -73,7 +73,7 @@ std::vector<CudaGradCase> cuda_grad_cases() {
 }
 
 void PrintTo(const CudaGradCase& c, std::ostream* os) {
-  *os << c.impl << "/" << dtype_name(c.spec.dtype) << "/" << kernel_name(c.kernel);
+  *os << c.impl << "/" << dtype_name(c.spec.dtype) << "/" << flash_kernel_name(c.kernel);
 }
 
 class CudaBackwardVsReference : public testing::TestWithParam<CudaGradCase> {};
@@ -81,9 +81,9 @@ class CudaBackwardVsReference : public testing::TestWithParam<CudaGradCase> {};
 TEST_P(CudaBackwardVsReference, MatchesF64Gradients) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const CudaGradCase& c = GetParam();
-  if (c.kernel == FlashCudaKernel::kWgmma && !flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
-  const ScopedFlashKernel kernel(c.kernel);
+  if (c.kernel == FlashKernel::kWgmma && !flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
   Problem problem(c.spec);
+  problem.params().flash_kernel = c.kernel;
   const AttentionInputs host_in = problem.inputs();
   const InputsCopy device_in = copy_inputs(host_in, MemoryKind::kCuda);
   std::mt19937_64 rng(c.spec.seed * 31 + 7);
@@ -117,7 +117,7 @@ TEST_P(CudaBackwardVsReference, MatchesF64Gradients) {
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_grad_cases()), [](const auto& info) {
   const CudaGradCase& c = info.param;
   const ProblemSpec& s = c.spec;
-  const std::string kernel = c.kernel == FlashCudaKernel::kAuto ? "" : std::string("_") + kernel_name(c.kernel);
+  const std::string kernel = c.kernel == FlashKernel::kAuto ? "" : std::string("_") + flash_kernel_name(c.kernel);
   return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
          "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
 });

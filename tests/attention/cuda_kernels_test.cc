@@ -28,7 +28,7 @@ namespace {
 struct CudaCase {
   std::string impl;
   ProblemSpec spec;
-  FlashCudaKernel kernel = FlashCudaKernel::kAuto;  // flash_attn2 only
+  FlashKernel kernel = FlashKernel::kAuto;  // flash_attn2 only
 };
 
 std::vector<CudaCase> all_cases() {
@@ -49,7 +49,7 @@ std::vector<CudaCase> all_cases() {
       }
     }
   // Both flash kernels forced, on the options the wgmma kernel runs (positions only), every shape.
-  for (FlashCudaKernel kernel : {FlashCudaKernel::kWgmma, FlashCudaKernel::kMmaSync})
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
     for (DType dtype : {DType::kF16, DType::kBF16})
       for (const Options& opt : positional_option_sets())
         for (int repeat = 0; repeat < 2; ++repeat) {
@@ -81,7 +81,7 @@ std::vector<CudaCase> all_cases() {
 }
 
 void PrintTo(const CudaCase& c, std::ostream* os) {
-  *os << c.impl << "/" << dtype_name(c.spec.dtype) << "/" << kernel_name(c.kernel);
+  *os << c.impl << "/" << dtype_name(c.spec.dtype) << "/" << flash_kernel_name(c.kernel);
 }
 
 class CudaVsReference : public testing::TestWithParam<CudaCase> {};
@@ -89,9 +89,9 @@ class CudaVsReference : public testing::TestWithParam<CudaCase> {};
 TEST_P(CudaVsReference, MatchesF64Reference) {
   RA_REQUIRE_GPU();
   const CudaCase& c = GetParam();
-  if (c.kernel == FlashCudaKernel::kWgmma && !flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
-  const ScopedFlashKernel kernel(c.kernel);
+  if (c.kernel == FlashKernel::kWgmma && !flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
   Problem problem(c.spec);
+  problem.params().flash_kernel = c.kernel;
   const AttentionInputs host_in = problem.inputs();
   const InputsCopy device_in = copy_inputs(host_in, MemoryKind::kCuda);
   auto impl = AttentionRegistry::builtin().create(c.impl, Backend::kCuda);
@@ -116,7 +116,7 @@ TEST_P(CudaVsReference, MatchesF64Reference) {
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaVsReference, testing::ValuesIn(all_cases()), [](const auto& info) {
   const CudaCase& c = info.param;
   const ProblemSpec& s = c.spec;
-  const std::string kernel = c.kernel == FlashCudaKernel::kAuto ? "" : std::string("_") + kernel_name(c.kernel);
+  const std::string kernel = c.kernel == FlashKernel::kAuto ? "" : std::string("_") + flash_kernel_name(c.kernel);
   return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
          "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
 });
@@ -309,7 +309,7 @@ TEST(CudaFlash, WgmmaForcedAtHeadDim256SaysWhichKernelRunsIt) {
   Problem p(ProblemSpec{1, 16, 16, 2, 2, 256, 256, DType::kBF16, Options{}, 3});
   const InputsCopy dev = copy_inputs(p.inputs(), MemoryKind::kCuda);
   auto flash = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
-  const ScopedFlashKernel forced(FlashCudaKernel::kWgmma);
+  p.params().flash_kernel = FlashKernel::kWgmma;
   try {
     flash->forward(dev.inputs, p.params());
     FAIL() << "wgmma ran head_dim 256";

@@ -24,6 +24,20 @@ class BadInput : public testing::Test {
   Problem p{ProblemSpec{2, 16, 24, 4, 2, 32, 32}};
 };
 
+// A forced CUDA flash kernel is a choice only flash_attn2 on cuda (and the GPU ring over it) makes: any
+// other implementation refuses it by name, forward and backward, instead of ignoring it.
+TEST_F(BadInput, ForcedFlashKernelElsewhere) {
+  AttentionParams params = p.params();
+  params.flash_kernel = FlashKernel::kMmaSync;
+  EXPECT_EQ(error_of(p.inputs(), params), "flash_kernel mma_sync chooses the kernels of flash_attn2 on cuda (and of the "
+            "GPU ring over it), but implementation 'flash_attn2' on cpu runs none of them");
+  auto sdpa = AttentionRegistry::builtin().create("sdpa", Backend::kCpu);
+  const Tensor d_o(DType::kF32, {2, 16, 4, 32});
+  EXPECT_THROW(sdpa->backward(p.inputs(), params, d_o), Error);
+  params.flash_kernel = FlashKernel::kAuto;
+  EXPECT_EQ(error_of(p.inputs(), params), "");
+}
+
 TEST_F(BadInput, MismatchedBatch) {
   Tensor k(DType::kF32, {3, 24, 2, 32});
   AttentionInputs in = p.inputs();

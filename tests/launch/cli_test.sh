@@ -47,6 +47,11 @@ check mesh-size-mismatch 2 "has 4 ranks but the job has 2" -- mpi 2 "$ra" run --
 check missing-file 2 "cannot open HDF5 file '$dir/none.h5'" -- "$ra" run --input "$dir/none.h5" --output "$dir/x.h5"
 check unknown-option 2 "unrecognised option '--bogus'" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --bogus
 check unknown-ring-transport 2 "ring transport 'ipc' is unknown: expected auto, nccl or copy-engines" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --ring-transport ipc
+# --flash-kernel chooses the CUDA flash_attn2 kernels: an unknown name, or a forced kernel where none of them runs
+# (the host, or another kernel), is refused by name, never ignored.
+check unknown-flash-kernel 2 "--flash-kernel 'tma': expected auto, mma_sync or wgmma" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --flash-kernel tma
+check flash-kernel-on-the-host 2 "flash_kernel wgmma chooses the kernels of flash_attn2 on cuda (and of the GPU ring over it), but implementation 'ring' on cpu runs none of them" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --flash-kernel wgmma
+check flash-kernel-of-another-kernel 2 "implementation 'sdpa' on cpu runs none of them" -- "$ra" bench --impl sdpa --seq 16 --heads 2 --head-dim 16 --flash-kernel mma_sync
 # 128 tokens over 3 ranks (zigzag: 6 chunks of 21 or 22): uneven shards, no padding asked.
 check uneven-shards-run 0 "on mesh sp=3, layout zigzag" -- mpi 3 "$ra" run --input "$dir/in.h5" --output "$dir/uneven.h5" --causal
 check uneven-shards-verify 0 "#wrong 0  OK" -- mpi 3 "$ra" verify --input "$dir/in.h5" --output "$dir/uneven.h5" --causal
