@@ -4,9 +4,11 @@
 // backward mirrors it: `accumulate_backward` per K/V block, `backward` for a single call.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "attention/backward.h"
 #include "attention/carry.h"
@@ -30,6 +32,10 @@ struct ForwardViews {
   TensorView o, lse;
 };
 
+// An implementation object keeps state between calls (device buffers, built graphs, a ring's channel and
+// last statistics), so it serves one call at a time: the single-call entry points (forward, forward_into,
+// backward) refuse, naming the implementation, a call from another thread while one runs, instead of
+// racing on that state. Make one object per thread (the Python layer keeps one per thread and device).
 class AttentionImpl {
  public:
   virtual ~AttentionImpl() = default;
@@ -91,6 +97,33 @@ class AttentionImpl {
   // Sums what a sequence-parallel backward computes per rank but owns jointly (dsinks; dbias of a bias
   // broadcast over the query rows) over the sequence axis; local implementations have nothing to sum.
   virtual void reduce_sequence_gradients(Gradients& g) const {}
+
+ private:
+  class OneCallAtATime;  // held by the single-call entry points
+  mutable std::atomic<std::thread::id> caller_{};  // the thread inside a single-call entry point, if any
+};
+
+// Marks the impl as inside a call of this thread (calls nest: backward runs the forward) and refuses
+// another thread's call meanwhile.
+class AttentionImpl::OneCallAtATime {
+ public:
+  explicit OneCallAtATime(const AttentionImpl& impl) : impl_(impl) {
+    const std::thread::id me = std::this_thread::get_id();
+    if (impl.caller_.load() == me) return;  // nested in this thread's own call
+    std::thread::id none;
+    if (!impl.caller_.compare_exchange_strong(none, me)) refuse(impl);
+    owner_ = true;
+  }
+  ~OneCallAtATime() {
+    if (owner_) impl_.caller_.store(std::thread::id());
+  }
+  OneCallAtATime(const OneCallAtATime&) = delete;
+  OneCallAtATime& operator=(const OneCallAtATime&) = delete;
+
+ private:
+  [[noreturn]] static void refuse(const AttentionImpl& impl);  // throws, naming impl
+  const AttentionImpl& impl_;
+  bool owner_ = false;
 };
 
 // The effective softmax scale: params' value, or 1/sqrt(head_dim) when it is 0.

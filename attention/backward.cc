@@ -118,6 +118,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   if (forward_output != nullptr)
     return backward(in, params, pos, d_o, ForwardViews{forward_output->o.view(), forward_output->lse.view()},
                     f32_gradients);
+  const OneCallAtATime one_call(*this);
   validate_attention(in, params, pos, max_head_dim());
   check_flash_kernel_choice(*this, params);
   validate_backward(in, TensorView(), BackwardInputs{TensorView(), d_o, TensorView()}, /*need_lse=*/false);
@@ -137,6 +138,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
 Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                                   const TensorView& d_o, const ForwardViews& forward, bool f32_gradients,
                                   const GradViews* into) const {
+  const OneCallAtATime one_call(*this);
   validate_attention(in, params, pos, max_head_dim());
   check_flash_kernel_choice(*this, params);
   const TensorView o = forward.o, lse = forward.lse;

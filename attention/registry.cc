@@ -49,8 +49,14 @@ void check_flash_kernel_choice(const AttentionImpl& impl, const AttentionParams&
            "over it), but implementation '", impl.name(), "' on ", backend_name(impl.backend()), " runs none of them");
 }
 
+void AttentionImpl::OneCallAtATime::refuse(const AttentionImpl& impl) {
+  RA_FAIL("implementation '", impl.name(), "' on ", backend_name(impl.backend()), " is running a call on another thread: "
+          "one object serves one call at a time (it keeps buffers and state between calls); make one object per thread");
+}
+
 void AttentionImpl::forward_into(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                                  const ForwardViews& out) const {
+  const OneCallAtATime one_call(*this);
   validate_attention(in, params, pos, max_head_dim());
   check_flash_kernel_choice(*this, params);
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);

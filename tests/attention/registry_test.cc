@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
+#include <thread>
+
 #include "runtime/error.h"
+#include "tests/support/problem.h"
 
 namespace ra {
 namespace {
@@ -63,6 +67,41 @@ TEST(Registry, ParsesRingTransports) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expected auto, nccl or copy-engines"), std::string::npos) << e.what();
   }
+}
+
+// An implementation whose accumulate waits until released, to hold a call open on one thread.
+class HeldOpen final : public AttentionImpl {
+ public:
+  std::string_view name() const override { return "held_open"; }
+  Backend backend() const override { return Backend::kCpu; }
+  void accumulate(const AttentionInputs&, const TokenPositions&, const AttentionParams&, Carry&) const override {
+    entered.set_value();
+    release.wait();
+  }
+  mutable std::promise<void> entered;
+  std::shared_future<void> release;
+};
+
+// One object serves one call at a time: another thread's call while one runs is refused by name (it
+// would race on the object's state), the running call is unharmed, and once it ends any thread may call.
+TEST(OneCallAtATime, AnotherThreadsCallIsRefusedWhileOneRuns) {
+  test::Problem p(test::ProblemSpec{1, 8, 8, 2, 2, 16, 16});
+  HeldOpen impl;
+  std::promise<void> release;
+  impl.release = release.get_future().share();
+  std::thread first([&] { impl.forward(p.inputs(), p.params()); });
+  impl.entered.get_future().wait();
+  try {
+    impl.forward(p.inputs(), p.params());
+    ADD_FAILURE() << "a second thread's call ran while the first was inside";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), "implementation 'held_open' on cpu is running a call on another thread: one object serves "
+              "one call at a time (it keeps buffers and state between calls); make one object per thread");
+  }
+  release.set_value();
+  first.join();
+  impl.entered = std::promise<void>();
+  std::thread([&] { impl.forward(p.inputs(), p.params()); }).join();  // free again, for any thread
 }
 
 }  // namespace
