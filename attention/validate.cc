@@ -218,13 +218,6 @@ std::string AttentionParams::describe() const {
   return out.str();
 }
 
-FlashKernel parse_flash_kernel(const std::string& text, const char* option) {
-  if (text == "auto") return FlashKernel::kAuto;
-  if (text == "mma_sync") return FlashKernel::kMmaSync;
-  if (text == "wgmma") return FlashKernel::kWgmma;
-  RA_FAIL(option, " '", text, "': expected auto, mma_sync or wgmma");
-}
-
 const char* flash_kernel_name(FlashKernel kernel) {
   switch (kernel) {
     case FlashKernel::kAuto: return "auto";
@@ -232,6 +225,12 @@ const char* flash_kernel_name(FlashKernel kernel) {
     case FlashKernel::kWgmma: return "wgmma";
   }
   return "?";
+}
+
+FlashKernel parse_flash_kernel(const std::string& text, const char* option) {
+  for (FlashKernel kernel : {FlashKernel::kAuto, FlashKernel::kMmaSync, FlashKernel::kWgmma})
+    if (text == flash_kernel_name(kernel)) return kernel;
+  RA_FAIL(option, " '", text, "': expected auto, mma_sync or wgmma");
 }
 
 }  // namespace ra
