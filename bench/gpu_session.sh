@@ -21,6 +21,7 @@
 # call, the Python ring beside the C++ bench, then 1M tokens causal); `two_gpus_tests` (the GPU ring's forward and
 # backward tests over copy engines and over NCCL, the backward's faults, the training example on 2 GPUs); `cache`
 # (the device cache of call temporaries: GPU tests, bench --backward against the variants, the Python layer's cost);
+# `wide_backward` (head_dim 256 in the flash backward: tests, CLI, the ring, both kernels' rows against the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 set -u -o pipefail
@@ -354,7 +355,8 @@ fi
 backward_cli() {
   local d impl mask causal
   d=$(mktemp -d)
-  $bin generate --output $d/g.h5 --batch 1 --seq 1001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
+  $bin generate --output $d/g.h5 --batch 1 --seq 1001 --heads 8 --kv-heads 2 --head-dim ${cli_head_dim:-128} --dtype bf16 \
+    --with-grad >/dev/null
   for impl in $1; do
     for mask in "${@:2}"; do
       causal=${mask#full}
@@ -374,7 +376,7 @@ if has backward; then  # issue 20: the backward's GPU tests, CLI round trips, th
     for shape in "32 128" "64 64"; do
       for impl in flash_attn2 cudnn; do backward_bench $impl $shape 32768 "$causal"; done
     done
-    backward_bench cudnn 16 256 32768 "$causal"  # flash_attn2's backward refuses head_dim 256
+    for impl in flash_attn2 cudnn; do backward_bench $impl 16 256 32768 "$causal"; done
   done
   python3 bench/torch_backward.py 2>&1 | tee "$out/torch_backward.txt"
 fi
@@ -396,7 +398,7 @@ if has backward_kernels; then  # the two flash backward kernels (wgmma, mma.sync
   for round in 1 2; do
     for causal in "" "--causal"; do
       for shape in "32 128" "64 64"; do
-        for kernel in wgmma mma_sync; do
+        for kernel in auto mma_sync; do  # auto: wgmma where it runs (the forward at head_dim 256: mma_sync)
           echo -n "round $round kernel $kernel: " | tee -a "$out/backward_bench.txt"
           $bin bench --backward --backend cuda --impl flash_attn2 --flash-kernel $kernel --batch 1 --heads ${shape% *} \
             --head-dim ${shape#* } --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep -v '^#' | tee -a "$out/backward_bench.txt"
@@ -405,6 +407,32 @@ if has backward_kernels; then  # the two flash backward kernels (wgmma, mma.sync
     done
   done
   python3 bench/torch_backward.py 32x128 64x64 2>&1 | tee "$out/torch_backward.txt"
+fi
+if has wide_backward; then  # issue 20: head_dim 256 in the flash backward: GPU tests, CLI round trips, the ring
+  # on 2 ranks (sharing the GPU where one), then both kernels' rows of this build and the variants, beside PyTorch's
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 30
+  timeout 300 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --gtest_brief=1 2>&1 |
+    tee "$out/ring_backward_cuda_2.log" | grep -v "^\[  SKIPPED" | tail -n 12
+  cli_head_dim=256 backward_cli "flash_attn2 cudnn" full --causal
+  flash_kernel_rows() {
+    local b=$1 causal shape kernel
+    for causal in "" "--causal"; do
+      for shape in "16 256" "32 128" "64 64"; do
+        for kernel in auto mma_sync; do  # auto: wgmma where it runs (the forward at head_dim 256: mma_sync)
+          echo -n "$kernel: " | tee -a "$out/bench.txt"
+          $b bench --backward --backend cuda --impl flash_attn2 --flash-kernel $kernel --batch 1 --heads ${shape% *} \
+            --head-dim ${shape#* } --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep "backward \|error" |
+            tee -a "$out/bench.txt"
+        done
+      done
+    done
+  }
+  for_each_build flash_kernel_rows
+  for causal in "" "--causal"; do
+    $bin bench --backward --backend cuda --impl cudnn --batch 1 --heads 16 --head-dim 256 --seq 32768 --dtype bf16 \
+      --warmup 2 --iters 10 $causal 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
+  done
+  python3 bench/torch_backward.py 16x256 2>&1 | tee "$out/torch_backward.txt"
 fi
 if has ring_backward; then  # issue 21: the GPU ring's backward (quick=1: without the kernel tests and the
   # ring of one's timings; faults=1: with the fault cases)

@@ -1,9 +1,12 @@
-// FlashAttention-2's backward on tensor cores. A block owns 128 keys (8 warps x 16) of one (batch, K/V
-// head); for each query head of the group and each 64-row query block that can see its keys it
-// computes, per warp and in registers, S^T = K Q^T and dP^T = V dO^T (keys as rows, so that P^T and
-// dS^T are ready-made A operands), P^T from LSE, dS^T = P^T (dP^T - delta), then dV += P^T dO and
-// dK += dS^T Q. dS^T goes through shared memory once so that each warp can form 16 rows x D/2 of
-// dQ = dS K, which are added to the f32 dQ accumulator with atomics (as FlashAttention-2 does).
+// FlashAttention-2's backward on tensor cores. A block owns 16 keys per warp pair or warp of one
+// (batch, K/V head); for each query head of the group and each 64-row query block that can see its keys
+// it computes, in registers, S^T = K Q^T and dP^T = V dO^T (keys as rows, so that P^T and dS^T are
+// ready-made A operands), P^T from LSE, dS^T = P^T (dP^T - delta), then dV += P^T dO and dK += dS^T Q.
+// dS^T goes through shared memory once so that each warp can form 16 rows x D/2 of dQ = dS K, which are
+// added to the f32 dQ accumulator with atomics (as FlashAttention-2 does). At D = 256 a warp's registers
+// cannot hold dK and dV of 16 keys x 256, so two warps share 16 keys: each forms S^T / dP^T for half of
+// the query block and owns half of D of dK / dV, and P^T joins dS^T in shared memory (FlashAttention-2's
+// D = 256 layout).
 // Every option: positions, and with kExtras the mask, bias (dBias by atomics), segment ids, soft cap
 // (chain rule through tanh) and dropout regenerated from the forward's hash.
 #include "attention/cuda/flash_backward_cuda.h"
@@ -23,36 +26,48 @@ namespace {
 using namespace flash;
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
-constexpr int kBlockN = 128;  // keys per block, 16 per warp: dQ's atomics are per key block
 constexpr int kBlockM = 64;  // query rows per step
 constexpr int kQTiles = kBlockM / 8;
 
-// Shared memory of one block: K and V tiles, two buffers each of Q and dO (rows of D) and dS^T (64 x 64),
-// all 16-bit.
 template <typename T, int D>
 struct BackwardTraits {
-  static constexpr size_t kSmemBytes = size_t(2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * sizeof(T);
-  static_assert(D % 16 == 0 && D <= 128, "dK and dV of 16 keys x D stay in registers: D <= 128");
-  static_assert(kBlockN == kWarps * 16 && kBlockM == 64, "one 16-key MMA tile per warp; dS^T rows of 64 queries");
-  static_assert(kWarps == 2 * (kBlockM / 16), "dQ: each warp forms 16 query rows x half of D");
+  // Warps per 16 keys: 1 while dK and dV of 16 keys x D fit a warp's registers, else 2 (each half of D).
+  static constexpr int kDSplit = D > 128 ? 2 : 1;
+  static constexpr int kKeyTiles = kWarps / kDSplit;
+  static constexpr int kBlockN = kKeyTiles * 16;  // keys per block: dQ's atomics are per key block
+  static constexpr int kQTilesPerWarp = kQTiles / kDSplit;  // S^T's 8-query tiles a warp forms
+  static constexpr int kTilesDPerWarp = D / 8 / kDSplit;     // dK / dV's 8-column tiles a warp holds
+  static constexpr bool kPInShared = kDSplit > 1;  // a warp's P^T rows are half in the other warp
+  // K and V tiles, two buffers each of Q and dO (rows of D), dS^T (and P^T) of kBlockN keys x 64 queries.
+  static constexpr size_t kSmemBytes =
+      size_t(2 * kBlockN * D + 4 * kBlockM * D + (kPInShared ? 2 : 1) * kBlockN * kBlockM) * sizeof(T);
+  static_assert(D % 16 == 0 && D / kDSplit <= 128, "dK and dV of 16 keys x D / kDSplit stay in registers");
+  static_assert(kTilesDPerWarp % 2 == 0 && kQTilesPerWarp % 2 == 0, "fragments are loaded two 8-tiles at a time");
+  static_assert(kWarps == 2 * (kBlockM / 16) && (D / 8) % 4 == 0, "dQ: each warp forms 16 query rows x half of D");
   static_assert(kSmemBytes <= 227 * 1024 - 1024, "one block's shared memory on an sm_90 SM");
 };
 
 template <typename T, int D, bool kExtras>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
+  using Traits = BackwardTraits<T, D>;
+  constexpr int kBlockN = Traits::kBlockN, kQTilesPerWarp = Traits::kQTilesPerWarp;
+  constexpr int kTilesDPerWarp = Traits::kTilesDPerWarp;
   const CudaAttentionArgs& a = g.a;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);
   T* v_s = k_s + kBlockN * D;
   T* q_buffers = v_s + kBlockN * D;            // two buffers of kBlockM x D
   T* do_buffers = q_buffers + 2 * kBlockM * D;  // two buffers of kBlockM x D
-  T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: 64 keys x 64 queries
+  T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: kBlockN keys x 64 queries
+  T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kPInShared only)
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mi = lane / 8;
   const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
   const int group = a.q_heads / a.kv_heads;
-  constexpr int kTilesD = D / 8;
+  // This warp's 16 keys, and its share of them: the query tiles of S^T it forms and the columns of dK / dV it holds.
+  const int key_tile = warp % Traits::kKeyTiles, split = warp / Traits::kKeyTiles;
+  const int q_tile0 = split * kQTilesPerWarp, d_tile0 = split * kTilesDPerWarp;
   auto swz = [](int r, int c) { return swizzled<D>(r, c); };
 
   load_rows<T, D, kBlockN, kThreads>(k_s, a.k, b, kh, n0, a.kv_len, tid, swz);
@@ -61,14 +76,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   int64_t k_lo, k_hi;
   tile_key_range<kBlockN>(a, blockIdx.x, lane, k_lo, k_hi);
 
-  float dk[kTilesD][4], dv[kTilesD][4];
+  float dk[kTilesDPerWarp][4], dv[kTilesDPerWarp][4];
 #pragma unroll
-  for (int j = 0; j < kTilesD; ++j)
+  for (int j = 0; j < kTilesDPerWarp; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
 
   const float scale_log2 = a.scale * kLog2e, keep_scale = 1.0f / (1.0f - a.dropout_prob);
-  const int key_row = warp * 16 + lane / 4;  // this thread's keys: key_row and key_row + 8 of the block
+  const int key_row = key_tile * 16 + lane / 4;  // this thread's keys: key_row and key_row + 8 of the block
   // The steps are the (query head, query block) pairs whose positions can see these keys, in order;
   // a step's Q, dO, LSE and delta load while the previous step computes (two buffers).
   auto find_step = [&](int& h, int& m0, BlockKind& kind) {
@@ -94,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
     BlockKind next_kind = BlockKind::kSkip;
     const bool next = find_step(next_h, next_m0, next_kind);
     copy_wait_all();
-    __syncthreads();  // this step's tiles are in; every warp is done with the other buffer and ds_s
+    __syncthreads();  // this step's tiles are in; every warp is done with the other buffer, ds_s and p_s
     if (next) load_step(1 - buffer, next_h, next_m0);
     copy_commit();
     {
@@ -103,22 +118,22 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
       const float* lse_s = lse_buffers[buffer];
       const float* delta_s = delta_buffers[buffer];
 
-      // S^T and dP^T: this warp's 16 keys x 64 queries.
-      float st[kQTiles][4], dpt[kQTiles][4];
+      // S^T and dP^T: this warp's 16 keys x its kQTilesPerWarp * 8 queries.
+      float st[kQTilesPerWarp][4], dpt[kQTilesPerWarp][4];
 #pragma unroll
-      for (int j = 0; j < kQTiles; ++j)
+      for (int j = 0; j < kQTilesPerWarp; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t kf[4], vf[4];
-        const int ar = warp * 16 + (mi % 2) * 8 + lane % 8, ac = kk * 2 + mi / 2;
+        const int ar = key_tile * 16 + (mi % 2) * 8 + lane % 8, ac = kk * 2 + mi / 2;
         ldmatrix_x4(kf, k_s + swizzled<D>(ar, ac));
         ldmatrix_x4(vf, v_s + swizzled<D>(ar, ac));
 #pragma unroll
-        for (int j = 0; j < kQTiles; j += 2) {
+        for (int j = 0; j < kQTilesPerWarp; j += 2) {
           uint32_t qf[4], df[4];
-          const int br = (j + mi / 2) * 8 + lane % 8, bc = kk * 2 + mi % 2;
+          const int br = (q_tile0 + j + mi / 2) * 8 + lane % 8, bc = kk * 2 + mi % 2;
           ldmatrix_x4(qf, q_s + swizzled<D>(br, bc));
           ldmatrix_x4(df, do_s + swizzled<D>(br, bc));
           mma_16816<T>(st[j], kf, qf[0], qf[1]);
@@ -131,10 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
       // P^T (after dropout, into st) and dS^T times the soft cap's derivative (into dpt).
       const bool masked = kind == BlockKind::kPartial || kExtras || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
 #pragma unroll
-      for (int j = 0; j < kQTiles; ++j)
+      for (int j = 0; j < kQTilesPerWarp; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int key = n0 + key_row + (e >= 2 ? 8 : 0), qcol = j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
+          const int key = n0 + key_row + (e >= 2 ? 8 : 0), qcol = (q_tile0 + j) * 8 + (lane % 4) * 2 + (e & 1);
+          const int query = m0 + qcol;
           float s_log2 = st[j][e] * scale_log2, derivative = 1.0f;
           if (masked) {
             if (key >= a.kv_len || query >= a.q_len) {
@@ -164,16 +180,39 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           dpt[j][e] = ds * derivative;
         }
 
-      // dV += P^T dO and dK += dS^T Q (dO and Q through transposing ldmatrix: queries are the k axis).
+      // dS^T (and P^T where a warp holds half its rows) to shared memory, 16-bit, rows of 64 queries:
+      // before dV and dK where those read them from there, else after.
+      auto store_rows = [&](T* dst, const float (&frag)[kQTilesPerWarp][4]) {
+#pragma unroll
+        for (int j = 0; j < kQTilesPerWarp; ++j)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            *reinterpret_cast<uint32_t*>(dst + swizzled<kBlockM>(key_row + i * 8, q_tile0 + j) + (lane % 4) * 2) =
+                pack2<T>(frag[j][2 * i], frag[j][2 * i + 1]);
+      };
+      if constexpr (Traits::kPInShared) {
+        store_rows(ds_s, dpt);
+        store_rows(p_s, st);
+        __syncthreads();
+      }
+
+      // dV += P^T dO and dK += dS^T Q over this warp's columns (dO and Q through transposing ldmatrix:
+      // queries are the k axis). P^T and dS^T come from registers, or from shared memory where split.
 #pragma unroll
       for (int kc = 0; kc < kBlockM / 16; ++kc) {
         uint32_t pf[4], sf[4];
-        pack_probabilities<T>(st, kc, pf);
-        pack_probabilities<T>(dpt, kc, sf);
+        if constexpr (Traits::kPInShared) {
+          const int r = key_tile * 16 + (mi % 2) * 8 + lane % 8, c = kc * 2 + mi / 2;
+          ldmatrix_x4(pf, p_s + swizzled<kBlockM>(r, c));
+          ldmatrix_x4(sf, ds_s + swizzled<kBlockM>(r, c));
+        } else {
+          pack_probabilities<T>(st, kc, pf);
+          pack_probabilities<T>(dpt, kc, sf);
+        }
 #pragma unroll
-        for (int j = 0; j < kTilesD; j += 2) {
+        for (int j = 0; j < kTilesDPerWarp; j += 2) {
           uint32_t of[4], qf[4];
-          const int r = kc * 16 + (mi % 2) * 8 + lane % 8, c = j + mi / 2;
+          const int r = kc * 16 + (mi % 2) * 8 + lane % 8, c = d_tile0 + j + mi / 2;
           ldmatrix_x4_trans(of, do_s + swizzled<D>(r, c));
           ldmatrix_x4_trans(qf, q_s + swizzled<D>(r, c));
           mma_16816<T>(dv[j], pf, of[0], of[1]);
@@ -183,16 +222,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
         }
       }
 
-      // dS^T to shared memory (16-bit, rows of 64 queries), then dQ rows warp * 16 .. of this block.
-#pragma unroll
-      for (int j = 0; j < kQTiles; ++j)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          *reinterpret_cast<uint32_t*>(ds_s + swizzled<kBlockM>(key_row + i * 8, j) + (lane % 4) * 2) =
-              pack2<T>(dpt[j][2 * i], dpt[j][2 * i + 1]);
-      __syncthreads();
-      // Warp w forms dQ rows of query tile w % 4, the half w / 4 of D (accumulators beside dK's and dV's).
-      constexpr int kHalf = kTilesD / 2;
+      if constexpr (!Traits::kPInShared) {  // measured: after dV and dK here (4% at D = 64), before them where split
+        store_rows(ds_s, dpt);
+        __syncthreads();
+      }
+
+      // dQ: warp w forms rows of query tile w % 4, the half w / 4 of D (accumulators beside dK's and dV's).
+      constexpr int kHalf = D / 16;
       const int q_tile = warp % (kBlockM / 16), half = warp / (kBlockM / 16);
       float dq[kHalf][4];
 #pragma unroll
@@ -221,15 +257,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   }
   copy_wait_all();
 
-  add_dk_dv_rows(g, dk, dv, b, kh, n0 + key_row, lane);
+  add_dk_dv_rows(g, dk, dv, b, kh, n0 + key_row, d_tile0 * 8, lane);
 }
 
 template <typename T, int D>
 void launch_backward(const FlashBackwardArgs& g, cudaStream_t stream) {
-  constexpr size_t smem = BackwardTraits<T, D>::kSmemBytes;
+  using Traits = BackwardTraits<T, D>;
+  constexpr size_t smem = Traits::kSmemBytes;
   auto kernel = flash_has_extras(g.a) ? flash_backward_kernel<T, D, true> : flash_backward_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((g.a.kv_len + kBlockN - 1) / kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
+  const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
+                  unsigned(g.a.batch));
   kernel<<<grid, kThreads, smem, stream>>>(g);
   RA_CUDA_CHECK(cudaGetLastError());
 }
@@ -239,9 +277,9 @@ void launch_backward(const FlashBackwardArgs& g, cudaStream_t stream) {
 void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc) {
   const DType dt = in.q.dtype();
   const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
-  RA_CHECK(D == Dv && (D == 64 || D == 128), "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ", Dv,
-           ": the cuda flash_attn2 backward runs head_dim 64 or 128 with v_head_dim equal to it; use --impl cudnn "
-           "(head_dim 256 on Hopper) or sdpa");
+  RA_CHECK(D == Dv && (D == 64 || D == 128 || D == 256), "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ",
+           Dv, ": the cuda flash_attn2 backward runs head_dim 64, 128 or 256 with v_head_dim equal to it; use --impl "
+           "sdpa");
   RA_CHECK(grad.d_o.dtype() == dt, "do has dtype ", dtype_name(grad.d_o.dtype()), ": the cuda flash_attn2 backward "
            "needs it in q's dtype ", dtype_name(dt), " (tensor-core operands)");
   const TensorView& d_o = grad.d_o;
@@ -254,9 +292,9 @@ void check_flash_backward_cuda_supported(const AttentionInputs& in, const Backwa
 
 void flash_backward_cuda(const FlashBackwardArgs& g, DType dtype, cudaStream_t stream) {
   if (g.a.q_len == 0 || g.a.kv_len == 0) return;
-  if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, stream);
+  if (flash_uses_wgmma(g.a, FlashPass::kBackward)) return flash_wgmma_backward(g, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
-    dispatch_head_dim<64, 128>(g.a.head_dim, "the cuda flash_attn2 backward", [&](auto head_dim) {
+    dispatch_head_dim<64, 128, 256>(g.a.head_dim, "the cuda flash_attn2 backward", [&](auto head_dim) {
       launch_backward<decltype(element), decltype(head_dim)::value>(g, stream);
     });
   });

@@ -20,7 +20,7 @@ struct FlashBackwardArgs {
   DeviceView4 dbias;     // broadcast to (B, Hq, T, S_total); data null without a bias
 };
 
-// Throws naming the tensor and what the kernel needs (f16 / bf16, D == Dv in {64, 128}, dO in q's dtype,
+// Throws naming the tensor and what the kernel needs (f16 / bf16, D == Dv in {64, 128, 256}, dO in q's dtype,
 // contiguous accumulators), pointing at cudnn or sdpa.
 void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc);
 

@@ -111,20 +111,22 @@ __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const fl
 }
 
 // The block's dK (times the scale: Q entered unscaled) and dV of keys key0 and key0 + 8 (this thread's
-// fragment rows), added into the accumulators: the block is the only writer of these keys' rows.
-template <int kTilesD>
-__device__ __forceinline__ void add_dk_dv_rows(const FlashBackwardArgs& g, const float (&dk)[kTilesD][4],
-                                               const float (&dv)[kTilesD][4], int b, int kh, int key0, int lane) {
+// fragment rows), columns col0 + 8j + 2t, +1, added into the accumulators: the block is the only writer
+// of these keys' rows.
+template <int kTiles>
+__device__ __forceinline__ void add_dk_dv_rows(const FlashBackwardArgs& g, const float (&dk)[kTiles][4],
+                                               const float (&dv)[kTiles][4], int b, int kh, int key0, int col0,
+                                               int lane) {
   const CudaAttentionArgs& a = g.a;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + i * 8;
     if (key >= a.kv_len) continue;
-    const int64_t at = ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * (kTilesD * 8) + (lane % 4) * 2;
+    const int64_t at = ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * a.head_dim + col0 + (lane % 4) * 2;
     float2* dk_out = reinterpret_cast<float2*>(g.dk + at);
     float2* dv_out = reinterpret_cast<float2*>(g.dv + at);
 #pragma unroll
-    for (int j = 0; j < kTilesD; ++j) {
+    for (int j = 0; j < kTiles; ++j) {
       const float2 k_was = dk_out[j * 4], v_was = dv_out[j * 4];
       dk_out[j * 4] = make_float2(k_was.x + dk[j][2 * i] * a.scale, k_was.y + dk[j][2 * i + 1] * a.scale);
       dv_out[j * 4] = make_float2(v_was.x + dv[j][2 * i], v_was.y + dv[j][2 * i + 1]);

@@ -245,24 +245,25 @@ bool flash_has_extras(const CudaAttentionArgs& a) {
   return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
 }
 
-bool flash_uses_wgmma(const CudaAttentionArgs& a) {
+bool flash_uses_wgmma(const CudaAttentionArgs& a, FlashPass pass) {
   const FlashKernel k = a.flash_kernel;
   if (k == FlashKernel::kMmaSync) return false;
-  const bool available = flash_wgmma_available(), extras = flash_has_extras(a), wide = a.head_dim > 128;
+  const bool available = flash_wgmma_available(), extras = flash_has_extras(a);
+  const bool wide = pass == FlashPass::kForward && a.head_dim > 128;
   if (k == FlashKernel::kWgmma) {
     RA_CHECK(available, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but this build has "
              "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
     RA_CHECK(!extras, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but they run positions "
              "only (causal, window, GQA, sinks); soft cap, bias, mask, segment ids and dropout need mma_sync");
     RA_CHECK(!wide, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but q dimension 3 "
-             "(head_dim) is ", a.head_dim, ": they run head_dim 64 and 128; 256 needs mma_sync");
+             "(head_dim) is ", a.head_dim, ": the wgmma forward runs head_dim 64 and 128; 256 needs mma_sync");
   }
   return available && !extras && !wide;
 }
 
 void flash_accumulate_cuda(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   if (a.q_len == 0 || a.kv_len == 0) return;
-  if (flash_uses_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
+  if (flash_uses_wgmma(a, FlashPass::kForward)) return flash_wgmma_accumulate(a, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
     dispatch_head_dim<64, 128, 256>(a.head_dim, "the cuda flash_attn2 kernel", [&](auto head_dim) {
       launch<decltype(element), decltype(head_dim)::value>(a, stream);

@@ -9,20 +9,19 @@
 
 namespace ra {
 
-inline constexpr int64_t kFlashCudaHeadDims[] = {64, 128};
-
 // Throws naming the tensor and what the kernel needs when it cannot run these inputs (dtype f16/bf16,
-// D == Dv in {64, 128}, contiguous last dim, 16-byte aligned rows), and names `sdpa` as the fallback.
+// D == Dv in {64, 128, 256}, contiguous last dim, 16-byte aligned rows), and names `sdpa` as the fallback.
 void check_flash_cuda_supported(const AttentionInputs& in);
 
 // True when the arguments use an option beyond positions (soft cap, bias, mask, segment ids, dropout),
 // which only the mma.sync kernels run.
 bool flash_has_extras(const CudaAttentionArgs& args);
 
-// True when the wgmma kernels (forward and backward) run these arguments (args.flash_kernel, from
-// AttentionParams): kAuto and available with positions-only options and head_dim <= 128; kMmaSync never;
-// kWgmma forced where they cannot run throws naming why.
-bool flash_uses_wgmma(const CudaAttentionArgs& args);
+// True when the wgmma kernel of `pass` runs these arguments (args.flash_kernel, from AttentionParams):
+// kAuto and available with positions-only options (and, forward, head_dim <= 128); kMmaSync never;
+// kWgmma forced where it cannot run throws naming why.
+enum class FlashPass { kForward, kBackward };
+bool flash_uses_wgmma(const CudaAttentionArgs& args, FlashPass pass);
 
 void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);
 

@@ -7,7 +7,10 @@
 // memory, and dK / dV stay in registers for the whole walk. dS^T goes to shared memory once for
 // dQ = dS K, of which each warpgroup forms 64 x 64 (both operands MN-major), added to the f32
 // accumulator with 16-byte atomics (measured faster than staging it for bulk reductions). The next
-// step's Q, dO, LSE and delta load while this one computes.
+// step's Q, dO, LSE and delta load while this one computes. At D = 256 dK and dV of 64 keys x 256 do not
+// fit a warpgroup's registers: both warpgroups share 64 keys, each forms S^T / dP^T for half of the query
+// block and owns half of D of dK, dV and dQ, and P^T joins dS^T in shared memory, from where dV and dK
+// take their A operand (FlashAttention-3's layout for D = 256).
 #include "attention/cuda/flash_wgmma_backward.h"
 
 #include "attention/cuda/dispatch.cuh"
@@ -21,24 +24,30 @@ namespace {
 using namespace flash;
 
 constexpr int kGroups = 2, kThreads = kGroups * 128;  // warpgroups per block
-constexpr int kBlockN = kGroups * 64;                 // keys per block, 64 per warpgroup
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
 template <typename T, int D>
 struct WgmmaBackwardTraits {
+  // D = 256: the two warpgroups share 64 keys and split the query block (S^T, dP^T) and D (dK, dV, dQ).
+  static constexpr bool kSplit = D == 256;
+  static constexpr int kBlockN = kSplit ? 64 : kGroups * 64;  // keys per block
   // Query rows per step: dK and dV (64 keys x D per warpgroup) and S^T, dP^T (64 keys x kBlockM) share
-  // a thread's 255 registers, so D = 128 takes 64 rows and D = 64 takes 128.
-  static constexpr int kBlockM = D == 128 ? 64 : 128;
-  // A step's dQ is kBlockM x D; each warpgroup forms 64 x 64 of it: half the rows (D = 64) or half of D.
+  // a thread's 255 registers, so D = 128 takes 64 rows and D = 64 takes 128; D = 256 (split) 64.
+  static constexpr int kBlockM = D == 64 ? 128 : 64;
+  // A step's dQ is kBlockM x D; each warpgroup forms half: half the rows (D = 64) or half of D.
   static constexpr bool kDqSplitsRows = kBlockM == 128;
-  static constexpr int kTilesD = D / 8, kTilesM = kBlockM / 8;
-  // K and V, two buffers each of Q and dO, dS^T; + slack to start the tiles on the swizzle's 1024 bytes.
+  static constexpr int kTilesD = D / 8 / (kSplit ? 2 : 1);       // dK / dV columns per warpgroup, in 8s
+  static constexpr int kTilesM = kBlockM / 8 / (kSplit ? 2 : 1);  // S^T's query columns per warpgroup
+  static constexpr int kTilesDq = kDqSplitsRows ? D / 8 : D / 16;  // dQ's columns per warpgroup
+  // K and V, two buffers each of Q and dO, dS^T (and P^T where split); + slack to start the tiles on the
+  // swizzle's 1024 bytes.
   static constexpr size_t kSmemBytes =
-      size_t(2 * kBlockN * D + 4 * kBlockM * D + kBlockN * kBlockM) * sizeof(T) + kSwizzleAtom;
-  static_assert(D == 64 || D == 128, "dK and dV of 64 keys x D per warpgroup stay in registers");
-  static_assert(kTilesD * 8 == D && kTilesM * 8 == kBlockM && kDqSplitsRows == (D == 64), "fragment tiles of 8 columns");
-  static_assert(kBlockM * D == 64 * 128 && kBlockM % 64 == 0, "dQ: two 64 x 64 tiles per step");
+      size_t(2 * kBlockN * D + 4 * kBlockM * D + (kSplit ? 2 : 1) * kBlockN * kBlockM) * sizeof(T) + kSwizzleAtom;
+  static_assert(D == 64 || D == 128 || D == 256, "dK and dV of 64 keys x D (x D / 2 where split) per warpgroup in registers");
+  static_assert(kTilesD <= 16 && kTilesDq <= 16 && (kTilesM == 4 || kTilesM == 8 || kTilesM == 16), "wgmma's N <= 128");
+  static_assert(kBlockM == 64 || !kSplit, "dS^T and P^T rows of one 64-query slab");
+  static_assert(kDqSplitsRows == (D == 64) && kBlockM % 64 == 0, "dQ: each warpgroup 64 rows x kTilesDq * 8");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory on an sm_90 SM");
 };
 
@@ -46,7 +55,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = WgmmaBackwardTraits<T, D>;
-  constexpr int kBlockM = Traits::kBlockM, kTilesD = Traits::kTilesD, kTilesM = Traits::kTilesM;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
+  constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;
   const CudaAttentionArgs& a = g.a;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
@@ -55,12 +65,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   T* q_buffers = v_s + kBlockN * D;             // two buffers of kBlockM x D
   T* do_buffers = q_buffers + 2 * kBlockM * D;  // two buffers of kBlockM x D
   T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: rows of keys, slabs of 64 queries
+  T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kSplit only)
   // Per step's rows: LSE in log2 units (+inf where the row saw nothing, so that its P is 0) and delta.
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
   const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
-  const int key_row = group * 64 + (warp % 4) * 16 + lane / 4;  // this thread's keys: key_row, key_row + 8
+  // This warpgroup's keys (its own 64, or the 64 both share), this thread's two of them (key_row and
+  // key_row + 8), and where split its query columns of S^T and its columns of dK / dV.
+  const int key0 = Traits::kSplit ? 0 : group * 64, key_row = key0 + (warp % 4) * 16 + lane / 4;
+  const int q_col0 = Traits::kSplit ? group * kTilesM * 8 : 0, d_col0 = Traits::kSplit ? group * kTilesD * 8 : 0;
   auto key_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockN>(r, c); };
   auto query_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockM>(r, c); };
 
@@ -109,12 +123,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   // This warpgroup's 64 rows of K and V (A of S^T and dP^T), and dQ's operands: dS's query slab and K's
   // column slab, MN-major (their 64-column slabs kBlockN rows apart).
   const uint32_t k_addr = smem_address(k_s), ds_addr = smem_address(ds_s);
-  const uint64_t k_desc = wgmma::sw128_desc(k_addr + group * 64 * kRowBytes, 16, kSwizzleAtom);
-  const uint64_t v_desc = wgmma::sw128_desc(smem_address(v_s) + group * 64 * kRowBytes, 16, kSwizzleAtom);
+  const uint64_t k_desc = wgmma::sw128_desc(k_addr + key0 * kRowBytes, 16, kSwizzleAtom);
+  const uint64_t v_desc = wgmma::sw128_desc(smem_address(v_s) + key0 * kRowBytes, 16, kSwizzleAtom);
   const uint64_t ds_desc = wgmma::sw128_desc(ds_addr + (Traits::kDqSplitsRows ? group : 0) * kBlockN * kRowBytes,
                                              kBlockN * kRowBytes, kSwizzleAtom);
-  const uint64_t dq_k_desc = wgmma::sw128_desc(k_addr + (Traits::kDqSplitsRows ? 0 : group) * kBlockN * kRowBytes,
-                                               kBlockN * kRowBytes, kSwizzleAtom);
+  const uint64_t dq_k_desc = wgmma::sw128_desc(
+      k_addr + (Traits::kDqSplitsRows ? 0 : group * kTilesDq / 8) * kBlockN * kRowBytes, kBlockN * kRowBytes, kSwizzleAtom);
   while (have) {
     int next_h = h, next_m0 = m0 + kBlockM;
     BlockKind next_kind = BlockKind::kSkip;
@@ -137,10 +151,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     const float* lse_s = lse_buffers[buffer];
     const float* delta_s = delta_buffers[buffer];
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys, both operands K-major (rows of D):
-    // k-step kk is 32 bytes into slab kk / 4.
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys (and its query columns), both operands
+    // K-major (rows of D): k-step kk is 32 bytes into slab kk / 4.
     float st[kTilesM][4], dpt[kTilesM][4];
-    const uint64_t q_desc = wgmma::sw128_desc(q_addr, 16, kSwizzleAtom), do_desc = wgmma::sw128_desc(do_addr, 16, kSwizzleAtom);
+    const uint64_t q_desc = wgmma::sw128_desc(q_addr + q_col0 * kRowBytes, 16, kSwizzleAtom);
+    const uint64_t do_desc = wgmma::sw128_desc(do_addr + q_col0 * kRowBytes, 16, kSwizzleAtom);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -163,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int qcol = j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
+          const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
           const bool visible = key_in[e / 2] && query < a.q_len &&
                                position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right);
           st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
@@ -173,59 +188,85 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          st[j][e] = fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[j * 8 + (lane % 4) * 2 + (e & 1)]));
+          st[j][e] = fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[q_col0 + j * 8 + (lane % 4) * 2 + (e & 1)]));
     }
     wgmma::wait<0>();
     wgmma::pin(dpt);
     // dS^T = P^T (dP^T - delta), then both as 16-bit A operands.
-    uint32_t pt[kBlockM / 16][4], dst[kBlockM / 16][4];
+    uint32_t pt[kTilesM / 2][4], dst[kTilesM / 2][4];
 #pragma unroll
     for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[j * 8 + (lane % 4) * 2 + (e & 1)]);
+      for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[q_col0 + j * 8 + (lane % 4) * 2 + (e & 1)]);
 #pragma unroll
-    for (int kc = 0; kc < kBlockM / 16; ++kc) {
+    for (int kc = 0; kc < kTilesM / 2; ++kc) {
       pack_probabilities<T>(st, kc, pt[kc]);
       pack_probabilities<T>(dpt, kc, dst[kc]);
     }
+    // A operands to shared memory: rows of keys, query q_col0 + j * 8 .. in chunk q_col0 / 8 + j.
+    auto store_rows = [&](T* dst_s, const uint32_t (&frag)[kTilesM / 2][4]) {
+#pragma unroll
+      for (int kc = 0; kc < kTilesM / 2; ++kc)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int chunk = q_col0 / 8 + 2 * kc + half, col = (lane % 4) * 2;
+          *reinterpret_cast<uint32_t*>(dst_s + wgmma::slab_offset<kBlockN>(key_row, chunk) + col) = frag[kc][2 * half];
+          *reinterpret_cast<uint32_t*>(dst_s + wgmma::slab_offset<kBlockN>(key_row + 8, chunk) + col) = frag[kc][2 * half + 1];
+        }
+    };
 
-    // dV += P^T dO and dK += dS^T Q; dO and Q are rows of queries, the k axis here: MN-major.
-    const uint64_t do_mn = wgmma::sw128_desc(do_addr, kBlockM * kRowBytes, kSwizzleAtom);
-    const uint64_t q_mn = wgmma::sw128_desc(q_addr, kBlockM * kRowBytes, kSwizzleAtom);
-    wgmma::fence();
+    // dV += P^T dO and dK += dS^T Q over this warpgroup's columns of D; dO and Q are rows of queries,
+    // the k axis here: MN-major. P^T and dS^T from registers, or where split from shared memory (each
+    // warpgroup holds half of their query columns).
+    const uint64_t do_mn = wgmma::sw128_desc(do_addr + d_col0 / 64 * kBlockM * kRowBytes, kBlockM * kRowBytes, kSwizzleAtom);
+    const uint64_t q_mn = wgmma::sw128_desc(q_addr + d_col0 / 64 * kBlockM * kRowBytes, kBlockM * kRowBytes, kSwizzleAtom);
+    if constexpr (Traits::kSplit) {
+      store_rows(p_s, pt);
+      store_rows(ds_s, dst);
+      wgmma::fence_shared_writes();
+      __syncthreads();  // both warpgroups' P^T and dS^T columns are in
+      const uint64_t pt_desc = wgmma::sw128_desc(smem_address(p_s), 16, kSwizzleAtom);
+      const uint64_t dst_desc = wgmma::sw128_desc(ds_addr, 16, kSwizzleAtom);
+      wgmma::fence();
 #pragma unroll
-    for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dv, pt[kc], wgmma::advance(do_mn, kc * 16 * kRowBytes));
+      for (int kc = 0; kc < kBlockM / 16; ++kc)
+        wgmma::mma_ss<T, kTilesD, false, true>(dv, wgmma::advance(pt_desc, kc * 32), wgmma::advance(do_mn, kc * 16 * kRowBytes), 1);
 #pragma unroll
-    for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dk, dst[kc], wgmma::advance(q_mn, kc * 16 * kRowBytes));
-    wgmma::commit();
+      for (int kc = 0; kc < kBlockM / 16; ++kc)
+        wgmma::mma_ss<T, kTilesD, false, true>(dk, wgmma::advance(dst_desc, kc * 32), wgmma::advance(q_mn, kc * 16 * kRowBytes), 1);
+      wgmma::commit();
+    } else {
+      wgmma::fence();
+#pragma unroll
+      for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dv, pt[kc], wgmma::advance(do_mn, kc * 16 * kRowBytes));
+#pragma unroll
+      for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dk, dst[kc], wgmma::advance(q_mn, kc * 16 * kRowBytes));
+      wgmma::commit();
+      // dS^T to shared memory for dQ (while dV and dK are formed).
+      store_rows(ds_s, dst);
+      wgmma::fence_shared_writes();
+      __syncthreads();  // both warpgroups' dS^T rows are in
+    }
 
-    // dS^T to shared memory (rows of keys, query j * 8 .. in chunk j), then dQ = dS K: A is dS with
-    // queries contiguous, B is K with D contiguous, both MN-major; 16 keys per k-step.
-#pragma unroll
-    for (int kc = 0; kc < kBlockM / 16; ++kc)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int chunk = 2 * kc + half, col = (lane % 4) * 2;
-        *reinterpret_cast<uint32_t*>(ds_s + wgmma::slab_offset<kBlockN>(key_row, chunk) + col) = dst[kc][2 * half];
-        *reinterpret_cast<uint32_t*>(ds_s + wgmma::slab_offset<kBlockN>(key_row + 8, chunk) + col) = dst[kc][2 * half + 1];
-      }
-    wgmma::fence_shared_writes();
-    __syncthreads();  // both warpgroups' dS^T rows are in
-    float dq[8][4];
+    // dQ = dS K: A is dS with queries contiguous, B is K with D contiguous, both MN-major; 16 keys per
+    // k-step.
+    float dq[kTilesDq][4];
     wgmma::fence();
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 16; ++kc)
-      wgmma::mma_ss<T, 8, true, true>(dq, wgmma::advance(ds_desc, kc * 16 * kRowBytes),
+      wgmma::mma_ss<T, kTilesDq, true, true>(dq, wgmma::advance(ds_desc, kc * 16 * kRowBytes),
                                       wgmma::advance(dq_k_desc, kc * 16 * kRowBytes), kc > 0);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::pin(dk);
     wgmma::pin(dv);
     wgmma::pin(dq);
-    wgmma::pin(pt);
-    wgmma::pin(dst);
-    add_dq_rows<8>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
-                   Traits::kDqSplitsRows ? 0 : group * 64, lane);
+    if constexpr (!Traits::kSplit) {  // A operands in registers: alive until their wgmma is waited for
+      wgmma::pin(pt);
+      wgmma::pin(dst);
+    }
+    add_dq_rows<kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
+                          Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
     if (next && tid < kBlockM) lse_buffers[1 - buffer][tid] = next_lse, delta_buffers[1 - buffer][tid] = next_delta;
     h = next_h;
     m0 = next_m0;
@@ -234,17 +275,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     buffer = 1 - buffer;
   }
   copy_wait_all();
-  add_dk_dv_rows(g, dk, dv, b, kh, n0 + key_row, lane);
+  add_dk_dv_rows(g, dk, dv, b, kh, n0 + key_row, d_col0, lane);
 #endif
 }
 
 template <typename T, int D>
 void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
-  constexpr size_t smem = WgmmaBackwardTraits<T, D>::kSmemBytes;
+  using Traits = WgmmaBackwardTraits<T, D>;
   auto kernel = flash_wgmma_backward_kernel<T, D>;
-  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((g.a.kv_len + kBlockN - 1) / kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
-  kernel<<<grid, kThreads, smem, stream>>>(g);
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
+  const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
+                  unsigned(g.a.batch));
+  kernel<<<grid, kThreads, Traits::kSmemBytes, stream>>>(g);
   RA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -252,7 +294,7 @@ void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
 
 void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 backward", [&](auto element) {
-    dispatch_head_dim<64, 128>(g.a.head_dim, "the wgmma flash_attn2 backward", [&](auto head_dim) {
+    dispatch_head_dim<64, 128, 256>(g.a.head_dim, "the wgmma flash_attn2 backward", [&](auto head_dim) {
       launch<decltype(element), decltype(head_dim)::value>(g, stream);
     });
   });

@@ -11,7 +11,7 @@
 
 namespace ra {
 
-// Expects q_len, kv_len > 0, D == Dv in {64, 128}, f16 or bf16, no soft cap, bias, mask, segment ids or
+// Expects q_len, kv_len > 0, D == Dv in {64, 128, 256}, f16 or bf16, no soft cap, bias, mask, segment ids or
 // dropout (checked by the caller), and flash_wgmma_available().
 void flash_wgmma_backward(const FlashBackwardArgs& args, DType dtype, cudaStream_t stream);
 

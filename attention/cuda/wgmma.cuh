@@ -71,12 +71,13 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[j][e])::"memory");
 }
 
-#define RA_WGMMA_ACC32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define RA_WGMMA_ACC16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define RA_WGMMA_ACC32 RA_WGMMA_ACC16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define RA_WGMMA_ACC64 RA_WGMMA_ACC32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define RA_WGMMA_ROW(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define RA_WGMMA_OUT16 RA_WGMMA_ROW(0), RA_WGMMA_ROW(1), RA_WGMMA_ROW(2), RA_WGMMA_ROW(3)
 #define RA_WGMMA_OUT32 \
-    RA_WGMMA_ROW(0), RA_WGMMA_ROW(1), RA_WGMMA_ROW(2), RA_WGMMA_ROW(3), \
-    RA_WGMMA_ROW(4), RA_WGMMA_ROW(5), RA_WGMMA_ROW(6), RA_WGMMA_ROW(7)
+    RA_WGMMA_OUT16, RA_WGMMA_ROW(4), RA_WGMMA_ROW(5), RA_WGMMA_ROW(6), RA_WGMMA_ROW(7)
 #define RA_WGMMA_OUT64 \
     RA_WGMMA_OUT32, \
     RA_WGMMA_ROW(8), RA_WGMMA_ROW(9), RA_WGMMA_ROW(10), RA_WGMMA_ROW(11), \
@@ -92,7 +93,8 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
                : "l"(a_desc), "l"(b_desc), "r"(accumulate))
 #define RA_WGMMA_SS_NT(TY, TA, TB)                                                                              \
   if constexpr (NT == 16) RA_WGMMA_SS(128, TY, RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65", "%66", TA, TB);   \
-  else RA_WGMMA_SS(64, TY, RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33", "%34", TA, TB)
+  else if constexpr (NT == 8) RA_WGMMA_SS(64, TY, RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33", "%34", TA, TB); \
+  else RA_WGMMA_SS(32, TY, RA_WGMMA_ACC16, RA_WGMMA_OUT16, "%16, %17", "%18", TA, TB)
 #define RA_WGMMA_SS_TY(TY)                                             \
   if constexpr (!kTransA && !kTransB) { RA_WGMMA_SS_NT(TY, 0, 0); }   \
   else if constexpr (kTransA && kTransB) { RA_WGMMA_SS_NT(TY, 1, 1); } \
@@ -101,7 +103,7 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 
 template <typename T, int NT, bool kTransA = false, bool kTransB = false>
 __device__ __forceinline__ void mma_ss(float (&d)[NT][4], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  static_assert(NT == 8 || NT == 16, "N = 64 or 128");
+  static_assert(NT == 4 || NT == 8 || NT == 16, "N = 32, 64 or 128");
   if constexpr (std::is_same_v<T, __nv_bfloat16>) { RA_WGMMA_SS_TY("bf16") }
   else { RA_WGMMA_SS_TY("f16") }
 }
@@ -130,8 +132,10 @@ __device__ __forceinline__ void mma_rs_tb(float (&d)[NT][4], const uint32_t (&a)
 #undef RA_WGMMA_SS_NT
 #undef RA_WGMMA_SS_TY
 #undef RA_WGMMA_RS_TB
+#undef RA_WGMMA_ACC16
 #undef RA_WGMMA_ACC32
 #undef RA_WGMMA_ACC64
+#undef RA_WGMMA_OUT16
 #undef RA_WGMMA_OUT32
 #undef RA_WGMMA_OUT64
 #undef RA_WGMMA_ROW

@@ -1,6 +1,6 @@
 // The CUDA backward of every implementation against the f64 oracle's gradients (on the host), on
-// randomised shapes with every option it runs; the tolerance counts the kernels' rounding of P and
-// dS to the input dtype before their products. Skips without a GPU.
+// randomised shapes with every option it runs (flash_attn2 at head_dim 64, 128 and 256); the tolerance
+// counts the kernels' rounding of P and dS to the input dtype before their products. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -45,6 +45,15 @@ std::vector<CudaGradCase> cuda_grad_cases() {
         const Shape& sh = flash_shapes[seed % std::size(flash_shapes)];
         cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
       }
+  // head_dim 256 (the mma.sync kernel: two warps share 16 keys, P^T through shared memory): every option
+  // alone and combined, both dtypes, key blocks of 64 with a partial last one, GQA, T = 1, S != T.
+  const Shape wide_shapes[] = {{1, 131, 203, 8, 4, 256}, {2, 1, 97, 4, 2, 256}, {1, 190, 190, 2, 2, 256},
+                               {1, 77, 130, 4, 1, 256}};
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (const Options& opt : option_sets()) {
+      const Shape& sh = wide_shapes[seed % std::size(wide_shapes)];
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
+    }
   // Both flash backward kernels forced on the options the wgmma one runs (positions only): D 64 / 128,
   // several key blocks with a partial last one, query blocks crossing 64 / 128 rows, GQA, T = 1.
   const Shape wgmma_shapes[] = {{1, 300, 517, 4, 1, 64}, {1, 257, 130, 8, 2, 128}, {2, 77, 77, 4, 4, 128},
@@ -56,6 +65,14 @@ std::vector<CudaGradCase> cuda_grad_cases() {
           const Shape& sh = wgmma_shapes[seed % std::size(wgmma_shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
         }
+  // The wgmma kernel at head_dim 256 (two warpgroups share 64 keys) on every option it runs, both dtypes.
+  const Shape wide_wgmma_shapes[] = {{1, 150, 201, 4, 2, 256}, {2, 1, 70, 4, 4, 256}, {1, 257, 130, 8, 2, 256}};
+  for (DType dtype : {DType::kF16, DType::kBF16})
+    for (const Options& opt : positional_option_sets()) {
+      const Shape& sh = wide_wgmma_shapes[seed % std::size(wide_wgmma_shapes)];
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
+                       FlashKernel::kWgmma});
+    }
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},
@@ -93,7 +110,18 @@ TEST_P(CudaBackwardVsReference, MatchesF64Gradients) {
   ASSERT_TRUE(impl->has_backward());
   Gradients g;
   try {
-    g = impl->backward(device_in.inputs, problem.params(), d_o_device);
+    if (c.kernel == FlashKernel::kWgmma && c.spec.head_dim > 128) {
+      // The wgmma forward stops at head_dim 128: O (f32, as backward()'s own) and LSE from mma.sync's.
+      AttentionParams forward_params = problem.params();
+      forward_params.flash_kernel = FlashKernel::kMmaSync;
+      const TokenPositions pos = TokenPositions::dense(c.spec.q_len, c.spec.kv_len);
+      const Tensor o(DType::kF32, {c.spec.batch, c.spec.q_len, c.spec.q_heads, c.spec.v_head_dim}, MemoryKind::kCuda);
+      const Tensor lse(DType::kF32, {c.spec.batch, c.spec.q_heads, c.spec.q_len}, MemoryKind::kCuda);
+      impl->forward_into(device_in.inputs, forward_params, pos, ForwardViews{o.view(), lse.view()});
+      g = impl->backward(device_in.inputs, problem.params(), pos, d_o_device, ForwardViews{o.view(), lse.view()});
+    } else {
+      g = impl->backward(device_in.inputs, problem.params(), d_o_device);
+    }
   } catch (const Error& e) {
     if (c.impl == "cudnn" && e.message().find("does not run it on this GPU") != std::string::npos) GTEST_SKIP() << e.message();
     throw;

@@ -262,7 +262,7 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   for (int i : {0, 1, 2, 3, 4, 5}) cases.push_back(exact(SequenceLayout::kZigzag, opts[size_t(i)], DType::kF32, 64, 64, 4, 2));
   cases.push_back(exact(SequenceLayout::kContiguous, opts[0], DType::kF16, 48, 120, 2, 2, true));
   cases.push_back(exact(SequenceLayout::kStriped, opts[1], DType::kF32, 3, 3, 2, 2));
-  // The GPU ring: its kernels' dtypes (flash_attn2 and cudnn: f16 / bf16, head_dim 64 or 128; sdpa: f32).
+  // The GPU ring: its kernels' dtypes (flash_attn2 and cudnn: f16 / bf16, head_dim 64, 128 or 256; sdpa: f32).
   auto gpu = [](SequenceLayout layout, const Options& o, DType dtype, int64_t t, int64_t s, int64_t hq, int64_t hkv,
                 const char* impl, bool shared_bias = false) {
     return RingBackwardCase{layout, o, dtype, t, s, hq, hkv, impl, shared_bias, true, 64, 64};
@@ -277,6 +277,9 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   cases.push_back(gpu(SequenceLayout::kContiguous, opts[0], DType::kBF16, 200, 200, 4, 4, "cudnn"));
   cases.push_back(gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 96, 96, 4, 2, "flash_attn2", true));
   cases.push_back(gpu(SequenceLayout::kContiguous, opts[0], DType::kF16, 3, 3, 2, 2, "flash_attn2"));  // fewer tokens than ranks
+  RingBackwardCase wide = gpu(SequenceLayout::kZigzag, opts[6], DType::kBF16, 150, 150, 4, 2, "flash_attn2");
+  wide.head_dim = wide.v_head_dim = 256;  // the mma.sync kernel's split of 16 keys over two warps, every option
+  cases.push_back(wide);
   RingBackwardCase gpu_wire = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 96, 96, 4, 2, "flash_attn2");
   gpu_wire.gradient_wire = DType::kBF16;
   cases.push_back(gpu_wire);
