@@ -432,7 +432,7 @@ if has wide_backward; then  # issue 20: head_dim 256 in the flash backward: GPU 
     $bin bench --backward --backend cuda --impl cudnn --batch 1 --heads 16 --head-dim 256 --seq 32768 --dtype bf16 \
       --warmup 2 --iters 10 $causal 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
   done
-  python3 bench/torch_backward.py 16x256 2>&1 | tee "$out/torch_backward.txt"
+  python3 bench/torch_backward.py 32x128 64x64 16x256 2>&1 | tee "$out/torch_backward.txt"
 fi
 if has ring_backward; then  # issue 21: the GPU ring's backward (quick=1: without the kernel tests and the
   # ring of one's timings; faults=1: with the fault cases)
