@@ -1,12 +1,11 @@
-// FlashAttention-2's backward on tensor cores. A block owns 16 keys per warp pair or warp of one
+// FlashAttention-2's backward on tensor cores. A block of 8 warps owns 128 keys (64 at D = 256) of one
 // (batch, K/V head); for each query head of the group and each 64-row query block that can see its keys
 // it computes, in registers, S^T = K Q^T and dP^T = V dO^T (keys as rows, so that P^T and dS^T are
 // ready-made A operands), P^T from LSE, dS^T = P^T (dP^T - delta), then dV += P^T dO and dK += dS^T Q.
 // dS^T goes through shared memory once so that each warp can form 16 rows x D/2 of dQ = dS K, which are
 // added to the f32 dQ accumulator with atomics (as FlashAttention-2 does). At D = 256 a warp's registers
 // cannot hold dK and dV of 16 keys x 256, so two warps share 16 keys: each forms S^T / dP^T for half of
-// the query block and owns half of D of dK / dV, and P^T joins dS^T in shared memory (FlashAttention-2's
-// D = 256 layout).
+// the query block and owns half of D of dK / dV, and P^T joins dS^T in shared memory.
 // Every option: positions, and with kExtras the mask, bias (dBias by atomics), segment ids, soft cap
 // (chain rule through tanh) and dropout regenerated from the forward's hash.
 #include "attention/cuda/flash_backward_cuda.h"

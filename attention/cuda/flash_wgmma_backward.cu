@@ -10,7 +10,7 @@
 // step's Q, dO, LSE and delta load while this one computes. At D = 256 dK and dV of 64 keys x 256 do not
 // fit a warpgroup's registers: both warpgroups share 64 keys, each forms S^T / dP^T for half of the query
 // block and owns half of D of dK, dV and dQ, and P^T joins dS^T in shared memory, from where dV and dK
-// take their A operand (FlashAttention-3's layout for D = 256).
+// take their A operand.
 #include "attention/cuda/flash_wgmma_backward.h"
 
 #include "attention/cuda/dispatch.cuh"
