@@ -25,4 +25,17 @@ RA_HD_INLINE BlockKind classify_block(int64_t q_lo, int64_t q_hi, int64_t k_lo, 
   return full ? BlockKind::kFull : BlockKind::kPartial;
 }
 
+// The same pair from the ranges of their segment ids: skipped when the ranges do not meet (no query
+// shares a segment with any key), full when both sides hold one segment, the same one.
+RA_HD_INLINE BlockKind classify_segments(int64_t q_lo, int64_t q_hi, int64_t k_lo, int64_t k_hi) {
+  if (k_hi < q_lo || k_lo > q_hi) return BlockKind::kSkip;
+  return q_lo == q_hi && k_lo == k_hi ? BlockKind::kFull : BlockKind::kPartial;
+}
+
+// A pair that two tests classified: visible only where both see it, whole only where both do.
+RA_HD_INLINE BlockKind both_kinds(BlockKind a, BlockKind b) {
+  if (a == BlockKind::kSkip || b == BlockKind::kSkip) return BlockKind::kSkip;
+  return a == BlockKind::kFull && b == BlockKind::kFull ? BlockKind::kFull : BlockKind::kPartial;
+}
+
 }  // namespace ra

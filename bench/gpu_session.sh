@@ -21,6 +21,8 @@
 # call, the Python ring beside the C++ bench, then 1M tokens causal); `two_gpus_tests` (the GPU ring's forward and
 # backward tests over copy engines and over NCCL, the backward's faults, the training example on 2 GPUs); `cache`
 # (the device cache of call temporaries: GPU tests, bench --backward against the variants, the Python layer's cost);
+# `documents` (packed documents, segment ids skipping blocks: GPU tests, then forward and backward with
+# --segments beside PyTorch's FlexAttention and varlen SDPA, and the dense rows against the variants);
 # `wide_backward` (head_dim 256 in the flash backward: tests, CLI, the ring, both kernels' rows against the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
@@ -567,4 +569,30 @@ if has two_gpus_tests; then  # issues 21 / 22: correctness on 2 GPUs, both trans
     python/tests/test_torch_cuda_torchrun.py 2>&1 | tee "$out/python_cuda_torchrun.log" | tail -n 5
   timeout 300 $py -m torch.distributed.run --standalone --nproc-per-node 2 "${train_cuda[@]}" \
     --png "$out/train_ring_cuda_torchrun.png" 2>&1 | tail -n 4; echo "train_ring cuda torchrun exit $?"
+fi
+if has documents; then  # packed documents: the kernels skip blocks that share no segment
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 30
+  timeout 300 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --gtest_brief=1 2>&1 |
+    tee "$out/ring_backward_cuda_2.log" | grep -v "^\[  SKIPPED" | tail -n 8
+  dense_rows() {  # the rows without documents, this build against the variants (no change expected)
+    local b=$1 causal shape
+    for causal in "" "--causal"; do
+      for shape in "16 128" "32 64"; do
+        $b bench --backward --backend cuda --impl flash_attn2 --batch 1 --heads ${shape% *} --head-dim ${shape#* } \
+          --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep "forward \|backward \|error" | tee -a "$out/bench.txt"
+      done
+    done
+  }
+  for_each_build dense_rows
+  for docs in 16 64; do
+    for causal in "" "--causal"; do
+      for kernel in auto mma_sync; do
+        echo "# documents $docs $causal $kernel" | tee -a "$out/documents.txt"
+        $bin bench --backward --backend cuda --impl flash_attn2 --flash-kernel $kernel --batch 1 --heads 16 --head-dim 128 \
+          --seq 32768 --dtype bf16 --warmup 2 --iters 10 --segments $docs $causal 2>&1 | grep "forward \|backward \|error" |
+          tee -a "$out/documents.txt"
+      done
+    done
+  done
+  timeout 400 python3 bench/torch_documents.py 16x128x16 16x128x64 2>&1 | grep -v Warning | tee "$out/torch_documents.txt"
 fi

@@ -17,6 +17,7 @@
 #endif
 #include "attention/registry.h"
 #include "launch/bench_backward.h"
+#include "launch/bench_documents.h"
 #include "launch/bench_timing.h"
 #include "launch/commands.h"
 #include "runtime/error.h"
@@ -49,7 +50,7 @@ std::string joined(const std::vector<float>& values) {
 
 int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
-  int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, iters = 5, warmup = 1;
+  int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, iters = 5, warmup = 1, segments = 0;
   std::string dtype_text = "f32", json_path;
   bool step_times = false, backward = false;
   std::string grad_wire = "f32";
@@ -64,6 +65,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("iters", po::value(&iters)->default_value(5), "timed iterations (median reported)")
     ("warmup", po::value(&warmup)->default_value(1), "untimed iterations first")
     ("json", po::value(&json_path), "also write the row as JSON to this file")
+    ("segments", po::value(&segments)->default_value(0), "pack N documents of equal length (segment ids, as generate "
+     "--segments writes them); TFLOP/s count the pairs inside documents only")
     ("backward", po::bool_switch(&backward), "time a training step's attention: forward, backward (given the "
      "forward's O and LSE) and both; the host ring on N ranks, one rank's local implementation on GPUs")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
@@ -75,6 +78,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   for (auto [v, name] : {std::pair{batch, "batch"}, {seq, "seq"}, {heads, "heads"}, {kv_heads, "kv-heads"},
                          {head_dim, "head-dim"}, {iters, "iters"}})
     positive(v, name);
+  RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq);
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
@@ -83,7 +87,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   if (backward) {
     RA_CHECK(json_path.empty() && !step_times, "--json and --step-times apply to the forward bench, not --backward");
     return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, iters, warmup, dtype,
-                                             parse_gradient_wire(grad_wire, "--grad-wire")}, opts, job);
+                                             parse_gradient_wire(grad_wire, "--grad-wire"), segments}, opts, job);
   }
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");
@@ -102,6 +106,13 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   in.q = q;
   in.k = k;
   in.v = v;
+  Tensor q_segments, kv_segments;
+  if (segments > 0) {
+    q_segments = packed_segment_ids(batch, pos.q, seq, segments);
+    kv_segments = packed_segment_ids(batch, pos.k, seq, segments);
+    in.q_segment_ids = q_segments;
+    in.kv_segment_ids = kv_segments;
+  }
 
   // Everything the timed loop touches is allocated once: inputs (on the device for cuda), the carry
   // and the outputs. One iteration = reset the carry, accumulate, finalize O and LSE.
@@ -153,8 +164,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
 #endif
   job.world.all_reduce(&device_gib, 1, ReduceOp::kMax);
   const double time = median(times), wait = median(waits), comm = median(comm_times);
-  double flops = 4.0 * batch * heads * double(seq) * double(seq) * head_dim / n;
-  if (params.causal) flops /= 2;
+  const double flops = 4.0 * batch * heads * attended_pairs(seq, segments, params.causal) * head_dim / n;
   // With --step-times, every rank's own device times: which rank sets the pace, and how much of its
   // time is outside its kernels (carry reset, the wait for the first kernel, finalize).
   const RingStats* ring = ring_stats(*impl);
@@ -179,7 +189,12 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   // Uneven shards and causal masks give ranks different work: visible (query, key) pairs per rank,
   // the busiest against the mean (1.00 = balanced).
   double pairs = 0;
-  for (int64_t p : pos.q) pairs += params.causal ? double(std::min<int64_t>(p + 1, seq)) : double(seq);
+  for (int64_t p : pos.q) {
+    // The keys of p's document: [first, end) (all of them without documents).
+    const int64_t doc = segments > 0 ? p * segments / seq : 0, per = std::max<int64_t>(segments, 1);
+    const int64_t first = (doc * seq + per - 1) / per, end = ((doc + 1) * seq + per - 1) / per;
+    pairs += params.causal ? double(std::min(p + 1, end) - first) : double(end - first);
+  }
   double most = pairs, all_pairs = pairs;
   job.world.all_reduce(&most, 1, ReduceOp::kMax);
   job.world.all_reduce(&all_pairs, 1, ReduceOp::kSum);

@@ -16,6 +16,7 @@
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
 #include "attention/validate.h"
+#include "launch/bench_documents.h"
 #include "launch/bench_timing.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
@@ -53,6 +54,13 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   host_in.q = q;
   host_in.k = k;
   host_in.v = v;
+  Tensor q_segments, kv_segments;
+  if (shape.segments > 0) {
+    q_segments = packed_segment_ids(B, pos.q, T, shape.segments);
+    kv_segments = packed_segment_ids(B, pos.k, T, shape.segments);
+    host_in.q_segment_ids = q_segments;
+    host_in.kv_segment_ids = kv_segments;
+  }
   const InputsCopy staged = job.on_device ? copy_inputs(host_in, MemoryKind::kCuda) : InputsCopy{};
   const AttentionInputs& in = job.on_device ? staged.inputs : host_in;
   const Tensor d_o_run = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();
@@ -83,9 +91,9 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
       step_times.push_back(times[0] + times[1]);
     }
   }
-  // FLOPs per rank: the forward's 4 B H T S D (halved for causal), the backward 2.5 times that.
-  double flops = 4.0 * double(B) * double(H) * double(T) * double(T) * double(D) / ranks;
-  if (params.causal) flops /= 2;
+  // FLOPs per rank: the forward's 4 B H T S D (halved for causal, divided by the documents), the backward
+  // 2.5 times that.
+  const double flops = 4.0 * double(B) * double(H) * attended_pairs(T, shape.segments, params.causal) * double(D) / ranks;
   // What the backward's tensors need: q, k, v, O, dO (input dtype), LSE and delta (f32), the f32
   // accumulators dq, dk, dv, and the gradients in the input dtype.
   const double elem = double(dtype_size(shape.dtype)), rows_q = double(B * local * H), rows_kv = double(B * local_kv * Hkv);

@@ -9,6 +9,7 @@ struct BackwardBenchShape {
   int64_t batch, seq, heads, kv_heads, head_dim, iters, warmup;
   DType dtype;
   DType gradient_wire = DType::kF32;  // --grad-wire
+  int64_t segments = 0;               // --segments: packed documents
 };
 
 int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts, Job& job);

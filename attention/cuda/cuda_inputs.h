@@ -36,6 +36,13 @@ struct CudaAttentionArgs {
   DeviceView4 q, k, v;             // (B, T, Hq, D), (B, S, Hkv, D), (B, S, Hkv, Dv); last stride 1
   DeviceView4 bias, mask;          // broadcast to (B, Hq, T, S_total); data null when absent
   DeviceView4 q_segment_ids, kv_segment_ids;  // (B, T), (B, S) in dims 0 and 1
+  // With segment ids, the [min, max] of each 64-row chunk of them, (B, chunks) each: filled for the
+  // flash kernels by SegmentRanges (segment_ranges.h), null otherwise.
+  const int2* q_segment_ranges = nullptr;
+  const int2* kv_segment_ranges = nullptr;
+  // Non-zero when both sides' ids never decrease along the rows, in every batch (packed documents):
+  // the kernels then find the blocks that meet a document by binary search instead of a scan.
+  const int* segment_ids_sorted = nullptr;
   DevicePositions pos;
   int batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
   float scale = 1.0f, soft_cap = 0.0f, dropout_prob = 0.0f;

@@ -6,8 +6,9 @@
 // added to the f32 dQ accumulator with atomics (as FlashAttention-2 does). At D = 256 a warp's registers
 // cannot hold dK and dV of 16 keys x 256, so two warps share 16 keys: each forms S^T / dP^T for half of
 // the query block and owns half of D of dK / dV, and P^T joins dS^T in shared memory.
-// Every option: positions, and with kExtras the mask, bias (dBias by atomics), segment ids, soft cap
-// (chain rule through tanh) and dropout regenerated from the forward's hash.
+// Every option: positions and segment ids (query blocks that share no segment with the keys skipped),
+// and with kExtras the mask, bias (dBias by atomics), soft cap (chain rule through tanh) and dropout
+// regenerated from the forward's hash.
 #include "attention/cuda/flash_backward_cuda.h"
 
 #include "attention/cuda/dispatch.cuh"
@@ -17,6 +18,7 @@
 #include "attention/cuda/flash_tile.cuh"
 #include "attention/cuda/mma_sync.cuh"
 #include "attention/cuda/pair_logit.cuh"
+#include "attention/cuda/segment_ranges.h"
 #include "runtime/cuda_device.h"
 
 namespace ra {
@@ -46,7 +48,9 @@ struct BackwardTraits {
   static_assert(kSmemBytes <= 227 * 1024 - 1024, "one block's shared memory on an sm_90 SM");
 };
 
-template <typename T, int D, bool kExtras>
+// kSegments: an instance that skips query blocks by segment ids and compares them in masked steps (the
+// extras one compares them in pair_logit); the others compile without them (at the register limit).
+template <typename T, int D, bool kExtras, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
   using Traits = BackwardTraits<T, D>;
   constexpr int kBlockN = Traits::kBlockN, kQTilesPerWarp = Traits::kQTilesPerWarp;
@@ -60,6 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: kBlockN keys x 64 queries
   T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kPInShared only)
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
+  __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mi = lane / 8;
   const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
@@ -74,6 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   copy_commit();
   int64_t k_lo, k_hi;
   tile_key_range<kBlockN>(a, blockIdx.x, lane, k_lo, k_hi);
+  const QueryWindow window = query_window<kBlockN, kSegments>(a, b, n0);
 
   float dk[kTilesDPerWarp][4], dv[kTilesDPerWarp][4];
 #pragma unroll
@@ -86,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   // The steps are the (query head, query block) pairs whose positions can see these keys, in order;
   // a step's Q, dO, LSE and delta load while the previous step computes (two buffers).
   auto find_step = [&](int& h, int& m0, BlockKind& kind) {
-    return next_visible_step<kBlockM>(a, kh, k_lo, k_hi, lane, h, m0, kind);
+    return next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
   };
   auto load_step = [&](int buffer, int h, int m0) {
     load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, swz);
@@ -97,6 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
       copy_4(&lse_buffers[buffer][tid], g.lse + at, row < a.q_len);
       copy_4(&delta_buffers[buffer][tid], g.delta + at, row < a.q_len);
     }
+    if constexpr (!kExtras) load_step_segments<kBlockM, kSegments>(a, segment_buffers[buffer], b, m0, tid);
   };
   int h = kh * group, m0 = 0, buffer = 0;
   BlockKind kind = BlockKind::kSkip;
@@ -161,7 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
                 const float th = tanhf(st[j][e] * a.scale / a.soft_cap);
                 derivative = 1.0f - th * th;
               }
-            } else if (!position_visible(a.pos.q[query], a.pos.k[key], a.causal, a.window_left, a.window_right)) {
+            } else if (!position_visible(a.pos.q[query], a.pos.k[key], a.causal, a.window_left, a.window_right) ||
+                       !same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, key)) {
               s_log2 = -INFINITY;
             }
           }
@@ -263,7 +271,10 @@ template <typename T, int D>
 void launch_backward(const FlashBackwardArgs& g, cudaStream_t stream) {
   using Traits = BackwardTraits<T, D>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto kernel = flash_has_extras(g.a) ? flash_backward_kernel<T, D, true> : flash_backward_kernel<T, D, false>;
+  // The extras instance always reads segment ids (it is not at its register limit's edge): three, not four.
+  auto kernel = flash_has_extras(g.a)   ? flash_backward_kernel<T, D, true, true>
+                : g.a.q_segment_ranges ? flash_backward_kernel<T, D, false, true>
+                                       : flash_backward_kernel<T, D, false, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
                   unsigned(g.a.batch));
@@ -289,8 +300,10 @@ void check_flash_backward_cuda_supported(const AttentionInputs& in, const Backwa
     RA_CHECK(t->dtype() == DType::kF32 && t->is_contiguous(), "the ", name, " accumulator must be contiguous f32");
 }
 
-void flash_backward_cuda(const FlashBackwardArgs& g, DType dtype, cudaStream_t stream) {
-  if (g.a.q_len == 0 || g.a.kv_len == 0) return;
+void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, cudaStream_t stream) {
+  if (args.a.q_len == 0 || args.a.kv_len == 0) return;
+  FlashBackwardArgs g = args;
+  const SegmentRanges segments(g.a, stream);
   if (flash_uses_wgmma(g.a, FlashPass::kBackward)) return flash_wgmma_backward(g, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
     dispatch_head_dim<64, 128, 256>(g.a.head_dim, "the cuda flash_attn2 backward", [&](auto head_dim) {

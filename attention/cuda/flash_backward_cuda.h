@@ -1,7 +1,8 @@
 // The CUDA flash_attn2 backward (FlashAttention-2's algorithm): one block owns 128 keys of one (batch,
 // K/V head) and walks the query blocks of every query head of its group, keeping dK and dV in
 // registers; dQ is added to its f32 accumulator with atomics. Two kernels: mma.sync (sm_80 and later,
-// every option) and wgmma (sm_90a, positions-only options), chosen as the forward's (flash_cuda.h).
+// every option) and wgmma (sm_90a, positions and segment ids), chosen as the forward's (flash_cuda.h).
+// Both skip the query blocks that share no segment with a key block (segment_ranges.h).
 #pragma once
 
 #include <cuda_runtime_api.h>

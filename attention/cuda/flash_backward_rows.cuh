@@ -4,6 +4,8 @@
 // keys the block owns). Fragments are the mma / wgmma accumulator layout of flash_tile.cuh.
 #pragma once
 
+#include <climits>
+
 #include "attention/block_kind.h"
 #include "attention/cuda/flash_backward_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
@@ -21,48 +23,82 @@ __device__ __forceinline__ void position_range(const int64_t* positions, int row
   hi = warp_max(hi);
 }
 
-// The kind of the block of kBlockM query rows from m0 against keys [k_lo, k_hi], scanned by one lane
-// alone (kSkip past the end).
-template <int kBlockM>
-__device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a, int m0, int64_t k_lo, int64_t k_hi) {
+// The kind of the block of kBlockM query rows from m0 against keys [k_lo, k_hi] whose segment ids span
+// k_seg, scanned by one lane alone (kSkip past the end). kSegments: the kernel instance that reads
+// segment ids (the others compile without a trace of them: the backward kernels sit at their register
+// limit, where any more live values spill).
+template <int kBlockM, bool kSegments>
+__device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a, int b, int2 k_seg, int m0,
+                                                     int64_t k_lo, int64_t k_hi) {
   if (m0 >= a.q_len) return BlockKind::kSkip;
   const int end = min(m0 + kBlockM, a.q_len);
-  if (a.pos.queries_sorted)
-    return classify_block(a.pos.q[m0], a.pos.q[end - 1], k_lo, k_hi, a.causal, a.window_left, a.window_right);
-  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  BlockKind kind;
+  if (a.pos.queries_sorted) {
+    kind = classify_block(a.pos.q[m0], a.pos.q[end - 1], k_lo, k_hi, a.causal, a.window_left, a.window_right);
+  } else {
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
 #pragma unroll 8
-  for (int r = m0; r < end; ++r) lo = min(lo, a.pos.q[r]), hi = max(hi, a.pos.q[r]);
-  return classify_block(lo, hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+    for (int r = m0; r < end; ++r) lo = min(lo, a.pos.q[r]), hi = max(hi, a.pos.q[r]);
+    kind = classify_block(lo, hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+  }
+  if (!kSegments || !a.q_segment_ranges) return kind;
+  return with_segments(a, kind, segment_range(a.q_segment_ranges, a.q_len, b, m0, kBlockM), k_seg);
+}
+
+// The query rows [first, end) that can share a segment with the kBlockN keys from n0 (sorted segment
+// ids: meeting_rows' binary searches, once per key block); all rows otherwise and without kSegments.
+struct QueryWindow {
+  int first = 0, end = INT_MAX;
+};
+template <int kBlockN, bool kSegments>
+__device__ __forceinline__ QueryWindow query_window(const CudaAttentionArgs& a, int b, int n0) {
+  QueryWindow w;
+  if (kSegments && a.kv_segment_ranges)
+    meeting_rows(a, a.q_segment_ranges, a.q_len, b, segment_range(a.kv_segment_ranges, a.kv_len, b, n0, kBlockN),
+                 w.first, w.end);
+  return w;
 }
 
 // From (h, m0) on, the next (query head, block of kBlockM query rows) of K/V head kh whose positions
-// can see keys [k_lo, k_hi], and its kind; false past the group's last head. Called by whole warps.
-// The candidate at (h, m0) is checked by the warp together (the walk's usual case: it is visible);
-// past a hidden one, each lane checks its own candidate, 32 at a time, so that a causal block's long
-// run of hidden query blocks costs a few rounds instead of one round trip to memory each.
-template <int kBlockM>
-__device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, int kh, int64_t k_lo, int64_t k_hi,
-                                                  int lane, int& h, int& m0, BlockKind& kind) {
+// and segment ids can see the kBlockN keys from n0 (positions [k_lo, k_hi]; query rows within `window`),
+// and its kind; false past the group's last head. Called by whole warps. The candidate at (h, m0) is
+// checked by the warp together (the walk's usual case: it is visible); past a hidden one, each lane
+// checks its own candidate, 32 at a time, so that a causal block's long run of hidden query blocks (or
+// unsorted documents') costs a few rounds instead of one round trip to memory each.
+template <int kBlockM, int kBlockN, bool kSegments>
+__device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, int b, int kh, int n0, int64_t k_lo,
+                                                  int64_t k_hi, QueryWindow window, int lane, int& h, int& m0,
+                                                  BlockKind& kind) {
   const int h_end = (kh + 1) * (a.q_heads / a.kv_heads);
-  if (!a.causal && a.window_left < 0 && a.window_right < 0) {  // positions hide nothing: every step is full
+  const bool hides = a.causal || a.window_left >= 0 || a.window_right >= 0 || (kSegments && a.q_segment_ranges);
+  if (!hides) {  // nothing hides a pair: every step is full
     if (m0 >= a.q_len) ++h, m0 = 0;
     kind = BlockKind::kFull;
     return h < h_end;
   }
-  if (m0 >= a.q_len) ++h, m0 = 0;
+  // Every head walks the same rows: [start, end) with segment ids, all of them otherwise.
+  const int start = kSegments ? window.first / kBlockM * kBlockM : 0, end = kSegments ? min(window.end, a.q_len) : a.q_len;
+  if constexpr (kSegments) m0 = max(m0, start);
+  if (m0 >= end) ++h, m0 = start;
   if (h >= h_end) return false;
+  // Read here rather than held across the walk (registers the kernels spill otherwise).
+  const int2 k_seg = kSegments && a.kv_segment_ranges ? segment_range(a.kv_segment_ranges, a.kv_len, b, n0, kBlockN) : int2{};
   if (a.pos.queries_sorted) {  // the block's first and last rows bound it: no scan
-    kind = lane_block_kind<kBlockM>(a, m0, k_lo, k_hi);
+    kind = lane_block_kind<kBlockM, kSegments>(a, b, k_seg, m0, k_lo, k_hi);
   } else {
     int64_t q_lo, q_hi;
     position_range(a.pos.q, m0, kBlockM, a.q_len, lane, q_lo, q_hi);
     kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+    if (kSegments && a.q_segment_ranges)
+      kind = with_segments(a, kind, segment_range(a.q_segment_ranges, a.q_len, b, m0, kBlockM), k_seg);
   }
   if (kind != BlockKind::kSkip) return true;
   m0 += kBlockM;
-  for (; h < h_end; ++h, m0 = 0)
-    for (; m0 < a.q_len; m0 += 32 * kBlockM) {
-      const BlockKind mine = lane_block_kind<kBlockM>(a, m0 + lane * kBlockM, k_lo, k_hi);
+  for (; h < h_end; ++h, m0 = start)
+    for (; m0 < end; m0 += 32 * kBlockM) {
+      const int mine_m0 = m0 + lane * kBlockM;
+      const BlockKind mine = !kSegments || mine_m0 < end ? lane_block_kind<kBlockM, kSegments>(a, b, k_seg, mine_m0, k_lo, k_hi)
+                                                         : BlockKind::kSkip;
       const unsigned visible = __ballot_sync(0xffffffffu, mine != BlockKind::kSkip);
       if (visible) {
         const int first = __ffs(visible) - 1;
@@ -72,6 +108,25 @@ __device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, in
       }
     }
   return false;
+}
+
+// A step's query segment ids into shared memory beside its rows (4-byte copies; rows past the end read
+// 0): the masked steps compare them there, as they read LSE (ids held in registers, or read per element
+// from global memory, cost the kernels spills).
+template <int kBlockM, bool kSegments>
+__device__ __forceinline__ void load_step_segments(const CudaAttentionArgs& a, int32_t* dst, int b, int m0, int tid) {
+  if (!kSegments || !a.q_segment_ids.data || tid >= kBlockM) return;
+  const int row = m0 + tid;
+  copy_4(dst + tid, static_cast<const int32_t*>(a.q_segment_ids.data) + b * a.q_segment_ids.stride[0] +
+                        int64_t(row < a.q_len ? row : 0) * a.q_segment_ids.stride[1], row < a.q_len);
+}
+
+// Whether the step's query column qcol (ids in shared memory) and key row `key` share a segment (true
+// without segment ids).
+template <bool kSegments>
+__device__ __forceinline__ bool same_segment(const CudaAttentionArgs& a, const int32_t* step_segments, int qcol, int b,
+                                             int key) {
+  return !kSegments || !a.q_segment_ids.data || step_segments[qcol] == segment_id(a.kv_segment_ids, b, key);
 }
 
 // dQ's fragment (rows row0 and row0 + 8, columns col0 + 8j + 2t, +1) times the scale, added to the

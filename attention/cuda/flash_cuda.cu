@@ -18,6 +18,7 @@
 #include "attention/cuda/flash_wgmma.h"
 #include "attention/cuda/mma_sync.cuh"
 #include "attention/cuda/pair_logit.cuh"
+#include "attention/cuda/segment_ranges.h"
 #include "runtime/cuda_device.h"
 
 namespace ra {
@@ -70,7 +71,9 @@ __device__ __forceinline__ void drop_tile(const CudaAttentionArgs& a, float (&s)
     }
 }
 
-template <typename T, int D, bool kExtras>
+// kSegments: an instance that skips key tiles by segment ids and compares them in masked tiles (the
+// extras one compares them in pair_logit); the others compile without them.
+template <typename T, int D, bool kExtras, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAttentionArgs a) {
   constexpr int kMTiles = kMTilesFor<D>, kBlockM = kBlockMFor<D>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -99,6 +102,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   for (int w = 0; w < kWarps; ++w) block_q_lo = min(block_q_lo, warp_q_lo[w]), block_q_hi = max(block_q_hi, warp_q_hi[w]);
   const int64_t my_q_lo = warp_q_lo[warp], my_q_hi = warp_q_hi[warp];
   const bool warp_active = my_q_lo <= my_q_hi;  // false for warps wholly past q_len
+  // Segment ids (ranges of 64-row chunks): tiles that share none with the block are never loaded.
+  int2 block_seg{}, warp_seg{};
+  if (kSegments && a.q_segment_ranges) {
+    block_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0, kBlockM);
+    warp_seg = segment_range(a.q_segment_ranges, a.q_len, b, warp_row0, 16 * kMTiles);
+  }
 
   // The carry in (the running max in log2 units inside the kernel).
   float o_acc[kMTiles][kTilesD][4];
@@ -112,6 +121,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
 
   int first, last;
   visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
+  if (kSegments && a.kv_segment_ranges) {  // sorted ids (packed documents): the keys of the block's documents
+    int key_first, key_end;
+    meeting_rows(a, a.kv_segment_ranges, a.kv_len, b, block_seg, key_first, key_end);
+    first = max(first, key_first / kBlockN);
+    last = key_end > 0 ? min(last, (key_end - 1) / kBlockN) : -1;
+  }
+  first = next_segment_tile<kBlockN, kSegments>(a, b, block_seg, first, last, lane);
   if (first <= last) {
     load_tile<T, D>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
     load_tile<T, D>(v_smem, a.v, b, kh, first * kBlockN, a.kv_len, tid);
@@ -121,23 +137,26 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   if (first <= last) tile_key_range<kBlockN>(a, first, lane, k_lo, k_hi);
 
   int buffer = 0;
-  for (int tile = first; tile <= last; ++tile) {
-    // The next tile's key range, loaded now and used on the next iteration (its latency hides here).
+  for (int tile = first; tile <= last;) {
+    // The next tile and its key range, loaded now and used on the next iteration (their latency hides here).
+    const int next = next_segment_tile<kBlockN, kSegments>(a, b, block_seg, tile + 1, last, lane);
     int64_t next_lo = 0, next_hi = 0;
-    if (tile < last && a.pos.keys_sorted) tile_key_range<kBlockN>(a, tile + 1, lane, next_lo, next_hi);
+    if (next <= last && a.pos.keys_sorted) tile_key_range<kBlockN>(a, next, lane, next_lo, next_hi);
     copy_wait_all();
     __syncthreads();  // this tile (and Q) visible to all; everyone is done with the other buffer
-    if (tile < last) {
-      load_tile<T, D>(k_smem + (1 - buffer) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
-      load_tile<T, D>(v_smem + (1 - buffer) * kBlockN * D, a.v, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
+    if (next <= last) {
+      load_tile<T, D>(k_smem + (1 - buffer) * kBlockN * D, a.k, b, kh, next * kBlockN, a.kv_len, tid);
+      load_tile<T, D>(v_smem + (1 - buffer) * kBlockN * D, a.v, b, kh, next * kBlockN, a.kv_len, tid);
     }
     copy_commit();
 
     const int n0 = tile * kBlockN;
     const T* k_tile = k_smem + buffer * kBlockN * D;
     const T* v_tile = v_smem + buffer * kBlockN * D;
-    const BlockKind kind = warp_active ? classify_block(my_q_lo, my_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right)
-                                       : BlockKind::kSkip;
+    BlockKind kind = warp_active ? classify_block(my_q_lo, my_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right)
+                                 : BlockKind::kSkip;
+    if (kSegments && a.kv_segment_ranges)
+      kind = with_segments(a, kind, warp_seg, segment_range(a.kv_segment_ranges, a.kv_len, b, n0, kBlockN));
     if (kind != BlockKind::kSkip) {
       // S = Q K^T for this warp's rows x 64 keys; each K fragment feeds every m-tile.
       float s[kMTiles][kBlockN / 8][4];
@@ -173,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
       for (int t = 0; t < kMTiles; ++t) {
         if (masked) {
           if constexpr (kExtras) mask_tile_extras(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4);
-          else mask_positions(a, s[t], n0, lane, warp_row0 + t * 16 + lane / 4, scale_log2);
+          else mask_positions<kSegments>(a, s[t], b, n0, lane, warp_row0 + t * 16 + lane / 4, scale_log2);
         }
         softmax_step(s[t], o_acc[t], m_row[t], l_row[t], sc);
         if (kExtras && a.dropout_prob > 0.0f) drop_tile(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4, keep_scale);
@@ -197,11 +216,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
         }
       }
     }
-    if (tile < last) {
+    if (next <= last) {
       if (a.pos.keys_sorted) k_lo = next_lo, k_hi = next_hi;
-      else tile_key_range<kBlockN>(a, tile + 1, lane, k_lo, k_hi);
+      else tile_key_range<kBlockN>(a, next, lane, k_lo, k_hi);
     }
     buffer = 1 - buffer;
+    tile = next;
   }
   copy_wait_all();
 
@@ -214,7 +234,10 @@ template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   constexpr int kBlockM = kBlockMFor<D>;
   const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
-  auto kernel = flash_has_extras(a) ? flash_forward_kernel<T, D, true> : flash_forward_kernel<T, D, false>;
+  // The extras instance always reads segment ids (it compares every logit anyway): three, not four.
+  auto kernel = flash_has_extras(a)   ? flash_forward_kernel<T, D, true, true>
+                : a.q_segment_ranges ? flash_forward_kernel<T, D, false, true>
+                                     : flash_forward_kernel<T, D, false, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
   kernel<<<grid, kThreads, smem, stream>>>(a);
@@ -242,7 +265,7 @@ void check_flash_cuda_supported(const AttentionInputs& in) {
 }
 
 bool flash_has_extras(const CudaAttentionArgs& a) {
-  return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.q_segment_ids.data || a.dropout_prob > 0.0f;
+  return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.dropout_prob > 0.0f;
 }
 
 bool flash_uses_wgmma(const CudaAttentionArgs& a, FlashPass pass) {
@@ -254,15 +277,17 @@ bool flash_uses_wgmma(const CudaAttentionArgs& a, FlashPass pass) {
     RA_CHECK(available, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but this build has "
              "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
     RA_CHECK(!extras, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but they run positions "
-             "only (causal, window, GQA, sinks); soft cap, bias, mask, segment ids and dropout need mma_sync");
+             "and segment ids only (causal, window, segment ids, GQA, sinks); soft cap, bias, mask and dropout need mma_sync");
     RA_CHECK(!wide, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but q dimension 3 "
              "(head_dim) is ", a.head_dim, ": the wgmma forward runs head_dim 64 and 128; 256 needs mma_sync");
   }
   return available && !extras && !wide;
 }
 
-void flash_accumulate_cuda(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
-  if (a.q_len == 0 || a.kv_len == 0) return;
+void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream) {
+  if (args.q_len == 0 || args.kv_len == 0) return;
+  CudaAttentionArgs a = args;
+  const SegmentRanges segments(a, stream);
   if (flash_uses_wgmma(a, FlashPass::kForward)) return flash_wgmma_accumulate(a, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
     dispatch_head_dim<64, 128, 256>(a.head_dim, "the cuda flash_attn2 kernel", [&](auto head_dim) {

@@ -1,6 +1,7 @@
 // The CUDA flash_attn2 forward: tensor-core tiles with the online softmax in registers, carry in and
 // carry out in f32, so the ring calls it once per block. Two kernels: mma.sync (sm_80 and later, every
-// option) and wgmma (sm_90a, options that only look at positions); the faster one that can run is used.
+// option) and wgmma (sm_90a, options that look at positions and segment ids only); the faster one that
+// can run is used. Both skip key tiles that share no segment with a query block (segment_ranges.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,12 +14,12 @@ namespace ra {
 // D == Dv in {64, 128, 256}, contiguous last dim, 16-byte aligned rows), and names `sdpa` as the fallback.
 void check_flash_cuda_supported(const AttentionInputs& in);
 
-// True when the arguments use an option beyond positions (soft cap, bias, mask, segment ids, dropout),
+// True when the arguments use an option beyond positions and segment ids (soft cap, bias, mask, dropout),
 // which only the mma.sync kernels run.
 bool flash_has_extras(const CudaAttentionArgs& args);
 
 // True when the wgmma kernel of `pass` runs these arguments (args.flash_kernel, from AttentionParams):
-// kAuto and available with positions-only options (and, forward, head_dim <= 128); kMmaSync never;
+// kAuto and available with positions and segment ids only (and, forward, head_dim <= 128); kMmaSync never;
 // kWgmma forced where it cannot run throws naming why.
 enum class FlashPass { kForward, kBackward };
 bool flash_uses_wgmma(const CudaAttentionArgs& args, FlashPass pass);

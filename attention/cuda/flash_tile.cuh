@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -142,21 +143,95 @@ __device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t 
   }
 }
 
-// Positions only (causal, window, the ends of the sequences) on one 16-row fragment of NT column
-// groups starting at key n0; `row0` is this thread's first row. Visible scores become log2 units,
-// hidden ones -inf.
-template <int NT>
-__device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int n0, int lane,
+// The segment id of row `row` of batch b (ids is q_segment_ids or kv_segment_ids).
+__device__ __forceinline__ int32_t segment_id(const DeviceView4& ids, int b, int row) {
+  return static_cast<const int32_t*>(ids.data)[b * ids.stride[0] + row * ids.stride[1]];
+}
+
+// The range of segment ids over rows [row0, row0 + rows) of batch b, from the 64-row chunks that hold
+// them (segment_ranges.h; a chunk's range bounds any of its rows'); empty (lo > hi) past the end.
+__device__ __forceinline__ int2 segment_range(const int2* ranges, int len, int b, int row0, int rows) {
+  const int chunks = (len + 63) / 64, end = min((row0 + rows - 1) / 64, chunks - 1);
+  int2 r = make_int2(INT_MAX, INT_MIN);
+  for (int c = row0 / 64; c <= end; ++c) {
+    const int2 x = ranges[int64_t(b) * chunks + c];
+    r.x = min(r.x, x.x), r.y = max(r.y, x.y);
+  }
+  return r;
+}
+
+// A pair's kind by positions narrowed by segments, from the segment ranges of its queries and keys
+// (kind unchanged without segment ids).
+__device__ __forceinline__ BlockKind with_segments(const CudaAttentionArgs& a, BlockKind kind, int2 q_seg, int2 k_seg) {
+  if (!a.q_segment_ranges || kind == BlockKind::kSkip) return kind;
+  return both_kinds(kind, classify_segments(q_seg.x, q_seg.y, k_seg.x, k_seg.y));
+}
+
+// With sorted segment ids (args.segment_ids_sorted), the rows [first, end) of one side (its chunk
+// ranges, len rows) that can share a segment with ids spanning s, in whole 64-row chunks: two binary
+// searches. Otherwise all rows [0, len).
+__device__ __forceinline__ void meeting_rows(const CudaAttentionArgs& a, const int2* ranges, int len, int b, int2 s,
+                                             int& first, int& end) {
+  first = 0;
+  end = len;
+  if (!a.segment_ids_sorted || !*a.segment_ids_sorted) return;
+  const int chunks = (len + 63) / 64;
+  const int2* r = ranges + int64_t(b) * chunks;
+  int lo = 0, hi = chunks;  // the first chunk whose largest id reaches s.x
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (r[mid].y >= s.x) hi = mid;
+    else lo = mid + 1;
+  }
+  first = lo * 64;
+  lo = 0, hi = chunks;  // the first chunk whose smallest id is past s.y
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (r[mid].x > s.y) hi = mid;
+    else lo = mid + 1;
+  }
+  end = min(len, lo * 64);
+}
+
+// The first tile of kBlockN keys in [from, last] that shares a segment with queries whose ids span
+// q_seg, 32 tiles per round by the warp (every warp finds the same); last + 1 if none. Without
+// segment ids (or in an instance without kSegments), `from`.
+template <int kBlockN, bool kSegments>
+__device__ __forceinline__ int next_segment_tile(const CudaAttentionArgs& a, int b, int2 q_seg, int from, int last,
+                                                 int lane) {
+  if (!kSegments || !a.kv_segment_ranges) return from;
+  for (int t0 = from; t0 <= last; t0 += 32) {
+    const int t = t0 + lane;
+    bool meets = false;
+    if (t <= last) {
+      const int2 k = segment_range(a.kv_segment_ranges, a.kv_len, b, t * kBlockN, kBlockN);
+      meets = k.y >= q_seg.x && k.x <= q_seg.y;
+    }
+    const unsigned found = __ballot_sync(0xffffffffu, meets);
+    if (found) return t0 + __ffs(found) - 1;
+  }
+  return max(from, last + 1);
+}
+
+// Positions and segment ids (causal, window, the ends of the sequences, documents; ids in kSegments
+// instances only) on one 16-row fragment of NT column groups starting at key n0; `row0` is this
+// thread's first row. Visible scores become log2 units, hidden ones -inf.
+template <bool kSegments, int NT>
+__device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int n0, int lane,
                                                int row0, float scale_log2) {
   const int64_t qpos0 = row0 < a.q_len ? a.pos.q[row0] : 0, qpos1 = row0 + 8 < a.q_len ? a.pos.q[row0 + 8] : 0;
+  const bool segments = kSegments && a.q_segment_ids.data != nullptr;
+  const int32_t qseg0 = segments && row0 < a.q_len ? segment_id(a.q_segment_ids, b, row0) : 0;
+  const int32_t qseg1 = segments && row0 + 8 < a.q_len ? segment_id(a.q_segment_ids, b, row0 + 8) : 0;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
       const int row = row0 + (e < 2 ? 0 : 8);
-      const bool visible = col < a.kv_len && row < a.q_len &&
-                           position_visible(e < 2 ? qpos0 : qpos1, a.pos.k[col], a.causal, a.window_left, a.window_right);
+      bool visible = col < a.kv_len && row < a.q_len &&
+                     position_visible(e < 2 ? qpos0 : qpos1, a.pos.k[col], a.causal, a.window_left, a.window_right);
+      if (segments && visible) visible = segment_id(a.kv_segment_ids, b, col) == (e < 2 ? qseg0 : qseg1);
       s[j][e] = visible ? s[j][e] * scale_log2 : -INFINITY;
     }
 }

@@ -32,11 +32,14 @@ __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b
                                    [](int r, int c) { return wgmma::slab_offset<kRows>(r, c); });
 }
 
+// kSegments: an instance that reads segment ids (the tiles of the block's documents only, found by
+// binary search where the ids are sorted; ids compared in masked tiles); the others compile without
+// them. Never launched behind a carry writer (SegmentRanges clears it).
 // kAfterCarryWriter: launched behind the previous block's kernel (CudaAttentionArgs::after_carry_writer),
 // this block's part starts empty and meets the carry at the end (merge_into_carry); otherwise it
 // starts from the carry, whose loads then overlap Q's. Two instantiations rather than a branch: the
 // kernel sits at its register limit and either branch in the other's code slowed it by 2%.
-template <typename T, int D, bool kAfterCarryWriter>
+template <typename T, int D, bool kAfterCarryWriter, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -86,7 +89,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
 
   int first, last;
   visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
-  const int tiles = last - first + 1;
+  int2 group_seg{};  // this warpgroup's segment ids (ranges of 64-row chunks)
+  if (kSegments && a.q_segment_ranges) {
+    const int2 block_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0, kBlockM);
+    group_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0 + group * 64, 64);
+    int key_first, key_end;  // sorted ids (packed documents): the keys of the block's documents
+    meeting_rows(a, a.kv_segment_ranges, a.kv_len, b, block_seg, key_first, key_end);
+    first = max(first, key_first / kBlockN);
+    last = key_end > 0 ? min(last, (key_end - 1) / kBlockN) : -1;
+  }
+  const int tiles = last - first + 1;  // <= 0: none
   if (tiles > 0) load_slabs<T, D, kBlockN>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
   copy_commit();
 
@@ -128,9 +140,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     int64_t k_lo, k_hi;
     tile_key_range<kBlockN>(a, tile, lane, k_lo, k_hi);
     // Tiles this warpgroup sees whole keep raw scores and fold the scale into the exponent's FFMA.
-    const BlockKind kind = classify_block(group_q_lo, group_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+    BlockKind kind = classify_block(group_q_lo, group_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
+    if (kSegments && a.kv_segment_ranges)
+      kind = with_segments(a, kind, group_seg, segment_range(a.kv_segment_ranges, a.kv_len, b, tile * kBlockN, kBlockN));
     const bool masked = kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
-    if (masked) mask_positions(a, s, tile * kBlockN, lane, row0, scale_log2);
+    if (masked) mask_positions<kSegments>(a, s, b, tile * kBlockN, lane, row0, scale_log2);
     softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale_log2, alpha);
   };
   auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
@@ -199,7 +213,9 @@ constexpr size_t smem_bytes() {
 
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
-  auto kernel = a.after_carry_writer ? flash_wgmma_kernel<T, D, true> : flash_wgmma_kernel<T, D, false>;
+  auto kernel = a.q_segment_ranges    ? flash_wgmma_kernel<T, D, false, true>
+                : a.after_carry_writer ? flash_wgmma_kernel<T, D, true, false>
+                                       : flash_wgmma_kernel<T, D, false, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<T, D>())));
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
@@ -222,7 +238,7 @@ bool flash_wgmma_available() {
   static const bool available = [] {
     cudaFuncAttributes attributes{};
     return cuda_device_count() > 0 &&
-           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128, false>) == cudaSuccess &&
+           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128, false, false>) == cudaSuccess &&
            attributes.binaryVersion == 90;
   }();
   return available;

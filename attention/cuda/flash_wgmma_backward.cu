@@ -1,5 +1,5 @@
 // FlashAttention's backward on Hopper's warpgroup MMA (sm_90a), for the options that only look at
-// positions. A block of two warpgroups owns 128 keys of one (batch, K/V head), 64 per warpgroup, and
+// positions and segment ids. A block of two warpgroups owns 128 keys of one (batch, K/V head), 64 per warpgroup, and
 // walks the blocks of query rows of every query head of its group that can see them, as the mma.sync
 // backward does. Keys are the M axis of S^T = K Q^T and dP^T = V dO^T (both operands in shared
 // memory), so P^T and dS^T come out of the tensor cores in the register layout of wgmma's A operand:
@@ -51,7 +51,9 @@ struct WgmmaBackwardTraits {
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory on an sm_90 SM");
 };
 
-template <typename T, int D>
+// kSegments: an instance that reads segment ids (skipping query blocks, comparing ids in masked steps);
+// the other compiles without them, as it did before (this kernel spills at any extra live value).
+template <typename T, int D, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = WgmmaBackwardTraits<T, D>;
@@ -68,6 +70,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kSplit only)
   // Per step's rows: LSE in log2 units (+inf where the row saw nothing, so that its P is 0) and delta.
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
+  __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
   const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
@@ -83,6 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   copy_commit();
   int64_t k_lo, k_hi;
   tile_key_range<kBlockN>(a, blockIdx.x, lane, k_lo, k_hi);
+  const QueryWindow window = query_window<kBlockN, kSegments>(a, b, n0);
   // This thread's two keys (read by masked steps only); a key past the end is never visible.
   const bool key_in[2] = {n0 + key_row < a.kv_len, n0 + key_row + 8 < a.kv_len};
   const int64_t key_pos[2] = {key_in[0] ? a.pos.k[n0 + key_row] : 0, key_in[1] ? a.pos.k[n0 + key_row + 8] : 0};
@@ -97,6 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   auto load_step = [&](int buffer, int h, int m0) {
     load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, query_slabs);
     load_rows<T, D, kBlockM, kThreads>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len, tid, query_slabs);
+    load_step_segments<kBlockM, kSegments>(a, segment_buffers[buffer], b, m0, tid);
   };
   // A step's LSE and delta, read into registers when its loads start and stored when the step before
   // it ends (rows past the end read 0: their Q and dO rows are zeros, so they add nothing).
@@ -112,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 
   int h = kh * (a.q_heads / a.kv_heads), m0 = 0, buffer = 0;
   BlockKind kind = BlockKind::kSkip;
-  bool have = next_visible_step<kBlockM>(a, kh, k_lo, k_hi, lane, h, m0, kind);
+  bool have = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
   if (have) {
     load_step(0, h, m0);
     float lse_log2, delta;
@@ -136,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     float next_lse = 0.0f, next_delta = 0.0f;
     // The next step: found (its positions read), its loads started.
     auto prefetch_next = [&] {
-      next = next_visible_step<kBlockM>(a, kh, k_lo, k_hi, lane, next_h, next_m0, next_kind);
+      next = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, next_h, next_m0, next_kind);
       if (next) {
         load_step(1 - buffer, next_h, next_m0);
         read_stats(next_h, next_m0, next_lse, next_delta);
@@ -180,7 +185,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
         for (int e = 0; e < 4; ++e) {
           const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
           const bool visible = key_in[e / 2] && query < a.q_len &&
-                               position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right);
+                               position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right) &&
+                               same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2));
           st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
         }
     } else {  // straight-line: no per-element branch in the common case
@@ -282,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 template <typename T, int D>
 void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
   using Traits = WgmmaBackwardTraits<T, D>;
-  auto kernel = flash_wgmma_backward_kernel<T, D>;
+  auto kernel = g.a.q_segment_ranges ? flash_wgmma_backward_kernel<T, D, true> : flash_wgmma_backward_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
   const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
                   unsigned(g.a.batch));

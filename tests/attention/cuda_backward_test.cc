@@ -54,13 +54,13 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       const Shape& sh = wide_shapes[seed % std::size(wide_shapes)];
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
     }
-  // Both flash backward kernels forced on the options the wgmma one runs (positions only): D 64 / 128,
+  // Both flash backward kernels forced on the options the wgmma one runs (positions, segment ids): D 64 / 128,
   // several key blocks with a partial last one, query blocks crossing 64 / 128 rows, GQA, T = 1.
   const Shape wgmma_shapes[] = {{1, 300, 517, 4, 1, 64}, {1, 257, 130, 8, 2, 128}, {2, 77, 77, 4, 4, 128},
                                 {2, 1, 97, 8, 2, 64},    {1, 190, 190, 2, 2, 128}, {1, 131, 203, 8, 4, 64}};
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
     for (DType dtype : {DType::kF16, DType::kBF16})
-      for (const Options& opt : positional_option_sets())
+      for (const Options& opt : wgmma_option_sets())
         for (int repeat = 0; repeat < 2; ++repeat) {
           const Shape& sh = wgmma_shapes[seed % std::size(wgmma_shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
@@ -68,11 +68,24 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   // The wgmma kernel at head_dim 256 (two warpgroups share 64 keys) on every option it runs, both dtypes.
   const Shape wide_wgmma_shapes[] = {{1, 150, 201, 4, 2, 256}, {2, 1, 70, 4, 4, 256}, {1, 257, 130, 8, 2, 256}};
   for (DType dtype : {DType::kF16, DType::kBF16})
-    for (const Options& opt : positional_option_sets()) {
+    for (const Options& opt : wgmma_option_sets()) {
       const Shape& sh = wide_wgmma_shapes[seed % std::size(wide_wgmma_shapes)];
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
                        FlashKernel::kWgmma});
     }
+  // Packed and cycled documents on shapes of many key and query blocks (D 64 / 128 / 256): query blocks
+  // that share no document with a key block are skipped, blocks inside one run unmasked; each kernel
+  // forced on the options wgmma runs, and auto with the extras (the mma.sync extras kernel).
+  const Shape documents[] = {{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 400, 400, 2, 1, 256}};
+  for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled})
+    for (FlashKernel kernel : {FlashKernel::kAuto, FlashKernel::kWgmma, FlashKernel::kMmaSync})
+      for (int o = 0; o < 4; ++o) {
+        const Shape& sh = documents[seed % std::size(documents)];
+        ProblemSpec spec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, o % 2 ? DType::kBF16 : DType::kF16,
+                         document_options(o, kernel == FlashKernel::kAuto), seed++};
+        spec.segment_ids = ids;
+        cases.push_back({"flash_attn2", spec, kernel});
+      }
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},
@@ -146,8 +159,9 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_g
   const CudaGradCase& c = info.param;
   const ProblemSpec& s = c.spec;
   const std::string kernel = c.kernel == FlashKernel::kAuto ? "" : std::string("_") + flash_kernel_name(c.kernel);
-  return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
-         "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
+  return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + segment_ids_suffix(s.segment_ids) +
+         "_T" + std::to_string(s.q_len) + "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" +
+         std::to_string(s.q_heads / s.kv_heads);
 });
 
 #if RA_HAVE_CUDNN

@@ -48,10 +48,10 @@ std::vector<CudaCase> all_cases() {
         cases.push_back({impl, ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
       }
     }
-  // Both flash kernels forced, on the options the wgmma kernel runs (positions only), every shape.
+  // Both flash kernels forced, on the options the wgmma kernel runs (positions, segment ids), every shape.
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
     for (DType dtype : {DType::kF16, DType::kBF16})
-      for (const Options& opt : positional_option_sets())
+      for (const Options& opt : wgmma_option_sets())
         for (int repeat = 0; repeat < 2; ++repeat) {
           const Shape& sh = shapes[seed % std::size(shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
@@ -63,6 +63,19 @@ std::vector<CudaCase> all_cases() {
       const Shape& sh = wide[seed % std::size(wide)];
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
     }
+  // Packed and cycled documents on shapes of many 64- and 128-row blocks: key tiles that share no
+  // document with a query block are skipped, tiles inside one run unmasked, the rest compare ids; each
+  // kernel forced on the options wgmma runs, and auto with the extras (the mma.sync extras kernel).
+  const Shape documents[] = {{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 520, 520, 2, 1, 64}};
+  for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled})
+    for (FlashKernel kernel : {FlashKernel::kAuto, FlashKernel::kWgmma, FlashKernel::kMmaSync})
+      for (int o = 0; o < 4; ++o) {
+        const Shape& sh = documents[seed % std::size(documents)];
+        ProblemSpec spec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, o % 2 ? DType::kBF16 : DType::kF16,
+                         document_options(o, kernel == FlashKernel::kAuto), seed++};
+        spec.segment_ids = ids;
+        cases.push_back({"flash_attn2", spec, kernel});
+      }
 #if RA_HAVE_CUDNN
   // cudnn: the options it expresses (causal with S >= T, sinks through our finalize), GQA, D 64 / 128 /
   // 256 (where the installed cuDNN runs it, e.g. Hopper; elsewhere its refusal, by name, skips the case).
@@ -117,8 +130,9 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaVsReference, testing::ValuesIn(all_cases()), 
   const CudaCase& c = info.param;
   const ProblemSpec& s = c.spec;
   const std::string kernel = c.kernel == FlashKernel::kAuto ? "" : std::string("_") + flash_kernel_name(c.kernel);
-  return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + "_T" + std::to_string(s.q_len) +
-         "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" + std::to_string(s.q_heads / s.kv_heads);
+  return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + segment_ids_suffix(s.segment_ids) +
+         "_T" + std::to_string(s.q_len) + "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" +
+         std::to_string(s.q_heads / s.kv_heads);
 });
 
 // Carry in / carry out: two accumulate calls over the halves of the keys equal one call over all.

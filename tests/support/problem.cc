@@ -70,9 +70,13 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
     q_seg = Tensor(DType::kI32, {B, T});
     kv_seg = Tensor(DType::kI32, {B, S});
     for (int64_t b = 0; b < B; ++b) {
+      const uint64_t longest = spec.segment_ids == SegmentIds::kFew ? uint64_t(S / 3 + 1)
+                               : spec.segment_ids == SegmentIds::kPacked ? 96 : 40;
       std::vector<int64_t> cu{0};
-      while (cu.back() < S) cu.push_back(std::min<int64_t>(S, cu.back() + 1 + int64_t(rng() % uint64_t(S / 3 + 1))));
+      while (cu.back() < S) cu.push_back(std::min<int64_t>(S, cu.back() + 1 + int64_t(rng() % longest)));
       std::vector<int32_t> ids = segment_ids_from_cu_seqlens(cu);
+      if (spec.segment_ids == SegmentIds::kCycled)
+        for (int32_t& id : ids) id %= 3;
       std::copy(ids.begin(), ids.end(), kv_seg.data<int32_t>() + b * S);
       for (int64_t t = 0; t < T; ++t) q_seg.data<int32_t>()[b * T + t] = ids[size_t(t + (S - T) > 0 ? t + (S - T) : t % S)];
     }

@@ -23,11 +23,17 @@ struct Options {
 // No option, each option alone, and all of them together (10 sets).
 std::vector<Options> option_sets();
 
+// How options.segments draws the ids: kFew sorted runs of up to S / 3 rows; kPacked sorted runs of 1 to 96
+// rows (many documents: most blocks of queries and keys share none); kCycled runs of 1 to 40 rows whose
+// ids cycle 0, 1, 2 (unsorted: one id recurs far apart, blocks' id ranges overlap without sharing).
+enum class SegmentIds { kFew, kPacked, kCycled };
+
 struct ProblemSpec {
   int64_t batch = 1, q_len = 16, kv_len = 16, q_heads = 2, kv_heads = 2, head_dim = 32, v_head_dim = 32;
   DType dtype = DType::kF32;
   Options options;
   uint64_t seed = 1;
+  SegmentIds segment_ids = SegmentIds::kFew;
 };
 
 class Problem {

@@ -1,0 +1,28 @@
+// `ringattn bench --segments N`: N documents of equal length packed into the global sequence, as
+// `generate --segments N` writes them (the id of position p is p * N / seq), and the work they leave.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace ra::cli {
+
+// (batch, positions.size()) int32 segment ids of the rows at these global positions.
+inline Tensor packed_segment_ids(int64_t batch, const std::vector<int64_t>& positions, int64_t seq, int64_t segments) {
+  Tensor ids(DType::kI32, {batch, int64_t(positions.size())});
+  for (int64_t b = 0; b < batch; ++b)
+    for (size_t i = 0; i < positions.size(); ++i)
+      ids.data<int32_t>()[b * int64_t(positions.size()) + int64_t(i)] = int32_t(positions[i] * segments / seq);
+  return ids;
+}
+
+// The (query, key) pairs one head attends over the whole sequence, the FLOP count's convention:
+// seq^2 without documents, seq^2 / N with N of them (documents of seq / N rows), halved for causal.
+inline double attended_pairs(int64_t seq, int64_t segments, bool causal) {
+  double pairs = double(seq) * double(seq) / double(segments > 0 ? segments : 1);
+  return causal ? pairs / 2 : pairs;
+}
+
+}  // namespace ra::cli
