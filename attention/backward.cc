@@ -151,8 +151,11 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   }
   void* stream = cuda_stream();
   Gradients direct;
-  // The direct path writes q's dtype into tensors of its own: only where the caller gave no views.
-  if (!f32_gradients && into == nullptr && backward_into(in, pos, params, grad, direct)) {
+  // The direct path writes q's dtype: into the caller's views where all three are in it, else into
+  // tensors of its own.
+  const bool into_q_dtype = into != nullptr && into->dq.dtype() == in.q.dtype() && into->dk.dtype() == in.q.dtype() &&
+                            into->dv.dtype() == in.q.dtype();
+  if (!f32_gradients && (into == nullptr || into_q_dtype) && backward_into(in, pos, params, grad, direct, into)) {
     if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, compute_delta(o, d_o, stream), stream);
     return direct;
   }

@@ -574,12 +574,14 @@ if has documents; then  # packed documents: the kernels skip blocks that share n
   $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 30
   timeout 300 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --gtest_brief=1 2>&1 |
     tee "$out/ring_backward_cuda_2.log" | grep -v "^\[  SKIPPED" | tail -n 8
-  dense_rows() {  # the rows without documents, this build against the variants (no change expected)
-    local b=$1 causal shape
+  dense_rows() {  # the rows without documents, this build against the variants
+    local b=$1 causal shape impl
     for causal in "" "--causal"; do
       for shape in "16 128" "32 64"; do
-        $b bench --backward --backend cuda --impl flash_attn2 --batch 1 --heads ${shape% *} --head-dim ${shape#* } \
-          --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep "forward \|backward \|error" | tee -a "$out/bench.txt"
+        for impl in flash_attn2 $( [ "$shape" = "16 128" ] && echo cudnn ); do
+          $b bench --backward --backend cuda --impl $impl --batch 1 --heads ${shape% *} --head-dim ${shape#* } \
+            --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep "forward \|backward \|error" | tee -a "$out/bench.txt"
+        done
       done
     done
   }
@@ -594,5 +596,11 @@ if has documents; then  # packed documents: the kernels skip blocks that share n
       done
     done
   done
-  timeout 400 python3 bench/torch_documents.py 16x128x16 16x128x64 2>&1 | grep -v Warning | tee "$out/torch_documents.txt"
+  for docs in 16 64; do  # the forward alone: accumulate and finalize into outputs made once
+    for causal in "" "--causal"; do
+      $bin bench --backend cuda --impl flash_attn2 --batch 1 --heads 16 --head-dim 128 --seq 32768 --dtype bf16 \
+        --warmup 2 --iters 10 --segments $docs $causal 2>&1 | grep -v "^#" | head -n 1 | tee -a "$out/documents_forward.txt"
+    done
+  done
+  timeout 400 python3 bench/torch_documents.py 16x128x16 16x128x64 2>&1 | grep -v "Warning\|is_fx_tracing" | tee "$out/torch_documents.txt"
 fi

@@ -1,7 +1,7 @@
-// `ringattn bench --backward`: a training step's attention, timed in two parts: the forward, then the
-// single-call backward given its O and LSE (AttentionImpl::backward: delta, zeroed f32 accumulators,
-// accumulate_backward and dq / dk / dv in the input dtype, or what the implementation does instead,
-// e.g. cuDNN writing them directly). The host ring on N CPU ranks, or one rank's local implementation
+// `ringattn bench --backward`: a training step's attention, timed in two parts: the forward (into O and
+// LSE made once), then the single-call backward given them (AttentionImpl::backward: delta, zeroed f32
+// accumulators, accumulate_backward and dq / dk / dv converted into gradients made once, or what the
+// implementation does instead, e.g. cuDNN writing them directly), as the Python layer calls them. The host ring on N CPU ranks, or one rank's local implementation
 // (on GPUs: the GPU ring's backward is not built yet). Rows: forward, backward and forward+backward,
 // TFLOP/s per rank with FlashAttention's count (the backward 2.5 times the forward's FLOPs, halved for
 // causal) and, on GPUs, the peak device memory of the backward against the memory its tensors need.
@@ -66,20 +66,28 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   const Tensor d_o_run = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();
   const TensorView d_o_view = job.on_device ? d_o_run.view() : d_o.view();
   validate_attention(in, params, pos, impl->max_head_dim());
-  // One iteration = a training step's attention: the forward, then the backward given its O and LSE.
+  // One iteration = a training step's attention: the forward, then the backward given its O and LSE,
+  // into outputs made once, as a framework's allocator hands them to the Python layer (the single-call
+  // forms that allocate their results would time cudaMalloc too).
+  const MemoryKind memory = in.q.memory();
+  const Tensor o(shape.dtype, {B, local, H, D}, memory), lse(DType::kF32, {B, H, local}, memory);
+  const Tensor dq(shape.dtype, in.q.shape(), memory), dk(shape.dtype, in.k.shape(), memory),
+      dv(shape.dtype, in.v.shape(), memory);
+  const ForwardViews forward_out{o.view(), lse.view()};
+  const GradViews gradients{dq.view(), dk.view(), dv.view(), {}};
   IterationTimer timer(job);
   std::vector<double> forward_times, backward_times, step_times;
   double device_gib = 0;
   for (int64_t it = 0; it < shape.warmup + shape.iters; ++it) {
     job.world.barrier();
     timer.start();
-    const AttentionOutput out = impl->forward(in, params, pos);
+    impl->forward_into(in, params, pos, forward_out);
     double times[2] = {timer.stop_seconds(), 0};
 #if RA_HAVE_CUDA
     if (job.on_device) cuda_reset_allocated_peak();
 #endif
     timer.start();
-    const Gradients grads = impl->backward(in, params, pos, d_o_view, &out);
+    const Gradients grads = impl->backward(in, params, pos, d_o_view, forward_out, false, &gradients);
     times[1] = timer.stop_seconds();
 #if RA_HAVE_CUDA  // the backward's high-water mark of ringattn's device allocations (inputs, O, dO included)
     if (job.on_device) device_gib = std::max(device_gib, double(cuda_allocated_peak_bytes()) / double(1 << 30));

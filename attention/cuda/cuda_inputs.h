@@ -40,9 +40,10 @@ struct CudaAttentionArgs {
   // flash kernels by SegmentRanges (segment_ranges.h), null otherwise.
   const int2* q_segment_ranges = nullptr;
   const int2* kv_segment_ranges = nullptr;
-  // Non-zero when both sides' ids never decrease along the rows, in every batch (packed documents):
-  // the kernels then find the blocks that meet a document by binary search instead of a scan.
-  const int* segment_ids_sorted = nullptr;
+  // Per chunk likewise, the rows of the other side its ids can meet, [x, y): the rows of its documents
+  // where both sides' ids never decrease along the rows (packed documents), else all of them.
+  const int2* q_key_windows = nullptr;
+  const int2* kv_query_windows = nullptr;
   DevicePositions pos;
   int batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
   float scale = 1.0f, soft_cap = 0.0f, dropout_prob = 0.0f;

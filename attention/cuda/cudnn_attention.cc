@@ -115,18 +115,21 @@ class CudnnAttention final : public CudaAttentionImpl {
   // One block covering the whole call (dense positions): cuDNN writes dq, dk, dv in q's dtype itself,
   // with no f32 accumulators and no delta of ours (cuDNN computes it from O).
   bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& p,
-                     const BackwardInputs& grad, Gradients& out) const override {
+                     const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
     const std::vector<Run> q_runs = consecutive_runs(pos.q.data(), int64_t(pos.q.size()));
     const std::vector<Run> k_runs = consecutive_runs(pos.k.data(), int64_t(pos.k.size()));
     if (q_runs.size() != 1 || k_runs.size() != 1) return false;
     check_supported(in, p);
     const TensorView stats = checked_stats(in, grad);
-    out.dq = Tensor(in.q.dtype(), in.q.shape(), MemoryKind::kCuda);
-    out.dk = Tensor(in.q.dtype(), in.k.shape(), MemoryKind::kCuda);
-    out.dv = Tensor(in.q.dtype(), in.v.shape(), MemoryKind::kCuda);
+    if (into == nullptr) {
+      out.dq = Tensor(in.q.dtype(), in.q.shape(), MemoryKind::kCuda);
+      out.dk = Tensor(in.q.dtype(), in.k.shape(), MemoryKind::kCuda);
+      out.dv = Tensor(in.q.dtype(), in.v.shape(), MemoryKind::kCuda);
+    }
+    const GradViews direct = into ? *into : GradViews{out.dq, out.dk, out.dv, {}};
     const DevicePositions device_pos = positions_.upload(pos, stream_);
     for_each_block(in, device_pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) {
-      run_backward_block(in, grad, stats, qr, kr, mask, p, nullptr, &out);
+      run_backward_block(in, grad, stats, qr, kr, mask, p, nullptr, &direct);
     });
     return true;
   }
@@ -184,10 +187,11 @@ class CudnnAttention final : public CudaAttentionImpl {
   }
 
   // One (query run, key run) block of the backward: cuDNN's dQ, dK, dV in the input dtype, added into
-  // the f32 accumulators at the runs' rows (acc), or written straight into `direct` (one block only).
+  // the f32 accumulators at the runs' rows (acc), or written straight into `direct` (one block only;
+  // contiguous views in q's dtype).
   void run_backward_block(const AttentionInputs& in, const BackwardInputs& grad, const TensorView& stats, const Run& qr,
                           const Run& kr, MaskMode mask, const AttentionParams& p, const GradViews* acc,
-                          Gradients* direct) const {
+                          const GradViews* direct) const {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length), o = narrow(grad.o, 1, qr.index, qr.length);
     const TensorView d_o = narrow(grad.d_o, 1, qr.index, qr.length);
     const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
@@ -222,9 +226,9 @@ class CudnnAttention final : public CudaAttentionImpl {
     auto align = [](size_t n) { return (n + 255) / 256 * 256; };
     const size_t outputs = direct ? 0 : align(dq_bytes) + 2 * align(dkv_bytes);
     char* scratch = reserve(outputs + size_t(workspace_bytes) + 256);
-    char* dq = direct ? direct->dq.data<char>() : scratch;
-    char* dk = direct ? direct->dk.data<char>() : dq + align(dq_bytes);
-    char* dv = direct ? direct->dv.data<char>() : dk + align(dkv_bytes);
+    char* dq = direct ? static_cast<char*>(direct->dq.data()) : scratch;
+    char* dk = direct ? static_cast<char*>(direct->dk.data()) : dq + align(dq_bytes);
+    char* dv = direct ? static_cast<char*>(direct->dv.data()) : dk + align(dkv_bytes);
     char* workspace = scratch + outputs;
     std::unordered_map<int64_t, void*> pack = {
         {kQ, q.data()},   {kK, k.data()},   {kV, v.data()},   {kO, o.data()}, {kDO, d_o.data()},

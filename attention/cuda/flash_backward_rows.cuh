@@ -46,16 +46,17 @@ __device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a,
 }
 
 // The query rows [first, end) that can share a segment with the kBlockN keys from n0 (sorted segment
-// ids: meeting_rows' binary searches, once per key block); all rows otherwise and without kSegments.
+// ids: their documents' rows, segment_ranges.h); all rows otherwise and without kSegments.
 struct QueryWindow {
   int first = 0, end = INT_MAX;
 };
 template <int kBlockN, bool kSegments>
 __device__ __forceinline__ QueryWindow query_window(const CudaAttentionArgs& a, int b, int n0) {
   QueryWindow w;
-  if (kSegments && a.kv_segment_ranges)
-    meeting_rows(a, a.q_segment_ranges, a.q_len, b, segment_range(a.kv_segment_ranges, a.kv_len, b, n0, kBlockN),
-                 w.first, w.end);
+  if (kSegments && a.kv_query_windows) {
+    const int2 rows = segment_range(a.kv_query_windows, a.kv_len, b, n0, kBlockN);
+    w.first = rows.x, w.end = rows.y;
+  }
   return w;
 }
 

@@ -122,10 +122,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   int first, last;
   visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
   if (kSegments && a.kv_segment_ranges) {  // sorted ids (packed documents): the keys of the block's documents
-    int key_first, key_end;
-    meeting_rows(a, a.kv_segment_ranges, a.kv_len, b, block_seg, key_first, key_end);
-    first = max(first, key_first / kBlockN);
-    last = key_end > 0 ? min(last, (key_end - 1) / kBlockN) : -1;
+    const int2 keys = segment_range(a.q_key_windows, a.q_len, b, m0, kBlockM);
+    first = max(first, keys.x / kBlockN);
+    last = keys.y > 0 ? min(last, (keys.y - 1) / kBlockN) : -1;
   }
   first = next_segment_tile<kBlockN, kSegments>(a, b, block_seg, first, last, lane);
   if (first <= last) {

@@ -149,7 +149,8 @@ __device__ __forceinline__ int32_t segment_id(const DeviceView4& ids, int b, int
 }
 
 // The range of segment ids over rows [row0, row0 + rows) of batch b, from the 64-row chunks that hold
-// them (segment_ranges.h; a chunk's range bounds any of its rows'); empty (lo > hi) past the end.
+// them (segment_ranges.h; a chunk's range bounds any of its rows'); empty (lo > hi) past the end. On the
+// chunks' windows the same gives the rows [x, y) of the other side that any of these rows can meet.
 __device__ __forceinline__ int2 segment_range(const int2* ranges, int len, int b, int row0, int rows) {
   const int chunks = (len + 63) / 64, end = min((row0 + rows - 1) / 64, chunks - 1);
   int2 r = make_int2(INT_MAX, INT_MIN);
@@ -167,39 +168,14 @@ __device__ __forceinline__ BlockKind with_segments(const CudaAttentionArgs& a, B
   return both_kinds(kind, classify_segments(q_seg.x, q_seg.y, k_seg.x, k_seg.y));
 }
 
-// With sorted segment ids (args.segment_ids_sorted), the rows [first, end) of one side (its chunk
-// ranges, len rows) that can share a segment with ids spanning s, in whole 64-row chunks: two binary
-// searches. Otherwise all rows [0, len).
-__device__ __forceinline__ void meeting_rows(const CudaAttentionArgs& a, const int2* ranges, int len, int b, int2 s,
-                                             int& first, int& end) {
-  first = 0;
-  end = len;
-  if (!a.segment_ids_sorted || !*a.segment_ids_sorted) return;
-  const int chunks = (len + 63) / 64;
-  const int2* r = ranges + int64_t(b) * chunks;
-  int lo = 0, hi = chunks;  // the first chunk whose largest id reaches s.x
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (r[mid].y >= s.x) hi = mid;
-    else lo = mid + 1;
-  }
-  first = lo * 64;
-  lo = 0, hi = chunks;  // the first chunk whose smallest id is past s.y
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (r[mid].x > s.y) hi = mid;
-    else lo = mid + 1;
-  }
-  end = min(len, lo * 64);
-}
-
 // The first tile of kBlockN keys in [from, last] that shares a segment with queries whose ids span
 // q_seg, 32 tiles per round by the warp (every warp finds the same); last + 1 if none. Without
 // segment ids (or in an instance without kSegments), `from`.
 template <int kBlockN, bool kSegments>
 __device__ __forceinline__ int next_segment_tile(const CudaAttentionArgs& a, int b, int2 q_seg, int from, int last,
                                                  int lane) {
-  if (!kSegments || !a.kv_segment_ranges) return from;
+  if constexpr (!kSegments) return from;
+  if (!a.kv_segment_ranges) return from;
   for (int t0 = from; t0 <= last; t0 += 32) {
     const int t = t0 + lane;
     bool meets = false;

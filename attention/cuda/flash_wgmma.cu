@@ -89,14 +89,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
 
   int first, last;
   visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
-  int2 group_seg{};  // this warpgroup's segment ids (ranges of 64-row chunks)
+  int2 group_seg{}, tile_seg{};  // this warpgroup's segment ids and step i's keys' (ranges of 64-row chunks)
   if (kSegments && a.q_segment_ranges) {
-    const int2 block_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0, kBlockM);
     group_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0 + group * 64, 64);
-    int key_first, key_end;  // sorted ids (packed documents): the keys of the block's documents
-    meeting_rows(a, a.kv_segment_ranges, a.kv_len, b, block_seg, key_first, key_end);
-    first = max(first, key_first / kBlockN);
-    last = key_end > 0 ? min(last, (key_end - 1) / kBlockN) : -1;
+    const int2 keys = segment_range(a.q_key_windows, a.q_len, b, m0, kBlockM);  // sorted ids: the documents' keys
+    first = max(first, keys.x / kBlockN);
+    last = keys.y > 0 ? min(last, (keys.y - 1) / kBlockN) : -1;
   }
   const int tiles = last - first + 1;  // <= 0: none
   if (tiles > 0) load_slabs<T, D, kBlockN>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
@@ -114,6 +112,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
       load_slabs<T, D, kBlockN>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
     if (i < tiles) load_slabs<T, D, kBlockN>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len, tid);
     copy_commit();
+    // Read now, used by this step's softmax: the load lands while the tensor cores work.
+    if (kSegments && a.kv_segment_ranges && i < tiles)
+      tile_seg = segment_range(a.kv_segment_ranges, a.kv_len, b, tile * kBlockN, kBlockN);
   };
   auto issue_qk = [&](int i, float(&s)[kTilesN][4]) {
     const uint32_t k_tile = smem_address(k_smem + (i % 2) * kBlockN * D);
@@ -141,8 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     tile_key_range<kBlockN>(a, tile, lane, k_lo, k_hi);
     // Tiles this warpgroup sees whole keep raw scores and fold the scale into the exponent's FFMA.
     BlockKind kind = classify_block(group_q_lo, group_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
-    if (kSegments && a.kv_segment_ranges)
-      kind = with_segments(a, kind, group_seg, segment_range(a.kv_segment_ranges, a.kv_len, b, tile * kBlockN, kBlockN));
+    if (kSegments && a.kv_segment_ranges) kind = with_segments(a, kind, group_seg, tile_seg);
     const bool masked = kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
     if (masked) mask_positions<kSegments>(a, s, b, tile * kBlockN, lane, row0, scale_log2);
     softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale_log2, alpha);

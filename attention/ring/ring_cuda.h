@@ -48,8 +48,8 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   void reduce_sequence_gradients(Gradients& g) const override;
   // A ring of one rank is its local kernel: cudnn then writes the gradients straight, without f32 accumulators.
   bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
-                     const BackwardInputs& grad, Gradients& out) const override {
-    return ctx_.comm->size() == 1 && local_->backward_into(in, pos, params, grad, out);
+                     const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
+    return ctx_.comm->size() == 1 && local_->backward_into(in, pos, params, grad, out, into);
   }
 
   // The last call's statistics; its per-step device times once the caller has waited for the device.

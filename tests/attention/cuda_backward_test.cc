@@ -165,6 +165,44 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_g
 });
 
 #if RA_HAVE_CUDNN
+// cudnn writes dq, dk and dv straight into the caller's views in q's dtype (a framework's tensors, as
+// the Python layer gives them), causal and not, against the f64 gradients.
+TEST(CudnnBackward, IntoTheCallersViewsMatchesTheReference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (bool causal : {false, true}) {
+    Options opt;
+    opt.causal = causal;
+    const ProblemSpec spec{1, 131, 203, 8, 4, 128, 128, DType::kBF16, opt, 950 + uint64_t(causal)};
+    Problem problem(spec);
+    const AttentionInputs host_in = problem.inputs();
+    const InputsCopy dev = copy_inputs(host_in, MemoryKind::kCuda);
+    std::mt19937_64 rng(spec.seed);
+    const Tensor d_o = random_normal(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, rng, 1.0f);
+    const Tensor d_o_device = to_memory(d_o, MemoryKind::kCuda);
+    auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
+    const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+    const Tensor o(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, MemoryKind::kCuda);
+    const Tensor lse(DType::kF32, {1, spec.q_heads, spec.q_len}, MemoryKind::kCuda);
+    const Tensor dq(spec.dtype, dev.inputs.q.shape(), MemoryKind::kCuda), dk(spec.dtype, dev.inputs.k.shape(), MemoryKind::kCuda),
+        dv(spec.dtype, dev.inputs.v.shape(), MemoryKind::kCuda);
+    const GradViews into{dq.view(), dk.view(), dv.view(), {}};
+    try {
+      impl->forward_into(dev.inputs, problem.params(), pos, ForwardViews{o.view(), lse.view()});
+      impl->backward(dev.inputs, problem.params(), pos, d_o_device, ForwardViews{o.view(), lse.view()}, false, &into);
+    } catch (const Error& e) {
+      if (e.message().find("does not run it on this GPU") != std::string::npos) GTEST_SKIP() << e.message();
+      throw;
+    }
+    RA_CUDA_CHECK(cudaDeviceSynchronize());
+    const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
+    for (auto [got, want, name] : {std::tuple{&dq, &ref.dq, "dq"}, std::tuple{&dk, &ref.dk, "dk"}, std::tuple{&dv, &ref.dv, "dv"}}) {
+      const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, spec.dtype);
+      EXPECT_EQ(cmp.nan, 0) << name;
+      EXPECT_EQ(cmp.wrong, 0) << name << (causal ? " causal" : "") << ": max |error| " << cmp.max_abs_error;
+    }
+  }
+}
+
 // cudnn's backward over the keys cut into parts, as the GPU ring cuts its own block (half the keys at
 // its first step, half at its last): parts whose causal diagonal cuDNN cannot express as one block
 // (queries starting before the keys, keys starting before the queries off the bottom-right diagonal)
