@@ -1,4 +1,5 @@
 // The CUDA implementations as registry entries: flash_attn2 (tensor cores) and sdpa (cuBLAS).
+#include "attention/backward.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/cuda/flash_backward_cuda.h"
 #include "attention/cuda/flash_cuda.h"
@@ -50,15 +51,47 @@ class FlashCuda final : public CudaAttentionImpl {
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
     check_flash_backward_cuda_supported(in, grad, acc);
-    FlashBackwardArgs g{make_cuda_args(in, pos, params), DeviceView4{grad.d_o.data(), {grad.d_o.stride(0),
-                        grad.d_o.stride(1), grad.d_o.stride(2), grad.d_o.stride(3)}}, grad.lse.data_as<float>(),
-                        grad.delta.data_as<float>(), acc.dq.data_as<float>(), acc.dk.data_as<float>(),
-                        acc.dv.data_as<float>(), DeviceView4{}};
+    FlashBackwardArgs g = backward_args(in, pos, params, grad, acc.dq);
+    g.dk = acc.dk.data_as<float>();
+    g.dv = acc.dv.data_as<float>();
     if (acc.dbias.defined()) {
       const TensorView dbias = broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias");
       g.dbias = DeviceView4{dbias.data(), {dbias.stride(0), dbias.stride(1), dbias.stride(2), dbias.stride(3)}};
     }
     flash_backward_cuda(g, in.q.dtype(), stream_);
+  }
+  // A single call's backward: the kernels write dK and dV in q's dtype themselves (one writer per key row
+  // in a call), so only dQ goes through an f32 accumulator; no zeroing, reading or converting of f32 dK /
+  // dV. With a bias (dbias) the accumulator path runs.
+  bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                     const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
+    if (in.bias.defined()) return false;
+    check_backward_supported(in, params);
+    const Tensor delta = compute_delta(grad.o, grad.d_o, stream_);
+    const Tensor dq = Tensor::temporary(DType::kF32, in.q.shape(), MemoryKind::kCuda, stream_);  // zeroed
+    check_flash_backward_cuda_supported(in, grad, GradViews{dq, dq, dq, {}});
+    if (into == nullptr) {
+      out.dq = Tensor(in.q.dtype(), in.q.shape(), MemoryKind::kCuda);
+      out.dk = Tensor(in.q.dtype(), in.k.shape(), MemoryKind::kCuda);
+      out.dv = Tensor(in.q.dtype(), in.v.shape(), MemoryKind::kCuda);
+    }
+    const GradViews views = into ? *into : GradViews{out.dq, out.dk, out.dv, {}};
+    BackwardInputs with_delta = grad;
+    with_delta.delta = delta;
+    FlashBackwardArgs g = backward_args(in, device_positions(pos), params, with_delta, dq);
+    g.dk_direct = views.dk.data();
+    g.dv_direct = views.dv.data();
+    flash_backward_cuda(g, in.q.dtype(), stream_);
+    convert_gradient(dq, views.dq, stream_);
+    return true;
+  }
+
+ private:
+  static FlashBackwardArgs backward_args(const AttentionInputs& in, const DevicePositions& pos,
+                                         const AttentionParams& params, const BackwardInputs& grad, const TensorView& dq) {
+    return FlashBackwardArgs{make_cuda_args(in, pos, params), DeviceView4{grad.d_o.data(), {grad.d_o.stride(0),
+                             grad.d_o.stride(1), grad.d_o.stride(2), grad.d_o.stride(3)}}, grad.lse.data_as<float>(),
+                             grad.delta.data_as<float>(), dq.data_as<float>(), nullptr, nullptr, DeviceView4{}};
   }
 };
 

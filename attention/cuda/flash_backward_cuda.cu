@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   }
   copy_wait_all();
 
-  add_dk_dv_rows(g, dk, dv, b, kh, n0 + key_row, d_tile0 * 8, lane);
+  add_dk_dv_rows<T>(g, dk, dv, b, kh, n0 + key_row, d_tile0 * 8, lane);
 }
 
 template <typename T, int D>

@@ -19,6 +19,10 @@ struct FlashBackwardArgs {
   const float* delta;    // (B, Hq, T)
   float *dq, *dk, *dv;   // contiguous f32 accumulators shaped as q, k, v
   DeviceView4 dbias;     // broadcast to (B, Hq, T, S_total); data null without a bias
+  // A single call's dK and dV in the input dtype, contiguous as k and v: when set, the kernels write them
+  // there instead of adding into dk / dv (in one call each key row has one writer, its key block).
+  void* dk_direct = nullptr;
+  void* dv_direct = nullptr;
 };
 
 // Throws naming the tensor and what the kernel needs (f16 / bf16, D == Dv in {64, 128, 256}, dO in q's dtype,

@@ -167,9 +167,9 @@ __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const fl
 }
 
 // The block's dK (times the scale: Q entered unscaled) and dV of keys key0 and key0 + 8 (this thread's
-// fragment rows), columns col0 + 8j + 2t, +1, added into the accumulators: the block is the only writer
-// of these keys' rows.
-template <int kTiles>
+// fragment rows), columns col0 + 8j + 2t, +1, added into the accumulators (the block is the only writer
+// of these keys' rows), or written in the input dtype where the call asked for them directly.
+template <typename T, int kTiles>
 __device__ __forceinline__ void add_dk_dv_rows(const FlashBackwardArgs& g, const float (&dk)[kTiles][4],
                                                const float (&dv)[kTiles][4], int b, int kh, int key0, int col0,
                                                int lane) {
@@ -179,6 +179,16 @@ __device__ __forceinline__ void add_dk_dv_rows(const FlashBackwardArgs& g, const
     const int key = key0 + i * 8;
     if (key >= a.kv_len) continue;
     const int64_t at = ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * a.head_dim + col0 + (lane % 4) * 2;
+    if (g.dk_direct) {
+      uint32_t* dk_out = reinterpret_cast<uint32_t*>(static_cast<T*>(g.dk_direct) + at);
+      uint32_t* dv_out = reinterpret_cast<uint32_t*>(static_cast<T*>(g.dv_direct) + at);
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        dk_out[j * 4] = pack2<T>(dk[j][2 * i] * a.scale, dk[j][2 * i + 1] * a.scale);
+        dv_out[j * 4] = pack2<T>(dv[j][2 * i], dv[j][2 * i + 1]);
+      }
+      continue;
+    }
     float2* dk_out = reinterpret_cast<float2*>(g.dk + at);
     float2* dv_out = reinterpret_cast<float2*>(g.dv + at);
 #pragma unroll

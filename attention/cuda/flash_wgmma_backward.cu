@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     buffer = 1 - buffer;
   }
   copy_wait_all();
-  add_dk_dv_rows(g, dk, dv, b, kh, n0 + key_row, d_col0, lane);
+  add_dk_dv_rows<T>(g, dk, dv, b, kh, n0 + key_row, d_col0, lane);
 #endif
 }
 
