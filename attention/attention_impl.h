@@ -64,6 +64,13 @@ class AttentionImpl {
   void forward_into(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                     const ForwardViews& out) const;
 
+  // Where an implementation writes a single call's O and LSE itself, without a carry (the wgmma flash
+  // forward): true when it did; false: forward_into runs accumulate and finalize. Validated inputs.
+  virtual bool forward_direct(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
+                              const ForwardViews& out) const {
+    return false;
+  }
+
   // The backward of `accumulate` (attention/backward.h): dq, dk, dv (and dbias) of this K/V block added
   // into f32 accumulators the caller holds. Validated inputs. Implementations without a backward throw.
   virtual bool has_backward() const { return false; }

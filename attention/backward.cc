@@ -126,12 +126,14 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   // dS (visible in dbias and dsinks, which sum dS over rows).
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   const MemoryKind memory = in.q.memory();
-  Carry carry = Carry::temporary(B, Hq, T, Dv, memory, cuda_stream());
-  accumulate(in, pos, params, carry);
   const DType o_dtype = backward_reads_output() ? in.q.dtype() : DType::kF32;
   const AttentionOutput own{Tensor::temporary(o_dtype, {B, T, Hq, Dv}, memory, cuda_stream()),
                             Tensor::temporary(DType::kF32, {B, Hq, T}, memory, cuda_stream())};
-  finalize(carry, in.sinks, own.o, own.lse, cuda_stream());
+  if (!forward_direct(in, params, pos, ForwardViews{own.o.view(), own.lse.view()})) {
+    Carry carry = Carry::temporary(B, Hq, T, Dv, memory, cuda_stream());
+    accumulate(in, pos, params, carry);
+    finalize(carry, in.sinks, own.o, own.lse, cuda_stream());
+  }
   return backward(in, params, pos, d_o, ForwardViews{own.o.view(), own.lse.view()}, f32_gradients);
 }
 

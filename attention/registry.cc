@@ -62,6 +62,7 @@ void AttentionImpl::forward_into(const AttentionInputs& in, const AttentionParam
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   check_output(out.o, "o", Shape{B, T, Hq, Dv}, in.q, /*q_dtype_or_f32=*/true);
   check_output(out.lse, "lse", Shape{B, Hq, T}, in.q, /*q_dtype_or_f32=*/false);
+  if (forward_direct(in, params, pos, out)) return;
   Carry carry = Carry::temporary(B, Hq, T, Dv, in.q.memory(), cuda_stream());
   accumulate(in, pos, params, carry);
   finalize(carry, in.sinks, out.o, out.lse, cuda_stream());

@@ -127,7 +127,8 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
     std::printf("  peak device memory of the backward %.2f GiB (ringattn's allocations: inputs, O, dO, scratch and "
                 "workspaces it hands to libraries; not the CUDA context); its tensors in theory %.2f GiB (q, k, v, o, "
                 "do, lse, delta, f32 dq / dk / dv, dq / dk / dv%s)\n", device_gib, theory,
-                ranks > 1 ? "; the ring's two K/V blocks, two f32 dK/dV accumulators and a partial" : "");
+                ranks > 1 ? "; the ring's two K/V blocks, two f32 dK/dV accumulators and a partial"
+                          : "; one call of flash_attn2 or cudnn holds no f32 dk / dv");
   return kOk;
 }
 

@@ -47,6 +47,26 @@ class FlashCuda final : public CudaAttentionImpl {
     args.after_carry_writer = after_carry_writer_;
     flash_accumulate_cuda(args, in.q.dtype(), stream_);
   }
+  // A single call on the wgmma kernel writes O and LSE itself: no carry to reset, carry through the
+  // kernel and finalize (the mma.sync kernel keeps the carry path).
+  bool forward_direct(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
+                      const ForwardViews& out) const override {
+    if (in.k.dim(1) == 0) return false;  // no key, no kernel: finalize writes the empty rows
+    check_supported(in, params);
+    DevicePositions unplaced;  // the kernel's choice first: positions go up only for it
+    unplaced.total_keys = pos.total_keys;
+    CudaAttentionArgs args = make_cuda_args(in, unplaced, params);
+    if (!flash_uses_wgmma(args, FlashPass::kForward)) return false;
+    RA_CHECK(!in.sinks.defined() || in.sinks.memory() == MemoryKind::kCuda, "sinks is in host memory; the cuda "
+             "backend needs it in device memory");
+    args.pos = positions_.upload(pos, stream_);
+    args.o_direct = out.o.data();
+    args.lse_direct = out.lse.data_as<float>();
+    args.o_f32 = out.o.dtype() == DType::kF32;
+    if (in.sinks.defined()) args.sinks = in.sinks.data_as<float>(), args.sink_stride = in.sinks.stride(0);
+    flash_accumulate_cuda(args, in.q.dtype(), stream_);
+    return true;
+  }
   bool has_backward() const override { return true; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override {

@@ -54,6 +54,14 @@ struct CudaAttentionArgs {
   float* numerator = nullptr;      // the carry, (B, Hq, T, Dv) and (B, Hq, T) f32
   float* denominator = nullptr;
   float* max = nullptr;
+  // A single call's outputs (AttentionImpl::forward_direct): when o_direct is set, the kernel starts from
+  // an empty carry and ends by writing O ((B, T, Hq, Dv), q's dtype or f32) and LSE ((B, Hq, T)), the
+  // sinks folded in, instead of reading and writing the carry (the wgmma forward; see flash_cuda.h).
+  void* o_direct = nullptr;
+  float* lse_direct = nullptr;
+  bool o_f32 = false;
+  const float* sinks = nullptr;
+  int64_t sink_stride = 0;
   // The kernel queued just before this one on the stream writes nothing this one reads but the carry
   // (the ring's previous block): this one may start while it runs, waiting for it only before its
   // carry is read (programmatic dependent launch; the sm_90a flash kernel, others ignore it).

@@ -316,6 +316,30 @@ __device__ __forceinline__ void store_carry(const CudaAttentionArgs& a, int64_t 
   }
 }
 
+// A single call's end (CudaAttentionArgs::o_direct): this thread's two rows (row0, row0 + 8 of batch b,
+// head h) normalised with the sink, as finalize does a carry, and written as O and LSE.
+template <typename T, int DT>
+__device__ __forceinline__ void store_output(const CudaAttentionArgs& a, int b, int h, int row0, int lane,
+                                             const float (&o)[DT][4], const float (&m_row)[2], const float (&l_row)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + i * 8;
+    const float l = quad_sum(l_row[i]);
+    if (row >= a.q_len) continue;
+    const float m = m_row[i] == -INFINITY ? -INFINITY : m_row[i] / kLog2e;
+    const Normalized<float> done = softmax_normalize(SoftmaxState<float>{m, l}, a.sinks != nullptr,
+                                                     a.sinks != nullptr ? a.sinks[h * a.sink_stride] : 0.0f);
+    if (lane % 4 == 0) a.lse_direct[(int64_t(b) * a.q_heads + h) * a.q_len + row] = done.lse;
+    const int64_t at = ((int64_t(b) * a.q_len + row) * a.q_heads + h) * (DT * 8) + (lane % 4) * 2;
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      const float x = o[j][2 * i] * done.scale, y = o[j][2 * i + 1] * done.scale;
+      if (a.o_f32) *reinterpret_cast<float2*>(static_cast<float*>(a.o_direct) + at + j * 8) = float2{x, y};
+      else *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o_direct) + at + j * 8) = pack2<T>(x, y);
+    }
+  }
+}
+
 // Folds what this kernel computed for its two rows (O, max in log2 units, partial denominators, all
 // over the tiles it saw, starting from an empty carry) into the carry in memory and stores the sum:
 // read at the end rather than the start, the carry is the only input a kernel launched behind the

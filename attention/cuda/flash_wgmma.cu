@@ -35,11 +35,15 @@ __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b
 // kSegments: an instance that reads segment ids (the tiles of the block's documents only, found by
 // binary search where the ids are sorted; ids compared in masked tiles); the others compile without
 // them. Never launched behind a carry writer (SegmentRanges clears it).
-// kAfterCarryWriter: launched behind the previous block's kernel (CudaAttentionArgs::after_carry_writer),
-// this block's part starts empty and meets the carry at the end (merge_into_carry); otherwise it
-// starts from the carry, whose loads then overlap Q's. Two instantiations rather than a branch: the
-// kernel sits at its register limit and either branch in the other's code slowed it by 2%.
-template <typename T, int D, bool kAfterCarryWriter, bool kSegments>
+// How a block meets the carry. kFromCarry: it starts from the carry, whose loads then overlap Q's, and
+// stores it at the end. kAfterCarryWriter: launched behind the previous block's kernel
+// (CudaAttentionArgs::after_carry_writer), this block's part starts empty and meets the carry at the end
+// (merge_into_carry). kDirect: a single call (CudaAttentionArgs::o_direct) starts empty and writes O
+// and LSE, no carry at all. Instantiations rather than a branch: the kernel sits at its register limit
+// and either branch in the other's code slowed it by 2%.
+enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
+
+template <typename T, int D, CarryMode kMode, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
 
   float o[kTilesD][4], m_row[2], l_row[2];
   const int64_t carry_row0 = (int64_t(b) * a.q_heads + h) * a.q_len;
-  if constexpr (kAfterCarryWriter) {
+  if constexpr (kMode != CarryMode::kFromCarry) {
     m_row[0] = m_row[1] = -INFINITY, l_row[0] = l_row[1] = 0.0f;
 #pragma unroll
     for (int j = 0; j < kTilesD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -194,8 +198,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     wgmma::pin(o);
   }
   copy_wait_all();
-  if constexpr (!kAfterCarryWriter) {
+  if constexpr (kMode == CarryMode::kFromCarry) {
     store_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+  } else if constexpr (kMode == CarryMode::kDirect) {
+    store_output<T>(a, b, h, row0, lane, o, m_row, l_row);
   } else {
     // The kernel this one was launched behind has finished and its carry writes are visible. Every
     // block waits, those that see no key too: the next kernel waits only for this grid, so a grid of
@@ -213,9 +219,11 @@ constexpr size_t smem_bytes() {
 
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
-  auto kernel = a.q_segment_ranges    ? flash_wgmma_kernel<T, D, false, true>
-                : a.after_carry_writer ? flash_wgmma_kernel<T, D, true, false>
-                                       : flash_wgmma_kernel<T, D, false, false>;
+  using enum CarryMode;
+  auto kernel = a.o_direct ? (a.q_segment_ranges ? flash_wgmma_kernel<T, D, kDirect, true> : flash_wgmma_kernel<T, D, kDirect, false>)
+                : a.q_segment_ranges   ? flash_wgmma_kernel<T, D, kFromCarry, true>
+                : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false>
+                                       : flash_wgmma_kernel<T, D, kFromCarry, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<T, D>())));
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
@@ -238,7 +246,7 @@ bool flash_wgmma_available() {
   static const bool available = [] {
     cudaFuncAttributes attributes{};
     return cuda_device_count() > 0 &&
-           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128, false, false>) == cudaSuccess &&
+           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128, CarryMode::kFromCarry, false>) == cudaSuccess &&
            attributes.binaryVersion == 90;
   }();
   return available;
