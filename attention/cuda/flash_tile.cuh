@@ -111,17 +111,15 @@ __device__ __forceinline__ void tile_key_range(const CudaAttentionArgs& a, int t
   hi = warp_max(hi);
 }
 
-// The tiles [first, last] that can hold a key visible to a query in [q_lo, q_hi]. With sorted keys
-// the visible tiles are one interval (the mask is monotone in the key position): two binary searches.
+// The tiles [first, last] within [first, last] as given that can hold a key visible to a query in
+// [q_lo, q_hi]. With sorted keys the visible tiles are one interval (the mask is monotone in the key
+// position): two binary searches over the given tiles.
 template <int kBlockN>
-__device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t q_hi, int& first, int& last) {
-  const int num_tiles = (a.kv_len + kBlockN - 1) / kBlockN;
-  first = 0;
-  last = num_tiles - 1;
-  if (!a.pos.keys_sorted) return;
+__device__ void narrow_visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t q_hi, int& first, int& last) {
+  if (!a.pos.keys_sorted || first > last) return;
   if (a.window_left >= 0) {  // first tile whose last key >= q_lo - left
     const int64_t bound = q_lo - a.window_left;
-    int lo = 0, hi = num_tiles;
+    int lo = first, hi = last + 1;
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
       if (a.pos.k[min((mid + 1) * kBlockN, a.kv_len) - 1] >= bound) hi = mid;
@@ -133,7 +131,7 @@ __device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t 
   if (a.causal) limit = q_hi;
   if (a.window_right >= 0) limit = min(limit, q_hi + a.window_right);
   if (limit != INT64_MAX) {  // last tile whose first key <= limit
-    int lo = -1, hi = num_tiles - 1;
+    int lo = first - 1, hi = last;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
       if (a.pos.k[mid * kBlockN] <= limit) lo = mid;
@@ -141,6 +139,14 @@ __device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t 
     }
     last = lo;
   }
+}
+
+// The same over all the key tiles.
+template <int kBlockN>
+__device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t q_hi, int& first, int& last) {
+  first = 0;
+  last = (a.kv_len + kBlockN - 1) / kBlockN - 1;
+  narrow_visible_tiles<kBlockN>(a, q_lo, q_hi, first, last);
 }
 
 // The segment id of row `row` of batch b (ids is q_segment_ids or kv_segment_ids).
@@ -189,12 +195,22 @@ __device__ __forceinline__ int next_segment_tile(const CudaAttentionArgs& a, int
   return max(from, last + 1);
 }
 
+// What a kSegments instance may know of a tile's keys before masking it, so that masking reads neither
+// key's position nor its id where it need not: positions consecutive from first_pos (sorted keys that
+// fill their range), and one segment id for the whole tile.
+struct TileKeys {
+  bool consecutive = false;
+  int64_t first_pos = 0;
+  bool one_segment = false;
+  int32_t segment = 0;
+};
+
 // Positions and segment ids (causal, window, the ends of the sequences, documents; ids in kSegments
 // instances only) on one 16-row fragment of NT column groups starting at key n0; `row0` is this
 // thread's first row. Visible scores become log2 units, hidden ones -inf.
 template <bool kSegments, int NT>
 __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int n0, int lane,
-                                               int row0, float scale_log2) {
+                                               int row0, float scale_log2, const TileKeys* keys = nullptr) {
   const int64_t qpos0 = row0 < a.q_len ? a.pos.q[row0] : 0, qpos1 = row0 + 8 < a.q_len ? a.pos.q[row0 + 8] : 0;
   const bool segments = kSegments && a.q_segment_ids.data != nullptr;
   const int32_t qseg0 = segments && row0 < a.q_len ? segment_id(a.q_segment_ids, b, row0) : 0;
@@ -205,9 +221,13 @@ __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float
     for (int e = 0; e < 4; ++e) {
       const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
       const int row = row0 + (e < 2 ? 0 : 8);
+      const bool consecutive = kSegments && keys != nullptr && keys->consecutive;
       bool visible = col < a.kv_len && row < a.q_len &&
-                     position_visible(e < 2 ? qpos0 : qpos1, a.pos.k[col], a.causal, a.window_left, a.window_right);
-      if (segments && visible) visible = segment_id(a.kv_segment_ids, b, col) == (e < 2 ? qseg0 : qseg1);
+                     position_visible(e < 2 ? qpos0 : qpos1, consecutive ? keys->first_pos + (col - n0) : a.pos.k[col],
+                                      a.causal, a.window_left, a.window_right);
+      if (segments && visible)
+        visible = (keys != nullptr && keys->one_segment ? keys->segment : segment_id(a.kv_segment_ids, b, col)) ==
+                  (e < 2 ? qseg0 : qseg1);
       s[j][e] = visible ? s[j][e] * scale_log2 : -INFINITY;
     }
 }

@@ -92,13 +92,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   const float scale_log2 = a.scale * kLog2e;
 
   int first, last;
-  visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
   int2 group_seg{}, tile_seg{};  // this warpgroup's segment ids and step i's keys' (ranges of 64-row chunks)
   if (kSegments && a.q_segment_ranges) {
     group_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0 + group * 64, 64);
-    const int2 keys = segment_range(a.q_key_windows, a.q_len, b, m0, kBlockM);  // sorted ids: the documents' keys
-    first = max(first, keys.x / kBlockN);
-    last = keys.y > 0 ? min(last, (keys.y - 1) / kBlockN) : -1;
+    // The keys of the block's documents (sorted ids) first: the position search then spans only them.
+    const int2 keys = segment_range(a.q_key_windows, a.q_len, b, m0, kBlockM);
+    first = keys.x / kBlockN;
+    last = keys.y > 0 ? (keys.y - 1) / kBlockN : -1;
+    narrow_visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
+  } else {
+    visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
   }
   const int tiles = last - first + 1;  // <= 0: none
   if (tiles > 0) load_slabs<T, D, kBlockN>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
@@ -146,9 +149,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     tile_key_range<kBlockN>(a, tile, lane, k_lo, k_hi);
     // Tiles this warpgroup sees whole keep raw scores and fold the scale into the exponent's FFMA.
     BlockKind kind = classify_block(group_q_lo, group_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
-    if (kSegments && a.kv_segment_ranges) kind = with_segments(a, kind, group_seg, tile_seg);
+    TileKeys keys;
+    if (kSegments && a.kv_segment_ranges) {
+      kind = with_segments(a, kind, group_seg, tile_seg);
+      keys = TileKeys{a.pos.keys_sorted && k_hi - k_lo == min(kBlockN, a.kv_len - tile * kBlockN) - 1, k_lo,
+                      tile_seg.x == tile_seg.y, tile_seg.x};
+    }
     const bool masked = kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
-    if (masked) mask_positions<kSegments>(a, s, b, tile * kBlockN, lane, row0, scale_log2);
+    if (masked) mask_positions<kSegments>(a, s, b, tile * kBlockN, lane, row0, scale_log2, &keys);
     softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale_log2, alpha);
   };
   auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
