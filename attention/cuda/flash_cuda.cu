@@ -120,15 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
 
   int first, last;
-  if (kSegments && a.kv_segment_ranges) {
-    // The keys of the block's documents (sorted ids) first: the position search then spans only them.
-    const int2 keys = segment_range(a.q_key_windows, a.q_len, b, m0, kBlockM);
-    first = keys.x / kBlockN;
-    last = keys.y > 0 ? (keys.y - 1) / kBlockN : -1;
-    narrow_visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
-  } else {
-    visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
-  }
+  block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   first = next_segment_tile<kBlockN, kSegments>(a, b, block_seg, first, last, lane);
   if (first <= last) {
     load_tile<T, D>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);

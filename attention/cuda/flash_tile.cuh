@@ -195,6 +195,22 @@ __device__ __forceinline__ int next_segment_tile(const CudaAttentionArgs& a, int
   return max(from, last + 1);
 }
 
+// The key tiles [first, last] that the kBlockM queries from m0 (positions [q_lo, q_hi]) can see. A kSegments
+// instance with segment ids looks only among the tiles of the block's documents' keys (all tiles where the
+// ids are not sorted), so that the position search spans only them.
+template <int kBlockN, int kBlockM, bool kSegments>
+__device__ __forceinline__ void block_visible_tiles(const CudaAttentionArgs& a, int b, int m0, int64_t q_lo, int64_t q_hi,
+                                                    int& first, int& last) {
+  if (kSegments && a.q_key_windows) {
+    const int2 keys = segment_range(a.q_key_windows, a.q_len, b, m0, kBlockM);
+    first = keys.x / kBlockN;
+    last = keys.y > 0 ? (keys.y - 1) / kBlockN : -1;
+    narrow_visible_tiles<kBlockN>(a, q_lo, q_hi, first, last);
+  } else {
+    visible_tiles<kBlockN>(a, q_lo, q_hi, first, last);
+  }
+}
+
 // What a kSegments instance may know of a tile's keys before masking it, so that masking reads neither
 // key's position nor its id where it need not: positions consecutive from first_pos (sorted keys that
 // fill their range), and one segment id for the whole tile.

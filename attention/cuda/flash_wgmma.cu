@@ -91,18 +91,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   }
   const float scale_log2 = a.scale * kLog2e;
 
-  int first, last;
   int2 group_seg{}, tile_seg{};  // this warpgroup's segment ids and step i's keys' (ranges of 64-row chunks)
-  if (kSegments && a.q_segment_ranges) {
-    group_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0 + group * 64, 64);
-    // The keys of the block's documents (sorted ids) first: the position search then spans only them.
-    const int2 keys = segment_range(a.q_key_windows, a.q_len, b, m0, kBlockM);
-    first = keys.x / kBlockN;
-    last = keys.y > 0 ? (keys.y - 1) / kBlockN : -1;
-    narrow_visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
-  } else {
-    visible_tiles<kBlockN>(a, block_q_lo, block_q_hi, first, last);
-  }
+  if (kSegments && a.q_segment_ranges) group_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0 + group * 64, 64);
+  int first, last;
+  block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   const int tiles = last - first + 1;  // <= 0: none
   if (tiles > 0) load_slabs<T, D, kBlockN>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
   copy_commit();

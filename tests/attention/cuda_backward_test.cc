@@ -76,16 +76,9 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   // Packed and cycled documents on shapes of many key and query blocks (D 64 / 128 / 256): query blocks
   // that share no document with a key block are skipped, blocks inside one run unmasked; each kernel
   // forced on the options wgmma runs, and auto with the extras (the mma.sync extras kernel).
-  const Shape documents[] = {{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 400, 400, 2, 1, 256}};
-  for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled})
-    for (FlashKernel kernel : {FlashKernel::kAuto, FlashKernel::kWgmma, FlashKernel::kMmaSync})
-      for (int o = 0; o < 4; ++o) {
-        const Shape& sh = documents[seed % std::size(documents)];
-        ProblemSpec spec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, o % 2 ? DType::kBF16 : DType::kF16,
-                         document_options(o, kernel == FlashKernel::kAuto), seed++};
-        spec.segment_ids = ids;
-        cases.push_back({"flash_attn2", spec, kernel});
-      }
+  for (const DocumentCase& c :
+       document_cases({{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 400, 400, 2, 1, 256}}, seed))
+    cases.push_back({"flash_attn2", c.spec, c.kernel});
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},

@@ -66,16 +66,9 @@ std::vector<CudaCase> all_cases() {
   // Packed and cycled documents on shapes of many 64- and 128-row blocks: key tiles that share no
   // document with a query block are skipped, tiles inside one run unmasked, the rest compare ids; each
   // kernel forced on the options wgmma runs, and auto with the extras (the mma.sync extras kernel).
-  const Shape documents[] = {{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 520, 520, 2, 1, 64}};
-  for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled})
-    for (FlashKernel kernel : {FlashKernel::kAuto, FlashKernel::kWgmma, FlashKernel::kMmaSync})
-      for (int o = 0; o < 4; ++o) {
-        const Shape& sh = documents[seed % std::size(documents)];
-        ProblemSpec spec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, o % 2 ? DType::kBF16 : DType::kF16,
-                         document_options(o, kernel == FlashKernel::kAuto), seed++};
-        spec.segment_ids = ids;
-        cases.push_back({"flash_attn2", spec, kernel});
-      }
+  for (const DocumentCase& c :
+       document_cases({{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 520, 520, 2, 1, 64}}, seed))
+    cases.push_back({"flash_attn2", c.spec, c.kernel});
 #if RA_HAVE_CUDNN
   // cudnn: the options it expresses (causal with S >= T, sinks through our finalize), GQA, D 64 / 128 /
   // 256 (where the installed cuDNN runs it, e.g. Hopper; elsewhere its refusal, by name, skips the case).

@@ -1,6 +1,8 @@
 // Test helpers for the CUDA flash kernels' choice (AttentionParams::flash_kernel: mma.sync or wgmma, both passes).
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,27 @@ inline Options document_options(int o, bool extras) {
   opt.mask = extras && o == 2;
   opt.dropout = extras && o == 3;
   return opt;
+}
+
+// Packed and cycled documents on `shapes` (B, T, S, Hq, Hkv, D; shapes of many 64- and 128-row blocks, taken
+// in turn by seed): each flash kernel forced on the options wgmma runs beside segment ids, and `auto` with
+// the extras (the mma.sync extras kernel); f16 and bf16 by turns. `seed` counts on.
+struct DocumentCase {
+  ProblemSpec spec;
+  FlashKernel kernel;
+};
+inline std::vector<DocumentCase> document_cases(const std::vector<std::array<int64_t, 6>>& shapes, uint64_t& seed) {
+  std::vector<DocumentCase> cases;
+  for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled})
+    for (FlashKernel kernel : {FlashKernel::kAuto, FlashKernel::kWgmma, FlashKernel::kMmaSync})
+      for (int o = 0; o < 4; ++o) {
+        const auto& [b, t, s, hq, hkv, d] = shapes[seed % shapes.size()];
+        ProblemSpec spec{b, t, s, hq, hkv, d, d, o % 2 ? DType::kBF16 : DType::kF16,
+                         document_options(o, kernel == FlashKernel::kAuto), seed++};
+        spec.segment_ids = ids;
+        cases.push_back({spec, kernel});
+      }
+  return cases;
 }
 
 // "", "_packed" or "_cycled": the test name's mark of ProblemSpec::segment_ids.
