@@ -157,45 +157,64 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_g
          std::to_string(s.q_heads / s.kv_heads);
 });
 
-#if RA_HAVE_CUDNN
-// cudnn writes dq, dk and dv straight into the caller's views in q's dtype (a framework's tensors, as
-// the Python layer gives them), causal and not, against the f64 gradients.
-TEST(CudnnBackward, IntoTheCallersViewsMatchesTheReference) {
+// forward_into and backward into the caller's views in q's dtype (a framework's tensors, as the Python
+// layer gives them): flash_attn2 (the wgmma forward writing O and LSE itself, dK / dV from its kernels;
+// with sinks and packed documents) and cudnn (straight into the views), causal and not, against f64.
+TEST(BackwardInto, TheCallersViewsMatchTheReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  for (bool causal : {false, true}) {
-    Options opt;
-    opt.causal = causal;
-    const ProblemSpec spec{1, 131, 203, 8, 4, 128, 128, DType::kBF16, opt, 950 + uint64_t(causal)};
-    Problem problem(spec);
-    const AttentionInputs host_in = problem.inputs();
-    const InputsCopy dev = copy_inputs(host_in, MemoryKind::kCuda);
-    std::mt19937_64 rng(spec.seed);
-    const Tensor d_o = random_normal(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, rng, 1.0f);
-    const Tensor d_o_device = to_memory(d_o, MemoryKind::kCuda);
-    auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
-    const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
-    const Tensor o(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, MemoryKind::kCuda);
-    const Tensor lse(DType::kF32, {1, spec.q_heads, spec.q_len}, MemoryKind::kCuda);
-    const Tensor dq(spec.dtype, dev.inputs.q.shape(), MemoryKind::kCuda), dk(spec.dtype, dev.inputs.k.shape(), MemoryKind::kCuda),
-        dv(spec.dtype, dev.inputs.v.shape(), MemoryKind::kCuda);
-    const GradViews into{dq.view(), dk.view(), dv.view(), {}};
-    try {
-      impl->forward_into(dev.inputs, problem.params(), pos, ForwardViews{o.view(), lse.view()});
-      impl->backward(dev.inputs, problem.params(), pos, d_o_device, ForwardViews{o.view(), lse.view()}, false, &into);
-    } catch (const Error& e) {
-      if (e.message().find("does not run it on this GPU") != std::string::npos) GTEST_SKIP() << e.message();
-      throw;
+  std::vector<std::string> impls = {"flash_attn2"};
+#if RA_HAVE_CUDNN
+  impls.push_back("cudnn");
+#endif
+  for (const std::string& name : impls)
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(name + (causal ? " causal" : ""));
+      Options opt;
+      opt.causal = causal;
+      opt.sinks = opt.segments = name == "flash_attn2";
+      ProblemSpec spec{1, 331, 403, 8, 4, 128, 128, DType::kBF16, opt, 950 + uint64_t(causal)};
+      spec.segment_ids = SegmentIds::kPacked;
+      Problem problem(spec);
+      const AttentionInputs host_in = problem.inputs();
+      const InputsCopy dev = copy_inputs(host_in, MemoryKind::kCuda);
+      std::mt19937_64 rng(spec.seed);
+      const Tensor d_o = random_normal(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, rng, 1.0f);
+      const Tensor d_o_device = to_memory(d_o, MemoryKind::kCuda);
+      auto impl = AttentionRegistry::builtin().create(name, Backend::kCuda);
+      const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+      const Tensor o(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, MemoryKind::kCuda);
+      const Tensor lse(DType::kF32, {1, spec.q_heads, spec.q_len}, MemoryKind::kCuda);
+      const Tensor dq(spec.dtype, dev.inputs.q.shape(), MemoryKind::kCuda);
+      const Tensor dk(spec.dtype, dev.inputs.k.shape(), MemoryKind::kCuda), dv(spec.dtype, dev.inputs.v.shape(), MemoryKind::kCuda);
+      const GradViews into{dq.view(), dk.view(), dv.view(), {}};
+      Gradients g;
+      try {
+        impl->forward_into(dev.inputs, problem.params(), pos, ForwardViews{o.view(), lse.view()});
+        g = impl->backward(dev.inputs, problem.params(), pos, d_o_device, ForwardViews{o.view(), lse.view()}, false, &into);
+      } catch (const Error& e) {
+        if (e.message().find("does not run it on this GPU") != std::string::npos) GTEST_SKIP() << e.message();
+        throw;
+      }
+      RA_CUDA_CHECK(cudaDeviceSynchronize());
+      const ReferenceOutput ref_out = reference_attention_f64(host_in, problem.params(), pos);
+      const Comparison out = compare(to_memory(o, MemoryKind::kHost), to_memory(lse, MemoryKind::kHost), ref_out,
+                                     output_tolerance(spec.dtype, max_abs_value(host_in.v)), kLseTolerance);
+      EXPECT_EQ(out.nan, 0);
+      EXPECT_EQ(out.wrong, 0) << "o / lse: max |error| " << out.max_abs_error << ", LSE " << out.max_lse_error;
+      const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
+      for (auto [got, want, what] : {std::tuple{&dq, &ref.dq, "dq"}, std::tuple{&dk, &ref.dk, "dk"}, std::tuple{&dv, &ref.dv, "dv"}}) {
+        const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, spec.dtype);
+        EXPECT_EQ(cmp.nan, 0) << what;
+        EXPECT_EQ(cmp.wrong, 0) << what << ": max |error| " << cmp.max_abs_error;
+      }
+      if (host_in.sinks.defined()) {
+        const GradientComparison cmp = compare_gradient(to_memory(g.dsinks, MemoryKind::kHost), ref.dsinks, spec.dtype);
+        EXPECT_EQ(cmp.wrong, 0) << "dsinks: max |error| " << cmp.max_abs_error;
+      }
     }
-    RA_CUDA_CHECK(cudaDeviceSynchronize());
-    const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
-    for (auto [got, want, name] : {std::tuple{&dq, &ref.dq, "dq"}, std::tuple{&dk, &ref.dk, "dk"}, std::tuple{&dv, &ref.dv, "dv"}}) {
-      const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, spec.dtype);
-      EXPECT_EQ(cmp.nan, 0) << name;
-      EXPECT_EQ(cmp.wrong, 0) << name << (causal ? " causal" : "") << ": max |error| " << cmp.max_abs_error;
-    }
-  }
 }
 
+#if RA_HAVE_CUDNN
 // cudnn's backward over the keys cut into parts, as the GPU ring cuts its own block (half the keys at
 // its first step, half at its last): parts whose causal diagonal cuDNN cannot express as one block
 // (queries starting before the keys, keys starting before the queries off the bottom-right diagonal)
