@@ -44,6 +44,7 @@ struct CudaAttentionArgs {
   // where both sides' ids never decrease along the rows (packed documents), else all of them.
   const int2* q_key_windows = nullptr;
   const int2* kv_query_windows = nullptr;
+  const int* segments_sorted = nullptr;  // non-zero where both sides' ids never decrease (device memory)
   DevicePositions pos;
   int batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
   float scale = 1.0f, soft_cap = 0.0f, dropout_prob = 0.0f;

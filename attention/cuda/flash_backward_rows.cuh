@@ -9,6 +9,7 @@
 #include "attention/block_kind.h"
 #include "attention/cuda/flash_backward_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
+#include "attention/cuda/segment_ranges.h"
 
 namespace ra::flash {
 
@@ -46,9 +47,13 @@ __device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a,
 }
 
 // The query rows [first, end) that can share a segment with the kBlockN keys from n0 (sorted segment
-// ids: their documents' rows, segment_ranges.h); all rows otherwise and without kSegments.
+// ids: their documents' rows, segment_ranges.h); all rows otherwise and without kSegments. one_document:
+// sorted ids and the keys all of one document, whose rows are then every row of the window's chunks
+// but its first and last (the ids never decrease: the first chunk's largest id and the last's smallest
+// reach the keys' one, so every chunk between holds it alone).
 struct QueryWindow {
   int first = 0, end = INT_MAX;
+  bool one_document = false;
 };
 template <int kBlockN, bool kSegments>
 __device__ __forceinline__ QueryWindow query_window(const CudaAttentionArgs& a, int b, int n0) {
@@ -56,6 +61,8 @@ __device__ __forceinline__ QueryWindow query_window(const CudaAttentionArgs& a, 
   if (kSegments && a.kv_query_windows) {
     const int2 rows = segment_range(a.kv_query_windows, a.kv_len, b, n0, kBlockN);
     w.first = rows.x, w.end = rows.y;
+    const int2 keys = segment_range(a.kv_segment_ranges, a.kv_len, b, n0, kBlockN);
+    w.one_document = *a.segments_sorted && keys.x == keys.y;
   }
   return w;
 }
@@ -65,7 +72,8 @@ __device__ __forceinline__ QueryWindow query_window(const CudaAttentionArgs& a, 
 // and its kind; false past the group's last head. Called by whole warps. The candidate at (h, m0) is
 // checked by the warp together (the walk's usual case: it is visible); past a hidden one, each lane
 // checks its own candidate, 32 at a time, so that a causal block's long run of hidden query blocks (or
-// unsorted documents') costs a few rounds instead of one round trip to memory each.
+// unsorted documents') costs a few rounds instead of one round trip to memory each. A block inside one
+// document (QueryWindow) is classified by positions alone: no segment ranges read in the walk's usual step.
 template <int kBlockM, int kBlockN, bool kSegments>
 __device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, int b, int kh, int n0, int64_t k_lo,
                                                   int64_t k_hi, QueryWindow window, int lane, int& h, int& m0,
@@ -82,18 +90,28 @@ __device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, in
   if constexpr (kSegments) m0 = max(m0, start);
   if (m0 >= end) ++h, m0 = start;
   if (h >= h_end) return false;
-  // Read here rather than held across the walk (registers the kernels spill otherwise).
-  const int2 k_seg = kSegments && a.kv_segment_ranges ? segment_range(a.kv_segment_ranges, a.kv_len, b, n0, kBlockN) : int2{};
+  // Whether the block from m row lies inside the keys' one document: past the window's first chunk and
+  // before its last.
+  auto in_document = [&](int m) {
+    return kSegments && window.one_document && m >= window.first + kSegmentChunkRows &&
+           m + kBlockM <= (end - 1) / kSegmentChunkRows * kSegmentChunkRows;
+  };
+  // Read where needed rather than held across the walk (registers the kernels spill otherwise).
+  auto key_segments = [&] {
+    return kSegments && a.kv_segment_ranges ? segment_range(a.kv_segment_ranges, a.kv_len, b, n0, kBlockN) : int2{};
+  };
   if (a.pos.queries_sorted) {  // the block's first and last rows bound it: no scan
-    kind = lane_block_kind<kBlockM, kSegments>(a, b, k_seg, m0, k_lo, k_hi);
+    kind = in_document(m0) ? lane_block_kind<kBlockM, false>(a, b, int2{}, m0, k_lo, k_hi)
+                           : lane_block_kind<kBlockM, kSegments>(a, b, key_segments(), m0, k_lo, k_hi);
   } else {
     int64_t q_lo, q_hi;
     position_range(a.pos.q, m0, kBlockM, a.q_len, lane, q_lo, q_hi);
     kind = classify_block(q_lo, q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
-    if (kSegments && a.q_segment_ranges)
-      kind = with_segments(a, kind, segment_range(a.q_segment_ranges, a.q_len, b, m0, kBlockM), k_seg);
+    if (kSegments && a.q_segment_ranges && !in_document(m0))
+      kind = with_segments(a, kind, segment_range(a.q_segment_ranges, a.q_len, b, m0, kBlockM), key_segments());
   }
   if (kind != BlockKind::kSkip) return true;
+  const int2 k_seg = key_segments();
   m0 += kBlockM;
   for (; h < h_end; ++h, m0 = start)
     for (; m0 < end; m0 += 32 * kBlockM) {

@@ -94,6 +94,7 @@ SegmentRanges::SegmentRanges(CudaAttentionArgs& a, cudaStream_t stream) : stream
   a.kv_segment_ranges = kv_ranges;
   a.q_key_windows = q_windows;
   a.kv_query_windows = kv_windows;
+  a.segments_sorted = sorted;
   a.after_carry_writer = false;
 }
 

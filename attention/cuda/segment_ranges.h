@@ -14,8 +14,8 @@ namespace ra {
 
 constexpr int kSegmentChunkRows = 64;
 
-// Fills args.q_segment_ranges, args.kv_segment_ranges, args.q_key_windows and args.kv_query_windows
-// when args has segment ids (nothing otherwise),
+// Fills args.q_segment_ranges, args.kv_segment_ranges, args.q_key_windows, args.kv_query_windows and
+// args.segments_sorted when args has segment ids (nothing otherwise),
 // from a call temporary queued on `stream` and released there when this object dies: keep it alive
 // until the kernels that read them are queued. With segment ids it clears args.after_carry_writer: a
 // kernel launched behind this one's small kernel could read the ranges before they are written.
