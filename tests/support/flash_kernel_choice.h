@@ -39,7 +39,7 @@ inline Options document_options(int o, bool extras) {
   return opt;
 }
 
-// Packed and cycled documents on `shapes` (B, T, S, Hq, Hkv, D; shapes of many 64- and 128-row blocks, taken
+// Packed, cycled and long documents on `shapes` (B, T, S, Hq, Hkv, D; shapes of many 64- and 128-row blocks, taken
 // in turn by seed): each flash kernel forced on the options wgmma runs beside segment ids, and `auto` with
 // the extras (the mma.sync extras kernel); f16 and bf16 by turns. `seed` counts on.
 struct DocumentCase {
@@ -48,7 +48,7 @@ struct DocumentCase {
 };
 inline std::vector<DocumentCase> document_cases(const std::vector<std::array<int64_t, 6>>& shapes, uint64_t& seed) {
   std::vector<DocumentCase> cases;
-  for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled})
+  for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled, SegmentIds::kLong})
     for (FlashKernel kernel : {FlashKernel::kAuto, FlashKernel::kWgmma, FlashKernel::kMmaSync})
       for (int o = 0; o < 4; ++o) {
         const auto& [b, t, s, hq, hkv, d] = shapes[seed % shapes.size()];
@@ -62,7 +62,7 @@ inline std::vector<DocumentCase> document_cases(const std::vector<std::array<int
 
 // "", "_packed" or "_cycled": the test name's mark of ProblemSpec::segment_ids.
 inline std::string segment_ids_suffix(SegmentIds ids) {
-  return ids == SegmentIds::kPacked ? "_packed" : ids == SegmentIds::kCycled ? "_cycled" : "";
+  return ids == SegmentIds::kPacked ? "_packed" : ids == SegmentIds::kCycled ? "_cycled" : ids == SegmentIds::kLong ? "_long" : "";
 }
 
 }  // namespace ra::test

@@ -71,7 +71,9 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
     kv_seg = Tensor(DType::kI32, {B, S});
     for (int64_t b = 0; b < B; ++b) {
       const uint64_t longest = spec.segment_ids == SegmentIds::kFew ? uint64_t(S / 3 + 1)
-                               : spec.segment_ids == SegmentIds::kPacked ? 96 : 40;
+                               : spec.segment_ids == SegmentIds::kPacked ? 96
+                               : spec.segment_ids == SegmentIds::kLong   ? 400
+                                                                         : 40;
       std::vector<int64_t> cu{0};
       while (cu.back() < S) cu.push_back(std::min<int64_t>(S, cu.back() + 1 + int64_t(rng() % longest)));
       std::vector<int32_t> ids = segment_ids_from_cu_seqlens(cu);

@@ -25,8 +25,9 @@ std::vector<Options> option_sets();
 
 // How options.segments draws the ids: kFew sorted runs of up to S / 3 rows; kPacked sorted runs of 1 to 96
 // rows (many documents: most blocks of queries and keys share none); kCycled runs of 1 to 40 rows whose
-// ids cycle 0, 1, 2 (unsorted: one id recurs far apart, blocks' id ranges overlap without sharing).
-enum class SegmentIds { kFew, kPacked, kCycled };
+// ids cycle 0, 1, 2 (unsorted: one id recurs far apart, blocks' id ranges overlap without sharing); kLong
+// sorted runs of 1 to 400 rows (key blocks inside one document, query blocks inside it and across its edges).
+enum class SegmentIds { kFew, kPacked, kCycled, kLong };
 
 struct ProblemSpec {
   int64_t batch = 1, q_len = 16, kv_len = 16, q_heads = 2, kv_heads = 2, head_dim = 32, v_head_dim = 32;
