@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/ring/block_schedule.h"
+#include "attention/ring/ring_schedule.h"
 #include "attention/carry.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/registry.h"
@@ -71,8 +71,8 @@ struct Variant {
 
 class Chain {
  public:
-  Chain(const Options& o, cudaStream_t stream) : o_(o), stream_(stream), local_len_(o.seq / o.ranks) {
-    const SequenceLayout layout = parse_layout(o.layout);
+  Chain(const Options& o, cudaStream_t stream)
+      : o_(o), stream_(stream), local_len_(o.seq / o.ranks), schedule_(parse_layout(o.layout), o.seq, o.seq, o.ranks, o.rank) {
     RA_CHECK(o.seq % (2 * o.ranks) == 0, "--seq ", o.seq, ": this bench splits it into 2 x --ranks equal chunks");
     params_.causal = o.causal;
     std::mt19937_64 rng(7);
@@ -85,18 +85,11 @@ class Chain {
     carry_ = Carry::empty(1, o.heads, local_len_, o.head_dim, MemoryKind::kCuda);
     // One upload: this rank's query positions, then every rank's key positions (as the ring does).
     TokenPositions all;
-    all.q = layout_query_positions(layout, o.seq, o.seq, o.ranks, o.rank);
+    all.q = schedule_.query_positions();
+    all.k = schedule_.all_keys();
     all.total_keys = o.seq;
-    for (int r = 0; r < o.ranks; ++r) {
-      keys_.push_back(layout_indices(layout, o.seq, o.ranks, r));
-      all.k.insert(all.k.end(), keys_.back().begin(), keys_.back().end());
-    }
-    query_positions_ = all.q;
-    q_lo_ = *std::min_element(all.q.begin(), all.q.end());
-    q_hi_ = *std::max_element(all.q.begin(), all.q.end());
     positions_ = upload_.upload(all, stream_);
-    auto sorted = [](const std::vector<int64_t>& k) { return std::is_sorted(k.begin(), k.end()); };
-    positions_.keys_sorted = std::all_of(keys_.begin(), keys_.end(), sorted);
+    positions_.keys_sorted = schedule_.keys_sorted();
     local_ = make_local();
   }
 
@@ -106,15 +99,15 @@ class Chain {
     begin_.record(stream_);
     bool after_kernel = false;
     for (int step = 0; step < o_.ranks; ++step) {
-      const int src = ring_source_rank(o_.rank, step, o_.ranks);
+      const int src = schedule_.source(step);
       if (step > 0 && (variant.between == Between::kRecord || variant.between == Between::kRecordAndWait))
         compute_done_.record(stream_);
       if (step > 0 && variant.between == Between::kTimedRecord) timed_done_.record(stream_);
       if (step > 0 && (variant.between == Between::kWait || variant.between == Between::kRecordAndWait))
         RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, other_done_.get(), 0));
-      if (ring_block_skipped(q_lo_, q_hi_, keys_[size_t(src)], params_)) continue;
-      const DevicePositions pos{positions_.q, positions_.k + int64_t(src) * local_len_, positions_.total_keys,
-                                positions_.keys_sorted, query_positions_.data(), keys_[size_t(src)].data()};
+      if (schedule_.skipped(src, params_)) continue;
+      const DevicePositions pos{positions_.q, positions_.k + schedule_.key_offset(src), positions_.total_keys,
+                                positions_.keys_sorted, schedule_.query_positions().data(), schedule_.keys(src).data()};
       local_->set_after_carry_writer(variant.overlap && after_kernel);
       local_->accumulate_device(inputs_.inputs, pos, params_, carry_);
       after_kernel = true;
@@ -149,9 +142,7 @@ class Chain {
   AttentionParams params_;
   InputsCopy inputs_;
   Carry carry_;
-  std::vector<std::vector<int64_t>> keys_;
-  std::vector<int64_t> query_positions_;
-  int64_t q_lo_ = 0, q_hi_ = 0;
+  RingSchedule schedule_;
   DevicePositionBuffer upload_;
   DevicePositions positions_;
   std::unique_ptr<CudaAttentionImpl> local_;

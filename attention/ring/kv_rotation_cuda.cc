@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "attention/ring/block_schedule.h"
+#include "attention/ring/ring_schedule.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
 

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <vector>
 
-#include "attention/ring/block_schedule.h"
 #include "attention/ring/host_block.h"
 #include "attention/cpu/exact_sum_cpu.h"
 #include "attention/registry.h"
@@ -22,12 +21,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
-
-std::vector<int64_t> layout_query_positions(SequenceLayout layout, int64_t q_len, int64_t kv_len, int parts, int index) {
-  std::vector<int64_t> positions = layout_indices(layout, q_len, parts, index);
-  for (int64_t& p : positions) p += kv_len - q_len;
-  return positions;
-}
 
 RingTransport parse_ring_transport(const std::string& name) {
   if (name == "auto") return RingTransport::kAuto;
@@ -59,11 +52,9 @@ TokenPositions ring_positions(const RingContext& ctx) {
   return pos;
 }
 
-bool ring_block_skipped(int64_t q_lo, int64_t q_hi, std::span<const int64_t> source_keys, const AttentionParams& params) {
-  if (source_keys.empty()) return true;
-  const auto [k_lo, k_hi] = std::minmax_element(source_keys.begin(), source_keys.end());
-  return classify_block(q_lo, q_hi, *k_lo, *k_hi, params.causal, params.window_left, params.window_right) ==
-         BlockKind::kSkip;
+RingSchedule ring_schedule(const RingContext& ctx) {
+  RA_CHECK(ctx.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
+  return RingSchedule(ctx.layout, ctx.global_q_len, ctx.global_kv_len, ctx.comm->size(), ctx.comm->rank());
 }
 
 namespace {
@@ -106,8 +97,8 @@ AttentionInputs KvBlockLayout::view(const AttentionInputs& in, char* base, int64
   return block;
 }
 
-RingAttention::RingAttention(RingContext ctx, Backend backend) : ctx_(std::move(ctx)), backend_(backend) {
-  RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
+RingAttention::RingAttention(RingContext ctx, Backend backend)
+    : ctx_(std::move(ctx)), schedule_(ring_schedule(ctx_)), backend_(backend) {
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
   local_ = AttentionRegistry::builtin().create(ctx_.local_impl, backend);
 }
@@ -142,12 +133,12 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
                                   const FaultPlan& fault, const BlockVisitor& visit) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
-  const int64_t local_kv = layout_rows(ctx_.layout, ctx_.global_kv_len, n, rank);
+  const int64_t local_kv = schedule_.rows(rank);
   RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
            ", expected the local shard of ", local_kv, " rows");
   // One contiguous buffer per block: the header, then k, v and the kv segment ids packed tight, in
   // sections sized for the longest shard (shards of a length that does not divide differ by a row).
-  const KvBlockLayout layout(in, layout_max_rows(ctx_.layout, ctx_.global_kv_len, n), 1);
+  const KvBlockLayout layout(in, schedule_.slot_rows(), 1);
   const size_t payload = layout.payload, bytes = kBlockHeaderBytes + payload;
   BlockBuffers buffers(payload, 2);
   char* const first = buffers[0] + kBlockHeaderBytes;
@@ -162,16 +153,17 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
   }
   seal_block(buffers[0], rank, payload, ctx_.verify_blocks);
   const std::string block_name = "K/V block (k " + in.k.shape().str() + " and v " + in.v.shape().str() + ")";
+  // The schedule skips blocks by the layout's query positions: the caller's must be those.
+  RA_CHECK(pos.q == schedule_.query_positions(), "ring: the query positions passed on rank ", rank,
+           " are not this rank's under the ", layout_name(ctx_.layout), " layout (use ring_positions(ctx))");
   // A rank that holds no query (fewer tokens than ranks) still forwards every block.
   const bool no_queries = pos.q.empty();
-  const int64_t q_lo = no_queries ? 0 : *std::min_element(pos.q.begin(), pos.q.end());
-  const int64_t q_hi = no_queries ? -1 : *std::max_element(pos.q.begin(), pos.q.end());
 
   int cur = 0;
   for (int step = 0; step < n; ++step) {
     // Phase 1: start moving the block we hold to the next rank (except on the last step).
     inject_process_fault(fault, rank, step);
-    const int src = ring_source_rank(rank, step, n);
+    const int src = schedule_.source(step);
     if (step + 1 < n)
       set_activity("ring step %d of %d: folding the K/V block of rank %d (next block in flight from rank %d)", step, n,
                    src, comm.previous());
@@ -184,8 +176,8 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
     block_pos.q = pos.q;
     block_pos.total_keys = ctx_.global_kv_len;
     const auto t0 = std::chrono::steady_clock::now();
-    block_pos.k = layout_indices(ctx_.layout, ctx_.global_kv_len, n, src);
-    if (no_queries || ring_block_skipped(q_lo, q_hi, block_pos.k, params)) {
+    block_pos.k = schedule_.keys(src);
+    if (no_queries || schedule_.skipped(src, params)) {
       ++stats_.skipped;
       visit(nullptr, block_pos, step, src);
     } else {
@@ -209,7 +201,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
       inject_corruption(fault, rank, step, buffers[cur] + kBlockHeaderBytes, payload);
-      check_arrived_block(buffers[cur], payload, rank, comm.previous(), step, ring_source_rank(rank, step + 1, n),
+      check_arrived_block(buffers[cur], payload, rank, comm.previous(), step, schedule_.source(step + 1),
                           block_name);
     }
     ++stats_.steps;

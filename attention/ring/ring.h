@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention/attention_impl.h"
+#include "attention/ring/ring_schedule.h"
 #include "collectives/communicator.h"
 #include "mesh/sequence_layout.h"
 #include "runtime/fault_injection.h"
@@ -60,16 +61,11 @@ struct RingContext {
   std::function<void(int step, int steps)> on_step;
 };
 
-// Key-axis positions of the query rows that part `index` of `parts` holds under the layout: global
-// query index + (S - T), queries aligned to the end of the keys.
-std::vector<int64_t> layout_query_positions(SequenceLayout layout, int64_t q_len, int64_t kv_len, int parts, int index);
-
 // Positions of this rank's rows under the layout: its queries, and its own K/V rows.
 TokenPositions ring_positions(const RingContext& ctx);
 
-// Whether a block with keys at `source_keys` (the block that started on one rank) holds no key any of
-// this rank's queries (positions in [q_lo, q_hi]) may see, so that the step computes nothing.
-bool ring_block_skipped(int64_t q_lo, int64_t q_hi, std::span<const int64_t> source_keys, const AttentionParams& params);
+// The context's schedule for this rank (attention/ring/ring_schedule.h).
+RingSchedule ring_schedule(const RingContext& ctx);
 
 // Whether the bias is shared by the query rows of every rank (its query-row dimension broadcast), so
 // that its gradient is the sum of the ranks' parts; a bias of this rank's rows needs no sum. Collective.
@@ -128,6 +124,7 @@ class RingAttention final : public AttentionImpl {
 
  private:
   RingContext ctx_;
+  RingSchedule schedule_;
   Backend backend_;
   std::unique_ptr<AttentionImpl> local_;
   mutable RingStats stats_;

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "attention/backward.h"
-#include "attention/ring/block_schedule.h"
 #include "attention/ring/gradient_block.h"
 #include "attention/ring/gradient_trip.h"
 #include "attention/ring/host_block.h"
@@ -121,7 +120,7 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
   Communicator& comm = *ctx_.comm;
   const int n = comm.size();
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3),
-                             layout_max_rows(ctx_.layout, ctx_.global_kv_len, n),
+                             schedule_.slot_rows(),
                              n > 1 ? ctx_.gradient_wire : DType::kF32};  // a ring of one has no wire
   const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
   // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.

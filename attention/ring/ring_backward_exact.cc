@@ -46,7 +46,7 @@ void RingAttention::accumulate_backward_exact(const AttentionInputs& in, const T
   static const char* const kNames[5] = {"q", "k", "v", "do", "o (through delta = rowsum(do * o))"};
   check_finite_for_exact_sums(&bounds.q, kNames, 5);
   ExactBackward exact(in, params, bounds);
-  const int64_t slot_rows = layout_max_rows(ctx_.layout, ctx_.global_kv_len, comm.size());
+  const int64_t slot_rows = schedule_.slot_rows();
   const size_t dk_bytes = exact.dk_count(slot_rows) * sizeof(Fixed);
   auto dk_of = [](char* sums) { return reinterpret_cast<Fixed*>(sums); };
   auto dv_of = [&](char* sums) { return reinterpret_cast<Fixed*>(sums + dk_bytes); };

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 
-#include "attention/ring/block_schedule.h"
 #include "attention/ring/kv_rotation_cuda.h"
 #include "attention/registry.h"
 #include "runtime/activity.h"
@@ -23,26 +22,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)) {
-  RA_CHECK(ctx_.comm != nullptr, "the ring implementation needs a communicator (RingContext::comm)");
+RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)), schedule_(ring_schedule(ctx_)) {
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
   RA_CHECK(!ctx_.deterministic, "the deterministic ring (bitwise-identical results for any ring size) runs on the "
            "host: use --backend cpu (host arrays from Python)");
   std::unique_ptr<AttentionImpl> local = AttentionRegistry::builtin().create(ctx_.local_impl, Backend::kCuda);
   local_.reset(dynamic_cast<CudaAttentionImpl*>(local.release()));
   RA_CHECK(local_ != nullptr, "local kernel '", ctx_.local_impl, "' has no device implementation");
-  const int n = ctx_.comm->size(), rank = ctx_.comm->rank();
-  query_positions_ = layout_query_positions(ctx_.layout, ctx_.global_q_len, ctx_.global_kv_len, n, rank);
-  if (!query_positions_.empty()) {
-    q_lo_ = *std::min_element(query_positions_.begin(), query_positions_.end());
-    q_hi_ = *std::max_element(query_positions_.begin(), query_positions_.end());
-  }
-  for (int r = 0; r < n; ++r) {
-    key_offsets_.push_back(key_offsets_.empty() ? 0 : key_offsets_.back() + int64_t(source_keys_.back().size()));
-    source_keys_.push_back(layout_indices(ctx_.layout, ctx_.global_kv_len, n, r));
-    source_keys_sorted_ = source_keys_sorted_ && std::is_sorted(source_keys_.back().begin(), source_keys_.back().end());
-  }
-  if (n > 1) state_.channel = make_device_ring_channel(ctx_);
+  if (schedule_.ranks() > 1) state_.channel = make_device_ring_channel(ctx_);
 }
 
 RingAttentionCuda::~RingAttentionCuda() = default;
@@ -56,10 +43,9 @@ const DevicePositions& RingAttentionCuda::ring_positions_on_device(const TokenPo
   if (uploaded_.q == nullptr || pos.q != uploaded_q_ || pos.total_keys != uploaded_.total_keys) {
     // One upload: this rank's query positions, then every rank's key positions.
     TokenPositions all = pos;
-    all.k.clear();
-    for (const std::vector<int64_t>& keys : source_keys_) all.k.insert(all.k.end(), keys.begin(), keys.end());
+    all.k = schedule_.all_keys();
     uploaded_ = positions_.upload(all, stream_);
-    uploaded_.keys_sorted = source_keys_sorted_;
+    uploaded_.keys_sorted = schedule_.keys_sorted();
     uploaded_.q_host = uploaded_.k_host = nullptr;  // `all` goes; the walks point them at the layout's copies
     uploaded_q_ = pos.q;
   }
@@ -73,19 +59,13 @@ void RingAttentionCuda::accumulate(const AttentionInputs& in, const TokenPositio
   run(in, ring_positions_on_device(pos), params, carry, entered);
 }
 
-std::vector<int64_t> RingAttentionCuda::rows_of_each_rank() const {
-  std::vector<int64_t> rows;
-  for (const std::vector<int64_t>& keys : source_keys_) rows.push_back(int64_t(keys.size()));
-  return rows;
-}
-
 void RingAttentionCuda::check_shard_rows(const AttentionInputs& in) const {
   const int rank = ctx_.comm->rank();
-  const int64_t local_kv = int64_t(source_keys_[size_t(rank)].size());
+  const int64_t local_kv = schedule_.rows(rank);
   RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
            ", expected the local shard of ", local_kv, " rows");
-  RA_CHECK(int64_t(query_positions_.size()) == in.q.dim(1), "q dimension 1 (q_len) is ", in.q.dim(1), " on rank ",
-           rank, ", expected the local shard of ", query_positions_.size(), " rows");
+  RA_CHECK(int64_t(schedule_.query_positions().size()) == in.q.dim(1), "q dimension 1 (q_len) is ", in.q.dim(1),
+           " on rank ", rank, ", expected the local shard of ", schedule_.query_positions().size(), " rows");
   for (auto [t, name] : {std::pair{&in.k, "k"}, std::pair{&in.v, "v"}, std::pair{&in.kv_segment_ids, "kv_segment_ids"}})
     RA_CHECK(!t->defined() || t->is_contiguous(), name, " must be contiguous for ring on cuda (it travels as one block)");
 }
@@ -101,8 +81,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   const int n = comm.size(), rank = comm.rank();
   check_shard_rows(in);
   const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kForward);
-  KvRotationCuda kv(in, ctx_, fault, rows_of_each_rank(), layout_max_rows(ctx_.layout, ctx_.global_kv_len, n), 0, state_,
-                    stream_);
+  KvRotationCuda kv(in, ctx_, fault, schedule_.rows_of_each_rank(), schedule_.slot_rows(), 0, state_, stream_);
   CudaEvent compute_done;  // the last compute queued on the compute stream
   const char* transport = kv.transport();
   stats_ = RingStats{};
@@ -114,7 +93,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   int kernels_queued = 0;
   for (int step = 0; step < n; ++step) {
     inject_process_fault(fault, rank, step);
-    const int src = ring_source_rank(rank, step, n);
+    const int src = schedule_.source(step);
     set_activity("ring step %d of %d (%s): exchanging with ranks %d / %d, then the K/V block of rank %d", step, n,
                  transport, comm.previous(), comm.next(), src);
     // The compute is queued before the exchange (queuing NCCL work takes the host a while and the
@@ -123,15 +102,16 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     const bool exchange = step + 1 < n;
     if (exchange) kv.before_exchange(step, compute_done.get());
     kv.before_compute(step);
-    const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
+    const std::vector<int64_t>& k_host = schedule_.keys(src);
+    const std::vector<int64_t>& q_host = schedule_.query_positions();
     const auto t0 = std::chrono::steady_clock::now();
     if (timed) step_event(step, 0)->record(stream_);
-    if (query_positions_.empty() || ring_block_skipped(q_lo_, q_hi_, k_host, params)) {
+    if (q_host.empty() || schedule_.skipped(src, params)) {
       ++stats_.skipped;
     } else {
       const AttentionInputs block = kv.block(step, src);
-      const DevicePositions block_pos{pos.q, pos.k + key_offsets_[size_t(src)], pos.total_keys, pos.keys_sorted,
-                                      query_positions_.data(), k_host.data(), pos.queries_sorted};
+      const DevicePositions block_pos{pos.q, pos.k + schedule_.key_offset(src), pos.total_keys, pos.keys_sorted,
+                                      q_host.data(), k_host.data(), pos.queries_sorted};
       // After the first kernel of this call, the compute stream holds only this call's kernels (and
       // events): the previous one writes nothing this one reads but the carry.
       local_->set_after_carry_writer(kernels_queued > 0);

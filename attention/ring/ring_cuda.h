@@ -62,17 +62,12 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   // This rank's query positions and every rank's keys on the device (uploaded when they change).
   const DevicePositions& ring_positions_on_device(const TokenPositions& pos) const;
   DevicePositions device_positions(const TokenPositions& pos) const override { return ring_positions_on_device(pos); }
-  std::vector<int64_t> rows_of_each_rank() const;
   void check_shard_rows(const AttentionInputs& in) const;  // this rank's shard has the layout's rows
   RingContext ctx_;
+  // From the layout alone, fixed for this ring: this rank's query positions and each rank's key
+  // positions (block skipping; the kernels' masks; cudnn splits blocks by them).
+  RingSchedule schedule_;
   std::unique_ptr<CudaAttentionImpl> local_;
-  // From the layout alone, fixed for this ring: this rank's query positions (block skipping) and each
-  // rank's key positions (block skipping; cudnn splits blocks by them).
-  std::vector<int64_t> query_positions_;
-  int64_t q_lo_ = 0, q_hi_ = -1;
-  std::vector<std::vector<int64_t>> source_keys_;
-  std::vector<int64_t> key_offsets_;  // where each rank's keys start in the uploaded positions
-  bool source_keys_sorted_ = true;  // each rank's block ascending (their concatenation need not be)
   // accumulate()'s upload (the caller's query positions, then every rank's keys), sent again only when
   // the caller's query positions change: the host work per call stays off the device's critical path.
   mutable std::vector<int64_t> uploaded_q_;

@@ -10,10 +10,8 @@
 // After the last step each accumulator is one hop from its owner. The sums run in a fixed order: a
 // given ring size and layout give the same bits on every run.
 #include <algorithm>
-#include <span>
 
 #include "attention/cuda/backward_cuda.h"
-#include "attention/ring/block_schedule.h"
 #include "attention/ring/gradient_block.h"
 #include "attention/ring/ring_cuda.h"
 #include "runtime/activity.h"
@@ -41,14 +39,14 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
   check_shard_rows(in);
-  const int64_t slot_rows = layout_max_rows(ctx_.layout, ctx_.global_kv_len, n);
+  const int64_t slot_rows = schedule_.slot_rows();
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows, ctx_.gradient_wire};
   const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
   const bool f32_wire = layout.dtype == DType::kF32;
   const size_t payload = layout.payload(), bytes = payload + sizeof(BlockTrailer);
   const size_t stride = (bytes + 4095) / 4096 * 4096;
   const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kBackward);
-  KvRotationCuda kv(in, ctx_, fault, rows_of_each_rank(), slot_rows, n > 1 ? 2 * stride : 0, state_, stream_);
+  KvRotationCuda kv(in, ctx_, fault, schedule_.rows_of_each_rank(), slot_rows, n > 1 ? 2 * stride : 0, state_, stream_);
   const bool verify = ctx_.verify_blocks && n > 1;
   stats_ = RingStats{};
   stats_.transport = state_.channel ? ring_transport_name(state_.channel->transport()) : comm.backend_name();
@@ -100,20 +98,18 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   };
   // Whether the mask leaves keys [first, first + count) of the block from `src` to none of this rank's queries.
   auto skipped = [&](int src, int64_t first, int64_t count) {
-    return query_positions_.empty() ||
-           ring_block_skipped(q_lo_, q_hi_, std::span(source_keys_[size_t(src)]).subspan(size_t(first), size_t(count)),
-                              params);
+    return schedule_.query_positions().empty() || schedule_.skipped(src, params, first, count);
   };
   // This rank's part of those keys' dK/dV (and its dQ) into `dk`/`dv`.
   auto compute = [&](const AttentionInputs& block, int src, int64_t first, int64_t count, const TensorView& dk,
                      const TensorView& dv) {
-    const std::vector<int64_t>& k_host = source_keys_[size_t(src)];
+    const std::vector<int64_t>& k_host = schedule_.keys(src);
     AttentionInputs part = block;
     part.k = narrow(block.k, 1, first, count);
     part.v = narrow(block.v, 1, first, count);
     if (block.kv_segment_ids.defined()) part.kv_segment_ids = narrow(block.kv_segment_ids, 1, first, count);
-    const DevicePositions part_pos{pos.q, pos.k + key_offsets_[size_t(src)] + first, pos.total_keys, pos.keys_sorted,
-                                   query_positions_.data(), k_host.data() + first, pos.queries_sorted};
+    const DevicePositions part_pos{pos.q, pos.k + schedule_.key_offset(src) + first, pos.total_keys, pos.keys_sorted,
+                                   schedule_.query_positions().data(), k_host.data() + first, pos.queries_sorted};
     local_->accumulate_backward_device(part, part_pos, params, grad, GradViews{acc.dq, dk, dv, dbias});
   };
   if (n == 1) {
@@ -146,11 +142,11 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   // on one step behind the K/V block: what arrives at step s >= 2 is finished there and sent at s + 1.
   for (int step = 0; n > 1 && step < n; ++step) {
     inject_process_fault(fault, rank, step);
-    const int src = ring_source_rank(rank, step, n);
+    const int src = schedule_.source(step);
     set_activity("ring backward step %d of %d (%s): the K/V block of rank %d and its dK/dV", step, n, transport, src);
     if (step > 0) kv.before_exchange(step, compute_done.get());  // also orders the accumulator sent now
     kv.before_compute(step);
-    const int64_t rows = int64_t(source_keys_[size_t(src)].size());
+    const int64_t rows = schedule_.rows(src);
     const bool computed = step > 0 && !skipped(src, 0, rows);
     if (step == 0) {
       own_part(0, own_half);
@@ -224,7 +220,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       for (int hop = 1; hop < n; ++hop) {
         const BlockTrailer& got = host[size_t(hop)];
         const uint64_t checksum = host[size_t(n + 1 + hop)].checksum;
-        const int origin = ring_source_rank(rank, hop + 1, n);  // the block the accumulator of this hop belongs to
+        const int origin = schedule_.source(hop + 1);  // the block the accumulator of this hop belongs to
         RA_CHECK(got.magic == BlockTrailer::kMagic && int(got.origin_rank) == origin && got.checksum == checksum,
                  "ring backward hop ", hop, " of ", n - 1, " (", transport, "): rank ", rank, " received the dK/dV accumulator "
                  "of rank ", origin, "'s block from rank ", comm.previous(), " (", dtype_name(layout.dtype), ", ", payload,

@@ -262,6 +262,7 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   for (int i : {0, 1, 2, 3, 4, 5}) cases.push_back(exact(SequenceLayout::kZigzag, opts[size_t(i)], DType::kF32, 64, 64, 4, 2));
   cases.push_back(exact(SequenceLayout::kContiguous, opts[0], DType::kF16, 48, 120, 2, 2, true));
   cases.push_back(exact(SequenceLayout::kStriped, opts[1], DType::kF32, 3, 3, 2, 2));
+  cases.push_back(exact(SequenceLayout::kZigzag, opts[9], DType::kF32, 97, 97, 4, 2));  // skipped blocks
   // The GPU ring: its kernels' dtypes (flash_attn2 and cudnn: f16 / bf16, head_dim 64, 128 or 256; sdpa: f32).
   auto gpu = [](SequenceLayout layout, const Options& o, DType dtype, int64_t t, int64_t s, int64_t hq, int64_t hkv,
                 const char* impl, bool shared_bias = false) {

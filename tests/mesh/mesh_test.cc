@@ -1,12 +1,11 @@
 // Pure functions of the mesh: axes and coordinates, PartitionSpec / NamedSharding slices, sequence
-// layouts, and the ring schedule (source rank per step, skipped / full / partial blocks).
+// layouts (the ring's schedule over them: tests/attention/ring_schedule_test.cc).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 #include <numeric>
 
-#include "attention/ring/block_schedule.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/sequence_layout.h"
 #include "mesh/sharding.h"
@@ -139,29 +138,7 @@ TEST(Layouts, HugeLengthsSplitWithoutOverflow) {
     }
 }
 
-TEST(RingSchedule, SourceRankWalksBackwards) {
-  EXPECT_EQ(ring_source_rank(0, 0, 4), 0);
-  EXPECT_EQ(ring_source_rank(0, 1, 4), 3);
-  EXPECT_EQ(ring_source_rank(2, 3, 4), 3);
-  for (int r = 0; r < 5; ++r) {  // every rank sees every block exactly once
-    std::vector<int> seen;
-    for (int s = 0; s < 5; ++s) seen.push_back(ring_source_rank(r, s, 5));
-    std::sort(seen.begin(), seen.end());
-    EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3, 4}));
-  }
-}
-
-TEST(RingSchedule, ClassifiesCausalAndWindowBlocks) {
-  EXPECT_EQ(classify_block(0, 63, 64, 127, true, -1, -1), BlockKind::kSkip);     // future
-  EXPECT_EQ(classify_block(64, 127, 0, 63, true, -1, -1), BlockKind::kFull);     // past
-  EXPECT_EQ(classify_block(0, 63, 0, 63, true, -1, -1), BlockKind::kPartial);    // diagonal
-  EXPECT_EQ(classify_block(0, 63, 64, 127, false, -1, -1), BlockKind::kFull);
-  EXPECT_EQ(classify_block(200, 263, 0, 63, false, 100, -1), BlockKind::kSkip);  // left of the window
-  EXPECT_EQ(classify_block(100, 110, 90, 95, true, 50, 0), BlockKind::kFull);
-  EXPECT_EQ(classify_block(100, 110, 40, 95, true, 50, 0), BlockKind::kPartial);
-}
-
-TEST(RingSchedule, ZigzagBalancesCausalWork) {
+TEST(Layouts, ZigzagBalancesCausalWork) {
   // Visible (query, key) pairs per rank under a causal mask: equal for zigzag, not for contiguous.
   const int n = 4;
   const int64_t length = 64;

@@ -26,7 +26,9 @@ std::vector<Options> option_sets() {
 std::string Options::name() const {
   std::string n;
   auto add = [&](bool on, const char* s) {
-    if (on) n += (n.empty() ? "" : "_") + std::string(s);
+    if (!on) return;
+    if (!n.empty()) n += '_';
+    n += s;
   };
   add(causal, "causal");
   add(window, "window");
@@ -36,6 +38,7 @@ std::string Options::name() const {
   add(mask, "mask");
   add(segments, "segments");
   add(dropout, "dropout");
+  add(narrow_window, "narrow_window");
   return n.empty() ? "plain" : n;
 }
 
@@ -51,6 +54,10 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
   if (o.window) {
     params_.window_left = 1 + int64_t(rng() % uint64_t(std::max<int64_t>(S / 3, 1)));
     params_.window_right = int64_t(rng() % 8);
+  }
+  if (o.narrow_window) {
+    params_.window_left = int64_t(rng() % 4);
+    params_.window_right = int64_t(rng() % 3);
   }
   if (o.softcap) params_.logits_soft_cap = 2.5f;
   if (o.dropout) {

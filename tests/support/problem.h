@@ -17,6 +17,9 @@ namespace ra::test {
 struct Options {
   bool causal = false, window = false, softcap = false, sinks = false, bias = false, mask = false,
        segments = false, dropout = false;
+  // A window of at most 3 keys to the left and 2 to the right (instead of `window`'s up to S / 3): the
+  // ring's blocks wholly outside it are skipped, even where their position ranges overlap the queries'.
+  bool narrow_window = false;
   std::string name() const;
 };
 

@@ -51,9 +51,10 @@ struct Shard {
   AttentionInputs inputs;
 };
 
-// The ring tests' option sets: none, causal, window, segments, bias, mask, all, and causal + sinks + soft cap.
+// The ring tests' option sets: none, causal, window, segments, bias, mask, all, causal + sinks + soft cap, and a
+// narrow window without and with causal (whole blocks skipped).
 inline std::vector<Options> ring_option_sets() {
-  std::vector<Options> opts(8);
+  std::vector<Options> opts(10);
   opts[1].causal = true;
   opts[2].window = true;
   opts[3].segments = true;
@@ -61,6 +62,8 @@ inline std::vector<Options> ring_option_sets() {
   opts[5].mask = true;
   opts[6] = Options{true, true, true, true, true, true, true, true};
   opts[7].causal = opts[7].sinks = opts[7].softcap = true;
+  opts[8].narrow_window = true;  // whole blocks outside the window (attention/ring/ring_schedule.h)
+  opts[9].causal = opts[9].narrow_window = true;
   return opts;
 }
 
