@@ -142,6 +142,9 @@ std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job
   ctx.deterministic = opts.deterministic;
   ctx.transport = parse_ring_transport(opts.ring_transport);
   if (job.shape.has_axis("sp")) ctx.host_comm = dynamic_cast<MpiCommunicator*>(&job.mesh->axis("sp"));
+  // The failure tests drive the CLI's ring through the environment; a library's ring has no plan.
+  ctx.fault = FaultPlan::from_environment();
+  if (ctx.host_comm) ctx.host_comm->set_fault_plan(ctx.fault);
   RA_CHECK(!opts.deterministic || name == "ring", "--deterministic applies to --impl ring (use --impl ring on one "
            "rank for the same bits as on N ranks), not --impl ", name);
   RA_CHECK(name == "ring" || ctx.comm->size() == 1, "--impl ", name, " runs on one rank's whole sequence; the mesh's sp axis has ",

@@ -1,4 +1,5 @@
-// Built-in fault injection for the failure tests, driven by one environment variable read once:
+// Built-in fault injection for the failure tests. A ring injects the plan of its RingContext::fault
+// (none by default); the CLI reads it from one environment variable (launch/job.cc, make_impl):
 //   RINGATTN_FAULT=<kind>:rank=<r>:step=<s>[:ms=<m>][:pass=forward|backward]
 // kinds: kill (SIGKILL), term (SIGTERM), abort (std::abort), exit (exit code 9), stall (sleep m ms,
 // default 1 hour), corrupt (flip a high byte of a value in the block received at that step, to be

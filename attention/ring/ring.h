@@ -51,7 +51,7 @@ struct RingContext {
   // timing event between two kernels keeps the second from starting on the SMs the first leaves idle,
   // so a timed ring runs about 2% slower: for diagnosis, not for the time of a call.
   bool time_steps = false;
-  FaultPlan fault = FaultPlan::from_environment();  // RINGATTN_FAULT, for the failure tests
+  FaultPlan fault;  // the failure tests' plan (the CLI's from RINGATTN_FAULT); none by default
   // GPU ring: the transport, and the sequence axis over MPI (same ranks, same order as `comm`), which
   // carries the copy engines' handshakes; without it the ring uses NCCL.
   RingTransport transport = RingTransport::kAuto;

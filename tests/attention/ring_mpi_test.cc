@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
@@ -232,6 +233,21 @@ TEST(RingMpi, ExchangeMovesBlocksAroundTheRing) {
   std::vector<int> send(1000, r), recv(1000, -1);
   g_world->ring_shift(send.data(), recv.data(), send.size() * sizeof(int), 0)->wait(std::chrono::seconds(30));
   EXPECT_EQ(recv[999], (r + n - 1) % n);
+}
+
+// RINGATTN_FAULT is the CLI's (launch/job.cc): a ring made by a library user injects no fault from the
+// environment (here: an exit of rank 0 at the first step, which would end the test).
+TEST(RingMpi, LibraryRingIgnoresTheFaultVariable) {
+  if (g_args.cuda) GTEST_SKIP() << "the host ring's case";
+  ASSERT_EQ(setenv("RINGATTN_FAULT", "exit:rank=0:step=0", 1), 0);
+  Problem global(ProblemSpec{1, 24, 24, 2, 2, 16, 16, DType::kF32, Options{}, 5});
+  RingContext ctx{g_world, SequenceLayout::kZigzag, 24, 24, "flash_attn2", std::chrono::milliseconds(30000)};
+  const Shard shard(global, ctx);
+  const AttentionOutput out =
+      AttentionRegistry::builtin().create("ring", Backend::kCpu, &ctx)->forward(shard.inputs, global.params(), shard.pos);
+  unsetenv("RINGATTN_FAULT");
+  EXPECT_EQ(out.o.view().dim(1), int64_t(shard.pos.q.size()));
+  EXPECT_EQ(ctx.fault.kind, FaultPlan::Kind::kNone);
 }
 
 #if RA_HAVE_CUDA
