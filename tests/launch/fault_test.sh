@@ -59,7 +59,7 @@ expect corrupt-block-caught-by-output-check nonzero 60 "output check" "$dir/o.h5
 # stalled rank, a corrupted K/V block, and a corrupted dK/dV accumulator on its last hop home (step N).
 "$ra" generate --output "$dir/g.h5" --seq 192 --heads 4 --head-dim 64 --dtype $dtype --with-grad >/dev/null || exit 1
 grad=(--input "$dir/g.h5" --backend "$backend" --timeout 5 --backward)
-expect kill-rank1-backward-step1 nonzero 60 "rank [02]\] ringattn: ended by signal 15 while \(ring backward step\|the backward pass\)" "$dir/o.h5" -- \
+expect kill-rank1-backward-step1 nonzero 60 "rank [02]\] ringattn: ended by signal 15 while \(ring backward\|the backward pass\)" "$dir/o.h5" -- \
   env RINGATTN_FAULT=kill:rank=1:step=1:pass=backward "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${grad[@]}" --output "$dir/o.h5"
 expect stall-rank1-in-backward nonzero 45 "within [0-9]* ms\|waited [0-9]* ms" "$dir/o.h5" -- \
   env RINGATTN_FAULT=stall:rank=1:step=0:ms=600000:pass=backward "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${grad[@]}" --output "$dir/o.h5"
