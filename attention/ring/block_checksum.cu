@@ -58,8 +58,8 @@ __global__ void checksum_kernel(const uint32_t* words, size_t count, size_t firs
   if (threadIdx.x % 32 == 0) atomicAdd(sum, static_cast<unsigned long long>(local));
 }
 
-__global__ void trailer_kernel(BlockTrailer* trailer, uint32_t origin_rank) {
-  *trailer = BlockTrailer{0, origin_rank, BlockTrailer::kMagic};
+__global__ void seal_kernel(BlockSeal* seal, uint32_t origin_rank) {
+  *seal = BlockSeal{0, origin_rank, BlockSeal::kMagic};
 }
 
 void launch_checksum(const void* data, size_t bytes, size_t offset, uint64_t* sum, cudaStream_t stream) {
@@ -86,16 +86,16 @@ void block_checksum_cuda(const void* data, size_t bytes, uint64_t* sum, cudaStre
   launch_checksum(data, bytes, 0, sum, stream);
 }
 
-void seal_pieces_cuda(BlockTrailer* trailer, const std::vector<BlockPiece>& pieces, uint32_t origin_rank,
+void seal_pieces_cuda(BlockSeal* seal, const std::vector<BlockPiece>& pieces, uint32_t origin_rank,
                       cudaStream_t stream) {
-  trailer_kernel<<<1, 1, 0, stream>>>(trailer, origin_rank);
+  seal_kernel<<<1, 1, 0, stream>>>(seal, origin_rank);
   RA_CUDA_CHECK(cudaGetLastError());
-  for (const BlockPiece& piece : pieces) launch_checksum(piece.data, piece.bytes, piece.offset, &trailer->checksum, stream);
+  for (const BlockPiece& piece : pieces) launch_checksum(piece.data, piece.bytes, piece.offset, &seal->checksum, stream);
 }
 
 void seal_block_cuda(void* data, size_t payload, uint32_t origin_rank, cudaStream_t stream) {
-  auto* trailer = reinterpret_cast<BlockTrailer*>(static_cast<char*>(data) + payload);
-  seal_pieces_cuda(trailer, {BlockPiece{data, 0, payload}}, origin_rank, stream);
+  auto* seal = reinterpret_cast<BlockSeal*>(static_cast<char*>(data) + payload);
+  seal_pieces_cuda(seal, {BlockPiece{data, 0, payload}}, origin_rank, stream);
 }
 
 void flip_byte_cuda(void* data, size_t offset, cudaStream_t stream) {

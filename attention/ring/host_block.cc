@@ -2,22 +2,9 @@
 
 #include <cstring>
 
-#include "runtime/checksum.h"
 #include "runtime/error.h"
 
 namespace ra {
-namespace {
-
-struct BlockHeader {
-  uint32_t magic = 0x52414b56;  // "RAKV"
-  int32_t origin_rank = -1;
-  uint32_t crc = 0;
-  uint32_t verified = 0;  // 1 when `crc` was computed (checksums on)
-  uint64_t payload_bytes = 0;
-};
-static_assert(sizeof(BlockHeader) <= kBlockHeaderBytes);
-
-}  // namespace
 
 void pack_rows(const TensorView& t, char* dst) {
   const size_t elem = dtype_size(t.dtype());
@@ -36,37 +23,31 @@ void pack_rows(const TensorView& t, char* dst) {
 }
 
 void seal_block(char* block, int origin_rank, size_t payload, bool checksum) {
-  BlockHeader header;
-  header.origin_rank = origin_rank;
-  header.payload_bytes = payload;
-  header.verified = checksum;
-  if (checksum) header.crc = crc32_bytes(block + kBlockHeaderBytes, payload);
-  std::memcpy(block, &header, sizeof(header));
+  const BlockSeal seal{checksum ? block_checksum(block, payload) : 0, uint32_t(origin_rank), BlockSeal::kMagic};
+  std::memcpy(block + payload, &seal, sizeof(seal));
 }
 
-void check_arrived_block(const char* block, size_t payload, int rank, int from, int step, int expected_origin,
-                         const std::string& what) {
-  BlockHeader header;
-  std::memcpy(&header, block, sizeof(header));
-  RA_CHECK(header.magic == BlockHeader{}.magic && header.origin_rank == expected_origin &&
-               header.payload_bytes == payload,
-           "ring step ", step, ": rank ", rank, " received a malformed ", what, " from rank ", from,
-           " (header says origin rank ", header.origin_rank, ", ", header.payload_bytes, " bytes; expected rank ",
-           expected_origin, ", ", payload, " bytes)");
-  if (!header.verified) return;
-  const uint32_t crc = crc32_bytes(block + kBlockHeaderBytes, payload);
-  RA_CHECK(crc == header.crc, "ring step ", step, ": rank ", rank, " received the ", what, " of rank ", expected_origin,
-           " from rank ", from, " (", payload, " bytes) with CRC-32 ", std::hex, crc, " but it was sent with ",
-           header.crc, std::dec, ": the block was corrupted in flight and was not used");
+void check_arrived_block(const char* block, size_t payload, bool checksum, int rank, int from, int step,
+                         int expected_origin, const std::string& what) {
+  BlockSeal seal;
+  std::memcpy(&seal, block + payload, sizeof(seal));
+  RA_CHECK(seal.magic == BlockSeal::kMagic && int64_t(seal.origin_rank) == expected_origin, "ring step ", step,
+           ": rank ", rank, " received a malformed ", what, " from rank ", from, " (its seal says origin rank ",
+           seal.origin_rank, ", magic ", std::hex, seal.magic, std::dec, "; expected rank ", expected_origin, ")");
+  if (!checksum) return;
+  const uint64_t sum = block_checksum(block, payload);
+  RA_CHECK(sum == seal.checksum, "ring step ", step, ": rank ", rank, " received the ", what, " of rank ",
+           expected_origin, " from rank ", from, " (", payload, " bytes) with checksum ", std::hex, sum,
+           " but it was sent with ", seal.checksum, std::dec, ": the block was corrupted in flight and was not used");
 }
 
 BlockBuffers::BlockBuffers(size_t payload, int count) {
   RA_CHECK(count >= 1 && count <= 3, "BlockBuffers holds 1 to 3 blocks, not ", count);
   for (int i = 0; i < count; ++i) {
-    // Zeroed (make_unique value-initialises): unused rows of a short block are zeros under its CRC.
-    storage_[i] = std::make_unique<char[]>(kBlockHeaderBytes + payload + 64);
+    // Zeroed (make_unique value-initialises): unused rows of a short block are zeros under its checksum.
+    storage_[i] = std::make_unique<char[]>(sealed_bytes(payload) + 64);
     char* raw = storage_[i].get();
-    blocks_[i] = raw + (64 - reinterpret_cast<uintptr_t>(raw + kBlockHeaderBytes) % 64) % 64;
+    blocks_[i] = raw + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64;
   }
 }
 

@@ -8,9 +8,9 @@
 
 namespace ra {
 
-std::vector<BlockTrailer> read_trailers(const BlockTrailer* device, size_t count, cudaStream_t stream) {
-  std::vector<BlockTrailer> host(count);
-  RA_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, count * sizeof(BlockTrailer), cudaMemcpyDeviceToHost, stream));
+std::vector<BlockSeal> read_seals(const BlockSeal* device, size_t count, cudaStream_t stream) {
+  std::vector<BlockSeal> host(count);
+  RA_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, count * sizeof(BlockSeal), cudaMemcpyDeviceToHost, stream));
   RA_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host;
 }
@@ -28,13 +28,13 @@ KvRotationCuda::KvRotationCuda(const AttentionInputs& in, const RingContext& ctx
       rank_(ctx.comm->rank()),
       layout_(in, slot_rows, 256) {
   payload_ = layout_.payload;
-  bytes_ = payload_ + sizeof(BlockTrailer);
+  bytes_ = payload_ + sizeof(BlockSeal);
   stride_ = (bytes_ + 4095) / 4096 * 4096;
   verify_ = ctx.verify_blocks && n_ > 1;
   inputs_ready_.record(compute_);  // q, k and v written (by whatever the caller queued before this call)
-  // Checks: per step, the checksum the block arrived with (its trailer) and the one recomputed here;
-  // then the trailer of this rank's own block when it travels without being packed.
-  reserve_scratch(state_.checks, (2 * n_ + 1) * sizeof(BlockTrailer), MemoryKind::kCuda, "the ring's block checks");
+  // Checks: per step, the checksum the block arrived with (its seal) and the one recomputed here;
+  // then the seal of this rank's own block when it travels without being packed.
+  reserve_scratch(state_.checks, (2 * n_ + 1) * sizeof(BlockSeal), MemoryKind::kCuda, "the ring's block checks");
   if (verify_ && !state_.check_stream) state_.check_stream = std::make_unique<CudaStream>();
   if (!state_.blocks_free) state_.blocks_free = std::make_unique<CudaEvent>();
   if (n_ == 1) return;
@@ -42,7 +42,7 @@ KvRotationCuda::KvRotationCuda(const AttentionInputs& in, const RingContext& ctx
   base_[1] = base_[0] + stride_;
   // This rank's own block: step 0 reads k and v where they are. Over copy engines its pieces go
   // straight from k, v and the segment ids into the next rank's window (packing them first cost the
-  // first step's kernel about 1%; bench/RESULTS.md), with the trailer sealed over the pieces; the
+  // first step's kernel about 1%; bench/RESULTS.md), with the seal sealed over the pieces; the
   // window's alignment gaps, which no piece writes, are zeroed by their owner, so forwarded blocks
   // carry zeros there. NCCL sends one buffer, so for it the block is packed.
   own_pieces_ = {{in.k.data(), 0, in.k.nbytes()}, {in.v.data(), layout_.v_offset, in.v.nbytes()}};
@@ -73,7 +73,7 @@ void KvRotationCuda::prepare_own_block() {
   cudaStream_t stream = channel.stream();
   channel.wait_for(state_.blocks_free->get());  // the previous call's last reads (maybe on another stream)
   channel.wait_for(inputs_ready_.get());
-  if (verify_) RA_CUDA_CHECK(cudaMemsetAsync(state_.checks.data<char>(), 0, 2 * n_ * sizeof(BlockTrailer), stream));
+  if (verify_) RA_CUDA_CHECK(cudaMemsetAsync(state_.checks.data<char>(), 0, 2 * n_ * sizeof(BlockSeal), stream));
   // The checksum covers the gaps: zeros in the buffer this rank's packed block leaves from, and in the
   // window it receives the first block into (the previous rank may send it as pieces).
   auto zero_gaps = [&](char* buffer, int64_t rows) {
@@ -82,9 +82,9 @@ void KvRotationCuda::prepare_own_block() {
   };
   if (!send_pieces_) zero_gaps(base_[0], rows_of_[size_t(rank_)]);
   if (channel.transport() == RingTransport::kCopyEngines) zero_gaps(base_[1], rows_of_[size_t(ctx_.comm->previous())]);
-  BlockTrailer* own_trailer = state_.checks.data<BlockTrailer>() + 2 * n_;
+  BlockSeal* own_seal = state_.checks.data<BlockSeal>() + 2 * n_;
   if (send_pieces_) {
-    if (verify_) seal_pieces_cuda(own_trailer, own_pieces_, uint32_t(rank_), stream);
+    if (verify_) seal_pieces_cuda(own_seal, own_pieces_, uint32_t(rank_), stream);
     return;
   }
   for (const BlockPiece& piece : own_pieces_)
@@ -96,10 +96,10 @@ std::vector<DeviceRingChannel::Piece> KvRotationCuda::outgoing(int step) {
   const size_t offset = size_t(1 - cur_) * stride_;
   if (step == 0) prepare_own_block();
   if (step > 0 || !send_pieces_) return {{base_[cur_], offset, bytes_}};
-  // The first shift's pieces (copy engines): the block's, then its trailer.
+  // The first shift's pieces (copy engines): the block's, then its seal.
   std::vector<DeviceRingChannel::Piece> pieces;
   for (const BlockPiece& piece : own_pieces_) pieces.push_back({piece.data, offset + piece.offset, piece.bytes});
-  if (verify_) pieces.push_back({state_.checks.data<BlockTrailer>() + 2 * n_, offset + payload_, sizeof(BlockTrailer)});
+  if (verify_) pieces.push_back({state_.checks.data<BlockSeal>() + 2 * n_, offset + payload_, sizeof(BlockSeal)});
   return pieces;
 }
 
@@ -115,26 +115,26 @@ void KvRotationCuda::after_shift(int step) {
   // leaves idle, instead of taking SMs from it at the channel's high priority. Only the transfer that
   // overwrites this buffer (two steps on) waits for it.
   cudaStream_t check = state_.check_stream->get();
-  BlockTrailer* arrived = state_.checks.data<BlockTrailer>();
+  BlockSeal* arrived = state_.checks.data<BlockSeal>();
   RA_CUDA_CHECK(cudaStreamWaitEvent(check, arrived_.get(), 0));
-  RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], got + payload_, sizeof(BlockTrailer), cudaMemcpyDeviceToDevice, check));
+  RA_CUDA_CHECK(cudaMemcpyAsync(&arrived[step + 1], got + payload_, sizeof(BlockSeal), cudaMemcpyDeviceToDevice, check));
   block_checksum_cuda(got, payload_, &arrived[n_ + step + 1].checksum, check);
   checked_[1 - cur_].record(check);
 }
 
 void KvRotationCuda::check_arrivals() const {
   if (!verify_) return;
-  const std::vector<BlockTrailer> host = read_trailers(state_.checks.data<BlockTrailer>(), 2 * size_t(n_),
+  const std::vector<BlockSeal> host = read_seals(state_.checks.data<BlockSeal>(), 2 * size_t(n_),
                                                        state_.check_stream->get());
   for (int step = 1; step < n_; ++step) {
-    const BlockTrailer& got = host[size_t(step)];
+    const BlockSeal& got = host[size_t(step)];
     const uint64_t recomputed = host[size_t(n_ + step)].checksum;
     const int expected_origin = ring_source_rank(rank_, step, n_);
-    RA_CHECK(got.magic == BlockTrailer::kMagic && int(got.origin_rank) == expected_origin && got.checksum == recomputed,
+    RA_CHECK(got.magic == BlockSeal::kMagic && int(got.origin_rank) == expected_origin && got.checksum == recomputed,
              "ring step ", step - 1, " (", transport(), "): rank ", rank_, " received the K/V block of rank ",
              expected_origin, " from rank ", (rank_ + n_ - 1) % n_, " (k ", in_.k.shape().str(), " and v ",
              in_.v.shape().str(), ", ", payload_, " bytes) with checksum ", std::hex, recomputed,
-             " but it was sent with ", got.checksum, std::dec, " (origin rank in the trailer: ", got.origin_rank,
+             " but it was sent with ", got.checksum, std::dec, " (origin rank in the seal: ", got.origin_rank,
              "): the block was corrupted in flight; no output is produced");
   }
 }

@@ -8,7 +8,7 @@
 //   channel.shift(outgoing(step) [+ the caller's own pieces], ...); after_shift(step); wait; advance()
 //
 // Block layout: k, v, then the kv segment ids, each 256-byte aligned (the kernels' row loads stay on
-// whole cache sectors), then the trailer: the block's checksum and origin rank, computed once by the
+// whole cache sectors), then the seal: the block's checksum and origin rank, computed once by the
 // rank it starts on and forwarded with it. The two buffers start 4096 bytes apart or more. Sections are
 // sized for the longest shard; a shorter block sits at the start of each, zeros behind it.
 #pragma once
@@ -27,7 +27,7 @@ namespace ra {
 // milliseconds and cudaFree stalls the device).
 struct RingDeviceState {
   std::unique_ptr<DeviceRingChannel> channel;  // null for a ring of one rank
-  Tensor checks;                               // the trailers that arrived and the checksums recomputed
+  Tensor checks;                               // the seals that arrived and the checksums recomputed
   std::unique_ptr<CudaStream> check_stream;    // checksums of arriving blocks; made on first use
   std::unique_ptr<CudaEvent> blocks_free;      // the last compute that read the buffers (previous call)
 };
@@ -55,7 +55,7 @@ class KvRotationCuda {
   // After the shift is queued: the fault hook, the arrival event, the arrival's checksum.
   void after_shift(int step);
   void advance() { cur_ = 1 - cur_; }
-  // Compares every arrival's trailer with its recomputed checksum (waits for the check stream); throws
+  // Compares every arrival's seal with its recomputed checksum (waits for the check stream); throws
   // naming the step and the ranks on the first mismatch.
   void check_arrivals() const;
   // The last compute that read the buffers (the next call's first transfer waits for it).
@@ -82,7 +82,7 @@ class KvRotationCuda {
   CudaEvent checked_[2];  // after the checksum of the block that arrived in buffer i (its next writer waits)
 };
 
-// `count` trailers from `device` (queued on `stream`, then waited for).
-std::vector<BlockTrailer> read_trailers(const BlockTrailer* device, size_t count, cudaStream_t stream);
+// `count` seals from `device` (queued on `stream`, then waited for).
+std::vector<BlockSeal> read_seals(const BlockSeal* device, size_t count, cudaStream_t stream);
 
 }  // namespace ra

@@ -1,5 +1,5 @@
-// Ring attention on host memory: pack the local K/V (and kv segment ids) into one buffer behind a
-// small header (the rank it started on, its CRC-32), then N steps of { start the shift of the held
+// Ring attention on host memory: pack the local K/V (and kv segment ids) into one buffer and seal it
+// (the rank it started on, its checksum: attention/ring/block_seal.h), then N steps of { start the shift of the held
 // block to the next rank; fold Q against it; wait; check the block that arrived }.
 #include "attention/ring/ring.h"
 
@@ -136,12 +136,12 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
   const int64_t local_kv = schedule_.rows(rank);
   RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
            ", expected the local shard of ", local_kv, " rows");
-  // One contiguous buffer per block: the header, then k, v and the kv segment ids packed tight, in
-  // sections sized for the longest shard (shards of a length that does not divide differ by a row).
+  // One contiguous buffer per block: k, v and the kv segment ids packed tight, in sections sized for
+  // the longest shard (shards of a length that does not divide differ by a row), then the seal.
   const KvBlockLayout layout(in, schedule_.slot_rows(), 1);
-  const size_t payload = layout.payload, bytes = kBlockHeaderBytes + payload;
+  const size_t payload = layout.payload, bytes = sealed_bytes(payload);
   BlockBuffers buffers(payload, 2);
-  char* const first = buffers[0] + kBlockHeaderBytes;
+  char* const first = buffers[0];
   pack_rows(in.k, first);
   pack_rows(in.v, first + layout.v_offset);
   if (in.kv_segment_ids.defined()) {
@@ -181,7 +181,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
       ++stats_.skipped;
       visit(nullptr, block_pos, step, src);
     } else {
-      const AttentionInputs block = layout.view(in, buffers[cur] + kBlockHeaderBytes, int64_t(block_pos.k.size()), MemoryKind::kHost);
+      const AttentionInputs block = layout.view(in, buffers[cur], int64_t(block_pos.k.size()), MemoryKind::kHost);
       visit(&block, block_pos, step, src);
     }
     stats_.compute_seconds += seconds_since(t0);
@@ -200,8 +200,8 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
       }
       stats_.wait_seconds += seconds_since(t1);
       cur = 1 - cur;
-      inject_corruption(fault, rank, step, buffers[cur] + kBlockHeaderBytes, payload);
-      check_arrived_block(buffers[cur], payload, rank, comm.previous(), step, schedule_.source(step + 1),
+      inject_corruption(fault, rank, step, buffers[cur], payload);
+      check_arrived_block(buffers[cur], payload, ctx_.verify_blocks, rank, comm.previous(), step, schedule_.source(step + 1),
                           block_name);
     }
     ++stats_.steps;

@@ -42,7 +42,7 @@ struct RingContext {
   // The backward's dK/dV accumulators on the wire: f32 (every hop adds in f32), or bf16 (half the
   // traffic; each hop rounds the running sum to bf16, so the error grows with the ring's size).
   DType gradient_wire = DType::kF32;
-  bool verify_blocks = true;  // a checksum of every block in flight, checked on arrival (CRC-32 on the host, 64-bit sum on GPUs)
+  bool verify_blocks = true;  // a checksum of every block in flight, checked on arrival (attention/ring/block_seal.h)
   // Bitwise-identical results for any ring size and layout (host ring): the forward an exact max pass
   // and a fixed-point sum pass (two trips around the ring, scalar kernels; attention/cpu/exact_sum_cpu.h),
   // the backward one trip of fixed-point sums (attention/cpu/exact_backward_cpu.h).

@@ -63,12 +63,11 @@ void RingAttention::carry_gradients(const AttentionInputs& in, const TokenPositi
                                     const GradientTrip& trip) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
-  const size_t payload = trip.wire_bytes, bytes = kBlockHeaderBytes + payload;
+  const size_t payload = trip.wire_bytes, bytes = sealed_bytes(payload);
   // [sending] the accumulator passed on, [arriving] the one coming in, [partial] this step's part.
   BlockBuffers buffers(std::max(trip.part_bytes, trip.wire_bytes), 3);
   int sending = 0, arriving = 1;
-  char* const partial = buffers[2] + kBlockHeaderBytes;
-  auto payload_of = [&](int i) { return buffers[i] + kBlockHeaderBytes; };
+  char* const partial = buffers[2];
   // Passes [sending] on and receives into [arriving] (tagged apart from the K/V blocks' shifts).
   auto start_shift = [&](int step) {
     return comm.ring_shift(buffers[sending], buffers[arriving], bytes, kGradientTag + step);
@@ -83,8 +82,8 @@ void RingAttention::carry_gradients(const AttentionInputs& in, const TokenPositi
       buffers.abandon();  // MPI may still write into them until the job ends
       throw;
     }
-    if (step == n) inject_corruption(fault, rank, n, payload_of(arriving), payload);  // the last hop's accumulator
-    check_arrived_block(buffers[arriving], payload, rank, comm.previous(), step, origin, trip.wire_name);
+    if (step == n) inject_corruption(fault, rank, n, buffers[arriving], payload);  // the last hop's accumulator
+    check_arrived_block(buffers[arriving], payload, ctx_.verify_blocks, rank, comm.previous(), step, origin, trip.wire_name);
     std::swap(sending, arriving);
   };
 
@@ -100,14 +99,14 @@ void RingAttention::carry_gradients(const AttentionInputs& in, const TokenPositi
     if (pending) {
       finish_shift(*pending, step, src);  // what arrived goes on, with our part added
     } else {
-      std::memset(payload_of(sending), 0, payload);  // step 0: our own block, nobody has added yet
+      std::memset(buffers[sending], 0, payload);  // step 0: our own block, nobody has added yet
     }
-    if (block != nullptr) trip.add_part(payload_of(sending), partial, rows);
+    if (block != nullptr) trip.add_part(buffers[sending], partial, rows);
     seal_block(buffers[sending], src, payload, ctx_.verify_blocks);
   });
   // The last hop: the accumulator held now belongs to the next rank; ours comes from the previous one.
   if (n > 1) finish_shift(*start_shift(n), n, rank);
-  trip.take_home(payload_of(sending), in.k.dim(1));
+  trip.take_home(buffers[sending], in.k.dim(1));
 }
 
 void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPositions& pos,

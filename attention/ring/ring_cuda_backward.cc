@@ -43,7 +43,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows, ctx_.gradient_wire};
   const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
   const bool f32_wire = layout.dtype == DType::kF32;
-  const size_t payload = layout.payload(), bytes = payload + sizeof(BlockTrailer);
+  const size_t payload = layout.payload(), bytes = payload + sizeof(BlockSeal);
   const size_t stride = (bytes + 4095) / 4096 * 4096;
   const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kBackward);
   KvRotationCuda kv(in, ctx_, fault, schedule_.rows_of_each_rank(), slot_rows, n > 1 ? 2 * stride : 0, state_, stream_);
@@ -78,21 +78,21 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       }
     }
   };
-  // Per hop 1..n: the trailer the accumulator arrived with, and its checksum recomputed here.
-  reserve_scratch(gradient_checks_, 2 * size_t(n + 1) * sizeof(BlockTrailer), MemoryKind::kCuda,
+  // Per hop 1..n: the seal the accumulator arrived with, and its checksum recomputed here.
+  reserve_scratch(gradient_checks_, 2 * size_t(n + 1) * sizeof(BlockSeal), MemoryKind::kCuda,
                   "the ring backward's accumulator checks");
-  auto* arrived_trailers = gradient_checks_.data<BlockTrailer>();
-  auto* recomputed = arrived_trailers + (n + 1);
+  auto* arrived_seals = gradient_checks_.data<BlockSeal>();
+  auto* recomputed = arrived_seals + (n + 1);
   if (verify)
-    RA_CUDA_CHECK(cudaMemsetAsync(arrived_trailers, 0, 2 * size_t(n + 1) * sizeof(BlockTrailer), stream_));
+    RA_CUDA_CHECK(cudaMemsetAsync(arrived_seals, 0, 2 * size_t(n + 1) * sizeof(BlockSeal), stream_));
   CudaEvent compute_done, gradient_arrived;
   const char* transport = kv.transport();
-  // Once the accumulator of hop `hop` is in [arriving]: its trailer and checksum are taken before
+  // Once the accumulator of hop `hop` is in [arriving]: its seal and checksum are taken before
   // anything changes it, on the compute stream.
   auto take_arrival = [&](int hop) {
     RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, gradient_arrived.get(), 0));
     if (!verify) return;
-    RA_CUDA_CHECK(cudaMemcpyAsync(&arrived_trailers[hop], slot[arriving] + payload, sizeof(BlockTrailer),
+    RA_CUDA_CHECK(cudaMemcpyAsync(&arrived_seals[hop], slot[arriving] + payload, sizeof(BlockSeal),
                                   cudaMemcpyDeviceToDevice, stream_));
     block_checksum_cuda(slot[arriving], payload, &recomputed[hop].checksum, stream_);
   };
@@ -216,16 +216,16 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   try {
     kv.check_arrivals();
     if (verify) {
-      const std::vector<BlockTrailer> host = read_trailers(arrived_trailers, 2 * size_t(n + 1), stream_);
+      const std::vector<BlockSeal> host = read_seals(arrived_seals, 2 * size_t(n + 1), stream_);
       for (int hop = 1; hop < n; ++hop) {
-        const BlockTrailer& got = host[size_t(hop)];
+        const BlockSeal& got = host[size_t(hop)];
         const uint64_t checksum = host[size_t(n + 1 + hop)].checksum;
         const int origin = schedule_.source(hop + 1);  // the block the accumulator of this hop belongs to
-        RA_CHECK(got.magic == BlockTrailer::kMagic && int(got.origin_rank) == origin && got.checksum == checksum,
+        RA_CHECK(got.magic == BlockSeal::kMagic && int(got.origin_rank) == origin && got.checksum == checksum,
                  "ring backward hop ", hop, " of ", n - 1, " (", transport, "): rank ", rank, " received the dK/dV accumulator "
                  "of rank ", origin, "'s block from rank ", comm.previous(), " (", dtype_name(layout.dtype), ", ", payload,
                  " bytes) with checksum ",
-                 std::hex, checksum, " but it was sent with ", got.checksum, std::dec, " (origin rank in the trailer: ",
+                 std::hex, checksum, " but it was sent with ", got.checksum, std::dec, " (origin rank in the seal: ",
                  got.origin_rank, "): the accumulator was corrupted in flight; no gradient is produced");
       }
     }

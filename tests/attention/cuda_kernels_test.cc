@@ -489,6 +489,7 @@ TEST(BlockChecksum, SameBytesSameSumAnyChangeDiffers) {
   };
   const uint64_t base = checksum(words);
   EXPECT_EQ(base, host_block_checksum(words.data(), bytes));
+  EXPECT_EQ(base, block_checksum(words.data(), bytes));  // the host ring's: one seal format on both rings
   EXPECT_EQ(checksum(words), base);
   std::vector<uint64_t> flipped = words;
   flipped[77777] ^= uint64_t(1) << 41;
@@ -526,17 +527,17 @@ TEST(BlockChecksum, PiecesSealAsTheAssembledBlock) {
   Tensor sum(DType::kU8, {8}, MemoryKind::kCuda);
   RA_CUDA_CHECK(cudaMemcpy(block.view().data(), assembled.data(), block_bytes, cudaMemcpyHostToDevice));
   RA_CUDA_CHECK(cudaMemset(trailer.view().data(), 0xcd, 16));  // stale bytes
-  auto* sealed = static_cast<BlockTrailer*>(trailer.view().data());
+  auto* sealed = static_cast<BlockSeal*>(trailer.view().data());
   seal_pieces_cuda(sealed, pieces, 2, nullptr);
   block_checksum_cuda(block.view().data(), block_bytes, sum.data<uint64_t>(), nullptr);
-  BlockTrailer got{};
+  BlockSeal got{};
   uint64_t assembled_sum = 0;
   RA_CUDA_CHECK(cudaMemcpy(&got, sealed, sizeof(got), cudaMemcpyDeviceToHost));
   RA_CUDA_CHECK(cudaMemcpy(&assembled_sum, sum.view().data(), 8, cudaMemcpyDeviceToHost));
   const uint64_t expected = host_block_checksum(assembled.data(), block_bytes);
   EXPECT_EQ(assembled_sum, expected);
   EXPECT_EQ(got.origin_rank, 2u);
-  EXPECT_EQ(got.magic, BlockTrailer::kMagic);
+  EXPECT_EQ(got.magic, BlockSeal::kMagic);
   EXPECT_EQ(got.checksum, expected);
 }
 
@@ -552,9 +553,9 @@ TEST(BlockChecksum, WeightsPastEightGiBFollowTheDefinition) {
   Tensor piece(DType::kU8, {int64_t(bytes)}, MemoryKind::kCuda), trailer(DType::kU8, {16}, MemoryKind::kCuda);
   auto sealed_sum = [&](const std::vector<uint8_t>& data, size_t offset) {
     RA_CUDA_CHECK(cudaMemcpy(piece.view().data(), data.data(), bytes, cudaMemcpyHostToDevice));
-    auto* sealed = static_cast<BlockTrailer*>(trailer.view().data());
+    auto* sealed = static_cast<BlockSeal*>(trailer.view().data());
     seal_pieces_cuda(sealed, {BlockPiece{piece.view().data(), offset, bytes}}, 0, nullptr);
-    BlockTrailer got{};
+    BlockSeal got{};
     RA_CUDA_CHECK(cudaMemcpy(&got, sealed, sizeof(got), cudaMemcpyDeviceToHost));
     return got.checksum;
   };
@@ -578,19 +579,19 @@ TEST(BlockChecksum, SealWritesTheTrailerOnTheDevice) {
   std::vector<uint64_t> words(payload / 8);
   std::mt19937_64 rng(5);
   for (uint64_t& w : words) w = rng();
-  Tensor block(DType::kU8, {int64_t(payload + sizeof(BlockTrailer))}, MemoryKind::kCuda);
+  Tensor block(DType::kU8, {int64_t(payload + sizeof(BlockSeal))}, MemoryKind::kCuda);
   Tensor sum(DType::kU8, {8}, MemoryKind::kCuda);
   RA_CUDA_CHECK(cudaMemset(block.view().data(), 0xab, block.view().nbytes()));  // stale bytes in the trailer
   RA_CUDA_CHECK(cudaMemcpy(block.view().data(), words.data(), payload, cudaMemcpyHostToDevice));
   seal_block_cuda(block.view().data(), payload, 3, nullptr);
   block_checksum_cuda(block.view().data(), payload, sum.data<uint64_t>(), nullptr);
-  BlockTrailer trailer{};
+  BlockSeal trailer{};
   uint64_t expected = 0;
   RA_CUDA_CHECK(cudaMemcpy(&trailer, block.data<char>() + payload, sizeof(trailer), cudaMemcpyDeviceToHost));
   RA_CUDA_CHECK(cudaMemcpy(&expected, sum.view().data(), 8, cudaMemcpyDeviceToHost));
   EXPECT_EQ(trailer.checksum, expected);
   EXPECT_EQ(trailer.origin_rank, 3u);
-  EXPECT_EQ(trailer.magic, BlockTrailer::kMagic);
+  EXPECT_EQ(trailer.magic, BlockSeal::kMagic);
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ expect stall-rank1-in-ring nonzero 40 "ring step [0-9].*rank 1" "$dir/o.h5" -- \
 # watchdog (--io-timeout) ends the job.
 expect stall-after-ring nonzero 45 "did not finish within" "$dir/o.h5" -- \
   env RINGATTN_FAULT=stall:rank=1:step=$last:ms=600000 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5" --io-timeout 5
-# A corrupted block: caught by the block checksum (CRC-32 on the host, a 64-bit sum on GPUs), or with
+# A corrupted block: caught by the block checksum (one definition on both rings, attention/ring/block_seal.h), or with
 # checksums off by the output invariants.
 expect corrupt-block-caught-by-checksum nonzero 60 "was corrupted in flight" "$dir/o.h5" -- \
   env RINGATTN_FAULT=corrupt:rank=$last:step=0 "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${common[@]}" --output "$dir/o.h5"
