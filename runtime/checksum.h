@@ -1,4 +1,4 @@
-// CRC-32 (zlib's) of a byte range of any length: the integrity check of blocks in flight.
+// CRC-32 (zlib's) of a byte range of any length: the ranks compare their command lines by it (launch/job.cc).
 #pragma once
 
 #include <cstddef>
