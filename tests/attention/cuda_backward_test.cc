@@ -101,17 +101,27 @@ void PrintTo(const CudaGradCase& c, std::ostream* os) {
 
 class CudaBackwardVsReference : public testing::TestWithParam<CudaGradCase> {};
 
+// A problem on the host and on the device, with a random dO drawn from `do_seed`.
+struct DeviceGradProblem {
+  DeviceGradProblem(const ProblemSpec& spec, uint64_t do_seed)
+      : problem(spec), host_in(problem.inputs()), dev(copy_inputs(host_in, MemoryKind::kCuda)) {
+    std::mt19937_64 rng(do_seed);
+    d_o = random_normal(spec.dtype, {spec.batch, spec.q_len, spec.q_heads, spec.v_head_dim}, rng, 1.0f);
+    d_o_device = to_memory(d_o, MemoryKind::kCuda);
+  }
+  Problem problem;
+  AttentionInputs host_in;
+  InputsCopy dev;
+  Tensor d_o, d_o_device;
+};
+
 TEST_P(CudaBackwardVsReference, MatchesF64Gradients) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const CudaGradCase& c = GetParam();
   if (c.kernel == FlashKernel::kWgmma && !flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
-  Problem problem(c.spec);
+  DeviceGradProblem setup(c.spec, c.spec.seed * 31 + 7);
+  auto& [problem, host_in, device_in, d_o, d_o_device] = setup;
   problem.params().flash_kernel = c.kernel;
-  const AttentionInputs host_in = problem.inputs();
-  const InputsCopy device_in = copy_inputs(host_in, MemoryKind::kCuda);
-  std::mt19937_64 rng(c.spec.seed * 31 + 7);
-  const Tensor d_o = random_normal(c.spec.dtype, {c.spec.batch, c.spec.q_len, c.spec.q_heads, c.spec.v_head_dim}, rng, 1.0f);
-  const Tensor d_o_device = to_memory(d_o, MemoryKind::kCuda);
   auto impl = AttentionRegistry::builtin().create(c.impl, Backend::kCuda);
   ASSERT_TRUE(impl->has_backward());
   Gradients g;
@@ -174,12 +184,8 @@ TEST(BackwardInto, TheCallersViewsMatchTheReference) {
       opt.sinks = opt.segments = name == "flash_attn2";
       ProblemSpec spec{1, 331, 403, 8, 4, 128, 128, DType::kBF16, opt, 950 + uint64_t(causal)};
       spec.segment_ids = SegmentIds::kPacked;
-      Problem problem(spec);
-      const AttentionInputs host_in = problem.inputs();
-      const InputsCopy dev = copy_inputs(host_in, MemoryKind::kCuda);
-      std::mt19937_64 rng(spec.seed);
-      const Tensor d_o = random_normal(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, rng, 1.0f);
-      const Tensor d_o_device = to_memory(d_o, MemoryKind::kCuda);
+      DeviceGradProblem setup(spec, spec.seed);
+      auto& [problem, host_in, dev, d_o, d_o_device] = setup;
       auto impl = AttentionRegistry::builtin().create(name, Backend::kCuda);
       const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
       const Tensor o(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, MemoryKind::kCuda);
@@ -230,12 +236,8 @@ TEST(CudnnBackward, KeyPartsOfAnyDiagonalSumToTheReference) {
     Options causal;
     causal.causal = true;
     const ProblemSpec spec{1, split.t, split.s, 4, 2, 64, 64, DType::kBF16, causal, 900 + uint64_t(split.t)};
-    Problem problem(spec);
-    const AttentionInputs host_in = problem.inputs();
-    const InputsCopy dev = copy_inputs(host_in, MemoryKind::kCuda);
-    std::mt19937_64 rng(spec.seed);
-    const Tensor d_o = random_normal(spec.dtype, {1, spec.q_len, spec.q_heads, spec.v_head_dim}, rng, 1.0f);
-    const Tensor d_o_device = to_memory(d_o, MemoryKind::kCuda);
+    DeviceGradProblem setup(spec, spec.seed);
+    auto& [problem, host_in, dev, d_o, d_o_device] = setup;
     auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
     const TokenPositions all = TokenPositions::dense(spec.q_len, spec.kv_len);
     const AttentionOutput out = impl->forward(dev.inputs, problem.params(), all);
