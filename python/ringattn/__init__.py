@@ -19,7 +19,7 @@ mask (the same shape, bool / uint8, true = attend), segment_ids (B, T) int32 and
 from . import _core
 
 __all__ = ["attention", "attention_backward", "ring_attention", "ring_attention_backward", "shard", "unshard",
-           "built_with_cuda", "release_rings", "NcclComm", "nccl_unique_id", "cuda_cache_bytes", "empty_cuda_cache",
+           "built_with_cuda", "release_rings", "ring_stats", "NcclComm", "nccl_unique_id", "cuda_cache_bytes", "empty_cuda_cache",
            "set_cuda_cache_limit"]
 
 built_with_cuda = _core.built_with_cuda  # whether CUDA arrays can be passed (this build has the GPU back end)
@@ -108,6 +108,16 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", globa
     return _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
                                          float(timeout), bool(deterministic), grad_wire, _int32_segments(options), f32_gradients, out,
                                          _stream(stream), q)
+
+
+def ring_stats():
+    """What the process's last ring_attention / ring_attention_backward call did (PyTorch's backward
+    included, which runs on its own threads), as a dict: "steps" (ring
+    steps), "skipped" (steps whose K/V block no query of this rank could see, by the causal mask or the
+    window), "transport" (how the blocks travelled: "mpi", "python" (a torch.distributed group), "nccl" or
+    "copy-engines"), "compute_seconds" (host time folding blocks; on a GPU, queuing the kernels) and
+    "wait_seconds" (host time blocked on exchanges after the compute). None before the first call."""
+    return _core.ring_stats()
 
 
 def release_rings():

@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "runtime/error.h"
 
 #if RA_HAVE_CUDA
+#include "attention/ring/ring_cuda.h"
 #include "collectives/nccl_communicator.h"
 #include "collectives/peer_copy_ring.h"
 #endif
@@ -224,6 +226,34 @@ void release_kept_rings() {
     rings.swap(kept().rings);
   }
   while (!rings.empty()) rings.pop_front();  // in the order they were made, as on every rank
+}
+
+namespace {
+// The process's, not the thread's: PyTorch runs a backward on its own threads.
+struct LastStats {
+  std::mutex mutex;
+  std::optional<RingStats> stats;
+};
+LastStats& last_stats() {
+  static LastStats* last = new LastStats;  // never destroyed: read until the process ends
+  return *last;
+}
+}  // namespace
+
+void remember_stats(const CallRing& ring) {
+  const RingStats* stats = nullptr;
+#if RA_HAVE_CUDA
+  if (const auto* gpu = dynamic_cast<const RingAttentionCuda*>(ring.impl.get())) stats = &gpu->last_stats();
+#endif
+  if (const auto* host = dynamic_cast<const RingAttention*>(ring.impl.get())) stats = &host->last_stats();
+  if (stats == nullptr) return;
+  std::lock_guard<std::mutex> lock(last_stats().mutex);
+  last_stats().stats = *stats;
+}
+
+std::optional<RingStats> last_ring_stats() {
+  std::lock_guard<std::mutex> lock(last_stats().mutex);
+  return last_stats().stats;
 }
 
 size_t kept_ring_count() {

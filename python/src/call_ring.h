@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "attention/attention_impl.h"
 #include "attention/ring/ring.h"
@@ -61,6 +62,11 @@ struct CallRing {
   void build();  // the context's layout and modes, the implementation and this rank's positions
 };
 
+// The statistics of the process's last ring call (RingStats: steps, skipped steps, how the blocks
+// travelled, host seconds computing or queuing and waiting on exchanges), or none before the first.
+void remember_stats(const CallRing& ring);
+std::optional<RingStats> last_ring_stats();
+
 // What a call chooses beyond its implementation: the ring's modes.
 struct RingModes {
   bool deterministic = false;
@@ -77,10 +83,18 @@ class RingForCall {
   RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
               std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
               const RingModes& modes, const AttentionInputs& in, const CallDevice& device);
+  // Runs the call; its ring's statistics become last_ring_stats().
   template <typename Run>
   auto run(Run&& body) {
     try {
-      return body(*ring_);
+      if constexpr (std::is_void_v<decltype(body(*ring_))>) {
+        body(*ring_);
+        remember_stats(*ring_);
+      } else {
+        auto result = body(*ring_);
+        remember_stats(*ring_);
+        return result;
+      }
     } catch (...) {
       drop();
       throw;

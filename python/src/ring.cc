@@ -87,6 +87,18 @@ void bind_ring(nb::module_& m) {
   m.def("ring_attention_backward", &ring_attention_backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "comm"_a,
         "layout"_a, "global_q_len"_a.none(), "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "deterministic"_a,
         "grad_wire"_a, "options"_a, "f32_gradients"_a, "out"_a.none(), "stream"_a, "like"_a);
+  // What the process's last ring call did (call_ring.h), as a dict; None before the first.
+  m.def("ring_stats", []() -> nb::object {
+    const std::optional<RingStats> s = last_ring_stats();
+    if (!s) return nb::none();
+    nb::dict d;
+    d["steps"] = s->steps;
+    d["skipped"] = s->skipped;
+    d["transport"] = s->transport;
+    d["compute_seconds"] = s->compute_seconds;
+    d["wait_seconds"] = s->wait_seconds;
+    return d;
+  });
   // The rings kept between calls over MPI (call_ring.h): how many, and their collective release.
   m.def("kept_ring_count", &kept_ring_count);
   m.def("release_rings", [] {

@@ -172,3 +172,21 @@ def test_a_ring_is_kept_per_configuration_and_communicator_and_released_on_reque
     assert ringattn._core.kept_ring_count() == 0
     same.Free()
     reversed_ranks.Free()
+
+
+def test_ring_stats_say_what_the_last_call_did():
+    q, k, v, do, _ = problem(23, T=64, S=64, H=2, Hkv=2)
+    part = lambda x, layout: ringattn.shard(x, 1, layout, RANK, SIZE)
+    # Causal over contiguous shards: rank r's queries see no key of the ranks after it.
+    o, lse = ringattn.ring_attention(part(q, "contiguous"), part(k, "contiguous"), part(v, "contiguous"), comm=COMM,
+                                     layout="contiguous", causal=True, return_lse=True)
+    stats = ringattn.ring_stats()
+    assert stats["steps"] == SIZE and stats["skipped"] == SIZE - 1 - RANK
+    assert stats["transport"] == "mpi" and stats["compute_seconds"] >= 0 and stats["wait_seconds"] >= 0
+    # A window of one key each side over striped shards: only the blocks of the neighbouring ranks are seen.
+    ringattn.ring_attention(part(q, "striped"), part(k, "striped"), part(v, "striped"), comm=COMM, layout="striped",
+                            window=(1, 1))
+    assert ringattn.ring_stats()["skipped"] == max(SIZE - 3, 0)
+    ringattn.ring_attention_backward(part(q, "contiguous"), part(k, "contiguous"), part(v, "contiguous"), o, lse,
+                                     part(do, "contiguous"), comm=COMM, layout="contiguous", causal=True)
+    assert ringattn.ring_stats()["skipped"] == SIZE - 1 - RANK
