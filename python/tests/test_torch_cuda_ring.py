@@ -30,6 +30,9 @@ def test_shards_of_the_gpu_ring_equal_one_process(layout, causal):
     # f16 inputs: the ring folds other blocks into its f32 carry than one call does, so the roundings of P differ.
     check_ring_shards_equal_one_process({"comm": COMM}, layout, causal, shape=(2, 203, 8, 2, 64), tol=4e-3,
                                         device=GPU, dtype=torch.float16)
+    # The last call (the backward, on PyTorch's autograd thread) ran the GPU ring over one node's copy engines.
+    stats = ringattn.ring_stats()
+    assert stats["steps"] == SIZE and (SIZE == 1 or stats["transport"] == "copy-engines"), stats
 
 
 def test_a_torchrun_group_with_cuda_tensors_is_refused_by_name():
