@@ -1,7 +1,8 @@
 """PyTorch's SDPA backward (FlashAttention-2 and cuDNN backends) on the shapes of gpu_session.sh's
 `backward` stage, for the side-by-side rows of bench/RESULTS.md: bf16, B=1, T=32768, median of 10
 CUDA-event-timed backward calls after 2 warm-up calls; TFLOP/s at 2.5x the forward's FLOPs (halved
-for causal), as `ringattn bench --backward` counts them."""
+for causal), as `ringattn bench --backward` counts them. With --forward first: the forward calls instead
+(TFLOP/s at 4 H T^2 D, halved for causal, as `ringattn bench` counts them)."""
 import sys
 
 import torch
@@ -9,32 +10,37 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-def time_backward(backend, heads, head_dim, seq, causal):
-    q, k, v = (torch.randn(1, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+def time_pass(backend, heads, head_dim, seq, causal, forward):
+    q, k, v = (torch.randn(1, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=not forward)
                for _ in range(3))
     d_o = torch.randn(1, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
     with sdpa_kernel(backend):
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out = None if forward else F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         times = []
         for i in range(12):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
+            if forward:
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            else:
+                torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
             end.record()
             torch.cuda.synchronize()
             if i >= 2:
                 times.append(start.elapsed_time(end) / 1e3)
     times.sort()
     seconds = times[len(times) // 2]
-    flops = 2.5 * 4 * heads * seq * seq * head_dim / (2 if causal else 1)
+    flops = (1 if forward else 2.5) * 4 * heads * seq * seq * head_dim / (2 if causal else 1)
     return seconds, flops / seconds / 1e12
 
 
-# Optional arguments: the shapes as HEADSxHEAD_DIM (default 32x128 64x64 16x256).
-shapes = [tuple(int(x) for x in arg.split("x")) for arg in sys.argv[1:]] or [(32, 128), (64, 64), (16, 256)]
+# Optional arguments: --forward, then the shapes as HEADSxHEAD_DIM (default 32x128 64x64 16x256).
+args = sys.argv[1:]
+forward = bool(args) and args[0] == "--forward"
+shapes = [tuple(int(x) for x in arg.split("x")) for arg in args[forward:]] or [(32, 128), (64, 64), (16, 256)]
 for causal in (False, True):
     for heads, head_dim in shapes:
         for name, backend in (("torch_flash2", SDPBackend.FLASH_ATTENTION), ("torch_cudnn", SDPBackend.CUDNN_ATTENTION)):
-            seconds, tflops = time_backward(backend, heads, head_dim, 32768, causal)
+            seconds, tflops = time_pass(backend, heads, head_dim, 32768, causal, forward)
             print(f"{name:13s} H={heads:3d} D={head_dim:4d} T=32768 causal={int(causal)} "
-                  f"time_ms={seconds * 1e3:9.3f} bwd_TFLOP/s={tflops:7.2f}")
+                  f"time_ms={seconds * 1e3:9.3f} {'fwd' if forward else 'bwd'}_TFLOP/s={tflops:7.2f}")

@@ -265,17 +265,15 @@ bool flash_has_extras(const CudaAttentionArgs& a) {
 bool flash_uses_wgmma(const CudaAttentionArgs& a, FlashPass pass) {
   const FlashKernel k = a.flash_kernel;
   if (k == FlashKernel::kMmaSync) return false;
+  (void)pass;  // both passes run head_dim 64, 128 and 256 on wgmma
   const bool available = flash_wgmma_available(), extras = flash_has_extras(a);
-  const bool wide = pass == FlashPass::kForward && a.head_dim > 128;
   if (k == FlashKernel::kWgmma) {
     RA_CHECK(available, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but this build has "
              "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
     RA_CHECK(!extras, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but they run positions "
              "and segment ids only (causal, window, segment ids, GQA, sinks); soft cap, bias, mask and dropout need mma_sync");
-    RA_CHECK(!wide, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but q dimension 3 "
-             "(head_dim) is ", a.head_dim, ": the wgmma forward runs head_dim 64 and 128; 256 needs mma_sync");
   }
-  return available && !extras && !wide;
+  return available && !extras;
 }
 
 void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream) {

@@ -19,7 +19,7 @@ void check_flash_cuda_supported(const AttentionInputs& in);
 bool flash_has_extras(const CudaAttentionArgs& args);
 
 // True when the wgmma kernel of `pass` runs these arguments (args.flash_kernel, from AttentionParams):
-// kAuto and available with positions and segment ids only (and, forward, head_dim <= 128); kMmaSync never;
+// kAuto and available with positions and segment ids only; kMmaSync never;
 // kWgmma forced where it cannot run throws naming why.
 enum class FlashPass { kForward, kBackward };
 bool flash_uses_wgmma(const CudaAttentionArgs& args, FlashPass pass);

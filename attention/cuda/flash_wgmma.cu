@@ -1,6 +1,6 @@
 // FlashAttention forward on Hopper's warpgroup MMA. A block of two warpgroups owns 128 query rows of
-// one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys stream through double-buffered
-// shared memory (cp.async by all 256 threads). Per tile each warpgroup issues S = Q K^T as wgmma with
+// one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys (64 at head_dim 256, for shared
+// memory) stream through double-buffered shared memory (cp.async by all 256 threads). Per tile each warpgroup issues S = Q K^T as wgmma with
 // both operands in shared memory and O += P V for the previous tile with P straight from registers
 // (the accumulator layout of S is wgmma's register layout of A) and V read transposed from shared
 // memory, then runs the online softmax of S while the tensor cores work on P V. Masking and the tile
@@ -21,7 +21,9 @@ constexpr int kGroups = 2;                // warpgroups per block
 constexpr int kThreads = kGroups * 128;
 [[maybe_unused]] constexpr int kWarps = kThreads / 32;  // used by the sm_90a body only
 constexpr int kBlockM = kGroups * 64;     // query rows per block
-constexpr int kBlockN = 128;              // keys per K/V tile
+// Keys per K/V tile: 128, or 64 at head_dim 256 (Q and two K and V buffers then fill 192 KiB).
+template <int D>
+constexpr int kBlockNFor = D > 128 ? 64 : 128;
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
@@ -48,6 +50,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
+  constexpr int kBlockN = kBlockNFor<D>;
   T* q_smem = reinterpret_cast<T*>(smem);
   T* k_smem = q_smem + kBlockM * D;      // two buffers of kBlockN x D
   T* v_smem = k_smem + 2 * kBlockN * D;  // two buffers of kBlockN x D
@@ -127,11 +130,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     wgmma::commit();
   };
   // V is [keys][D]: N-major for this product. 16 keys per k-step; column slabs kBlockN rows apart.
+  // One wgmma spans at most 128 columns of O: head_dim 256 takes two, the second two slabs further.
   auto issue_pv = [&](int i, const uint32_t(&p)[kBlockN / 16][4]) {
     const uint32_t v_tile = smem_address(v_smem + (i % 2) * kBlockN * D);
+    constexpr int kHalves = D > 128 ? 2 : 1, kTilesHalf = kTilesD / kHalves;
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 16; ++kc)
-      wgmma::mma_rs_tb<T>(o, p[kc], wgmma::sw128_desc(v_tile + kc * 16 * kRowBytes, kBlockN * kRowBytes, kSwizzleAtom));
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        auto& o_half = *reinterpret_cast<float(*)[kTilesHalf][4]>(&o[half * kTilesHalf]);
+        const uint32_t slabs = v_tile + half * (kTilesHalf / 8) * kBlockN * kRowBytes;
+        wgmma::mma_rs_tb<T>(o_half, p[kc], wgmma::sw128_desc(slabs + kc * 16 * kRowBytes, kBlockN * kRowBytes, kSwizzleAtom));
+      }
     wgmma::commit();
   };
   // The softmax of S_i in place (probabilities, not yet 16-bit) and the factor that rescales O.
@@ -214,8 +224,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
 
 template <typename T, int D>
 constexpr size_t smem_bytes() {
-  return size_t(kBlockM + 4 * kBlockN) * D * sizeof(T) + kSwizzleAtom;  // + alignment slack
+  return size_t(kBlockM + 4 * kBlockNFor<D>) * D * sizeof(T) + kSwizzleAtom;  // + alignment slack
 }
+static_assert(smem_bytes<__nv_bfloat16, 256>() <= 227 * 1024, "Q and two K and V buffers fit Hopper's shared memory");
 
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
@@ -254,7 +265,7 @@ bool flash_wgmma_available() {
 
 void flash_wgmma_accumulate(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 kernel", [&](auto element) {
-    dispatch_head_dim<64, 128>(a.head_dim, "the wgmma flash_attn2 kernel", [&](auto head_dim) {
+    dispatch_head_dim<64, 128, 256>(a.head_dim, "the wgmma flash_attn2 kernel", [&](auto head_dim) {
       launch<decltype(element), decltype(head_dim)::value>(a, stream);
     });
   });

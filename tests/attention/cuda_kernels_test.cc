@@ -56,13 +56,20 @@ std::vector<CudaCase> all_cases() {
           const Shape& sh = shapes[seed % std::size(shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
         }
-  // head_dim 256 (the mma.sync kernel, one 16-row tile per warp): every option set, both dtypes.
-  const Shape wide[] = {{1, 131, 203, 4, 2, 256}, {2, 70, 70, 2, 2, 256}};
+  // head_dim 256: every option set with `auto` (wgmma's 64-key tiles, mma.sync's one 16-row tile per warp
+  // for the extras), both dtypes; each kernel forced on the options wgmma runs; packed documents.
+  const Shape wide[] = {{1, 131, 203, 4, 2, 256}, {2, 70, 70, 2, 2, 256}, {1, 257, 130, 4, 1, 256}};
   for (DType dtype : {DType::kF16, DType::kBF16})
     for (const Options& opt : option_sets()) {
       const Shape& sh = wide[seed % std::size(wide)];
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
     }
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (const Options& opt : wgmma_option_sets()) {
+      const Shape& sh = wide[seed % std::size(wide)];
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, DType::kBF16, opt, seed++}, kernel});
+    }
+  for (const DocumentCase& c : document_cases({{1, 520, 520, 2, 1, 256}}, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   // Packed and cycled documents on shapes of many 64- and 128-row blocks: key tiles that share no
   // document with a query block are skipped, tiles inside one run unmasked, the rest compare ids; each
   // kernel forced on the options wgmma runs, and auto with the extras (the mma.sync extras kernel).
@@ -307,21 +314,6 @@ TEST(CudaCarry, MergeAndFinalizeMatchHost) {
     const float h = lse_host.data<float>()[i], d = lse_back.data<float>()[i];
     if (std::isinf(h)) ASSERT_EQ(h, d) << i;
     else ASSERT_NEAR(d, h, 1e-5) << i;
-  }
-}
-
-TEST(CudaFlash, WgmmaForcedAtHeadDim256SaysWhichKernelRunsIt) {
-  RA_REQUIRE_GPU();
-  if (!flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper";
-  Problem p(ProblemSpec{1, 16, 16, 2, 2, 256, 256, DType::kBF16, Options{}, 3});
-  const InputsCopy dev = copy_inputs(p.inputs(), MemoryKind::kCuda);
-  auto flash = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
-  p.params().flash_kernel = FlashKernel::kWgmma;
-  try {
-    flash->forward(dev.inputs, p.params());
-    FAIL() << "wgmma ran head_dim 256";
-  } catch (const Error& e) {
-    EXPECT_NE(e.message().find("mma_sync"), std::string::npos) << e.message();
   }
 }
 
