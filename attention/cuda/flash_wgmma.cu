@@ -45,7 +45,17 @@ __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b
 // and either branch in the other's code slowed it by 2%.
 enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 
-template <typename T, int D, CarryMode kMode, bool kSegments>
+// The soft cap of raw scores s: cap tanh(s scale / cap), in log2 units (as the softmax takes them).
+template <int NT>
+__device__ __forceinline__ void soft_cap_scores(float (&s)[NT][4], float scale_over_cap, float cap_log2) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = cap_log2 * tanhf(s[j][e] * scale_over_cap);
+}
+
+// kSoftCap: an instance that caps the scores (CudaAttentionArgs::soft_cap; never with segment ids).
+template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -158,8 +168,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
                       tile_seg.x == tile_seg.y, tile_seg.x};
     }
     const bool masked = kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
-    if (masked) mask_positions<kSegments>(a, s, b, tile * kBlockN, lane, row0, scale_log2, &keys);
-    softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale_log2, alpha);
+    float scale = scale_log2;  // what turns s into log2-unit logits
+    if constexpr (kSoftCap) {
+      soft_cap_scores(s, a.scale / a.soft_cap, a.soft_cap * kLog2e);
+      scale = 1.0f;
+    }
+    if (masked) mask_positions<kSegments>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
+    softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale, alpha);
   };
   auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
 #pragma unroll
@@ -231,7 +246,11 @@ static_assert(smem_bytes<__nv_bfloat16, 256>() <= 227 * 1024, "Q and two K and V
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
-  auto kernel = a.o_direct ? (a.q_segment_ranges ? flash_wgmma_kernel<T, D, kDirect, true> : flash_wgmma_kernel<T, D, kDirect, false>)
+  auto kernel = a.soft_cap > 0.0f
+                    ? (a.o_direct             ? flash_wgmma_kernel<T, D, kDirect, false, true>
+                       : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, true>
+                                              : flash_wgmma_kernel<T, D, kFromCarry, false, true>)
+                : a.o_direct ? (a.q_segment_ranges ? flash_wgmma_kernel<T, D, kDirect, true> : flash_wgmma_kernel<T, D, kDirect, false>)
                 : a.q_segment_ranges   ? flash_wgmma_kernel<T, D, kFromCarry, true>
                 : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false>
                                        : flash_wgmma_kernel<T, D, kFromCarry, false>;
