@@ -265,16 +265,17 @@ bool flash_has_extras(const CudaAttentionArgs& a) {
 bool flash_uses_wgmma(const CudaAttentionArgs& a, FlashPass pass) {
   const FlashKernel k = a.flash_kernel;
   if (k == FlashKernel::kMmaSync) return false;
-  // The wgmma forward also runs a soft cap (without segment ids: its own instances).
-  const bool soft_cap_here = pass == FlashPass::kForward && !a.q_segment_ids.data && !a.kv_segment_ids.data;
+  (void)pass;  // both passes run the same options
+  // A soft cap runs without segment ids (instances of its own).
+  const bool soft_cap_here = !a.q_segment_ids.data && !a.kv_segment_ids.data;
   const bool extras = (a.soft_cap > 0.0f && !soft_cap_here) || a.bias.data || a.mask.data || a.dropout_prob > 0.0f;
   const bool available = flash_wgmma_available();
   if (k == FlashKernel::kWgmma) {
     RA_CHECK(available, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but this build has "
              "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
     RA_CHECK(!extras, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but they run positions "
-             "and segment ids only (causal, window, segment ids, GQA, sinks; the forward also a soft cap without "
-             "segment ids); bias, mask, dropout and the rest of soft cap need mma_sync");
+             "and segment ids only (causal, window, segment ids, GQA, sinks) and a soft cap without segment ids; bias, "
+             "mask, dropout and a soft cap with segment ids need mma_sync");
   }
   return available && !extras;
 }

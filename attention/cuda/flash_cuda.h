@@ -19,8 +19,7 @@ void check_flash_cuda_supported(const AttentionInputs& in);
 bool flash_has_extras(const CudaAttentionArgs& args);
 
 // True when the wgmma kernel of `pass` runs these arguments (args.flash_kernel, from AttentionParams):
-// kAuto and available with positions and segment ids only (the forward also a soft cap without segment
-// ids); kMmaSync never;
+// kAuto and available with positions and segment ids only, or a soft cap without segment ids; kMmaSync never;
 // kWgmma forced where it cannot run throws naming why.
 enum class FlashPass { kForward, kBackward };
 bool flash_uses_wgmma(const CudaAttentionArgs& args, FlashPass pass);

@@ -53,7 +53,9 @@ struct WgmmaBackwardTraits {
 
 // kSegments: an instance that reads segment ids (skipping query blocks, comparing ids in masked steps);
 // the other compiles without them, as it did before (this kernel spills at any extra live value).
-template <typename T, int D, bool kSegments>
+// kSoftCap: an instance with a soft cap (never with segment ids): P from the capped logits, and dS times
+// the cap's derivative 1 - tanh^2, tanh recovered from P and LSE rather than kept (no live value more).
+template <typename T, int D, bool kSegments, bool kSoftCap = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = WgmmaBackwardTraits<T, D>;
@@ -96,7 +98,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   for (int j = 0; j < kTilesD; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
-  const float scale_log2 = a.scale * kLog2e;
+  // Raw scores times this are log2-unit logits; with a soft cap the scores are capped into those units first.
+  const float scale_log2 = kSoftCap ? 1.0f : a.scale * kLog2e;
 
   auto load_step = [&](int buffer, int h, int m0) {
     load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, query_slabs);
@@ -178,6 +181,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
     wgmma::wait<1>();
     wgmma::pin(st);
+    if constexpr (kSoftCap) {
+#pragma unroll
+      for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = a.soft_cap * kLog2e * tanhf(st[j][e] * (a.scale / a.soft_cap));
+    }
     if (masked) {
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
@@ -203,7 +212,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 #pragma unroll
     for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[q_col0 + j * 8 + (lane % 4) * 2 + (e & 1)]);
+      for (int e = 0; e < 4; ++e) {
+        const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
+        dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[qcol]);
+        if constexpr (kSoftCap) {  // tanh = capped logit / cap = (log2 P + LSE) / (cap log2 e); P = 0: no gradient
+          const float t = fminf(fmaxf((__log2f(st[j][e]) + lse_s[qcol]) / (a.soft_cap * kLog2e), -1.0f), 1.0f);
+          dpt[j][e] *= 1.0f - t * t;
+        }
+      }
 #pragma unroll
     for (int kc = 0; kc < kTilesM / 2; ++kc) {
       pack_probabilities<T>(st, kc, pt[kc]);
@@ -288,7 +304,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 template <typename T, int D>
 void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
   using Traits = WgmmaBackwardTraits<T, D>;
-  auto kernel = g.a.q_segment_ranges ? flash_wgmma_backward_kernel<T, D, true> : flash_wgmma_backward_kernel<T, D, false>;
+  auto kernel = g.a.soft_cap > 0.0f     ? flash_wgmma_backward_kernel<T, D, false, true>
+                : g.a.q_segment_ranges ? flash_wgmma_backward_kernel<T, D, true>
+                                       : flash_wgmma_backward_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
   const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
                   unsigned(g.a.batch));

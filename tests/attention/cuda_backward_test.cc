@@ -73,6 +73,14 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
                        FlashKernel::kWgmma});
     }
+  // A soft cap on both kernels forced (wgmma's without segment ids: P from the capped logits, dS times
+  // 1 - tanh^2), D 64 / 128 / 256.
+  for (const Shape& sh : {wgmma_shapes[0], wgmma_shapes[1], wide_wgmma_shapes[0], wgmma_shapes[3], wide_wgmma_shapes[2]})
+    for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+      for (const Options& opt : soft_cap_option_sets()) {
+        const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+        cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
+      }
   // Packed and cycled documents on shapes of many key and query blocks (D 64 / 128 / 256): query blocks
   // that share no document with a key block are skipped, blocks inside one run unmasked; each kernel
   // forced on the options wgmma runs, and auto with the extras (the mma.sync extras kernel).

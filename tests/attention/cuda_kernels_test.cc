@@ -70,13 +70,9 @@ std::vector<CudaCase> all_cases() {
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, DType::kBF16, opt, seed++}, kernel});
     }
   for (const DocumentCase& c : document_cases({{1, 520, 520, 2, 1, 256}}, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
-  // The wgmma forward's soft cap (no segment ids), forced: alone, causal, and a window with sinks, every head dim.
+  // A soft cap on the wgmma kernel (no segment ids), forced, every head dim.
   for (const Shape& sh : {shapes[1], shapes[2], wide[0], shapes[3], shapes[4], wide[1]})
-    for (int o = 0; o < 3; ++o) {
-      Options opt;
-      opt.softcap = true;
-      opt.causal = o == 1;
-      opt.window = opt.sinks = o == 2;
+    for (const Options& opt : soft_cap_option_sets()) {
       const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, FlashKernel::kWgmma});
     }

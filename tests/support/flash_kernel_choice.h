@@ -24,6 +24,15 @@ inline std::vector<Options> wgmma_option_sets() {
   return sets;
 }
 
+// A soft cap, which the wgmma kernels run without segment ids: alone, causal, and a window with sinks.
+inline std::vector<Options> soft_cap_option_sets() {
+  std::vector<Options> sets(3);
+  for (Options& o : sets) o.softcap = true;
+  sets[1].causal = true;
+  sets[2].window = sets[2].sinks = true;
+  return sets;
+}
+
 // Packed or cycled documents (segment ids, every case) with the options of case o (0..3): alone, causal,
 // window, causal with sinks; `extras` adds what only the mma.sync kernels run (soft cap, with a mask in
 // case 2 and dropout in case 3).
