@@ -56,7 +56,7 @@ class FlashCuda final : public CudaAttentionImpl {
     DevicePositions unplaced;  // the kernel's choice first: positions go up only for it
     unplaced.total_keys = pos.total_keys;
     CudaAttentionArgs args = make_cuda_args(in, unplaced, params);
-    if (!flash_uses_wgmma(args, FlashPass::kForward)) return false;
+    if (!flash_uses_wgmma(args)) return false;
     RA_CHECK(!in.sinks.defined() || in.sinks.memory() == MemoryKind::kCuda, "sinks is in host memory; the cuda "
              "backend needs it in device memory");
     args.pos = positions_.upload(pos, stream_);

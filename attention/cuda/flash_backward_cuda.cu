@@ -304,7 +304,7 @@ void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, cudaStream_
   if (args.a.q_len == 0 || args.a.kv_len == 0) return;
   FlashBackwardArgs g = args;
   const SegmentRanges segments(g.a, stream);
-  if (flash_uses_wgmma(g.a, FlashPass::kBackward)) return flash_wgmma_backward(g, dtype, stream);
+  if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
     dispatch_head_dim<64, 128, 256>(g.a.head_dim, "the cuda flash_attn2 backward", [&](auto head_dim) {
       launch_backward<decltype(element), decltype(head_dim)::value>(g, stream);

@@ -262,10 +262,9 @@ bool flash_has_extras(const CudaAttentionArgs& a) {
   return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.dropout_prob > 0.0f;
 }
 
-bool flash_uses_wgmma(const CudaAttentionArgs& a, FlashPass pass) {
+bool flash_uses_wgmma(const CudaAttentionArgs& a) {
   const FlashKernel k = a.flash_kernel;
   if (k == FlashKernel::kMmaSync) return false;
-  (void)pass;  // both passes run the same options
   // A soft cap runs without segment ids (instances of its own).
   const bool soft_cap_here = !a.q_segment_ids.data && !a.kv_segment_ids.data;
   const bool extras = (a.soft_cap > 0.0f && !soft_cap_here) || a.bias.data || a.mask.data || a.dropout_prob > 0.0f;
@@ -284,7 +283,7 @@ void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStrea
   if (args.q_len == 0 || args.kv_len == 0) return;
   CudaAttentionArgs a = args;
   const SegmentRanges segments(a, stream);
-  if (flash_uses_wgmma(a, FlashPass::kForward)) return flash_wgmma_accumulate(a, dtype, stream);
+  if (flash_uses_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
     dispatch_head_dim<64, 128, 256>(a.head_dim, "the cuda flash_attn2 kernel", [&](auto head_dim) {
       launch<decltype(element), decltype(head_dim)::value>(a, stream);

@@ -14,15 +14,14 @@ namespace ra {
 // D == Dv in {64, 128, 256}, contiguous last dim, 16-byte aligned rows), and names `sdpa` as the fallback.
 void check_flash_cuda_supported(const AttentionInputs& in);
 
-// True when the arguments use an option beyond positions and segment ids (soft cap, bias, mask, dropout),
-// which only the mma.sync kernels run.
+// True when the arguments use an option beyond positions and segment ids (soft cap, bias, mask, dropout):
+// the mma.sync kernels then run their instances that form each logit alone.
 bool flash_has_extras(const CudaAttentionArgs& args);
 
-// True when the wgmma kernel of `pass` runs these arguments (args.flash_kernel, from AttentionParams):
+// True when the wgmma kernels (forward and backward alike) run these arguments (args.flash_kernel, from AttentionParams):
 // kAuto and available with positions and segment ids only, or a soft cap without segment ids; kMmaSync never;
 // kWgmma forced where it cannot run throws naming why.
-enum class FlashPass { kForward, kBackward };
-bool flash_uses_wgmma(const CudaAttentionArgs& args, FlashPass pass);
+bool flash_uses_wgmma(const CudaAttentionArgs& args);
 
 void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);
 
