@@ -24,6 +24,9 @@ struct BlockSeal {
 };
 static_assert(sizeof(BlockSeal) == 16);
 
+// The bytes of a sealed block of `payload` bytes: what one shift moves.
+constexpr size_t sealed_bytes(size_t payload) { return payload + sizeof(BlockSeal); }
+
 // The checksum of `bytes` at `data` whose first word is word `first_word` of its block (a tail of 1-3
 // bytes counts as one word, zero-extended; device blocks are whole words).
 uint64_t block_checksum(const void* data, size_t bytes, uint64_t first_word = 0);

@@ -13,9 +13,6 @@
 
 namespace ra {
 
-// The bytes of a sealed block of `payload` bytes: what one shift moves.
-constexpr size_t sealed_bytes(size_t payload) { return payload + sizeof(BlockSeal); }
-
 // Copies a (B, S, H, D) view into contiguous bytes.
 void pack_rows(const TensorView& t, char* dst);
 

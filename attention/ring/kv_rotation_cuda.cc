@@ -28,7 +28,7 @@ KvRotationCuda::KvRotationCuda(const AttentionInputs& in, const RingContext& ctx
       rank_(ctx.comm->rank()),
       layout_(in, slot_rows, 256) {
   payload_ = layout_.payload;
-  bytes_ = payload_ + sizeof(BlockSeal);
+  bytes_ = sealed_bytes(payload_);
   stride_ = (bytes_ + 4095) / 4096 * 4096;
   verify_ = ctx.verify_blocks && n_ > 1;
   inputs_ready_.record(compute_);  // q, k and v written (by whatever the caller queued before this call)
@@ -42,7 +42,7 @@ KvRotationCuda::KvRotationCuda(const AttentionInputs& in, const RingContext& ctx
   base_[1] = base_[0] + stride_;
   // This rank's own block: step 0 reads k and v where they are. Over copy engines its pieces go
   // straight from k, v and the segment ids into the next rank's window (packing them first cost the
-  // first step's kernel about 1%; bench/RESULTS.md), with the seal sealed over the pieces; the
+  // first step's kernel about 1%; bench/RESULTS.md), with the seal computed over the pieces; the
   // window's alignment gaps, which no piece writes, are zeroed by their owner, so forwarded blocks
   // carry zeros there. NCCL sends one buffer, so for it the block is packed.
   own_pieces_ = {{in.k.data(), 0, in.k.nbytes()}, {in.v.data(), layout_.v_offset, in.v.nbytes()}};

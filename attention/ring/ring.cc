@@ -156,8 +156,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
   // The schedule skips blocks by the layout's query positions: the caller's must be those.
   RA_CHECK(pos.q == schedule_.query_positions(), "ring: the query positions passed on rank ", rank,
            " are not this rank's under the ", layout_name(ctx_.layout), " layout (use ring_positions(ctx))");
-  // A rank that holds no query (fewer tokens than ranks) still forwards every block.
-  const bool no_queries = pos.q.empty();
+  // A rank that holds no query (fewer tokens than ranks) skips every block (the schedule) but still forwards it.
 
   int cur = 0;
   for (int step = 0; step < n; ++step) {
@@ -177,7 +176,7 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
     block_pos.total_keys = ctx_.global_kv_len;
     const auto t0 = std::chrono::steady_clock::now();
     block_pos.k = schedule_.keys(src);
-    if (no_queries || schedule_.skipped(src, params)) {
+    if (schedule_.skipped(src, params)) {
       ++stats_.skipped;
       visit(nullptr, block_pos, step, src);
     } else {

@@ -43,7 +43,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows, ctx_.gradient_wire};
   const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
   const bool f32_wire = layout.dtype == DType::kF32;
-  const size_t payload = layout.payload(), bytes = payload + sizeof(BlockSeal);
+  const size_t payload = layout.payload(), bytes = sealed_bytes(payload);
   const size_t stride = (bytes + 4095) / 4096 * 4096;
   const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kBackward);
   KvRotationCuda kv(in, ctx_, fault, schedule_.rows_of_each_rank(), slot_rows, n > 1 ? 2 * stride : 0, state_, stream_);
@@ -98,7 +98,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   };
   // Whether the mask leaves keys [first, first + count) of the block from `src` to none of this rank's queries.
   auto skipped = [&](int src, int64_t first, int64_t count) {
-    return schedule_.query_positions().empty() || schedule_.skipped(src, params, first, count);
+    return schedule_.skipped(src, params, first, count);
   };
   // This rank's part of those keys' dK/dV (and its dQ) into `dk`/`dv`.
   auto compute = [&](const AttentionInputs& block, int src, int64_t first, int64_t count, const TensorView& dk,

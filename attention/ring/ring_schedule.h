@@ -45,8 +45,9 @@ class RingSchedule {
   bool keys_sorted() const { return keys_sorted_; }
 
   // Keys [first, first + count) of rank `source`'s block against this rank's queries: skipped when no
-  // pair is visible under the causal mask and the window, full when every pair is (segment ids, bias
-  // and mask are not known here: they never make a block skipped). count < 0: to the block's end.
+  // pair is visible under the causal mask and the window (so every block where this rank holds no query),
+  // full when every pair is (segment ids, bias and mask are not known here: they never make a block
+  // skipped). count < 0: to the block's end.
   BlockKind kind(int source, const AttentionParams& params, int64_t first = 0, int64_t count = -1) const;
   bool skipped(int source, const AttentionParams& params, int64_t first = 0, int64_t count = -1) const {
     return kind(source, params, first, count) == BlockKind::kSkip;
