@@ -248,6 +248,15 @@ __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float
     }
 }
 
+// The soft cap of raw scores s: cap tanh(s scale / cap), in log2 units (as the softmax takes them).
+template <int NT>
+__device__ __forceinline__ void soft_cap_scores(float (&s)[NT][4], float scale_over_cap, float cap_log2) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = cap_log2 * tanhf(s[j][e] * scale_over_cap);
+}
+
 // The softmax half of an online-softmax step on a 16-row fragment: S (scores times `sc`, in log2
 // units) -> P in place, the running max and this lane's share of the denominator updated, and the
 // factor `alpha` by which O must be rescaled. A row with nothing visible yet keeps max -inf:

@@ -45,15 +45,6 @@ __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b
 // and either branch in the other's code slowed it by 2%.
 enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 
-// The soft cap of raw scores s: cap tanh(s scale / cap), in log2 units (as the softmax takes them).
-template <int NT>
-__device__ __forceinline__ void soft_cap_scores(float (&s)[NT][4], float scale_over_cap, float cap_log2) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = cap_log2 * tanhf(s[j][e] * scale_over_cap);
-}
-
 // kSoftCap: an instance that caps the scores (CudaAttentionArgs::soft_cap; never with segment ids).
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {

@@ -181,12 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
     wgmma::wait<1>();
     wgmma::pin(st);
-    if constexpr (kSoftCap) {
-#pragma unroll
-      for (int j = 0; j < kTilesM; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[j][e] = a.soft_cap * kLog2e * tanhf(st[j][e] * (a.scale / a.soft_cap));
-    }
+    if constexpr (kSoftCap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
     if (masked) {
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
