@@ -18,6 +18,7 @@
 #include "attention/registry.h"
 #include "launch/bench_backward.h"
 #include "launch/bench_documents.h"
+#include "launch/bench_extras.h"
 #include "launch/bench_timing.h"
 #include "launch/commands.h"
 #include "runtime/error.h"
@@ -52,7 +53,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, iters = 5, warmup = 1, segments = 0;
   std::string dtype_text = "f32", json_path;
-  bool step_times = false, backward = false;
+  bool step_times = false, backward = false, bias = false, mask = false;
   std::string grad_wire = "f32";
   po::options_description desc("ringattn bench");
   desc.add_options()("help", "this text")
@@ -67,6 +68,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("json", po::value(&json_path), "also write the row as JSON to this file")
     ("segments", po::value(&segments)->default_value(0), "pack N documents of equal length (segment ids, as generate "
      "--segments writes them); TFLOP/s count the pairs inside documents only")
+    ("bias", po::bool_switch(&bias), "an additive f32 bias, one (T, S) matrix broadcast over batch and heads")
+    ("mask", po::bool_switch(&mask), "a boolean mask, one (T, S) matrix broadcast over batch and heads, 7 / 8 of "
+     "its pairs kept (TFLOP/s count every pair)")
     ("backward", po::bool_switch(&backward), "time a training step's attention: forward, backward (given the "
      "forward's O and LSE) and both; the host ring on N ranks, one rank's local implementation on GPUs")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
@@ -87,7 +91,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   if (backward) {
     RA_CHECK(json_path.empty() && !step_times, "--json and --step-times apply to the forward bench, not --backward");
     return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, iters, warmup, dtype,
-                                             parse_gradient_wire(grad_wire, "--grad-wire"), segments}, opts, job);
+                                             parse_gradient_wire(grad_wire, "--grad-wire"), segments, bias, mask},
+                          opts, job);
   }
   const int rank = job.world.rank();
   RA_CHECK(job.shape.axis_count() == 1 && job.shape.has_axis("sp"), "bench runs on a pure sp mesh (got ", job.shape.str(), ")");
@@ -113,6 +118,10 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     in.q_segment_ids = q_segments;
     in.kv_segment_ids = kv_segments;
   }
+  const Tensor bias_matrix = bias ? bench_bias(local, seq, rng) : Tensor();
+  const Tensor mask_matrix = mask ? bench_mask(local, seq, rng) : Tensor();
+  in.bias = bias_matrix;
+  in.mask = mask_matrix;
 
   // Everything the timed loop touches is allocated once: inputs (on the device for cuda), the carry
   // and the outputs. One iteration = reset the carry, accumulate, finalize O and LSE.

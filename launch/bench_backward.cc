@@ -17,6 +17,7 @@
 #include "attention/ring/ring.h"
 #include "attention/validate.h"
 #include "launch/bench_documents.h"
+#include "launch/bench_extras.h"
 #include "launch/bench_timing.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
@@ -61,6 +62,10 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
     host_in.q_segment_ids = q_segments;
     host_in.kv_segment_ids = kv_segments;
   }
+  const Tensor bias = shape.bias ? bench_bias(local, T, rng) : Tensor();
+  const Tensor mask = shape.mask ? bench_mask(local, T, rng) : Tensor();
+  host_in.bias = bias;
+  host_in.mask = mask;
   const InputsCopy staged = job.on_device ? copy_inputs(host_in, MemoryKind::kCuda) : InputsCopy{};
   const AttentionInputs& in = job.on_device ? staged.inputs : host_in;
   const Tensor d_o_run = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();

@@ -10,6 +10,7 @@ struct BackwardBenchShape {
   DType dtype;
   DType gradient_wire = DType::kF32;  // --grad-wire
   int64_t segments = 0;               // --segments: packed documents
+  bool bias = false, mask = false;    // --bias, --mask: one (T, S) matrix each, broadcast
 };
 
 int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts, Job& job);

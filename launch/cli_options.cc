@@ -46,7 +46,7 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o,
      "nccl | copy-engines (CUDA IPC within one node; no SMs taken from the kernels) | auto (copy engines where "
      "every rank can use them)")
     ("flash-kernel", po::value(&o.flash_kernel)->default_value("auto"), "the CUDA flash_attn2 kernels (also the "
-     "ring's local ones): auto (wgmma on Hopper where the options only look at positions, else mma.sync) | mma_sync "
+     "ring's local ones): auto (wgmma on Hopper, else mma.sync) | mma_sync "
      "| wgmma")
     ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer")
     ("deterministic", po::bool_switch(&o.deterministic), "bitwise-identical results for any number of ranks and "

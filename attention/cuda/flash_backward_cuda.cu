@@ -176,9 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           // LSE in log2 units; a row that saw nothing (-inf) or is past the end gives P = 0.
           const float lse = lse_s[qcol];
           const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
-          float weight = 1.0f;
-          if (kExtras && a.dropout_prob > 0.0f && p > 0.0f)
-            weight = dropout_uniform(a.dropout_seed, b, h, a.pos.q[query], a.pos.k[key]) < a.dropout_prob ? 0.0f : keep_scale;
+          const float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
           const float ds = p * (dpt[j][e] * weight - (query < a.q_len ? delta_s[qcol] : 0.0f));
           if (kExtras && g.dbias.data && p > 0.0f)
             atomicAdd(static_cast<float*>(const_cast<void*>(g.dbias.data)) + b * g.dbias.stride[0] + h * g.dbias.stride[1] +

@@ -17,7 +17,6 @@
 #include "attention/cuda/flash_tile.cuh"
 #include "attention/cuda/flash_wgmma.h"
 #include "attention/cuda/mma_sync.cuh"
-#include "attention/cuda/pair_logit.cuh"
 #include "attention/cuda/segment_ranges.h"
 #include "runtime/cuda_device.h"
 
@@ -41,38 +40,9 @@ __device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b,
   load_rows<T, D, kBlockN, kThreads>(dst, src, b, kh, row0, rows_total, tid, [](int r, int c) { return swizzled<D>(r, c); });
 }
 
-// The logits of one 16 x 64 S tile with segment ids, the mask and bias tensors and the soft cap
-// applied, in log2 units; -inf where not visible (the extras kernel; the plain one masks positions
-// only, with mask_positions).
-__device__ __forceinline__ void mask_tile_extras(const CudaAttentionArgs& a, float (&s)[kBlockN / 8][4], int n0,
-                                                 int lane, int b, int h, int row0) {
-  const int64_t qpos0 = row0 < a.q_len ? a.pos.q[row0] : 0, qpos1 = row0 + 8 < a.q_len ? a.pos.q[row0 + 8] : 0;
-#pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
-      const int row = row0 + (e < 2 ? 0 : 8);
-      s[j][e] = col < a.kv_len && row < a.q_len
-                    ? pair_logit_cuda(a, s[j][e], b, h, row, col, e < 2 ? qpos0 : qpos1, a.pos.k[col]) * kLog2e
-                    : -INFINITY;
-    }
-}
-
-// Dropout on the probabilities of one 16 x 64 tile (kept ones scaled by 1 / (1 - p)); out of line.
-__device__ __forceinline__ void drop_tile(const CudaAttentionArgs& a, float (&s)[kBlockN / 8][4], int n0, int lane, int b,
-                                       int h, int row0, float keep_scale) {
-  for (int j = 0; j < kBlockN / 8; ++j)
-    for (int e = 0; e < 4; ++e) {
-      const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1), row = row0 + (e < 2 ? 0 : 8);
-      if (col >= a.kv_len || row >= a.q_len) continue;
-      const float u = dropout_uniform(a.dropout_seed, b, h, a.pos.q[row], a.pos.k[col]);
-      s[j][e] = u < a.dropout_prob ? 0.0f : s[j][e] * keep_scale;
-    }
-}
-
-// kSegments: an instance that skips key tiles by segment ids and compares them in masked tiles (the
-// extras one compares them in pair_logit); the others compile without them.
+// kSegments: an instance that skips key tiles by segment ids and compares them in masked tiles; the
+// others compile without them. kExtras: every tile masked pair by pair with the soft cap, bias, mask and
+// dropout (always with kSegments).
 template <typename T, int D, bool kExtras, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAttentionArgs a) {
   constexpr int kMTiles = kMTilesFor<D>, kBlockM = kBlockMFor<D>;
@@ -117,7 +87,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   for (int t = 0; t < kMTiles; ++t) load_carry(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
 
   const float scale_log2 = a.scale * kLog2e;
-  const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
 
   int first, last;
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
@@ -184,12 +153,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
       const float sc = masked ? 1.0f : scale_log2;
 #pragma unroll
       for (int t = 0; t < kMTiles; ++t) {
-        if (masked) {
-          if constexpr (kExtras) mask_tile_extras(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4);
-          else mask_positions<kSegments>(a, s[t], b, n0, lane, warp_row0 + t * 16 + lane / 4, scale_log2);  // no TileKeys: 6-22% slower here (spills)
+        const int row0 = warp_row0 + t * 16 + lane / 4;
+        if constexpr (kExtras) {  // the soft cap, positions and segments, then the bias and mask tensors
+          float to_log2 = scale_log2;
+          if (a.soft_cap > 0.0f) soft_cap_scores(s[t], a.scale / a.soft_cap, a.soft_cap * kLog2e), to_log2 = 1.0f;
+          mask_positions<kSegments>(a, s[t], b, n0, lane, row0, to_log2);
+          add_bias_mask(a, s[t], b, h, n0, lane, row0);
+        } else if (masked) {
+          mask_positions<kSegments>(a, s[t], b, n0, lane, row0, scale_log2);  // no TileKeys: 6-22% slower here (spills)
         }
         softmax_step(s[t], o_acc[t], m_row[t], l_row[t], sc);
-        if (kExtras && a.dropout_prob > 0.0f) drop_tile(a, s[t], n0, lane, b, h, warp_row0 + t * 16 + lane / 4, keep_scale);
+        if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s[t], b, h, n0, lane, row0);
       }
       // O += P V: P from the S accumulators, V through a transposing ldmatrix that feeds both m-tiles.
 #pragma unroll
@@ -262,21 +236,17 @@ bool flash_has_extras(const CudaAttentionArgs& a) {
   return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.dropout_prob > 0.0f;
 }
 
+bool flash_wgmma_has_extras(const CudaAttentionArgs& a) {
+  return a.bias.data || a.mask.data || a.dropout_prob > 0.0f || (a.soft_cap > 0.0f && a.q_segment_ids.data);
+}
+
 bool flash_uses_wgmma(const CudaAttentionArgs& a) {
   const FlashKernel k = a.flash_kernel;
   if (k == FlashKernel::kMmaSync) return false;
-  // A soft cap runs without segment ids (instances of its own).
-  const bool soft_cap_here = !a.q_segment_ids.data && !a.kv_segment_ids.data;
-  const bool extras = (a.soft_cap > 0.0f && !soft_cap_here) || a.bias.data || a.mask.data || a.dropout_prob > 0.0f;
   const bool available = flash_wgmma_available();
-  if (k == FlashKernel::kWgmma) {
-    RA_CHECK(available, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but this build has "
-             "no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
-    RA_CHECK(!extras, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but they run positions "
-             "and segment ids only (causal, window, segment ids, GQA, sinks) and a soft cap without segment ids; bias, "
-             "mask, dropout and a soft cap with segment ids need mma_sync");
-  }
-  return available && !extras;
+  RA_CHECK(available || k != FlashKernel::kWgmma, "the wgmma flash_attn2 kernels were asked for (flash_kernel wgmma) but "
+           "this build has no sm_90a code for it or the GPU is not a Hopper (build with -DCMAKE_CUDA_ARCHITECTURES=90a)");
+  return available;
 }
 
 void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream) {

@@ -1,7 +1,6 @@
 // The CUDA flash_attn2 forward: tensor-core tiles with the online softmax in registers, carry in and
-// carry out in f32, so the ring calls it once per block. Two kernels: mma.sync (sm_80 and later, every
-// option) and wgmma (sm_90a, options that look at positions and segment ids only); the faster one that
-// can run is used. Both skip key tiles that share no segment with a query block (segment_ranges.h).
+// carry out in f32, so the ring calls it once per block. Two kernels, each with every option: mma.sync
+// (sm_80 and later) and wgmma (sm_90a, faster); the wgmma one runs where it can. Both skip key tiles that share no segment with a query block (segment_ranges.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,9 +17,13 @@ void check_flash_cuda_supported(const AttentionInputs& in);
 // the mma.sync kernels then run their instances that form each logit alone.
 bool flash_has_extras(const CudaAttentionArgs& args);
 
-// True when the wgmma kernels (forward and backward alike) run these arguments (args.flash_kernel, from AttentionParams):
-// kAuto and available with positions and segment ids only, or a soft cap without segment ids; kMmaSync never;
-// kWgmma forced where it cannot run throws naming why.
+// True when the wgmma kernels run these arguments in their extras instances (bias, mask, dropout, or a
+// soft cap beside segment ids, pair by pair); a soft cap alone has instances of its own.
+bool flash_wgmma_has_extras(const CudaAttentionArgs& args);
+
+// True when the wgmma kernels (forward and backward alike) run these arguments (args.flash_kernel, from
+// AttentionParams): kAuto where this build and GPU have them (every option); kMmaSync never; kWgmma forced
+// where they cannot run throws naming why.
 bool flash_uses_wgmma(const CudaAttentionArgs& args);
 
 void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);

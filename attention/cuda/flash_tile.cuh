@@ -14,6 +14,7 @@
 
 #include "attention/block_kind.h"
 #include "attention/cuda/cuda_inputs.h"
+#include "attention/cuda/pair_logit.cuh"
 #include "attention/online_softmax.h"
 
 namespace ra::flash {
@@ -255,6 +256,41 @@ __device__ __forceinline__ void soft_cap_scores(float (&s)[NT][4], float scale_o
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[j][e] = cap_log2 * tanhf(s[j][e] * scale_over_cap);
+}
+
+// The bias and the boolean mask tensors on a fragment of logits in log2 units from key n0 (the extras
+// instances, after mask_positions): a pair the mask hides becomes -inf, the others gain the bias. Hidden
+// pairs (-inf: positions, segments, past the ends) stay hidden and read nothing.
+template <int NT>
+__device__ __forceinline__ void add_bias_mask(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int h, int n0,
+                                              int lane, int row0) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (s[j][e] == -INFINITY) continue;
+      const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1), row = row0 + (e < 2 ? 0 : 8);
+      float bias;
+      s[j][e] = pair_bias_mask(a, b, h, row, a.pos.k[col], bias) ? fmaf(bias, kLog2e, s[j][e]) : -INFINITY;
+    }
+}
+
+// Dropout on a fragment of probabilities from key n0 (the softmax's denominator already has them all):
+// a dropped pair's P becomes 0, a kept one's P / (1 - p). Pairs with P = 0 (hidden) are not hashed.
+template <int NT>
+__device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int h, int n0,
+                                                   int lane, int row0) {
+  const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + i * 8;
+    const int64_t qpos = row < a.q_len ? a.pos.q[row] : 0;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; ++e)
+        if (s[j][e] > 0.0f) s[j][e] *= dropout_weight(a, b, h, qpos, a.pos.k[n0 + j * 8 + (lane % 4) * 2 + (e & 1)], keep_scale);
+  }
 }
 
 // The softmax half of an online-softmax step on a 16-row fragment: S (scores times `sc`, in log2

@@ -8,6 +8,7 @@
 #include "attention/cuda/flash_wgmma.h"
 
 #include "attention/cuda/dispatch.cuh"
+#include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
 #include "attention/cuda/wgmma.cuh"
 #include "runtime/cuda_device.h"
@@ -46,7 +47,9 @@ __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b
 enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 
 // kSoftCap: an instance that caps the scores (CudaAttentionArgs::soft_cap; never with segment ids).
-template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap = false>
+// kExtras: an instance that masks every tile pair by pair with the soft cap, the bias and mask tensors,
+// and drops probabilities (flash_wgmma_has_extras; always with kSegments, never after a carry writer).
+template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap = false, bool kExtras = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -158,14 +161,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
       keys = TileKeys{a.pos.keys_sorted && k_hi - k_lo == min(kBlockN, a.kv_len - tile * kBlockN) - 1, k_lo,
                       tile_seg.x == tile_seg.y, tile_seg.x};
     }
-    const bool masked = kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
+    const bool masked = kExtras || kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
     float scale = scale_log2;  // what turns s into log2-unit logits
-    if constexpr (kSoftCap) {
+    if (kSoftCap || (kExtras && a.soft_cap > 0.0f)) {
       soft_cap_scores(s, a.scale / a.soft_cap, a.soft_cap * kLog2e);
       scale = 1.0f;
     }
     if (masked) mask_positions<kSegments>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
+    if constexpr (kExtras) add_bias_mask(a, s, b, h, tile * kBlockN, lane, row0);
     softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale, alpha);
+    if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s, b, h, tile * kBlockN, lane, row0);
   };
   auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
 #pragma unroll
@@ -237,7 +242,10 @@ static_assert(smem_bytes<__nv_bfloat16, 256>() <= 227 * 1024, "Q and two K and V
 template <typename T, int D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
-  auto kernel = a.soft_cap > 0.0f
+  const bool extras = flash_wgmma_has_extras(a);
+  auto kernel = extras ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, false, true>
+                                     : flash_wgmma_kernel<T, D, kFromCarry, true, false, true>)
+                : a.soft_cap > 0.0f
                     ? (a.o_direct             ? flash_wgmma_kernel<T, D, kDirect, false, true>
                        : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, true>
                                               : flash_wgmma_kernel<T, D, kFromCarry, false, true>)
@@ -253,7 +261,7 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   config.stream = stream;
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = a.after_carry_writer ? 1 : 0;
+  overlap.val.programmaticStreamSerializationAllowed = a.after_carry_writer && !extras ? 1 : 0;
   config.attrs = &overlap;
   config.numAttrs = 1;
   RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a));

@@ -1,7 +1,7 @@
 // The sm_90a (Hopper) flash_attn2 forward on warpgroup MMA (wgmma): the same carry in / carry out
-// contract as the mma.sync kernel in flash_cuda.cu, for the options that only look at positions and
-// segment ids (causal, sliding window, documents, GQA, sinks through the finalize); flash_cuda.cu
-// decides which kernel runs.
+// contract as the mma.sync kernel in flash_cuda.cu, every option: instances for positions and segment
+// ids (causal, sliding window, documents, GQA, sinks through the finalize), for a soft cap, and one that
+// forms each logit with the bias, mask, dropout and soft cap; flash_cuda.cu decides which kernel runs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,8 +14,8 @@ namespace ra {
 // True when this build holds sm_90a code for the kernel and the current device runs it.
 bool flash_wgmma_available();
 
-// Accumulates into args' carry. Expects q_len, kv_len > 0, D == Dv in {64, 128}, f16 or bf16, none of
-// soft cap, bias, mask or dropout (checked by the caller), and with segment ids their ranges filled.
+// Accumulates into args' carry. Expects q_len, kv_len > 0, D == Dv in {64, 128, 256}, f16 or bf16 (checked
+// by the caller), and with segment ids their ranges filled.
 void flash_wgmma_accumulate(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);
 
 }  // namespace ra

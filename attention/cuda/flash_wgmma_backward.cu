@@ -14,6 +14,7 @@
 #include "attention/cuda/flash_wgmma_backward.h"
 
 #include "attention/cuda/dispatch.cuh"
+#include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_backward_rows.cuh"
 #include "attention/cuda/wgmma.cuh"
 #include "runtime/cuda_device.h"
@@ -55,7 +56,9 @@ struct WgmmaBackwardTraits {
 // the other compiles without them, as it did before (this kernel spills at any extra live value).
 // kSoftCap: an instance with a soft cap (never with segment ids): P from the capped logits, and dS times
 // the cap's derivative 1 - tanh^2, tanh recovered from P and LSE rather than kept (no live value more).
-template <typename T, int D, bool kSegments, bool kSoftCap = false>
+// kExtras: an instance that forms every pair with the soft cap (at run time), the bias and mask tensors
+// and dropout, and adds dS into dBias by atomics (flash_wgmma_has_extras; always with kSegments).
+template <typename T, int D, bool kSegments, bool kSoftCap = false, bool kExtras = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = WgmmaBackwardTraits<T, D>;
@@ -99,7 +102,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
   // Raw scores times this are log2-unit logits; with a soft cap the scores are capped into those units first.
-  const float scale_log2 = kSoftCap ? 1.0f : a.scale * kLog2e;
+  const bool soft_cap = kSoftCap || (kExtras && a.soft_cap > 0.0f);
+  const float scale_log2 = kSoftCap ? 1.0f : kExtras && soft_cap ? 1.0f : a.scale * kLog2e;
 
   auto load_step = [&](int buffer, int h, int m0) {
     load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, query_slabs);
@@ -178,10 +182,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     prefetch_next();  // the positions' reads wait while the tensor cores work
 
     // P^T against LSE (0 where a pair is hidden or past an end) while dP^T is computed.
-    const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
+    const bool masked = kExtras || kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
     wgmma::wait<1>();
     wgmma::pin(st);
     if constexpr (kSoftCap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
+    else if (kExtras && soft_cap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
     if (masked) {
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
@@ -191,7 +196,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           const bool visible = key_in[e / 2] && query < a.q_len &&
                                position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right) &&
                                same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2));
-          st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
+          if constexpr (kExtras) {  // the mask tensor hides, the bias joins the exponent
+            float bias = 0.0f;
+            st[j][e] = visible && pair_bias_mask(a, b, h, query, key_pos[e / 2], bias)
+                           ? fast_exp2(fmaf(st[j][e], scale_log2, fmaf(bias, kLog2e, -lse_s[qcol])))
+                           : 0.0f;
+          } else {
+            st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
+          }
         }
     } else {  // straight-line: no per-element branch in the common case
 #pragma unroll
@@ -209,6 +221,25 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
+        if constexpr (kExtras) {  // dropout's weight on dP and P (the forward's decision), dBias, the cap's derivative
+          const float p = st[j][e], keep_scale = 1.0f / (1.0f - a.dropout_prob);
+          const int query = m0 + qcol;
+          const int64_t kpos = key_pos[e / 2];
+          const float weight = p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], kpos, keep_scale) : 1.0f;
+          float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
+          if (g.dbias.data && p > 0.0f)
+            atomicAdd(static_cast<float*>(const_cast<void*>(g.dbias.data)) + b * g.dbias.stride[0] + h * g.dbias.stride[1] +
+                          int64_t(query) * g.dbias.stride[2] + kpos * g.dbias.stride[3], ds);
+          if (soft_cap && p > 0.0f) {  // the capped logit is log2 P + LSE less the bias
+            float bias = 0.0f;
+            pair_bias_mask(a, b, h, query, kpos, bias);
+            const float t = fminf(fmaxf((__log2f(p) + lse_s[qcol] - bias * kLog2e) / (a.soft_cap * kLog2e), -1.0f), 1.0f);
+            ds *= 1.0f - t * t;
+          }
+          dpt[j][e] = ds;
+          st[j][e] = p * weight;
+          continue;
+        }
         dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[qcol]);
         if constexpr (kSoftCap) {  // tanh = capped logit / cap = (log2 P + LSE) / (cap log2 e); P = 0: no gradient
           const float t = fminf(fmaxf((__log2f(st[j][e]) + lse_s[qcol]) / (a.soft_cap * kLog2e), -1.0f), 1.0f);
@@ -299,7 +330,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 template <typename T, int D>
 void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
   using Traits = WgmmaBackwardTraits<T, D>;
-  auto kernel = g.a.soft_cap > 0.0f     ? flash_wgmma_backward_kernel<T, D, false, true>
+  auto kernel = flash_wgmma_has_extras(g.a) ? flash_wgmma_backward_kernel<T, D, true, false, true>
+                : g.a.soft_cap > 0.0f     ? flash_wgmma_backward_kernel<T, D, false, true>
                 : g.a.q_segment_ranges ? flash_wgmma_backward_kernel<T, D, true>
                                        : flash_wgmma_backward_kernel<T, D, false>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));

@@ -1,8 +1,8 @@
 // The sm_90a (Hopper) flash_attn2 backward on warpgroup MMA (wgmma): the same contract as the mma.sync
-// backward (dQ added into its f32 accumulator, this call's dK / dV added into theirs), for the options
-// that only look at positions and segment ids (causal, sliding window, documents, GQA, sinks through
-// LSE); flash_cuda.cu's
-// flash_uses_wgmma decides which kernel runs.
+// backward (dQ added into its f32 accumulator, this call's dK / dV added into theirs), every option:
+// instances for positions and segment ids (causal, sliding window, documents, GQA, sinks through LSE),
+// for a soft cap, and one that forms each pair with the bias, mask, dropout and soft cap (dBias by
+// atomics); flash_cuda.cu's flash_uses_wgmma decides which kernel runs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,8 +12,8 @@
 
 namespace ra {
 
-// Expects q_len, kv_len > 0, D == Dv in {64, 128, 256}, f16 or bf16, no soft cap, bias, mask or dropout
-// (checked by the caller), with segment ids their ranges filled, and flash_wgmma_available().
+// Expects q_len, kv_len > 0, D == Dv in {64, 128, 256}, f16 or bf16 (checked by the caller), with segment
+// ids their ranges filled, and flash_wgmma_available().
 void flash_wgmma_backward(const FlashBackwardArgs& args, DType dtype, cudaStream_t stream);
 
 }  // namespace ra

@@ -69,8 +69,7 @@ __global__ void softmax_fold_kernel(const CudaAttentionArgs a, int b, int h, int
   for (int j = threadIdx.x; j < a.kv_len; j += blockDim.x) {
     float p = expf(row[j] - m_use);  // exp(-inf) = 0 for masked keys
     local_sum += p;
-    if (a.dropout_prob > 0.0f && p > 0.0f)
-      p = dropout_uniform(a.dropout_seed, b, h, qpos, a.pos.k[j]) < a.dropout_prob ? 0.0f : p * keep_scale;
+    if (p > 0.0f) p *= dropout_weight(a, b, h, qpos, a.pos.k[j], keep_scale);
     row[j] = p;
   }
   const float row_sum = block_reduce(local_sum, false);
@@ -110,8 +109,7 @@ __global__ void gradient_rows_kernel(const CudaAttentionArgs a, const GradientRo
       continue;
     }
     const float p = expf(s - lse);
-    float weight = 1.0f;
-    if (a.dropout_prob > 0.0f) weight = dropout_uniform(a.dropout_seed, b, h, qpos, kpos) < a.dropout_prob ? 0.0f : keep_scale;
+    const float weight = dropout_weight(a, b, h, qpos, kpos, keep_scale);
     const float ds = p * (dp_row[j] * weight - delta);
     const int64_t bias_at = b * a.bias.stride[0] + h * a.bias.stride[1] + int64_t(t) * a.bias.stride[2] + kpos * a.bias.stride[3];
     if (g.dbias)

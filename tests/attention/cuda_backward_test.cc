@@ -54,7 +54,7 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       const Shape& sh = wide_shapes[seed % std::size(wide_shapes)];
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
     }
-  // Both flash backward kernels forced on the options the wgmma one runs (positions, segment ids): D 64 / 128,
+  // Both flash backward kernels forced on positions and segment ids: D 64 / 128,
   // several key blocks with a partial last one, query blocks crossing 64 / 128 rows, GQA, T = 1.
   const Shape wgmma_shapes[] = {{1, 300, 517, 4, 1, 64}, {1, 257, 130, 8, 2, 128}, {2, 77, 77, 4, 4, 128},
                                 {2, 1, 97, 8, 2, 64},    {1, 190, 190, 2, 2, 128}, {1, 131, 203, 8, 4, 64}};
@@ -65,7 +65,7 @@ std::vector<CudaGradCase> cuda_grad_cases() {
           const Shape& sh = wgmma_shapes[seed % std::size(wgmma_shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
         }
-  // The wgmma kernel at head_dim 256 (two warpgroups share 64 keys) on every option it runs, both dtypes.
+  // The wgmma kernel at head_dim 256 (two warpgroups share 64 keys) on positions and segment ids, both dtypes.
   const Shape wide_wgmma_shapes[] = {{1, 150, 201, 4, 2, 256}, {2, 1, 70, 4, 4, 256}, {1, 257, 130, 8, 2, 256}};
   for (DType dtype : {DType::kF16, DType::kBF16})
     for (const Options& opt : wgmma_option_sets()) {
@@ -81,9 +81,17 @@ std::vector<CudaGradCase> cuda_grad_cases() {
         const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
         cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
       }
+  // The extras instances (bias with dBias, mask, dropout regenerated, a soft cap beside segment ids) on
+  // each kernel forced, D 64 / 128 / 256.
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (const Options& opt : extras_option_sets())
+      for (const Shape& sh : {wgmma_shapes[seed % 2 ? 0 : 3], wgmma_shapes[seed % 2 ? 1 : 2], wide_wgmma_shapes[seed % 3]}) {
+        const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+        cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
+      }
   // Packed and cycled documents on shapes of many key and query blocks (D 64 / 128 / 256): query blocks
   // that share no document with a key block are skipped, blocks inside one run unmasked; each kernel
-  // forced on the options wgmma runs, and auto with the extras (the mma.sync extras kernel).
+  // forced without the extras and with them (document_cases).
   for (const DocumentCase& c :
        document_cases({{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 400, 400, 2, 1, 256}}, seed))
     cases.push_back({"flash_attn2", c.spec, c.kernel});

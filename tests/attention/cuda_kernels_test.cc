@@ -48,7 +48,7 @@ std::vector<CudaCase> all_cases() {
         cases.push_back({impl, ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
       }
     }
-  // Both flash kernels forced, on the options the wgmma kernel runs (positions, segment ids), every shape.
+  // Both flash kernels forced on positions and segment ids, every shape.
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
     for (DType dtype : {DType::kF16, DType::kBF16})
       for (const Options& opt : wgmma_option_sets())
@@ -56,8 +56,8 @@ std::vector<CudaCase> all_cases() {
           const Shape& sh = shapes[seed % std::size(shapes)];
           cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
         }
-  // head_dim 256: every option set with `auto` (wgmma's 64-key tiles, mma.sync's one 16-row tile per warp
-  // for the extras), both dtypes; each kernel forced on the options wgmma runs; packed documents.
+  // head_dim 256: every option set with `auto` (on a Hopper wgmma's 64-key tiles), both dtypes; each kernel
+  // forced on positions and segment ids; packed documents.
   const Shape wide[] = {{1, 131, 203, 4, 2, 256}, {2, 70, 70, 2, 2, 256}, {1, 257, 130, 4, 1, 256}};
   for (DType dtype : {DType::kF16, DType::kBF16})
     for (const Options& opt : option_sets()) {
@@ -76,9 +76,17 @@ std::vector<CudaCase> all_cases() {
       const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, FlashKernel::kWgmma});
     }
+  // The extras instances (bias, mask, dropout, a soft cap beside segment ids) on each kernel forced, D 64 /
+  // 128 / 256.
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (const Options& opt : extras_option_sets())
+      for (const Shape& sh : {shapes[seed % 2 ? 2 : 0], shapes[seed % 2 ? 1 : 3], wide[seed % std::size(wide)]}) {
+        const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+        cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
+      }
   // Packed and cycled documents on shapes of many 64- and 128-row blocks: key tiles that share no
   // document with a query block are skipped, tiles inside one run unmasked, the rest compare ids; each
-  // kernel forced on the options wgmma runs, and auto with the extras (the mma.sync extras kernel).
+  // kernel forced without the extras and with them (document_cases).
   for (const DocumentCase& c :
        document_cases({{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 520, 520, 2, 1, 64}}, seed))
     cases.push_back({"flash_attn2", c.spec, c.kernel});

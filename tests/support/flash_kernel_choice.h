@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/cuda/flash_cuda.h"
@@ -11,8 +12,8 @@
 
 namespace ra::test {
 
-// The option sets both flash kernels run (the wgmma ones look only at positions and segment ids): none,
-// causal, window, sinks, causal with window, segments, causal segments.
+// The option sets both flash kernels run in their instances for positions and segment ids: none, causal,
+// window, sinks, causal with window, segments, causal segments.
 inline std::vector<Options> wgmma_option_sets() {
   std::vector<Options> sets(7);
   sets[1].causal = true;
@@ -24,7 +25,8 @@ inline std::vector<Options> wgmma_option_sets() {
   return sets;
 }
 
-// A soft cap, which the wgmma kernels run without segment ids: alone, causal, and a window with sinks.
+// A soft cap, which the wgmma kernels run in instances of their own without segment ids: alone, causal,
+// and a window with sinks.
 inline std::vector<Options> soft_cap_option_sets() {
   std::vector<Options> sets(3);
   for (Options& o : sets) o.softcap = true;
@@ -33,9 +35,24 @@ inline std::vector<Options> soft_cap_option_sets() {
   return sets;
 }
 
+// The options both kernels run in their extras instances (each logit formed pair by pair): bias, mask and
+// dropout alone; a soft cap beside segment ids; bias and mask with causal; dropout with a window and
+// sinks; every option at once.
+inline std::vector<Options> extras_option_sets() {
+  std::vector<Options> sets(7);
+  sets[0].bias = true;
+  sets[1].mask = true;
+  sets[2].dropout = true;
+  sets[3].softcap = sets[3].segments = true;
+  sets[4].causal = sets[4].bias = sets[4].mask = true;
+  sets[5].window = sets[5].sinks = sets[5].dropout = true;
+  sets[6] = Options{true, true, true, true, true, true, true, true};
+  return sets;
+}
+
 // Packed or cycled documents (segment ids, every case) with the options of case o (0..3): alone, causal,
-// window, causal with sinks; `extras` adds what only the mma.sync kernels run (soft cap, with a mask in
-// case 2 and dropout in case 3).
+// window, causal with sinks; `extras` adds what the extras instances run (soft cap, with a mask in case 2
+// and dropout in case 3).
 inline Options document_options(int o, bool extras) {
   Options opt;
   opt.segments = true;
@@ -49,8 +66,8 @@ inline Options document_options(int o, bool extras) {
 }
 
 // Packed, cycled and long documents on `shapes` (B, T, S, Hq, Hkv, D; shapes of many 64- and 128-row blocks, taken
-// in turn by seed): each flash kernel forced on the options wgmma runs beside segment ids, and `auto` with
-// the extras (the mma.sync extras kernel); f16 and bf16 by turns. `seed` counts on.
+// in turn by seed): each flash kernel forced without the extras, and with them `auto` (wgmma on a Hopper)
+// and mma.sync forced; f16 and bf16 by turns. `seed` counts on.
 struct DocumentCase {
   ProblemSpec spec;
   FlashKernel kernel;
@@ -58,11 +75,11 @@ struct DocumentCase {
 inline std::vector<DocumentCase> document_cases(const std::vector<std::array<int64_t, 6>>& shapes, uint64_t& seed) {
   std::vector<DocumentCase> cases;
   for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled, SegmentIds::kLong})
-    for (FlashKernel kernel : {FlashKernel::kAuto, FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (auto [kernel, extras] : {std::pair{FlashKernel::kAuto, true}, std::pair{FlashKernel::kWgmma, false},
+                                  std::pair{FlashKernel::kMmaSync, false}, std::pair{FlashKernel::kMmaSync, true}})
       for (int o = 0; o < 4; ++o) {
         const auto& [b, t, s, hq, hkv, d] = shapes[seed % shapes.size()];
-        ProblemSpec spec{b, t, s, hq, hkv, d, d, o % 2 ? DType::kBF16 : DType::kF16,
-                         document_options(o, kernel == FlashKernel::kAuto), seed++};
+        ProblemSpec spec{b, t, s, hq, hkv, d, d, o % 2 ? DType::kBF16 : DType::kF16, document_options(o, extras), seed++};
         spec.segment_ids = ids;
         cases.push_back({spec, kernel});
       }
