@@ -154,16 +154,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
 #pragma unroll
       for (int t = 0; t < kMTiles; ++t) {
         const int row0 = warp_row0 + t * 16 + lane / 4;
-        if constexpr (kExtras) {  // the soft cap, positions and segments, then the bias and mask tensors
+        // The soft cap, positions and segments, then the bias and mask tensors. Pair by pair (positions read):
+        // the column limits of the wgmma extras instance cost this kernel 35% in spills at D = 128 (measured).
+        if constexpr (kExtras) {
           float to_log2 = scale_log2;
           if (a.soft_cap > 0.0f) soft_cap_scores(s[t], a.scale / a.soft_cap, a.soft_cap * kLog2e), to_log2 = 1.0f;
           mask_positions<kSegments>(a, s[t], b, n0, lane, row0, to_log2);
-          add_bias_mask(a, s[t], b, h, n0, lane, row0);
+          add_bias_mask(a, s[t], b, h, n0, lane, row0, nullptr);
         } else if (masked) {
           mask_positions<kSegments>(a, s[t], b, n0, lane, row0, scale_log2);  // no TileKeys: 6-22% slower here (spills)
         }
         softmax_step(s[t], o_acc[t], m_row[t], l_row[t], sc);
-        if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s[t], b, h, n0, lane, row0);
+        if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s[t], b, h, n0, lane, row0, nullptr);
       }
       // O += P V: P from the S accumulators, V through a transposing ldmatrix that feeds both m-tiles.
 #pragma unroll

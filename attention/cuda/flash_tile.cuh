@@ -212,9 +212,10 @@ __device__ __forceinline__ void block_visible_tiles(const CudaAttentionArgs& a, 
   }
 }
 
-// What a kSegments instance may know of a tile's keys before masking it, so that masking reads neither
-// key's position nor its id where it need not: positions consecutive from first_pos (sorted keys that
-// fill their range), and one segment id for the whole tile.
+// What an instance may know of a tile's keys before masking it, so that masking reads neither key's
+// position nor its id where it need not: positions consecutive from first_pos (sorted keys that fill
+// their range: every layout's tiles but those across a chunk's edge), and (kSegments instances) one
+// segment id for the whole tile.
 struct TileKeys {
   bool consecutive = false;
   int64_t first_pos = 0;
@@ -222,16 +223,64 @@ struct TileKeys {
   int32_t segment = 0;
 };
 
+// The columns [x, y) of a tile of `width` keys at consecutive positions from first_pos that query
+// position qpos sees (causal, window): position_visible as bounds, so that a masked tile compares
+// 32-bit columns rather than 64-bit positions read per pair.
+__device__ __forceinline__ int2 visible_columns(const CudaAttentionArgs& a, int64_t qpos, int64_t first_pos, int width) {
+  int64_t lo = 0, hi = width;
+  if (a.window_left >= 0) lo = max(lo, qpos - a.window_left - first_pos);
+  if (a.causal) hi = min(hi, qpos - first_pos + 1);
+  if (a.window_right >= 0) hi = min(hi, qpos + a.window_right - first_pos + 1);
+  return make_int2(int(lo < width ? lo : width), int(hi > 0 ? hi : 0));
+}
+
+// The backward's twin: the columns [x, y) of a step of `width` queries at consecutive positions from
+// first_pos that see key position kpos.
+__device__ __forceinline__ int2 seeing_columns(const CudaAttentionArgs& a, int64_t kpos, int64_t first_pos, int width) {
+  int64_t lo = 0, hi = width;
+  if (a.causal) lo = max(lo, kpos - first_pos);
+  if (a.window_right >= 0) lo = max(lo, kpos - a.window_right - first_pos);
+  if (a.window_left >= 0) hi = min(hi, kpos + a.window_left - first_pos + 1);
+  return make_int2(int(lo < width ? lo : width), int(hi > 0 ? hi : 0));
+}
+
+// A key's position: from the tile's first where they are consecutive, else read.
+__device__ __forceinline__ int64_t key_position(const CudaAttentionArgs& a, const TileKeys* keys, int n0, int col) {
+  return keys != nullptr && keys->consecutive ? keys->first_pos + (col - n0) : a.pos.k[col];
+}
+
 // Positions and segment ids (causal, window, the ends of the sequences, documents; ids in kSegments
 // instances only) on one 16-row fragment of NT column groups starting at key n0; `row0` is this
-// thread's first row. Visible scores become log2 units, hidden ones -inf.
-template <bool kSegments, int NT>
+// thread's first row. Visible scores become log2 units, hidden ones -inf. kColumnLimits (the extras
+// instances, which mask every tile): a tile of consecutive keys compares each pair's column with its
+// row's visible columns, found once per row, instead of reading and comparing positions per pair (4x
+// the cost of the tile's products, measured). The other instances keep the per-pair form, whose
+// register use they are tuned to (the column form made them spill more).
+template <bool kSegments, int NT, bool kColumnLimits = false>
 __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int n0, int lane,
                                                int row0, float scale_log2, const TileKeys* keys = nullptr) {
   const int64_t qpos0 = row0 < a.q_len ? a.pos.q[row0] : 0, qpos1 = row0 + 8 < a.q_len ? a.pos.q[row0 + 8] : 0;
   const bool segments = kSegments && a.q_segment_ids.data != nullptr;
   const int32_t qseg0 = segments && row0 < a.q_len ? segment_id(a.q_segment_ids, b, row0) : 0;
   const int32_t qseg1 = segments && row0 + 8 < a.q_len ? segment_id(a.q_segment_ids, b, row0 + 8) : 0;
+  if (kColumnLimits && keys->consecutive) {
+    const int width = min(NT * 8, a.kv_len - n0);
+    int2 cols[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      cols[i] = row0 + 8 * i < a.q_len ? visible_columns(a, i ? qpos1 : qpos0, keys->first_pos, width) : make_int2(0, 0);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = j * 8 + (lane % 4) * 2 + (e & 1);
+        bool visible = c >= cols[e / 2].x && c < cols[e / 2].y;
+        if (segments && visible)
+          visible = (keys->one_segment ? keys->segment : segment_id(a.kv_segment_ids, b, n0 + c)) == (e < 2 ? qseg0 : qseg1);
+        s[j][e] = visible ? s[j][e] * scale_log2 : -INFINITY;
+      }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -263,7 +312,8 @@ __device__ __forceinline__ void soft_cap_scores(float (&s)[NT][4], float scale_o
 // pairs (-inf: positions, segments, past the ends) stay hidden and read nothing.
 template <int NT>
 __device__ __forceinline__ void add_bias_mask(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int h, int n0,
-                                              int lane, int row0) {
+                                              int lane, int row0, const TileKeys* keys) {
+  if (!a.bias.data && !a.mask.data) return;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -271,7 +321,7 @@ __device__ __forceinline__ void add_bias_mask(const CudaAttentionArgs& a, float 
       if (s[j][e] == -INFINITY) continue;
       const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1), row = row0 + (e < 2 ? 0 : 8);
       float bias;
-      s[j][e] = pair_bias_mask(a, b, h, row, a.pos.k[col], bias) ? fmaf(bias, kLog2e, s[j][e]) : -INFINITY;
+      s[j][e] = pair_bias_mask(a, b, h, row, key_position(a, keys, n0, col), bias) ? fmaf(bias, kLog2e, s[j][e]) : -INFINITY;
     }
 }
 
@@ -279,7 +329,7 @@ __device__ __forceinline__ void add_bias_mask(const CudaAttentionArgs& a, float 
 // a dropped pair's P becomes 0, a kept one's P / (1 - p). Pairs with P = 0 (hidden) are not hashed.
 template <int NT>
 __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int h, int n0,
-                                                   int lane, int row0) {
+                                                   int lane, int row0, const TileKeys* keys) {
   const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -289,7 +339,8 @@ __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, f
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e)
-        if (s[j][e] > 0.0f) s[j][e] *= dropout_weight(a, b, h, qpos, a.pos.k[n0 + j * 8 + (lane % 4) * 2 + (e & 1)], keep_scale);
+        if (s[j][e] > 0.0f)
+          s[j][e] *= dropout_weight(a, b, h, qpos, key_position(a, keys, n0, n0 + j * 8 + (lane % 4) * 2 + (e & 1)), keep_scale);
   }
 }
 

@@ -156,10 +156,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     // Tiles this warpgroup sees whole keep raw scores and fold the scale into the exponent's FFMA.
     BlockKind kind = classify_block(group_q_lo, group_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
     TileKeys keys;
+    if (kExtras || (kSegments && a.kv_segment_ranges))
+      keys = TileKeys{a.pos.keys_sorted && k_hi - k_lo == min(kBlockN, a.kv_len - tile * kBlockN) - 1, k_lo};
     if (kSegments && a.kv_segment_ranges) {
       kind = with_segments(a, kind, group_seg, tile_seg);
-      keys = TileKeys{a.pos.keys_sorted && k_hi - k_lo == min(kBlockN, a.kv_len - tile * kBlockN) - 1, k_lo,
-                      tile_seg.x == tile_seg.y, tile_seg.x};
+      keys.one_segment = tile_seg.x == tile_seg.y, keys.segment = tile_seg.x;
     }
     const bool masked = kExtras || kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
     float scale = scale_log2;  // what turns s into log2-unit logits
@@ -167,10 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
       soft_cap_scores(s, a.scale / a.soft_cap, a.soft_cap * kLog2e);
       scale = 1.0f;
     }
-    if (masked) mask_positions<kSegments>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
-    if constexpr (kExtras) add_bias_mask(a, s, b, h, tile * kBlockN, lane, row0);
+    if (masked) mask_positions<kSegments, kTilesN, kExtras>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
+    if constexpr (kExtras) add_bias_mask(a, s, b, h, tile * kBlockN, lane, row0, &keys);
     softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale, alpha);
-    if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s, b, h, tile * kBlockN, lane, row0);
+    if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s, b, h, tile * kBlockN, lane, row0, &keys);
   };
   auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
 #pragma unroll

@@ -28,10 +28,12 @@ constexpr int kGroups = 2, kThreads = kGroups * 128;  // warpgroups per block
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
-template <typename T, int D>
+// kExtras: the extras instance, whose per-pair work needs registers the unsplit D = 128 kernel spends on
+// dK and dV: it splits too (measured faster there).
+template <typename T, int D, bool kExtras = false>
 struct WgmmaBackwardTraits {
   // D = 256: the two warpgroups share 64 keys and split the query block (S^T, dP^T) and D (dK, dV, dQ).
-  static constexpr bool kSplit = D == 256;
+  static constexpr bool kSplit = D == 256 || (kExtras && D == 128);
   static constexpr int kBlockN = kSplit ? 64 : kGroups * 64;  // keys per block
   // Query rows per step: dK and dV (64 keys x D per warpgroup) and S^T, dP^T (64 keys x kBlockM) share
   // a thread's 255 registers, so D = 128 takes 64 rows and D = 64 takes 128; D = 256 (split) 64.
@@ -61,7 +63,7 @@ struct WgmmaBackwardTraits {
 template <typename T, int D, bool kSegments, bool kSoftCap = false, bool kExtras = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Traits = WgmmaBackwardTraits<T, D>;
+  using Traits = WgmmaBackwardTraits<T, D, kExtras>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
   constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;
   const CudaAttentionArgs& a = g.a;
@@ -182,12 +184,37 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     prefetch_next();  // the positions' reads wait while the tensor cores work
 
     // P^T against LSE (0 where a pair is hidden or past an end) while dP^T is computed.
-    const bool masked = kExtras || kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
+    const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
     wgmma::wait<1>();
     wgmma::pin(st);
     if constexpr (kSoftCap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
     else if (kExtras && soft_cap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
-    if (masked) {
+    // The extras instance masks every step: where the step's queries sit at consecutive positions (every
+    // layout's but across a chunk's edge) each key's seeing columns, found once, replace positions read
+    // and compared per pair; the mask tensor hides, the bias joins the exponent.
+    [[maybe_unused]] int64_t q_first = 0;
+    [[maybe_unused]] bool q_consecutive = false;
+    if constexpr (kExtras) {
+      const int width = min(kBlockM, a.q_len - m0);
+      q_first = a.pos.q[m0];
+      q_consecutive = a.pos.queries_sorted && a.pos.q[m0 + width - 1] - q_first == width - 1;
+      const int2 cols[2] = {key_in[0] && q_consecutive ? seeing_columns(a, key_pos[0], q_first, width) : make_int2(0, 0),
+                            key_in[1] && q_consecutive ? seeing_columns(a, key_pos[1], q_first, width) : make_int2(0, 0)};
+#pragma unroll
+      for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
+          bool visible = q_consecutive ? qcol >= cols[e / 2].x && qcol < cols[e / 2].y
+                                       : key_in[e / 2] && query < a.q_len &&
+                                             position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left,
+                                                              a.window_right);
+          float bias = 0.0f;
+          visible = visible && same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2)) &&
+                    pair_bias_mask(a, b, h, query, key_pos[e / 2], bias);
+          st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, fmaf(bias, kLog2e, -lse_s[qcol]))) : 0.0f;
+        }
+    } else if (masked) {
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
@@ -196,14 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           const bool visible = key_in[e / 2] && query < a.q_len &&
                                position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right) &&
                                same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2));
-          if constexpr (kExtras) {  // the mask tensor hides, the bias joins the exponent
-            float bias = 0.0f;
-            st[j][e] = visible && pair_bias_mask(a, b, h, query, key_pos[e / 2], bias)
-                           ? fast_exp2(fmaf(st[j][e], scale_log2, fmaf(bias, kLog2e, -lse_s[qcol])))
-                           : 0.0f;
-          } else {
-            st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
-          }
+          st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
         }
     } else {  // straight-line: no per-element branch in the common case
 #pragma unroll
@@ -225,7 +245,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           const float p = st[j][e], keep_scale = 1.0f / (1.0f - a.dropout_prob);
           const int query = m0 + qcol;
           const int64_t kpos = key_pos[e / 2];
-          const float weight = p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], kpos, keep_scale) : 1.0f;
+          const float weight =
+              p > 0.0f ? dropout_weight(a, b, h, q_consecutive ? q_first + qcol : a.pos.q[query], kpos, keep_scale) : 1.0f;
           float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
           if (g.dbias.data && p > 0.0f)
             atomicAdd(static_cast<float*>(const_cast<void*>(g.dbias.data)) + b * g.dbias.stride[0] + h * g.dbias.stride[1] +
@@ -327,18 +348,23 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 #endif
 }
 
-template <typename T, int D>
-void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
-  using Traits = WgmmaBackwardTraits<T, D>;
-  auto kernel = flash_wgmma_has_extras(g.a) ? flash_wgmma_backward_kernel<T, D, true, false, true>
-                : g.a.soft_cap > 0.0f     ? flash_wgmma_backward_kernel<T, D, false, true>
-                : g.a.q_segment_ranges ? flash_wgmma_backward_kernel<T, D, true>
-                                       : flash_wgmma_backward_kernel<T, D, false>;
+template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras>
+void launch_instance(const FlashBackwardArgs& g, cudaStream_t stream) {
+  using Traits = WgmmaBackwardTraits<T, D, kExtras>;
+  auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
   const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
                   unsigned(g.a.batch));
   kernel<<<grid, kThreads, Traits::kSmemBytes, stream>>>(g);
   RA_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, int D>
+void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
+  if (flash_wgmma_has_extras(g.a)) return launch_instance<T, D, true, false, true>(g, stream);
+  if (g.a.soft_cap > 0.0f) return launch_instance<T, D, false, true, false>(g, stream);
+  if (g.a.q_segment_ranges) return launch_instance<T, D, true, false, false>(g, stream);
+  launch_instance<T, D, false, false, false>(g, stream);
 }
 
 }  // namespace
