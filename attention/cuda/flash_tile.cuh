@@ -251,11 +251,11 @@ __device__ __forceinline__ int64_t key_position(const CudaAttentionArgs& a, cons
 
 // Positions and segment ids (causal, window, the ends of the sequences, documents; ids in kSegments
 // instances only) on one 16-row fragment of NT column groups starting at key n0; `row0` is this
-// thread's first row. Visible scores become log2 units, hidden ones -inf. kColumnLimits (the extras
-// instances, which mask every tile): a tile of consecutive keys compares each pair's column with its
+// thread's first row. Visible scores become log2 units, hidden ones -inf. kColumnLimits (the wgmma
+// forward but its segment-id instance): a tile of consecutive keys compares each pair's column with its
 // row's visible columns, found once per row, instead of reading and comparing positions per pair (4x
-// the cost of the tile's products, measured). The other instances keep the per-pair form, whose
-// register use they are tuned to (the column form made them spill more).
+// the cost of the tile's products, measured). The segment-id instance and the mma.sync kernel keep the
+// per-pair form, whose register use they are tuned to (the column form made them spill more).
 template <bool kSegments, int NT, bool kColumnLimits = false>
 __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int n0, int lane,
                                                int row0, float scale_log2, const TileKeys* keys = nullptr) {
