@@ -178,9 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
           const float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
           const float ds = p * (dpt[j][e] * weight - (query < a.q_len ? delta_s[qcol] : 0.0f));
-          if (kExtras && g.dbias.data && p > 0.0f)
-            atomicAdd(static_cast<float*>(const_cast<void*>(g.dbias.data)) + b * g.dbias.stride[0] + h * g.dbias.stride[1] +
-                          int64_t(query) * g.dbias.stride[2] + a.pos.k[key] * g.dbias.stride[3], ds);
+          if (kExtras && g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, a.pos.k[key], ds);
           st[j][e] = p * weight;
           dpt[j][e] = ds * derivative;
         }

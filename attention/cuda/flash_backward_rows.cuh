@@ -148,6 +148,21 @@ __device__ __forceinline__ bool same_segment(const CudaAttentionArgs& a, const i
   return !kSegments || !a.q_segment_ids.data || step_segments[qcol] == segment_id(a.kv_segment_ids, b, key);
 }
 
+// dS of one pair (query row `query`, key position kpos of batch b, head h) added into dBias at the bias's
+// broadcast shape (its broadcast dimensions have stride 0: every pair they fold together meets there).
+__device__ __forceinline__ void add_dbias(const FlashBackwardArgs& g, int b, int h, int query, int64_t kpos, float ds) {
+  atomicAdd(static_cast<float*>(const_cast<void*>(g.dbias.data)) + b * g.dbias.stride[0] + h * g.dbias.stride[1] +
+                int64_t(query) * g.dbias.stride[2] + kpos * g.dbias.stride[3],
+            ds);
+}
+
+// The soft cap's derivative 1 - tanh^2 at a pair of probability p > 0, tanh recovered rather than kept
+// (no live value more): the capped logit is log2 p + LSE less the bias, all in log2 units.
+__device__ __forceinline__ float soft_cap_slope(float p, float lse_log2, float bias_log2, float cap) {
+  const float t = fminf(fmaxf((__log2f(p) + lse_log2 - bias_log2) / (cap * kLog2e), -1.0f), 1.0f);
+  return 1.0f - t * t;
+}
+
 // dQ's fragment (rows row0 and row0 + 8, columns col0 + 8j + 2t, +1) times the scale, added to the
 // f32 accumulator. The atomics bound the backward (one per element per key block): on sm_90 lanes t
 // and t ^ 1 swap halves so that each adds 4 consecutive floats of one row in one 16-byte atomic.

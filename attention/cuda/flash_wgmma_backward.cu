@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
   // Raw scores times this are log2-unit logits; with a soft cap the scores are capped into those units first.
   const bool soft_cap = kSoftCap || (kExtras && a.soft_cap > 0.0f);
-  const float scale_log2 = kSoftCap ? 1.0f : kExtras && soft_cap ? 1.0f : a.scale * kLog2e;
+  const float scale_log2 = soft_cap ? 1.0f : a.scale * kLog2e;
 
   auto load_step = [&](int buffer, int h, int m0) {
     load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, query_slabs);
@@ -187,8 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
     wgmma::wait<1>();
     wgmma::pin(st);
-    if constexpr (kSoftCap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
-    else if (kExtras && soft_cap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
+    if (soft_cap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
     // The extras instance masks every step: where the step's queries sit at consecutive positions (every
     // layout's but across a chunk's edge) each key's seeing columns, found once, replace positions read
     // and compared per pair; the mask tensor hides, the bias joins the exponent.
@@ -248,24 +247,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           const float weight =
               p > 0.0f ? dropout_weight(a, b, h, q_consecutive ? q_first + qcol : a.pos.q[query], kpos, keep_scale) : 1.0f;
           float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
-          if (g.dbias.data && p > 0.0f)
-            atomicAdd(static_cast<float*>(const_cast<void*>(g.dbias.data)) + b * g.dbias.stride[0] + h * g.dbias.stride[1] +
-                          int64_t(query) * g.dbias.stride[2] + kpos * g.dbias.stride[3], ds);
-          if (soft_cap && p > 0.0f) {  // the capped logit is log2 P + LSE less the bias
+          if (g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, kpos, ds);
+          if (soft_cap && p > 0.0f) {  // the bias read again: held from the step above it costs registers
             float bias = 0.0f;
             pair_bias_mask(a, b, h, query, kpos, bias);
-            const float t = fminf(fmaxf((__log2f(p) + lse_s[qcol] - bias * kLog2e) / (a.soft_cap * kLog2e), -1.0f), 1.0f);
-            ds *= 1.0f - t * t;
+            ds *= soft_cap_slope(p, lse_s[qcol], bias * kLog2e, a.soft_cap);
           }
           dpt[j][e] = ds;
           st[j][e] = p * weight;
           continue;
         }
         dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[qcol]);
-        if constexpr (kSoftCap) {  // tanh = capped logit / cap = (log2 P + LSE) / (cap log2 e); P = 0: no gradient
-          const float t = fminf(fmaxf((__log2f(st[j][e]) + lse_s[qcol]) / (a.soft_cap * kLog2e), -1.0f), 1.0f);
-          dpt[j][e] *= 1.0f - t * t;
-        }
+        if constexpr (kSoftCap) dpt[j][e] *= soft_cap_slope(st[j][e], lse_s[qcol], 0.0f, a.soft_cap);  // P = 0: dS = 0 anyway
       }
 #pragma unroll
     for (int kc = 0; kc < kTilesM / 2; ++kc) {
