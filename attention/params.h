@@ -26,6 +26,11 @@ struct AttentionParams {
   // CUDA flash_attn2 only (the ring's too); any other implementation refuses a forced kernel
   // (check_flash_kernel_choice, attention/attention_impl.h).
   FlashKernel flash_kernel = FlashKernel::kAuto;
+  // The backward's sums in a fixed order, so its gradients are the same bits on every run (for the same
+  // shapes, ring size, layout and GPU model): the CUDA flash_attn2 backward adds dQ per block into slices of
+  // its own, summed in order (memory: up to 16 f32 copies of dQ), cudnn takes its deterministic algorithm.
+  // Host implementations are deterministic anyway; the host ring's exact sums are RingContext's.
+  bool deterministic = false;
 
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   std::string describe() const;  // one line, for logs and output attributes

@@ -215,6 +215,7 @@ std::string AttentionParams::describe() const {
   out << "scale=" << softmax_scale << " causal=" << causal << " window=(" << window_left << "," << window_right
       << ") softcap=" << logits_soft_cap << " dropout=" << dropout_prob << " seed=" << dropout_seed;
   if (flash_kernel != FlashKernel::kAuto) out << " flash_kernel=" << flash_kernel_name(flash_kernel);
+  if (deterministic) out << " deterministic=1";
   return out.str();
 }
 

@@ -49,8 +49,9 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o,
      "ring's local ones): auto (wgmma on Hopper, else mma.sync) | mma_sync "
      "| wgmma")
     ("timeout", po::value(&o.timeout_s)->default_value(60), "seconds a ring step may wait for its peer")
-    ("deterministic", po::bool_switch(&o.deterministic), "bitwise-identical results for any number of ranks and "
-     "layout, forward and --backward (host ring: an exact max pass and fixed-point sums; tens of times slower)")
+    ("deterministic", po::bool_switch(&o.deterministic), "bitwise-identical results: on the host ring for any number "
+     "of ranks and layout, forward and --backward (an exact max pass and fixed-point sums; tens of times slower); "
+     "on cuda the same bits on every run for this ring size and layout (the backward's dQ summed in a fixed order)")
     ("no-block-checksums", po::bool_switch(&o.no_block_checksums), "skip the checksum of K/V blocks in flight")
     ("allow-nonfinite", po::bool_switch(&o.allow_nonfinite), "run even when inputs hold NaN or Inf (reported either way)");
 }
@@ -70,6 +71,7 @@ AttentionParams to_params(const AttentionOptions& o) {
   p.block_q = positive(o.block_q, "block-q");
   p.block_k = positive(o.block_k, "block-k");
   p.flash_kernel = parse_flash_kernel(o.flash_kernel, "--flash-kernel");  // refused by make_impl where no kernel takes it
+  p.deterministic = o.deterministic;
   positive(o.timeout_s, "timeout");
   if (!o.window.empty()) {
     long long l = 0, r = 0;

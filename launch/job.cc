@@ -145,8 +145,9 @@ std::unique_ptr<AttentionImpl> make_impl(const AttentionOptions& opts, const Job
   // The failure tests drive the CLI's ring through the environment; a library's ring has no plan.
   ctx.fault = FaultPlan::from_environment();
   if (ctx.host_comm) ctx.host_comm->set_fault_plan(ctx.fault);
-  RA_CHECK(!opts.deterministic || name == "ring", "--deterministic applies to --impl ring (use --impl ring on one "
-           "rank for the same bits as on N ranks), not --impl ", name);
+  RA_CHECK(!opts.deterministic || name == "ring" || parse_backend(opts.backend) == Backend::kCuda, "--deterministic "
+           "on the host applies to --impl ring (use --impl ring on one rank for the same bits as on N ranks), not "
+           "--impl ", name);
   RA_CHECK(name == "ring" || ctx.comm->size() == 1, "--impl ", name, " runs on one rank's whole sequence; the mesh's sp axis has ",
            ctx.comm->size(), " ranks: use --impl ring (or a mesh without sp)");
   std::unique_ptr<AttentionImpl> impl = registry.create(name, parse_backend(opts.backend), &ctx);

@@ -1,5 +1,6 @@
 // The CUDA implementations as registry entries: flash_attn2 (tensor cores) and sdpa (cuBLAS).
 #include "attention/backward.h"
+#include "attention/cuda/backward_cuda.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/cuda/flash_backward_cuda.h"
 #include "attention/cuda/flash_cuda.h"
@@ -76,9 +77,10 @@ class FlashCuda final : public CudaAttentionImpl {
     g.dv = acc.dv.data_as<float>();
     if (acc.dbias.defined()) {
       const TensorView dbias = broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias");
+      if (params.deterministic) check_dbias_deterministic(dbias);
       g.dbias = DeviceView4{dbias.data(), {dbias.stride(0), dbias.stride(1), dbias.stride(2), dbias.stride(3)}};
     }
-    flash_backward_cuda(g, in.q.dtype(), stream_);
+    flash_backward_cuda(g, in.q.dtype(), params.deterministic ? &dq_slices_ : nullptr, stream_);
   }
   // A single call's backward: the kernels write dK and dV in q's dtype themselves (one writer per key row
   // in a call), so only dQ goes through an f32 accumulator; no zeroing, reading or converting of f32 dK /
@@ -101,7 +103,7 @@ class FlashCuda final : public CudaAttentionImpl {
     FlashBackwardArgs g = backward_args(in, device_positions(pos), params, with_delta, dq);
     g.dk_direct = views.dk.data();
     g.dv_direct = views.dv.data();
-    flash_backward_cuda(g, in.q.dtype(), stream_);
+    flash_backward_cuda(g, in.q.dtype(), params.deterministic ? &dq_slices_ : nullptr, stream_);
     convert_gradient(dq, views.dq, stream_);
     return true;
   }
@@ -113,6 +115,8 @@ class FlashCuda final : public CudaAttentionImpl {
                              grad.d_o.stride(1), grad.d_o.stride(2), grad.d_o.stride(3)}}, grad.lse.data_as<float>(),
                              grad.delta.data_as<float>(), dq.data_as<float>(), nullptr, nullptr, DeviceView4{}};
   }
+
+  mutable Tensor dq_slices_;  // the deterministic backward's (flash_backward_cuda)
 };
 
 class SdpaCuda final : public CudaAttentionImpl {
@@ -125,6 +129,8 @@ class SdpaCuda final : public CudaAttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
+    if (params.deterministic && acc.dbias.defined())
+      check_dbias_deterministic(broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias"));
     runner_.accumulate_backward(in, make_cuda_args(in, pos, params), grad, acc, stream_);
   }
 

@@ -207,13 +207,13 @@ class CudnnAttention final : public CudaAttentionImpl {
                                       cudaMemcpyDeviceToDevice, stream_));
       run_stats = stats_run_.data<float>();
     }
-    const GraphKey key{B, Tq, Sk, H, Hkv, D, int(q.dtype()) + 100 * int(Tq), int(mask),
+    const GraphKey key{B, Tq, Sk, H, Hkv, D, int(q.dtype()) + 100 * int(Tq), int(mask) + 16 * int(p.deterministic),
                        {q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), o.stride(1),
                         d_o.stride(1), v.stride(1)}};
     auto it = backward_graphs_.find(key);
     if (it == backward_graphs_.end()) {
       fe::error_t status;
-      auto graph = make_backward_graph(q, k, v, o, d_o, Tq, mask, effective_scale(p, D), status);
+      auto graph = make_backward_graph(q, k, v, o, d_o, Tq, mask, effective_scale(p, D), p.deterministic, status);
       RA_CHECK(status.is_good(), "cudnn cannot run the backward of this attention block (B=", B, " T=", Tq, " S=", Sk,
                " H=", H, " Hkv=", Hkv, " D=", D, "): ", status.get_message(), "; use --impl flash_attn2 or sdpa");
       it = backward_graphs_.emplace(key, std::move(graph)).first;
@@ -244,7 +244,8 @@ class CudnnAttention final : public CudaAttentionImpl {
   // cuDNN's SDPA backward graph for these views; stats is (B, H, T) with T the run's rows (packed).
   std::shared_ptr<fe::graph::Graph> make_backward_graph(const TensorView& q, const TensorView& k, const TensorView& v,
                                                         const TensorView& o, const TensorView& d_o, int64_t T,
-                                                        MaskMode mask, float scale, fe::error_t& status) const {
+                                                        MaskMode mask, float scale, bool deterministic,
+                                                        fe::error_t& status) const {
     auto graph = new_graph(q.dtype());
     auto tensor = [&](const char* name, int64_t uid, const TensorView& t) { return graph_tensor(*graph, name, uid, t); };
     auto Q = tensor("Q", kQ, q), K = tensor("K", kK, k), V = tensor("V", kV, v), O = tensor("O", kO, o);
@@ -256,6 +257,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     auto options = fe::graph::SDPA_backward_attributes().set_name("ringattn_block_backward").set_attn_scale(scale);
     if (mask == MaskMode::kCausalTopLeft) options.set_causal_mask(true);
     if (mask == MaskMode::kCausalBottomRight) options.set_causal_mask_bottom_right(true);
+    options.set_deterministic_algorithm(deterministic);  // dQ without atomics (--deterministic)
     auto [dQ, dK, dV] = graph->sdpa_backward(Q, K, V, O, dO, stats, options);
     dQ->set_output(true).set_uid(kDQ).set_dim({B, H, Tq, D}).set_stride({Tq * H * D, D, H * D, 1});
     dK->set_output(true).set_uid(kDK).set_dim({B, Hkv, Sk, D}).set_stride({Sk * Hkv * D, D, Hkv * D, 1});

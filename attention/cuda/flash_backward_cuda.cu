@@ -11,6 +11,8 @@
 // regenerated from the forward's hash.
 #include "attention/cuda/flash_backward_cuda.h"
 
+#include <algorithm>
+
 #include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_backward_rows.cuh"
 #include "attention/cuda/flash_cuda.h"
@@ -20,6 +22,7 @@
 #include "attention/cuda/pair_logit.cuh"
 #include "attention/cuda/segment_ranges.h"
 #include "runtime/cuda_device.h"
+#include "runtime/memory.h"
 
 namespace ra {
 namespace {
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mi = lane / 8;
-  const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
+  const int block = key_block(g), n0 = block * kBlockN, kh = blockIdx.y, b = blockIdx.z;
   const int group = a.q_heads / a.kv_heads;
   // This warp's 16 keys, and its share of them: the query tiles of S^T it forms and the columns of dK / dV it holds.
   const int key_tile = warp % Traits::kKeyTiles, split = warp / Traits::kKeyTiles;
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, swz);
   copy_commit();
   int64_t k_lo, k_hi;
-  tile_key_range<kBlockN>(a, blockIdx.x, lane, k_lo, k_hi);
+  tile_key_range<kBlockN>(a, block, lane, k_lo, k_hi);
   const QueryWindow window = query_window<kBlockN, kSegments>(a, b, n0);
 
   float dk[kTilesDPerWarp][4], dv[kTilesDPerWarp][4];
@@ -264,21 +267,67 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
 }
 
 template <typename T, int D>
-void launch_backward(const FlashBackwardArgs& g, cudaStream_t stream) {
+void launch_backward(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   using Traits = BackwardTraits<T, D>;
-  constexpr size_t smem = Traits::kSmemBytes;
   // The extras instance always reads segment ids (it is not at its register limit's edge): three, not four.
   auto kernel = flash_has_extras(g.a)   ? flash_backward_kernel<T, D, true, true>
                 : g.a.q_segment_ranges ? flash_backward_kernel<T, D, false, true>
                                        : flash_backward_kernel<T, D, false, false>;
-  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
-                  unsigned(g.a.batch));
-  kernel<<<grid, kThreads, smem, stream>>>(g);
-  RA_CUDA_CHECK(cudaGetLastError());
+  launch_flash_backward(reinterpret_cast<const void*>(kernel), g, Traits::kBlockN, kThreads, Traits::kSmemBytes,
+                        dq_slices, stream);
+}
+
+// into[i] += slices[0][i] + slices[1][i] + ... in that order, 4 floats at a time (size % 4 == 0: D is).
+__global__ void sum_dq_slices_kernel(float* into, const float* slices, int count, int64_t size) {
+  const int64_t quads = size / 4;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += int64_t(gridDim.x) * blockDim.x) {
+    float4 sum = reinterpret_cast<const float4*>(into)[i];
+    for (int s = 0; s < count; ++s) {
+      const float4 x = reinterpret_cast<const float4*>(slices + s * size)[i];
+      sum = make_float4(sum.x + x.x, sum.y + x.y, sum.z + x.z, sum.w + x.w);
+    }
+    reinterpret_cast<float4*>(into)[i] = sum;
+  }
 }
 
 }  // namespace
+
+void launch_flash_backward(const void* kernel, FlashBackwardArgs g, int block_n, int threads, size_t smem,
+                           Tensor* dq_slices, cudaStream_t stream) {
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int key_blocks = int((g.a.kv_len + block_n - 1) / block_n);
+  const int64_t heads = int64_t(g.a.batch) * g.a.kv_heads;
+  const int64_t slice = int64_t(g.a.batch) * g.a.q_len * g.a.q_heads * g.a.head_dim;
+  auto launch = [&](int blocks) {
+    const dim3 grid(unsigned(blocks), unsigned(g.a.kv_heads), unsigned(g.a.batch));
+    void* args[] = {&g};
+    RA_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(unsigned(threads)), args, smem, stream));
+  };
+  if (dq_slices == nullptr) return launch(key_blocks);
+  // A round: as many blocks per (batch, K/V head) as fill the GPU once (a second, part-filled wave would
+  // cost a whole one), at most kMaxDqSlices; a function of the shapes and the GPU alone, so the order of
+  // the sums is the same on every run.
+  int per_sm = 0, device = 0, sms = 0;
+  RA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  RA_CUDA_CHECK(cudaGetDevice(&device));
+  RA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int round = int(std::clamp<int64_t>(int64_t(sms) * std::max(per_sm, 1) / heads, 1,
+                                            std::min(kMaxDqSlices, key_blocks)));
+  float* accumulator = g.dq;
+  if (round > 1) {  // one round of one block per (batch, K/V head) adds to the accumulator itself
+    const size_t bytes = size_t(round) * size_t(slice) * sizeof(float);
+    reserve_scratch(*dq_slices, bytes, MemoryKind::kCuda, "the deterministic backward's dQ slices");
+    RA_CUDA_CHECK(cudaMemsetAsync(dq_slices->data<float>(), 0, bytes, stream));
+    g.dq = dq_slices->data<float>();
+    g.dq_slice_size = slice;
+  }
+  for (g.first_key_block = 0; g.first_key_block < key_blocks; g.first_key_block += round)
+    launch(std::min(round, key_blocks - g.first_key_block));
+  if (round == 1) return;
+  sum_dq_slices_kernel<<<unsigned(std::min<int64_t>((slice / 4 + 255) / 256, 132 * 16)), 256, 0, stream>>>(
+      accumulator, g.dq, round, slice);
+  RA_CUDA_CHECK(cudaGetLastError());
+}
 
 void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc) {
   const DType dt = in.q.dtype();
@@ -296,14 +345,14 @@ void check_flash_backward_cuda_supported(const AttentionInputs& in, const Backwa
     RA_CHECK(t->dtype() == DType::kF32 && t->is_contiguous(), "the ", name, " accumulator must be contiguous f32");
 }
 
-void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, cudaStream_t stream) {
+void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, Tensor* dq_slices, cudaStream_t stream) {
   if (args.a.q_len == 0 || args.a.kv_len == 0) return;
   FlashBackwardArgs g = args;
   const SegmentRanges segments(g.a, stream);
-  if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, stream);
+  if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, dq_slices, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
     dispatch_head_dim<64, 128, 256>(g.a.head_dim, "the cuda flash_attn2 backward", [&](auto head_dim) {
-      launch_backward<decltype(element), decltype(head_dim)::value>(g, stream);
+      launch_backward<decltype(element), decltype(head_dim)::value>(g, dq_slices, stream);
     });
   });
 }

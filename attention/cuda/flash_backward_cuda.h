@@ -9,6 +9,7 @@
 
 #include "attention/backward.h"
 #include "attention/cuda/cuda_inputs.h"
+#include "runtime/tensor.h"
 
 namespace ra {
 
@@ -23,12 +24,27 @@ struct FlashBackwardArgs {
   // there instead of adding into dk / dv (in one call each key row has one writer, its key block).
   void* dk_direct = nullptr;
   void* dv_direct = nullptr;
+  // --deterministic (AttentionParams::deterministic): the key blocks run in rounds of a few blocks per
+  // (batch, K/V head), from first_key_block; block i of a round adds dQ at dq + i * dq_slice_size (dq then
+  // the slices, summed into the caller's accumulator in order after the last round).
+  int first_key_block = 0;
+  int64_t dq_slice_size = 0;
 };
 
 // Throws naming the tensor and what the kernel needs (f16 / bf16, D == Dv in {64, 128, 256}, dO in q's dtype,
 // contiguous accumulators), pointing at cudnn or sdpa.
 void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc);
 
-void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, cudaStream_t stream);
+// dq_slices: null, or under --deterministic (AttentionParams::deterministic) the scratch for the dQ slices
+// (grown as needed; at most kMaxDqSlices f32 copies of dQ): the gradients are the same bits on every run.
+void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, Tensor* dq_slices, cudaStream_t stream);
+
+// Launches a backward instance (a __global__ taking FlashBackwardArgs, threads x smem bytes, over blocks
+// of block_n keys): one launch of a block per key block, or with dq_slices launches of rounds that fit
+// the GPU once, each block of a round with a dQ slice of its own, summed into dq in order after the last
+// (both kernels' launch).
+constexpr int kMaxDqSlices = 16;
+void launch_flash_backward(const void* kernel, FlashBackwardArgs g, int block_n, int threads, size_t smem,
+                           Tensor* dq_slices, cudaStream_t stream);
 
 }  // namespace ra

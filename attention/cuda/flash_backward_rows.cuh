@@ -163,6 +163,14 @@ __device__ __forceinline__ float soft_cap_slope(float p, float lse_log2, float b
   return 1.0f - t * t;
 }
 
+// This block's key block: one launch covers them all, or under --deterministic a round of them.
+__device__ __forceinline__ int key_block(const FlashBackwardArgs& g) { return g.first_key_block + blockIdx.x; }
+
+// Where this block adds dQ: the accumulator, or under --deterministic the slice of its place in the
+// round, which the same place of the next round adds to after it: one thread adds each element, in the
+// rounds' order.
+__device__ __forceinline__ float* dq_target(const FlashBackwardArgs& g) { return g.dq + blockIdx.x * g.dq_slice_size; }
+
 // dQ's fragment (rows row0 and row0 + 8, columns col0 + 8j + 2t, +1) times the scale, added to the
 // f32 accumulator. The atomics bound the backward (one per element per key block): on sm_90 lanes t
 // and t ^ 1 swap halves so that each adds 4 consecutive floats of one row in one 16-byte atomic.
@@ -174,7 +182,7 @@ __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const fl
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const bool even = t % 2 == 0;
   const int row = even ? row0 : row0 + 8, col = col0 + 2 * (t & ~1);
-  float* out = g.dq + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col;
+  float* out = dq_target(g) + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col;
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
     // Even lanes keep row g's pair and take the partner's; odd lanes the same for row g + 8.
@@ -189,7 +197,7 @@ __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const fl
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + i * 8;
     if (row >= a.q_len) continue;
-    float* out = g.dq + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col0 + 2 * t;
+    float* out = dq_target(g) + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col0 + 2 * t;
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       atomicAdd(out + j * 8, dq[j][2 * i] * a.scale);

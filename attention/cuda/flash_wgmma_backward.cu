@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
-  const int n0 = blockIdx.x * kBlockN, kh = blockIdx.y, b = blockIdx.z;
+  const int block = key_block(g), n0 = block * kBlockN, kh = blockIdx.y, b = blockIdx.z;
   // This warpgroup's keys (its own 64, or the 64 both share), this thread's two of them (key_row and
   // key_row + 8), and where split its query columns of S^T and its columns of dK / dV.
   const int key0 = Traits::kSplit ? 0 : group * 64, key_row = key0 + (warp % 4) * 16 + lane / 4;
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, key_slabs);
   copy_commit();
   int64_t k_lo, k_hi;
-  tile_key_range<kBlockN>(a, blockIdx.x, lane, k_lo, k_hi);
+  tile_key_range<kBlockN>(a, block, lane, k_lo, k_hi);
   const QueryWindow window = query_window<kBlockN, kSegments>(a, b, n0);
   // This thread's two keys (read by masked steps only); a key past the end is never visible.
   const bool key_in[2] = {n0 + key_row < a.kv_len, n0 + key_row + 8 < a.kv_len};
@@ -342,30 +342,27 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 }
 
 template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras>
-void launch_instance(const FlashBackwardArgs& g, cudaStream_t stream) {
+void launch_instance(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   using Traits = WgmmaBackwardTraits<T, D, kExtras>;
   auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras>;
-  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
-  const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
-                  unsigned(g.a.batch));
-  kernel<<<grid, kThreads, Traits::kSmemBytes, stream>>>(g);
-  RA_CUDA_CHECK(cudaGetLastError());
+  launch_flash_backward(reinterpret_cast<const void*>(kernel), g, Traits::kBlockN, kThreads, Traits::kSmemBytes,
+                        dq_slices, stream);
 }
 
 template <typename T, int D>
-void launch(const FlashBackwardArgs& g, cudaStream_t stream) {
-  if (flash_wgmma_has_extras(g.a)) return launch_instance<T, D, true, false, true>(g, stream);
-  if (g.a.soft_cap > 0.0f) return launch_instance<T, D, false, true, false>(g, stream);
-  if (g.a.q_segment_ranges) return launch_instance<T, D, true, false, false>(g, stream);
-  launch_instance<T, D, false, false, false>(g, stream);
+void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
+  if (flash_wgmma_has_extras(g.a)) return launch_instance<T, D, true, false, true>(g, dq_slices, stream);
+  if (g.a.soft_cap > 0.0f) return launch_instance<T, D, false, true, false>(g, dq_slices, stream);
+  if (g.a.q_segment_ranges) return launch_instance<T, D, true, false, false>(g, dq_slices, stream);
+  launch_instance<T, D, false, false, false>(g, dq_slices, stream);
 }
 
 }  // namespace
 
-void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, cudaStream_t stream) {
+void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, Tensor* dq_slices, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 backward", [&](auto element) {
     dispatch_head_dim<64, 128, 256>(g.a.head_dim, "the wgmma flash_attn2 backward", [&](auto head_dim) {
-      launch<decltype(element), decltype(head_dim)::value>(g, stream);
+      launch<decltype(element), decltype(head_dim)::value>(g, dq_slices, stream);
     });
   });
 }

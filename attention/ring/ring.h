@@ -45,7 +45,8 @@ struct RingContext {
   bool verify_blocks = true;  // a checksum of every block in flight, checked on arrival (attention/ring/block_seal.h)
   // Bitwise-identical results for any ring size and layout (host ring): the forward an exact max pass
   // and a fixed-point sum pass (two trips around the ring, scalar kernels; attention/cpu/exact_sum_cpu.h),
-  // the backward one trip of fixed-point sums (attention/cpu/exact_backward_cpu.h).
+  // the backward one trip of fixed-point sums (attention/cpu/exact_backward_cpu.h). The GPU ring: the
+  // same bits on every run for this ring size and layout (AttentionParams::deterministic's backward).
   bool deterministic = false;
   // GPU ring: time every step's compute and exchange with CUDA events (RingStats::step_*_ms). A
   // timing event between two kernels keeps the second from starting on the SMs the first leaves idle,

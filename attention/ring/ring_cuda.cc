@@ -24,8 +24,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 RingAttentionCuda::RingAttentionCuda(RingContext ctx) : ctx_(std::move(ctx)), schedule_(ring_schedule(ctx_)) {
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
-  RA_CHECK(!ctx_.deterministic, "the deterministic ring (bitwise-identical results for any ring size) runs on the "
-           "host: use --backend cpu (host arrays from Python)");
   std::unique_ptr<AttentionImpl> local = AttentionRegistry::builtin().create(ctx_.local_impl, Backend::kCuda);
   local_.reset(dynamic_cast<CudaAttentionImpl*>(local.release()));
   RA_CHECK(local_ != nullptr, "local kernel '", ctx_.local_impl, "' has no device implementation");

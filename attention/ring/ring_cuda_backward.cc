@@ -100,6 +100,10 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   auto skipped = [&](int src, int64_t first, int64_t count) {
     return schedule_.skipped(src, params, first, count);
   };
+  // The ring's steps run in a fixed order on one stream: with the local backward's sums in a fixed order
+  // too, a deterministic ring gives the same bits on every run.
+  AttentionParams local_params = params;
+  local_params.deterministic = params.deterministic || ctx_.deterministic;
   // This rank's part of those keys' dK/dV (and its dQ) into `dk`/`dv`.
   auto compute = [&](const AttentionInputs& block, int src, int64_t first, int64_t count, const TensorView& dk,
                      const TensorView& dv) {
@@ -110,7 +114,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     if (block.kv_segment_ids.defined()) part.kv_segment_ids = narrow(block.kv_segment_ids, 1, first, count);
     const DevicePositions part_pos{pos.q, pos.k + schedule_.key_offset(src) + first, pos.total_keys, pos.keys_sorted,
                                    schedule_.query_positions().data(), k_host.data() + first, pos.queries_sorted};
-    local_->accumulate_backward_device(part, part_pos, params, grad, GradViews{acc.dq, dk, dv, dbias});
+    local_->accumulate_backward_device(part, part_pos, local_params, grad, GradViews{acc.dq, dk, dv, dbias});
   };
   if (n == 1) {
     if (skipped(rank, 0, in.k.dim(1))) ++stats_.skipped;

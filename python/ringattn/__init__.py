@@ -70,6 +70,8 @@ def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients
 
     The options must be the forward's. dq, dk, dv come in q's dtype (float32 with f32_gradients=True),
     dbias in the bias's shape, dsinks (Hq,) float32. out: None, or (dq, dk, dv) arrays to write into.
+    deterministic=True (an option, as FlashAttention's): on a GPU the same bits on every run (dQ summed in
+    a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are.
     """
     return _core.attention_backward(q, k, v, o, lse, do, impl, _int32_segments(options), f32_gradients, out, _stream(stream), q)
 
@@ -88,8 +90,9 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     rank's rows of o (and lse). Every rank calls it with the same options; a rank that stops makes the
     others fail after `timeout` seconds instead of hanging.
 
-    deterministic=True (host arrays): the same bits for any number of ranks and any layout (exact sums,
-    tens of times slower); its backward too when ring_attention_backward is called with it.
+    deterministic=True: host arrays give the same bits for any number of ranks and any layout (exact sums,
+    tens of times slower), its backward too when ring_attention_backward is called with it; CUDA arrays the
+    same bits on every run for this number of ranks and layout (the backward's sums in a fixed order).
     """
     return _core.ring_attention(q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
                                 bool(deterministic), "f32", _int32_segments(options), return_lse, out, _stream(stream), q)
@@ -102,8 +105,9 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", globa
 
     dK / dV accumulate in float32 around the ring (grad_wire="bf16": they travel in bfloat16, half the
     traffic, each hop rounding the running sum); dsinks and the dbias of a bias shared by every rank's
-    rows are summed over the ranks. deterministic=True (host arrays): the same bits for any number of
-    ranks and any layout, given o and lse of a deterministic forward.
+    rows are summed over the ranks. deterministic=True: host arrays give the same bits for any number of
+    ranks and any layout, given o and lse of a deterministic forward; CUDA arrays the same bits on every run
+    for this number of ranks and layout (dQ summed in a fixed order: up to 16 float32 copies of dq).
     """
     return _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
                                          float(timeout), bool(deterministic), grad_wire, _int32_segments(options), f32_gradients, out,

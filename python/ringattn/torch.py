@@ -321,8 +321,9 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag", "striped";
     ringattn.shard cuts them). Every rank calls it (and its backward) with the same options; dK / dV
     accumulate in float32 around the ring (grad_wire="bf16": in bfloat16 on the wire, half the traffic). A
-    rank that stops makes the others fail after `timeout` seconds. deterministic=True (CPU tensors): the same
-    bits, forward and gradients, for any number of ranks and any layout (exact sums; tens of times slower).
+    rank that stops makes the others fail after `timeout` seconds. deterministic=True: on CPU tensors the same
+    bits, forward and gradients, for any number of ranks and any layout (exact sums; tens of times slower); on
+    CUDA tensors the same bits on every run for this number of ranks and layout (dQ summed in a fixed order).
     """
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, flash_kernel)

@@ -32,16 +32,17 @@ CallOptions options_from(const nb::dict& options) {
       else if (name == "dropout") o.dropout = nb::cast<float>(value);
       else if (name == "dropout_seed") o.dropout_seed = nb::cast<uint64_t>(value);
       else if (name == "flash_kernel") o.flash_kernel = parse_flash_kernel(nb::cast<std::string>(value), "flash_kernel");
+      else if (name == "deterministic") o.deterministic = nb::cast<bool>(value);
       else if (name == "sinks") o.sinks = array();
       else if (name == "bias") o.bias = array();
       else if (name == "mask") o.mask = array();
       else if (name == "segment_ids") o.segment_ids = array();
       else if (name == "kv_segment_ids") o.kv_segment_ids = array();
       else RA_FAIL("unknown option '", name, "' (known: causal, window, softcap, scale, dropout, dropout_seed, "
-                   "flash_kernel, sinks, bias, mask, segment_ids, kv_segment_ids)");
+                   "flash_kernel, deterministic, sinks, bias, mask, segment_ids, kv_segment_ids)");
     } catch (const nb::cast_error&) {
       RA_FAIL("option ", name, " has type ", nb::cast<std::string>(nb::handle(value.type()).attr("__name__")), ": expected ",
-              name == "window" ? "a (left, right) pair of ints" : name == "causal" ? "a bool"
+              name == "window" ? "a (left, right) pair of ints" : name == "causal" || name == "deterministic" ? "a bool"
               : name == "flash_kernel" ? "a str" : "a number");
     }
   }
@@ -59,6 +60,7 @@ AttentionParams params_of(const CallOptions& o) {
   p.dropout_prob = o.dropout;
   p.dropout_seed = o.dropout_seed;
   p.flash_kernel = o.flash_kernel;
+  p.deterministic = o.deterministic;
   return p;
 }
 

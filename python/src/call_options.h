@@ -22,11 +22,12 @@ struct CallOptions {
   float softcap = 0, scale = 0, dropout = 0;
   uint64_t dropout_seed = 0;
   FlashKernel flash_kernel = FlashKernel::kAuto;  // "auto" | "mma_sync" | "wgmma" (CUDA flash_attn2)
+  bool deterministic = false;  // the backward's sums in a fixed order (AttentionParams::deterministic)
   OptionalArray sinks, bias, mask, segment_ids, kv_segment_ids;
 };
 
 // The keyword options of a Python call (a dict: causal, window, softcap, scale, dropout, dropout_seed,
-// flash_kernel, sinks, bias, mask, segment_ids, kv_segment_ids); an unknown name is an error listing the
+// flash_kernel, deterministic, sinks, bias, mask, segment_ids, kv_segment_ids); an unknown name is an error listing the
 // known ones.
 CallOptions options_from(const nb::dict& options);
 

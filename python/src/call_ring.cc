@@ -140,8 +140,6 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
                          std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
                          const RingModes& modes, const AttentionInputs& in, const CallDevice& device) {
   RA_CHECK(timeout_s > 0, "timeout is ", timeout_s, " s, expected a positive number of seconds");
-  RA_CHECK(!modes.deterministic || device.backend() == Backend::kCpu, "deterministic=True: the deterministic ring "
-           "(bitwise-identical results for any ring size) runs on the host: pass host arrays");
   RingConfig config{layout,        local_impl,          0, 0, in.q.dim(1), in.k.dim(1), int64_t(timeout_s * 1000),
                     device.backend(), device.where.device, modes.deterministic, modes.gradient_wire};
   (void)parse_layout(layout);  // a bad name fails here, on every rank, before any collective

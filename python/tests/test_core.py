@@ -244,3 +244,15 @@ def test_a_forced_flash_kernel_is_refused_where_no_cuda_flash_kernel_runs():
         ringattn.attention(q, k, v, impl="sdpa", flash_kernel="mma_sync")
     with pytest.raises(ValueError, match="flash_kernel 'tma': expected auto, mma_sync or wgmma"):
         ringattn.attention(q, k, v, flash_kernel="tma")
+
+
+def test_deterministic_is_an_option_of_every_call():
+    # Host backwards sum in a fixed order anyway: deterministic=True gives the same bits as without it.
+    q, k, v, do, extra = problem(9, causal=True)
+    o, lse = ringattn.attention(q, k, v, return_lse=True, deterministic=True, **extra)
+    plain = ringattn.attention_backward(q, k, v, o, lse, do, **extra)
+    fixed = ringattn.attention_backward(q, k, v, o, lse, do, deterministic=True, **extra)
+    for a, b in zip(plain, fixed):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="option deterministic has type str: expected a bool"):
+        ringattn.attention_backward(q, k, v, o, lse, do, deterministic="yes")

@@ -50,10 +50,24 @@ def test_a_torchrun_group_with_cuda_tensors_is_refused_by_name():
         ringattn.ring_attention(q, q, q, comm=NotMpi(), global_q_len=8 * SIZE, global_kv_len=8 * SIZE)
 
 
-def test_grad_wire_bf16_on_the_gpu_ring_and_deterministic_refused():
+def test_grad_wire_bf16_on_the_gpu_ring():
     # dK / dV in bfloat16 on the wire: within bf16's rounding of the running sums.
     check_ring_shards_equal_one_process({"comm": COMM, "grad_wire": "bf16"}, "zigzag", True, shape=(2, 203, 8, 2, 64),
                                         tol=2e-2, device=GPU, dtype=torch.float16)
-    q = torch.zeros(1, 8, 2, 64, device=GPU, dtype=torch.float16)
-    with pytest.raises(ValueError, match="deterministic ring .* runs on the host: pass host arrays"):
-        ringattn.ring_attention(q, q, q, comm=COMM, deterministic=True)
+
+
+def test_deterministic_gpu_ring_gives_the_same_bits_on_every_run():
+    # The ring's steps in a fixed order on one stream and the local backward's dQ summed in a fixed order.
+    gen = torch.Generator().manual_seed(70)
+    B, T, H, Hkv, D = 1, 700 * SIZE, 8, 2, 64
+
+    def shard(*shape):
+        x = torch.randn(*shape, generator=gen).to(GPU, torch.bfloat16)
+        return ringattn.shard(x, 1, "zigzag", RANK, SIZE)
+    q, k, v, do = shard(B, T, H, D), shard(B, T, Hkv, D), shard(B, T, Hkv, D), shard(B, T, H, D)
+    o, lse = ringattn.ring_attention(q, k, v, comm=COMM, causal=True, deterministic=True, return_lse=True)
+    runs = [ringattn.ring_attention_backward(q, k, v, o, lse, do, comm=COMM, causal=True, deterministic=True)
+            for _ in range(3)]
+    for run in runs[1:]:
+        for name, first, again in zip(("dq", "dk", "dv"), runs[0], run):
+            assert torch.equal(first, again), name

@@ -3,6 +3,7 @@
 // counts the kernels' rounding of P and dS to the input dtype before their products. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "attention/backward.h"
@@ -223,6 +224,70 @@ TEST(BackwardInto, TheCallersViewsMatchTheReference) {
         EXPECT_EQ(cmp.wrong, 0) << "dsinks: max |error| " << cmp.max_abs_error;
       }
     }
+}
+
+// --deterministic: the gradients are the same bits on every run (flash_attn2: the key blocks in rounds,
+// dQ of each block of a round into a slice of its own, summed in order; cudnn: its deterministic
+// algorithm) and still match the f64 reference. Shapes of more key blocks than a round holds; the
+// extras with a bias of full shape (dBias has one writer per element).
+TEST(DeterministicBackward, SameBitsOnEveryRun) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    std::string impl;
+    FlashKernel kernel;
+    ProblemSpec spec;
+  };
+  Options plain, causal_window, extras, causal;
+  causal_window.causal = causal_window.window = true;
+  extras.bias = extras.dropout = extras.segments = true;
+  causal.causal = true;
+  std::vector<Case> cases;
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync}) {
+    cases.push_back({"flash_attn2", kernel, {1, 1200, 2100, 4, 1, 64, 64, DType::kBF16, plain, 960}});
+    cases.push_back({"flash_attn2", kernel, {1, 1500, 2100, 8, 2, 128, 128, DType::kF16, causal_window, 961}});
+    cases.push_back({"flash_attn2", kernel, {1, 700, 1100, 2, 1, 256, 256, DType::kBF16, extras, 962}});
+  }
+#if RA_HAVE_CUDNN
+  cases.push_back({"cudnn", FlashKernel::kAuto, {1, 1500, 2100, 4, 1, 128, 128, DType::kBF16, causal, 963}});
+#endif
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.impl + " " + flash_kernel_name(c.kernel) + " D=" + std::to_string(c.spec.head_dim) + " " +
+                 c.spec.options.name());
+    if (c.kernel == FlashKernel::kWgmma && !flash_wgmma_available()) continue;
+    DeviceGradProblem setup(c.spec, c.spec.seed);
+    auto& [problem, host_in, dev, d_o, d_o_device] = setup;
+    AttentionParams params = problem.params();
+    params.flash_kernel = c.kernel;
+    params.deterministic = true;
+    auto impl = AttentionRegistry::builtin().create(c.impl, Backend::kCuda);
+    std::vector<std::vector<Tensor>> runs;
+    try {
+      for (int run = 0; run < 3; ++run) {
+        Gradients g = impl->backward(dev.inputs, params, d_o_device);
+        RA_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<Tensor>& got = runs.emplace_back();
+        for (const Tensor* t : {&g.dq, &g.dk, &g.dv, &g.dbias})
+          if (t->defined()) got.push_back(to_memory(*t, MemoryKind::kHost));
+      }
+    } catch (const Error& e) {
+      if (e.message().find("does not run it on this GPU") != std::string::npos) continue;
+      throw;
+    }
+    const char* names[] = {"dq", "dk", "dv", "dbias"};
+    for (int run = 1; run < 3; ++run)
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        const TensorView a = runs[0][i].view(), b = runs[size_t(run)][i].view();
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << names[i] << " of run " << run << " differs from run 0";
+      }
+    const ReferenceGradients ref = reference_attention_backward_f64(
+        host_in, params, TokenPositions::dense(c.spec.q_len, c.spec.kv_len), d_o);
+    const std::vector<double>* want[] = {&ref.dq, &ref.dk, &ref.dv, &ref.dbias};
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      const GradientComparison cmp = compare_gradient(runs[0][i], *want[i], c.spec.dtype);
+      EXPECT_EQ(cmp.nan, 0) << names[i];
+      EXPECT_EQ(cmp.wrong, 0) << names[i] << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance << ")";
+    }
+  }
 }
 
 #if RA_HAVE_CUDNN

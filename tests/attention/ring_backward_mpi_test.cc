@@ -296,20 +296,30 @@ INSTANTIATE_TEST_SUITE_P(Mpi, RingBackward, testing::ValuesIn(ring_backward_case
          (c.cuda ? "_cuda" : "");
 });
 
-// The bits of a given ring size and layout do not change from run to run (fixed accumulation order).
+// The bits of a given ring size and layout do not change from run to run (fixed accumulation order; the
+// GPU ring with --deterministic, whose local backward then sums dQ in a fixed order), every option.
 TEST(RingBackwardRepeat, SameBitsOnEveryRun) {
   const Options all{true, true, true, true, true, true, true, true};
-  Problem global(ProblemSpec{2, 97, 97, 4, 2, 64, 32, DType::kF32, all, 3});
+  const bool cuda = g_args.cuda;  // the GPU ring: bf16, head_dim 64, one batch (dBias has one writer per element)
+  const int64_t B = cuda ? 1 : 2, T = cuda ? 701 : 97, Dv = cuda ? 64 : 32;
+  const DType dtype = cuda ? DType::kBF16 : DType::kF32;
+  Problem global(ProblemSpec{B, T, T, 4, 2, 64, Dv, dtype, all, 3});
   std::mt19937_64 rng(4);
-  const Tensor d_o = random_normal(DType::kF32, {2, 97, 4, 32}, rng, 1.0f);
-  RingContext ctx{g_world, SequenceLayout::kZigzag, 97, 97, "flash_attn2", std::chrono::milliseconds(30000)};
+  const Tensor d_o = random_normal(dtype, {B, T, 4, Dv}, rng, 1.0f);
+  TestRing test_ring(g_world->split(0, g_world->rank()), true);
+  RingContext ctx{test_ring.comm, SequenceLayout::kZigzag, T, T, "flash_attn2", std::chrono::milliseconds(30000)};
+  ctx.transport = g_args.transport;
+  ctx.host_comm = test_ring.mpi.get();
+  ctx.deterministic = cuda;  // on the host the ring is without it (its --deterministic is the exact sums)
   const Shard shard(global, ctx);
   const Tensor shard_d_o = take(d_o, 1, shard.q_rows);
-  auto ring = AttentionRegistry::builtin().create("ring", Backend::kCpu, &ctx);
-  const Gradients a = ring->backward(shard.inputs, global.params(), shard.pos, shard_d_o.view(), nullptr, true);
-  const Gradients b = ring->backward(shard.inputs, global.params(), shard.pos, shard_d_o.view(), nullptr, true);
+  RingBackwardCase c{SequenceLayout::kZigzag, all, dtype, T, T, 4, 2};
+  c.cuda = cuda;
+  const Gradients a = ring_gradients(c, global, ctx, shard, shard_d_o);
+  const Gradients b = ring_gradients(c, global, ctx, shard, shard_d_o);
   int64_t differing = 0;
-  for (auto [x, y] : {std::pair{&a.dq, &b.dq}, std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv}})
+  for (auto [x, y] : {std::pair{&a.dq, &b.dq}, std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv},
+                      std::pair{&a.dbias, &b.dbias}})
     differing += std::memcmp(x->view().data(), y->view().data(), x->view().nbytes()) != 0;
   g_world->all_reduce(&differing, 1, ReduceOp::kSum);
   EXPECT_EQ(differing, 0);

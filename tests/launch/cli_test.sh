@@ -34,7 +34,7 @@ same_bits() {  # same_bits A.h5 B.h5 DATASET: byte-for-byte equal dataset conten
 check deterministic-same-o 0 "identical o" -- same_bits "$dir/det1.h5" "$dir/det3.h5" o
 check deterministic-same-lse 0 "identical lse" -- same_bits "$dir/det1.h5" "$dir/det3.h5" lse
 check deterministic-verify 0 "#wrong 0  OK" -- "$ra" verify --input "$dir/b2.h5" --output "$dir/det3.h5" --causal
-check deterministic-not-ring 2 "--deterministic applies to --impl ring" -- "$ra" run --input "$dir/b2.h5" --output "$dir/x.h5" --impl sdpa --deterministic
+check deterministic-not-ring 2 "--deterministic on the host applies to --impl ring" -- "$ra" run --input "$dir/b2.h5" --output "$dir/x.h5" --impl sdpa --deterministic
 # bench on the host: a CUDA build must not touch the GPU (or need a driver) for --backend cpu.
 check bench-ring-cpu 0 "ring      cpu      2" -- mpi 2 "$ra" bench --impl ring --seq 128 --heads 2 --head-dim 16 --iters 2 --causal
 check bench-json 0 '"impl": "ring"' -- bash -c "\"$ra\" bench --seq 64 --heads 2 --head-dim 16 --iters 1 --json $dir/b.json >/dev/null && cat $dir/b.json"
