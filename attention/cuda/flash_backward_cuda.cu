@@ -334,7 +334,7 @@ void check_flash_backward_cuda_supported(const AttentionInputs& in, const Backwa
   const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
   RA_CHECK(D == Dv && (D == 64 || D == 128 || D == 256), "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ",
            Dv, ": the cuda flash_attn2 backward runs head_dim 64, 128 or 256 with v_head_dim equal to it; use --impl "
-           "sdpa");
+           "cudnn (head_dim a multiple of 8 equal to v_head_dim) or --impl sdpa (any)");
   RA_CHECK(grad.d_o.dtype() == dt, "do has dtype ", dtype_name(grad.d_o.dtype()), ": the cuda flash_attn2 backward "
            "needs it in q's dtype ", dtype_name(dt), " (tensor-core operands)");
   const TensorView& d_o = grad.d_o;

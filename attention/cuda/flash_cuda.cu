@@ -225,7 +225,7 @@ void check_flash_cuda_supported(const AttentionInputs& in) {
   const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
   RA_CHECK((D == 64 || D == 128 || D == 256) && Dv == D, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ",
            Dv, ": the cuda flash_attn2 kernel supports head_dim 64, 128 or 256 with v_head_dim equal to it; use --impl "
-           "sdpa");
+           "cudnn (head_dim a multiple of 8 equal to v_head_dim) or --impl sdpa (any)");
   for (auto [t, name] : {std::pair{&in.q, "q"}, std::pair{&in.k, "k"}, std::pair{&in.v, "v"}}) {
     const bool aligned = t->stride(3) == 1 && t->stride(1) % 8 == 0 && t->stride(0) % 8 == 0 && t->stride(2) % 8 == 0 &&
                          reinterpret_cast<uintptr_t>(t->data()) % 16 == 0;
