@@ -50,10 +50,10 @@ def _plain(x: Tensor) -> Tensor:
 
 
 def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap, scale,
-             dropout, dropout_seed, flash_kernel):
+             dropout, dropout_seed, flash_kernel, deterministic=False):
     """The core's option dict from the ops' flat arguments (the custom-op schema takes no dicts)."""
     options = {"causal": causal, "softcap": softcap, "scale": scale, "dropout": dropout, "dropout_seed": dropout_seed,
-               "flash_kernel": flash_kernel}
+               "flash_kernel": flash_kernel, "deterministic": deterministic}
     if (window_left, window_right) != (-1, -1):
         options["window"] = (window_left, window_right)
     for name, tensor in (("sinks", sinks), ("bias", bias), ("mask", mask), ("segment_ids", segment_ids),
@@ -167,9 +167,10 @@ def _handle_of(comm, group, timeout, device: torch.device) -> int:
 def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias: Optional[Tensor],
                        mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
                        causal: bool, window_left: int, window_right: int, softcap: float, scale: float,
-                       dropout: float, dropout_seed: int, flash_kernel: str, impl: str) -> tuple[Tensor, Tensor]:
+                       dropout: float, dropout_seed: int, flash_kernel: str, deterministic: bool,
+                       impl: str) -> tuple[Tensor, Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, flash_kernel)
+                       scale, dropout, dropout_seed, flash_kernel, deterministic)
     return _core.attention(_plain(q), _plain(k), _plain(v), impl, options, True, _outputs(q, v), _stream_of(q), q)
 
 
@@ -177,9 +178,10 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, sinks: Optional[Tensor],
                         bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
                         kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
-                        softcap: float, scale: float, dropout: float, dropout_seed: int, flash_kernel: str, impl: str) -> list[Tensor]:
+                        softcap: float, scale: float, dropout: float, dropout_seed: int, flash_kernel: str,
+                        deterministic: bool, impl: str) -> list[Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, flash_kernel)
+                       scale, dropout, dropout_seed, flash_kernel, deterministic)
     grads = _core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do), impl,
                                      options, False, _gradient_outputs(q, k, v), _stream_of(q), q)
     return list(grads)
@@ -291,16 +293,18 @@ def _to_bthd(x, layout_bhtd):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, sinks=None, bias=None, mask=None,
               segment_ids=None, kv_segment_ids=None, dropout=0.0, dropout_seed=0, impl="flash_attn2",
-              flash_kernel="auto", layout_bhtd=False, return_lse=False):
+              flash_kernel="auto", deterministic=False, layout_bhtd=False, return_lse=False):
     """Attention of q over k and v on this process, differentiable: o, or (o, lse) with return_lse=True.
 
     impl: "flash_attn2", "sdpa" or "blockwise" on CPU tensors; "flash_attn2", "sdpa" or "cudnn" on CUDA
-    tensors. Gradients flow to q, k, v, and to bias and sinks where given.
+    tensors. Gradients flow to q, k, v, and to bias and sinks where given. deterministic=True (as
+    FlashAttention's): on CUDA tensors the backward gives the same bits on every run (dQ summed in a fixed
+    order, slower); CPU backwards do anyway.
     """
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, flash_kernel)
     o, lse = _attention_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
-                                impl)
+                                bool(deterministic), impl)
     o = _to_bthd(o, layout_bhtd)
     return (o, lse) if return_lse else o
 

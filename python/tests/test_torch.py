@@ -102,7 +102,7 @@ def test_gradcheck_in_f32_with_wide_steps():
 
 def test_opcheck_of_the_registrations():
     q, k, v, _ = tensors(6, T=9, S=9)
-    args = (q, k, v, None, None, None, None, None, True, -1, -1, 0.0, 0.0, 0.0, 0, "auto", "flash_attn2")
+    args = (q, k, v, None, None, None, None, None, True, -1, -1, 0.0, 0.0, 0.0, 0, "auto", False, "flash_attn2")
     torch.library.opcheck(torch.ops.ringattn.attention_forward.default, args)
 
 
@@ -212,3 +212,14 @@ def test_double_backward_is_refused_by_name():
     (dq,) = torch.autograd.grad(rt.attention(q, k, v).sum(), q, create_graph=True)  # the first order works
     with pytest.raises(RuntimeError, match="not differentiable itself"):
         torch.autograd.grad(dq.sum(), q)
+
+
+def test_deterministic_reaches_the_backward_and_changes_no_cpu_bit():
+    # CPU backwards sum in a fixed order anyway; on CUDA tensors the flag orders dQ's sums (test_torch_cuda.py).
+    grads = []
+    for deterministic in (False, True):
+        q, k, v, do = tensors(11)
+        rt.attention(q, k, v, causal=True, deterministic=deterministic).backward(do)
+        grads.append((q.grad, k.grad, v.grad))
+    for plain, fixed in zip(*grads):
+        assert torch.equal(plain, fixed)
