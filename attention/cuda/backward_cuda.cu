@@ -111,6 +111,17 @@ __global__ void add_rows_quad_kernel(float* into, DeviceStrides4 is, const T* fr
   }
 }
 
+__global__ void add_slices_kernel(float* into, const float* slices, int count, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n / 4; i += int64_t(gridDim.x) * blockDim.x) {
+    float4 sum = Quad<float>::load(into + 4 * i);
+    for (int s = 0; s < count; ++s) {
+      const float4 x = Quad<float>::load(slices + s * n + 4 * i);
+      sum = make_float4(sum.x + x.x, sum.y + x.y, sum.z + x.z, sum.w + x.w);
+    }
+    Quad<float>::store(into + 4 * i, sum);
+  }
+}
+
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Blocks for a grid-stride loop over `n` items: at most 16 per SM of a 132-SM Hopper, which keeps every SM
@@ -197,6 +208,14 @@ void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t 
   else
     add_rows_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(into.data_as<float>(), strides_of(into), from.data(),
                                                             from.dtype(), from.dim(1), from.dim(2), from.dim(3), n);
+  RA_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_slices_cuda(float* into, const float* slices, int count, int64_t n, cudaStream_t stream) {
+  RA_CHECK(n % 4 == 0 && aligned(into, 16) && aligned(slices, 16), "add_slices_cuda takes 16-byte aligned rows of "
+           "4 floats (", n, " floats given)");
+  if (n == 0 || count == 0) return;
+  add_slices_kernel<<<grid_for(n / 4, 256), 256, 0, stream>>>(into, slices, count, n);
   RA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -20,6 +20,10 @@ void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t 
 // (B, L, H, X).
 void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream);
 
+// into += slices[0] + slices[1] + ... + slices[count - 1], added in that order (n f32 each, the slices one
+// after another, n % 4 == 0, 16-byte aligned): the deterministic backward's dQ slices.
+void add_slices_cuda(float* into, const float* slices, int count, int64_t n, cudaStream_t stream);
+
 // Under --deterministic: refuses a dbias (broadcast to (B, H, T, S)) with a broadcast dimension, whose
 // sums the CUDA kernels add by atomics in no fixed order (each pair of a full bias has one writer).
 void check_dbias_deterministic(const TensorView& dbias);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 
+#include "attention/cuda/backward_cuda.h"
 #include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_backward_rows.cuh"
 #include "attention/cuda/flash_cuda.h"
@@ -277,19 +278,6 @@ void launch_backward(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t
                         dq_slices, stream);
 }
 
-// into[i] += slices[0][i] + slices[1][i] + ... in that order, 4 floats at a time (size % 4 == 0: D is).
-__global__ void sum_dq_slices_kernel(float* into, const float* slices, int count, int64_t size) {
-  const int64_t quads = size / 4;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += int64_t(gridDim.x) * blockDim.x) {
-    float4 sum = reinterpret_cast<const float4*>(into)[i];
-    for (int s = 0; s < count; ++s) {
-      const float4 x = reinterpret_cast<const float4*>(slices + s * size)[i];
-      sum = make_float4(sum.x + x.x, sum.y + x.y, sum.z + x.z, sum.w + x.w);
-    }
-    reinterpret_cast<float4*>(into)[i] = sum;
-  }
-}
-
 }  // namespace
 
 void launch_flash_backward(const void* kernel, FlashBackwardArgs g, int block_n, int threads, size_t smem,
@@ -324,9 +312,7 @@ void launch_flash_backward(const void* kernel, FlashBackwardArgs g, int block_n,
   for (g.first_key_block = 0; g.first_key_block < key_blocks; g.first_key_block += round)
     launch(std::min(round, key_blocks - g.first_key_block));
   if (round == 1) return;
-  sum_dq_slices_kernel<<<unsigned(std::min<int64_t>((slice / 4 + 255) / 256, 132 * 16)), 256, 0, stream>>>(
-      accumulator, g.dq, round, slice);
-  RA_CUDA_CHECK(cudaGetLastError());
+  add_slices_cuda(accumulator, g.dq, round, slice, stream);
 }
 
 void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc) {
