@@ -51,7 +51,7 @@ std::string joined(const std::vector<float>& values) {
 
 int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
-  int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, iters = 5, warmup = 1, segments = 0;
+  int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, iters = 5, warmup = 1, segments = 0;
   std::string dtype_text = "f32", json_path;
   bool step_times = false, backward = false, bias = false, mask = false;
   std::string grad_wire = "f32";
@@ -61,7 +61,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("seq", po::value(&seq)->required(), "T = S, the global sequence length")
     ("heads", po::value(&heads)->required(), "Hq")
     ("kv-heads", po::value(&kv_heads), "Hkv (default Hq)")
-    ("head-dim", po::value(&head_dim)->required(), "D = Dv")
+    ("head-dim", po::value(&head_dim)->required(), "D, of q and k")
+    ("v-head-dim", po::value(&v_head_dim), "Dv, of v and O (default D)")
     ("dtype", po::value(&dtype_text)->default_value("f32"), "f32 | f16 | bf16")
     ("iters", po::value(&iters)->default_value(5), "timed iterations (median reported)")
     ("warmup", po::value(&warmup)->default_value(1), "untimed iterations first")
@@ -79,8 +80,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn bench --seq T --heads H --head-dim D [options]")) return kOk;
   if (kv_heads == 0) kv_heads = heads;
+  if (v_head_dim == 0) v_head_dim = head_dim;
   for (auto [v, name] : {std::pair{batch, "batch"}, {seq, "seq"}, {heads, "heads"}, {kv_heads, "kv-heads"},
-                         {head_dim, "head-dim"}, {iters, "iters"}})
+                         {head_dim, "head-dim"}, {v_head_dim, "v-head-dim"}, {iters, "iters"}})
     positive(v, name);
   RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq);
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
@@ -90,7 +92,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(backward || grad_wire == "f32", "--grad-wire applies to --backward");
   if (backward) {
     RA_CHECK(json_path.empty() && !step_times, "--json and --step-times apply to the forward bench, not --backward");
-    return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, iters, warmup, dtype,
+    return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, v_head_dim, iters, warmup, dtype,
                                              parse_gradient_wire(grad_wire, "--grad-wire"), segments, bias, mask},
                           opts, job);
   }
@@ -106,7 +108,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   std::mt19937_64 rng(1000 + uint64_t(rank));
   Tensor q = random_normal(dtype, {batch, local, heads, head_dim}, rng);
   Tensor k = random_normal(dtype, {batch, local_kv, kv_heads, head_dim}, rng);
-  Tensor v = random_normal(dtype, {batch, local_kv, kv_heads, head_dim}, rng);
+  Tensor v = random_normal(dtype, {batch, local_kv, kv_heads, v_head_dim}, rng);
   AttentionInputs in;
   in.q = q;
   in.k = k;
@@ -128,8 +130,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const InputsCopy staged = job.on_device ? copy_inputs(in, MemoryKind::kCuda) : InputsCopy{};
   const AttentionInputs& run_in = job.on_device ? staged.inputs : in;
   validate_attention(run_in, params, pos, impl->max_head_dim());
-  Carry carry = Carry::empty(batch, heads, local, head_dim, job.memory());
-  Tensor o(dtype, {batch, local, heads, head_dim}, job.memory()), lse(DType::kF32, {batch, heads, local}, job.memory());
+  Carry carry = Carry::empty(batch, heads, local, v_head_dim, job.memory());
+  Tensor o(dtype, {batch, local, heads, v_head_dim}, job.memory()), lse(DType::kF32, {batch, heads, local}, job.memory());
   IterationTimer timer(job);
   std::vector<double> times, waits, own_times;
   for (int64_t it = 0; it < warmup + iters; ++it) {
@@ -173,7 +175,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
 #endif
   job.world.all_reduce(&device_gib, 1, ReduceOp::kMax);
   const double time = median(times), wait = median(waits), comm = median(comm_times);
-  const double flops = 4.0 * batch * heads * attended_pairs(seq, segments, params.causal) * head_dim / n;
+  const double flops = attention_flops(batch, heads, attended_pairs(seq, segments, params.causal), head_dim, v_head_dim) / n;
   // With --step-times, every rank's own device times: which rank sets the pace, and how much of its
   // time is outside its kernels (carry reset, the wait for the first kernel, finalize).
   const RingStats* ring = ring_stats(*impl);
@@ -220,9 +222,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                 "T", "Hq", "Hkv", "D", "dtype", "causal", "layout", "time(ms)", "GFLOP/s/rank", "comm(ms)", "hidden");
     char hidden_text[16] = "      -";
     if (!std::isnan(hidden)) std::snprintf(hidden_text, sizeof(hidden_text), "%6.0f%%", hidden * 100);
-    std::printf(" %11s %8s %6d %5ld %8ld %4ld %4ld %4ld %5s %6d %10s %11.2f %12.2f %10.3f %s\n",
+    std::printf(" %11s %8s %6d %5ld %8ld %4ld %4ld %4s %5s %6d %10s %11.2f %12.2f %10.3f %s\n",
                 std::string(impl->name()).c_str(), opts.backend.c_str(), n, long(batch), long(seq), long(heads),
-                long(kv_heads), long(head_dim), dtype_text.c_str(), int(params.causal), layout_name(ctx.layout),
+                long(kv_heads), head_dims_text(head_dim, v_head_dim).c_str(), dtype_text.c_str(), int(params.causal), layout_name(ctx.layout),
                 time * 1e3, flops / time * 1e-9, comm * 1e3, hidden_text);
     if (n > 1) {
       int64_t fewest = seq;
@@ -253,7 +255,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     if (!json_path.empty()) {
       nlohmann::json row = {{"impl", impl->name()}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
                             {"ranks", n}, {"batch", batch}, {"seq", seq}, {"heads", heads}, {"kv_heads", kv_heads},
-                            {"head_dim", head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
+                            {"head_dim", head_dim}, {"v_head_dim", v_head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
                             {"layout", layout_name(ctx.layout)}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
                             {"comm_s", comm}, {"device_gib", device_gib},
                             {"transport", stats && n > 1 ? stats->transport : ""}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)},

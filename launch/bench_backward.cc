@@ -42,15 +42,16 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   }
   RA_CHECK(impl->has_backward(), "bench --backward: implementation '", impl->name(), "' on ", opts.backend,
            " has no backward pass");
-  const int64_t B = shape.batch, T = shape.seq, H = shape.heads, Hkv = shape.kv_heads, D = shape.head_dim;
+  const int64_t B = shape.batch, T = shape.seq, H = shape.heads, Hkv = shape.kv_heads, D = shape.head_dim,
+                Dv = shape.v_head_dim;
   const TokenPositions pos = impl->name() == "ring" ? ring_positions(ctx) : TokenPositions::dense(T, T);
   const int ranks = impl->name() == "ring" ? ctx.comm->size() : 1;
   const int64_t local = int64_t(pos.q.size()), local_kv = int64_t(pos.k.size());
   std::mt19937_64 rng(1000 + uint64_t(job.world.rank()));
   const Tensor q = random_normal(shape.dtype, {B, local, H, D}, rng);
   const Tensor k = random_normal(shape.dtype, {B, local_kv, Hkv, D}, rng);
-  const Tensor v = random_normal(shape.dtype, {B, local_kv, Hkv, D}, rng);
-  const Tensor d_o = random_normal(shape.dtype, {B, local, H, D}, rng);
+  const Tensor v = random_normal(shape.dtype, {B, local_kv, Hkv, Dv}, rng);
+  const Tensor d_o = random_normal(shape.dtype, {B, local, H, Dv}, rng);
   AttentionInputs host_in;
   host_in.q = q;
   host_in.k = k;
@@ -75,7 +76,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   // into outputs made once, as a framework's allocator hands them to the Python layer (the single-call
   // forms that allocate their results would time cudaMalloc too).
   const MemoryKind memory = in.q.memory();
-  const Tensor o(shape.dtype, {B, local, H, D}, memory), lse(DType::kF32, {B, H, local}, memory);
+  const Tensor o(shape.dtype, {B, local, H, Dv}, memory), lse(DType::kF32, {B, H, local}, memory);
   const Tensor dq(shape.dtype, in.q.shape(), memory), dk(shape.dtype, in.k.shape(), memory),
       dv(shape.dtype, in.v.shape(), memory);
   const ForwardViews forward_out{o.view(), lse.view()};
@@ -104,16 +105,17 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
       step_times.push_back(times[0] + times[1]);
     }
   }
-  // FLOPs per rank: the forward's 4 B H T S D (halved for causal, divided by the documents), the backward
-  // 2.5 times that.
-  const double flops = 4.0 * double(B) * double(H) * attended_pairs(T, shape.segments, params.causal) * double(D) / ranks;
+  // FLOPs per rank: the forward's 2 B H T S (D + Dv) (halved for causal, divided by the documents), the
+  // backward 2.5 times that.
+  const double flops = attention_flops(B, H, attended_pairs(T, shape.segments, params.causal), D, Dv) / ranks;
   // What the backward's tensors need: q, k, v, O, dO (input dtype), LSE and delta (f32), the f32
   // accumulators dq, dk, dv, and the gradients in the input dtype.
   const double elem = double(dtype_size(shape.dtype)), rows_q = double(B * local * H), rows_kv = double(B * local_kv * Hkv);
   // The ring adds two K/V blocks, two f32 dK/dV accumulators in flight and one partial.
-  const double ring_buffers = ranks > 1 ? (2 * elem * 2 * rows_kv * D + 3 * 4 * 2 * rows_kv * D) : 0;
-  const double theory = (elem * (3 * rows_q * D + 2 * rows_kv * D) + 8 * rows_q + 4 * (rows_q + 2 * rows_kv) * D +
-                         elem * (rows_q + 2 * rows_kv) * D + ring_buffers) / double(1 << 30);
+  const double kv_row = double(D + Dv), q_row = double(D + 2 * Dv);  // k + v; q + o + dO
+  const double ring_buffers = ranks > 1 ? (2 * elem * rows_kv * kv_row + 3 * 4 * rows_kv * kv_row) : 0;
+  const double theory = (elem * (rows_q * q_row + rows_kv * kv_row) + 8 * rows_q + 4 * (rows_q * D + rows_kv * kv_row) +
+                         elem * (rows_q * D + rows_kv * kv_row) + ring_buffers) / double(1 << 30);
   char peak_text[32] = "-";
   if (job.on_device) std::snprintf(peak_text, sizeof(peak_text), "%.2f", device_gib);
   if (job.world.rank() != 0) return kOk;
@@ -123,9 +125,9 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
       {"forward", {&forward_times, 1.0}}, {"backward", {&backward_times, 2.5}}, {"forward+backward", {&step_times, 3.5}}};
   for (const auto& [pass, timing] : rows) {
     const double time = median(*timing.first);
-    std::printf(" %11s %8s %5d %5ld %8ld %4ld %4ld %4ld %5s %6d %17s %10.3f %11.3f %12s\n",
+    std::printf(" %11s %8s %5d %5ld %8ld %4ld %4ld %4s %5s %6d %17s %10.3f %11.3f %12s\n",
                 std::string(impl->name()).c_str(), opts.backend.c_str(), ranks, long(B), long(T), long(H), long(Hkv),
-                long(D), std::string(dtype_name(shape.dtype)).c_str(), int(params.causal), pass, time * 1e3,
+                head_dims_text(D, Dv).c_str(), std::string(dtype_name(shape.dtype)).c_str(), int(params.causal), pass, time * 1e3,
                 timing.second * flops / time * 1e-12, std::string(pass) == "backward" ? peak_text : "-");
   }
   if (job.on_device)

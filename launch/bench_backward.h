@@ -6,7 +6,7 @@
 namespace ra::cli {
 
 struct BackwardBenchShape {
-  int64_t batch, seq, heads, kv_heads, head_dim, iters, warmup;
+  int64_t batch, seq, heads, kv_heads, head_dim, v_head_dim, iters, warmup;
   DType dtype;
   DType gradient_wire = DType::kF32;  // --grad-wire
   int64_t segments = 0;               // --segments: packed documents

@@ -1,8 +1,10 @@
 // `ringattn bench --segments N`: N documents of equal length packed into the global sequence, as
-// `generate --segments N` writes them (the id of position p is p * N / seq), and the work they leave.
+// `generate --segments N` writes them (the id of position p is p * N / seq), the work they leave, and the
+// FLOP count's convention.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -23,6 +25,19 @@ inline Tensor packed_segment_ids(int64_t batch, const std::vector<int64_t>& posi
 inline double attended_pairs(int64_t seq, int64_t segments, bool causal) {
   double pairs = double(seq) * double(seq) / double(segments > 0 ? segments : 1);
   return causal ? pairs / 2 : pairs;
+}
+
+// The forward's FLOPs over `pairs` pairs per head: Q K^T (2 D each) and P V (2 Dv each); 4 B H pairs D
+// where Dv = D. The backward counts 2.5 times these.
+inline double attention_flops(int64_t batch, int64_t heads, double pairs, int64_t head_dim, int64_t v_head_dim) {
+  return 2.0 * double(batch) * double(heads) * pairs * double(head_dim + v_head_dim);
+}
+
+// The tables' D column: "128", or "192/128" where Dv differs.
+inline std::string head_dims_text(int64_t head_dim, int64_t v_head_dim) {
+  std::string text = std::to_string(head_dim);
+  if (v_head_dim != head_dim) text.append("/").append(std::to_string(v_head_dim));
+  return text;
 }
 
 }  // namespace ra::cli

@@ -54,7 +54,8 @@ struct BackwardTraits {
 
 // kSegments: an instance that skips query blocks by segment ids and compares them in masked steps (the
 // extras one compares them in pair_logit); the others compile without them (at the register limit).
-template <typename T, int D, bool kExtras, bool kSegments>
+// kPadded: head dims narrower than D (flash_instance_dim): zero columns loaded, never stored.
+template <typename T, int D, bool kExtras, bool kSegments, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
   using Traits = BackwardTraits<T, D>;
   constexpr int kBlockN = Traits::kBlockN, kQTilesPerWarp = Traits::kQTilesPerWarp;
@@ -78,8 +79,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   const int q_tile0 = split * kQTilesPerWarp, d_tile0 = split * kTilesDPerWarp;
   auto swz = [](int r, int c) { return swizzled<D>(r, c); };
 
-  load_rows<T, D, kBlockN, kThreads>(k_s, a.k, b, kh, n0, a.kv_len, tid, swz);
-  load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, swz);
+  load_rows<T, D, kBlockN, kThreads, kPadded>(k_s, a.k, b, kh, n0, a.kv_len, a.head_dim, tid, swz);
+  load_rows<T, D, kBlockN, kThreads, kPadded>(v_s, a.v, b, kh, n0, a.kv_len, a.value_dim, tid, swz);
   copy_commit();
   int64_t k_lo, k_hi;
   tile_key_range<kBlockN>(a, block, lane, k_lo, k_hi);
@@ -99,8 +100,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
     return next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
   };
   auto load_step = [&](int buffer, int h, int m0) {
-    load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, swz);
-    load_rows<T, D, kBlockM, kThreads>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len, tid, swz);
+    load_rows<T, D, kBlockM, kThreads, kPadded>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, a.head_dim,
+                                                tid, swz);
+    load_rows<T, D, kBlockM, kThreads, kPadded>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len,
+                                                a.value_dim, tid, swz);
     if (tid < kBlockM) {  // 4-byte copies: rows of a (batch, head) need not be 16-byte aligned
       const int row = m0 + tid;
       const int64_t at = (int64_t(b) * a.q_heads + h) * a.q_len + (row < a.q_len ? row : 0);
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           mma_16816<T>(dq[j + 1], af, kf[2], kf[3]);
         }
       }
-      add_dq_rows<kHalf>(g, dq, b, h, m0 + q_tile * 16 + lane / 4, half * kHalf * 8, lane);
+      add_dq_rows<kPadded, kHalf>(g, dq, b, h, m0 + q_tile * 16 + lane / 4, half * kHalf * 8, lane);
     }
     h = next_h;
     m0 = next_m0;
@@ -264,16 +267,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   }
   copy_wait_all();
 
-  add_dk_dv_rows<T>(g, dk, dv, b, kh, n0 + key_row, d_tile0 * 8, lane);
+  add_dk_dv_rows<T, kPadded>(g, dk, dv, b, kh, n0 + key_row, d_tile0 * 8, lane);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kPadded>
 void launch_backward(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   using Traits = BackwardTraits<T, D>;
   // The extras instance always reads segment ids (it is not at its register limit's edge): three, not four.
-  auto kernel = flash_has_extras(g.a)   ? flash_backward_kernel<T, D, true, true>
-                : g.a.q_segment_ranges ? flash_backward_kernel<T, D, false, true>
-                                       : flash_backward_kernel<T, D, false, false>;
+  auto kernel = flash_has_extras(g.a)   ? flash_backward_kernel<T, D, true, true, kPadded>
+                : g.a.q_segment_ranges ? flash_backward_kernel<T, D, false, true, kPadded>
+                                       : flash_backward_kernel<T, D, false, false, kPadded>;
   launch_flash_backward(reinterpret_cast<const void*>(kernel), g, Traits::kBlockN, kThreads, Traits::kSmemBytes,
                         dq_slices, stream);
 }
@@ -317,10 +320,7 @@ void launch_flash_backward(const void* kernel, FlashBackwardArgs g, int block_n,
 
 void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc) {
   const DType dt = in.q.dtype();
-  const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
-  RA_CHECK(D == Dv && (D == 64 || D == 128 || D == 256), "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ",
-           Dv, ": the cuda flash_attn2 backward runs head_dim 64, 128 or 256 with v_head_dim equal to it; use --impl "
-           "cudnn (head_dim a multiple of 8 equal to v_head_dim) or --impl sdpa (any)");
+  check_flash_head_dims(in.q.dim(3), in.v.dim(3), "the cuda flash_attn2 backward");
   RA_CHECK(grad.d_o.dtype() == dt, "do has dtype ", dtype_name(grad.d_o.dtype()), ": the cuda flash_attn2 backward "
            "needs it in q's dtype ", dtype_name(dt), " (tensor-core operands)");
   const TensorView& d_o = grad.d_o;
@@ -337,8 +337,11 @@ void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, Tensor* dq_
   const SegmentRanges segments(g.a, stream);
   if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, dq_slices, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
-    dispatch_head_dim<64, 128, 256>(g.a.head_dim, "the cuda flash_attn2 backward", [&](auto head_dim) {
-      launch_backward<decltype(element), decltype(head_dim)::value>(g, dq_slices, stream);
+    dispatch_head_dim<64, 128, 256>(flash_instance_dim(g.a), "the cuda flash_attn2 backward", [&](auto head_dim) {
+      constexpr int D = decltype(head_dim)::value;
+      dispatch_bool(g.a.head_dim != D || g.a.value_dim != D, [&](auto padded) {
+        launch_backward<decltype(element), D, decltype(padded)::value>(g, dq_slices, stream);
+      });
     });
   });
 }

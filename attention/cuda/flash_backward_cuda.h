@@ -15,7 +15,7 @@ namespace ra {
 
 struct FlashBackwardArgs {
   CudaAttentionArgs a;   // inputs, positions and options (no carry)
-  DeviceView4 d_o;       // (B, T, Hq, D), q's dtype, contiguous last dimension
+  DeviceView4 d_o;       // (B, T, Hq, Dv), q's dtype, contiguous last dimension
   const float* lse;      // (B, Hq, T)
   const float* delta;    // (B, Hq, T)
   float *dq, *dk, *dv;   // contiguous f32 accumulators shaped as q, k, v
@@ -31,8 +31,8 @@ struct FlashBackwardArgs {
   int64_t dq_slice_size = 0;
 };
 
-// Throws naming the tensor and what the kernel needs (f16 / bf16, D == Dv in {64, 128, 256}, dO in q's dtype,
-// contiguous accumulators), pointing at cudnn or sdpa.
+// Throws naming the tensor and what the kernel needs (f16 / bf16, head dims as check_flash_head_dims, dO in q's dtype,
+// contiguous accumulators), pointing at sdpa.
 void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc);
 
 // dq_slices: null, or under --deterministic (AttentionParams::deterministic) the scratch for the dQ slices

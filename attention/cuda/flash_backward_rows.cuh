@@ -174,7 +174,7 @@ __device__ __forceinline__ float* dq_target(const FlashBackwardArgs& g) { return
 // dQ's fragment (rows row0 and row0 + 8, columns col0 + 8j + 2t, +1) times the scale, added to the
 // f32 accumulator. The atomics bound the backward (one per element per key block): on sm_90 lanes t
 // and t ^ 1 swap halves so that each adds 4 consecutive floats of one row in one 16-byte atomic.
-template <int kTiles>
+template <bool kPadded, int kTiles>
 __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const float (&dq)[kTiles][4], int b, int h,
                                             int row0, int col0, int lane) {
   const CudaAttentionArgs& a = g.a;
@@ -189,7 +189,7 @@ __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const fl
     const float send0 = even ? dq[j][2] : dq[j][0], send1 = even ? dq[j][3] : dq[j][1];
     const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1), got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
     const float4 v = even ? make_float4(dq[j][0], dq[j][1], got0, got1) : make_float4(got0, got1, dq[j][2], dq[j][3]);
-    if (row < a.q_len)
+    if (row < a.q_len && (!kPadded || col0 + j * 8 < a.head_dim))
       atomicAdd(reinterpret_cast<float4*>(out + j * 8), make_float4(v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale));
   }
 #else
@@ -200,6 +200,7 @@ __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const fl
     float* out = dq_target(g) + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col0 + 2 * t;
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
+      if (kPadded && col0 + j * 8 >= a.head_dim) break;
       atomicAdd(out + j * 8, dq[j][2 * i] * a.scale);
       atomicAdd(out + j * 8 + 1, dq[j][2 * i + 1] * a.scale);
     }
@@ -209,8 +210,9 @@ __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const fl
 
 // The block's dK (times the scale: Q entered unscaled) and dV of keys key0 and key0 + 8 (this thread's
 // fragment rows), columns col0 + 8j + 2t, +1, added into the accumulators (the block is the only writer
-// of these keys' rows), or written in the input dtype where the call asked for them directly.
-template <typename T, int kTiles>
+// of these keys' rows), or written in the input dtype where the call asked for them directly. kPadded:
+// columns past head_dim (dK) or value_dim (dV) are the instance's zero padding and are not stored.
+template <typename T, bool kPadded, int kTiles>
 __device__ __forceinline__ void add_dk_dv_rows(const FlashBackwardArgs& g, const float (&dk)[kTiles][4],
                                                const float (&dv)[kTiles][4], int b, int kh, int key0, int col0,
                                                int lane) {
@@ -219,24 +221,29 @@ __device__ __forceinline__ void add_dk_dv_rows(const FlashBackwardArgs& g, const
   for (int i = 0; i < 2; ++i) {
     const int key = key0 + i * 8;
     if (key >= a.kv_len) continue;
-    const int64_t at = ((int64_t(b) * a.kv_len + key) * a.kv_heads + kh) * a.head_dim + col0 + (lane % 4) * 2;
+    const int64_t row = (int64_t(b) * a.kv_len + key) * a.kv_heads + kh;
+    const int64_t k_at = row * a.head_dim + col0 + (lane % 4) * 2;
+    const int64_t v_at = kPadded ? row * a.value_dim + col0 + (lane % 4) * 2 : k_at;
+    auto stored = [&](int j, int cols) { return !kPadded || col0 + j * 8 < cols; };
     if (g.dk_direct) {
-      uint32_t* dk_out = reinterpret_cast<uint32_t*>(static_cast<T*>(g.dk_direct) + at);
-      uint32_t* dv_out = reinterpret_cast<uint32_t*>(static_cast<T*>(g.dv_direct) + at);
+      uint32_t* dk_out = reinterpret_cast<uint32_t*>(static_cast<T*>(g.dk_direct) + k_at);
+      uint32_t* dv_out = reinterpret_cast<uint32_t*>(static_cast<T*>(g.dv_direct) + v_at);
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) {
-        dk_out[j * 4] = pack2<T>(dk[j][2 * i] * a.scale, dk[j][2 * i + 1] * a.scale);
-        dv_out[j * 4] = pack2<T>(dv[j][2 * i], dv[j][2 * i + 1]);
+        if (stored(j, a.head_dim)) dk_out[j * 4] = pack2<T>(dk[j][2 * i] * a.scale, dk[j][2 * i + 1] * a.scale);
+        if (stored(j, a.value_dim)) dv_out[j * 4] = pack2<T>(dv[j][2 * i], dv[j][2 * i + 1]);
       }
       continue;
     }
-    float2* dk_out = reinterpret_cast<float2*>(g.dk + at);
-    float2* dv_out = reinterpret_cast<float2*>(g.dv + at);
+    float2* dk_out = reinterpret_cast<float2*>(g.dk + k_at);
+    float2* dv_out = reinterpret_cast<float2*>(g.dv + v_at);
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
-      const float2 k_was = dk_out[j * 4], v_was = dv_out[j * 4];
-      dk_out[j * 4] = make_float2(k_was.x + dk[j][2 * i] * a.scale, k_was.y + dk[j][2 * i + 1] * a.scale);
-      dv_out[j * 4] = make_float2(v_was.x + dv[j][2 * i], v_was.y + dv[j][2 * i + 1]);
+      const float2 k_was = stored(j, a.head_dim) ? dk_out[j * 4] : float2{};
+      const float2 v_was = stored(j, a.value_dim) ? dv_out[j * 4] : float2{};
+      if (stored(j, a.head_dim))
+        dk_out[j * 4] = make_float2(k_was.x + dk[j][2 * i] * a.scale, k_was.y + dk[j][2 * i + 1] * a.scale);
+      if (stored(j, a.value_dim)) dv_out[j * 4] = make_float2(v_was.x + dv[j][2 * i], v_was.y + dv[j][2 * i + 1]);
     }
   }
 }

@@ -34,16 +34,17 @@ template <int D>
 constexpr int kBlockMFor = kWarps * 16 * kMTilesFor<D>;  // query rows per block
 constexpr int kBlockN = 64;                               // keys per K/V tile
 
-template <typename T, int D>
+template <typename T, int D, bool kPadded>
 __device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b, int kh, int row0, int rows_total,
-                                          int tid) {
-  load_rows<T, D, kBlockN, kThreads>(dst, src, b, kh, row0, rows_total, tid, [](int r, int c) { return swizzled<D>(r, c); });
+                                          int cols, int tid) {
+  load_rows<T, D, kBlockN, kThreads, kPadded>(dst, src, b, kh, row0, rows_total, cols, tid,
+                                     [](int r, int c) { return swizzled<D>(r, c); });
 }
 
 // kSegments: an instance that skips key tiles by segment ids and compares them in masked tiles; the
 // others compile without them. kExtras: every tile masked pair by pair with the soft cap, bias, mask and
-// dropout (always with kSegments).
-template <typename T, int D, bool kExtras, bool kSegments>
+// dropout (always with kSegments). kPadded: head dims narrower than D (flash_instance_dim), zero columns.
+template <typename T, int D, bool kExtras, bool kSegments, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAttentionArgs a) {
   constexpr int kMTiles = kMTilesFor<D>, kBlockM = kBlockMFor<D>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -58,7 +59,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   constexpr int kTilesD = D / 8;
 
   // Q tile -> shared memory (read back as MMA operands on every K tile: registers are for O and S).
-  load_rows<T, D, kBlockM, kThreads>(q_smem, a.q, b, h, m0, a.q_len, tid, [](int r, int c) { return swizzled<D>(r, c); });
+  load_rows<T, D, kBlockM, kThreads, kPadded>(q_smem, a.q, b, h, m0, a.q_len, a.head_dim, tid,
+                                     [](int r, int c) { return swizzled<D>(r, c); });
   copy_commit();
   // This thread's rows: m-tile t, half i -> row m0 + warp * 32 + t * 16 + i * 8 + lane / 4.
   const int warp_row0 = m0 + warp * 16 * kMTiles;
@@ -84,7 +86,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   float m_row[kMTiles][2], l_row[kMTiles][2];
   const int64_t carry_row0 = (int64_t(b) * a.q_heads + h) * a.q_len;
 #pragma unroll
-  for (int t = 0; t < kMTiles; ++t) load_carry(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
+  for (int t = 0; t < kMTiles; ++t)
+    load_carry<kPadded>(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
 
   const float scale_log2 = a.scale * kLog2e;
 
@@ -92,8 +95,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   first = next_segment_tile<kBlockN, kSegments>(a, b, block_seg, first, last, lane);
   if (first <= last) {
-    load_tile<T, D>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
-    load_tile<T, D>(v_smem, a.v, b, kh, first * kBlockN, a.kv_len, tid);
+    load_tile<T, D, kPadded>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, a.head_dim, tid);
+    load_tile<T, D, kPadded>(v_smem, a.v, b, kh, first * kBlockN, a.kv_len, a.value_dim, tid);
   }
   copy_commit();
   int64_t k_lo = 0, k_hi = 0;
@@ -108,8 +111,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
     copy_wait_all();
     __syncthreads();  // this tile (and Q) visible to all; everyone is done with the other buffer
     if (next <= last) {
-      load_tile<T, D>(k_smem + (1 - buffer) * kBlockN * D, a.k, b, kh, next * kBlockN, a.kv_len, tid);
-      load_tile<T, D>(v_smem + (1 - buffer) * kBlockN * D, a.v, b, kh, next * kBlockN, a.kv_len, tid);
+      T* k_next = k_smem + (1 - buffer) * kBlockN * D;
+      T* v_next = v_smem + (1 - buffer) * kBlockN * D;
+      load_tile<T, D, kPadded>(k_next, a.k, b, kh, next * kBlockN, a.kv_len, a.head_dim, tid);
+      load_tile<T, D, kPadded>(v_next, a.v, b, kh, next * kBlockN, a.kv_len, a.value_dim, tid);
     }
     copy_commit();
 
@@ -197,17 +202,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
 
   // The carry out.
 #pragma unroll
-  for (int t = 0; t < kMTiles; ++t) store_carry(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
+  for (int t = 0; t < kMTiles; ++t)
+    store_carry<kPadded>(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kPadded>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   constexpr int kBlockM = kBlockMFor<D>;
   const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
   // The extras instance always reads segment ids (it compares every logit anyway): three, not four.
-  auto kernel = flash_has_extras(a)   ? flash_forward_kernel<T, D, true, true>
-                : a.q_segment_ranges ? flash_forward_kernel<T, D, false, true>
-                                     : flash_forward_kernel<T, D, false, false>;
+  auto kernel = flash_has_extras(a)   ? flash_forward_kernel<T, D, true, true, kPadded>
+                : a.q_segment_ranges ? flash_forward_kernel<T, D, false, true, kPadded>
+                                     : flash_forward_kernel<T, D, false, false, kPadded>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
   kernel<<<grid, kThreads, smem, stream>>>(a);
@@ -222,16 +228,19 @@ void check_flash_cuda_supported(const AttentionInputs& in) {
            ": the cuda flash_attn2 kernel takes f16 or bf16 (tensor cores); use --impl sdpa for f32 on cuda");
   for (auto [t, name] : {std::pair{&in.k, "k"}, std::pair{&in.v, "v"}})
     RA_CHECK(t->dtype() == dt, name, " has dtype ", dtype_name(t->dtype()), ", expected q's ", dtype_name(dt));
-  const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
-  RA_CHECK((D == 64 || D == 128 || D == 256) && Dv == D, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ",
-           Dv, ": the cuda flash_attn2 kernel supports head_dim 64, 128 or 256 with v_head_dim equal to it; use --impl "
-           "cudnn (head_dim a multiple of 8 equal to v_head_dim) or --impl sdpa (any)");
+  check_flash_head_dims(in.q.dim(3), in.v.dim(3), "the cuda flash_attn2 kernel");
   for (auto [t, name] : {std::pair{&in.q, "q"}, std::pair{&in.k, "k"}, std::pair{&in.v, "v"}}) {
     const bool aligned = t->stride(3) == 1 && t->stride(1) % 8 == 0 && t->stride(0) % 8 == 0 && t->stride(2) % 8 == 0 &&
                          reinterpret_cast<uintptr_t>(t->data()) % 16 == 0;
     RA_CHECK(aligned, name, " must have a contiguous last dimension and 16-byte aligned rows for the cuda "
              "flash_attn2 kernel (strides ", t->stride(0), ", ", t->stride(1), ", ", t->stride(2), ", ", t->stride(3), ")");
   }
+}
+
+void check_flash_head_dims(int64_t head_dim, int64_t value_dim, const char* kernel) {
+  auto fits = [](int64_t d) { return d > 0 && d <= 256 && d % 8 == 0; };
+  RA_CHECK(fits(head_dim) && fits(value_dim), "q dimension 3 (head_dim) is ", head_dim, " and v dimension 3 is ",
+           value_dim, ": ", kernel, " takes head dims that are multiples of 8 up to 256; use --impl sdpa (any)");
 }
 
 bool flash_has_extras(const CudaAttentionArgs& a) {
@@ -257,8 +266,11 @@ void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStrea
   const SegmentRanges segments(a, stream);
   if (flash_uses_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
-    dispatch_head_dim<64, 128, 256>(a.head_dim, "the cuda flash_attn2 kernel", [&](auto head_dim) {
-      launch<decltype(element), decltype(head_dim)::value>(a, stream);
+    dispatch_head_dim<64, 128, 256>(flash_instance_dim(a), "the cuda flash_attn2 kernel", [&](auto head_dim) {
+      constexpr int D = decltype(head_dim)::value;
+      dispatch_bool(a.head_dim != D || a.value_dim != D, [&](auto padded) {
+        launch<decltype(element), D, decltype(padded)::value>(a, stream);
+      });
     });
   });
 }

@@ -40,18 +40,25 @@ __device__ __forceinline__ void copy_wait_all() { asm volatile("cp.async.wait_gr
 
 // Rows [row0, row0 + kRows) of one (batch, head) of `src`, D 16-bit values each, into shared memory by
 // kThreads threads, 16 bytes per cp.async: chunk c of row r lands at element offset(r, c) (each kernel
-// has its own swizzle); rows past rows_total read as zeros.
-template <typename T, int D, int kRows, int kThreads, typename Offset>
+// has its own swizzle); rows past rows_total read as zeros. kPadded (an instance whose D is wider than
+// the tensors' head dims): rows of `cols` values (a multiple of 8), columns past them read as zeros, so
+// they add zero products.
+template <typename T, int D, int kRows, int kThreads, bool kPadded, typename Offset>
 __device__ __forceinline__ void load_rows(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
-                                          int tid, Offset offset) {
+                                          int cols, int tid, Offset offset) {
   constexpr int kChunks = D / 8;
   static_assert(kRows * kChunks % kThreads == 0, "every thread copies the same number of chunks");
   const T* base = static_cast<const T*>(src.data) + b * src.stride[0] + head * src.stride[2];
 #pragma unroll
   for (int n = 0; n < kRows * kChunks / kThreads; ++n) {  // a fixed trip count: unrolled, no guard per chunk
     const int i = tid + n * kThreads, r = i / kChunks, c = i % kChunks;
-    const bool valid = row0 + r < rows_total;
-    copy_16(dst + offset(r, c), base + int64_t(valid ? row0 + r : 0) * src.stride[1] + c * 8, valid);
+    if constexpr (kPadded) {
+      const bool valid = row0 + r < rows_total && c * 8 < cols;
+      copy_16(dst + offset(r, c), base + (valid ? int64_t(row0 + r) * src.stride[1] + c * 8 : 0), valid);
+    } else {
+      const bool valid = row0 + r < rows_total;
+      copy_16(dst + offset(r, c), base + int64_t(valid ? row0 + r : 0) * src.stride[1] + c * 8, valid);
+    }
   }
 }
 
@@ -407,7 +414,9 @@ __device__ __forceinline__ void pack_probabilities(const float (&s)[NT][4], int 
 
 // The carry of this thread's two rows (row0, row0 + 8) into the fragment: O from the numerator, the
 // max in log2 units, the denominator on the quad's first lane only (the partial sums meet at the end).
-template <int DT>
+// kPadded: the carry's rows hold value_dim < DT * 8 columns (the rest of the fragment reads 0; the carry
+// helpers below likewise store only those).
+template <bool kPadded, int DT>
 __device__ __forceinline__ void load_carry(const CudaAttentionArgs& a, int64_t carry_row0, int row0, int lane,
                                            float (&o)[DT][4], float (&m_row)[2], float (&l_row)[2]) {
 #pragma unroll
@@ -420,15 +429,17 @@ __device__ __forceinline__ void load_carry(const CudaAttentionArgs& a, int64_t c
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
-      const float2 v =
-          valid ? *reinterpret_cast<const float2*>(a.numerator + (carry_row0 + row) * DT * 8 + col) : float2{0, 0};
+      const int64_t width = kPadded ? a.value_dim : DT * 8;
+      const float2 v = valid && (!kPadded || j * 8 < a.value_dim)
+                           ? *reinterpret_cast<const float2*>(a.numerator + (carry_row0 + row) * width + col)
+                           : float2{0, 0};
       o[j][2 * i] = v.x;
       o[j][2 * i + 1] = v.y;
     }
   }
 }
 
-template <int DT>
+template <bool kPadded, int DT>
 __device__ __forceinline__ void store_carry(const CudaAttentionArgs& a, int64_t carry_row0, int row0, int lane,
                                             const float (&o)[DT][4], const float (&m_row)[2], const float (&l_row)[2]) {
 #pragma unroll
@@ -443,14 +454,17 @@ __device__ __forceinline__ void store_carry(const CudaAttentionArgs& a, int64_t 
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
       const int col = j * 8 + (lane % 4) * 2;
-      *reinterpret_cast<float2*>(a.numerator + (carry_row0 + row) * DT * 8 + col) = float2{o[j][2 * i], o[j][2 * i + 1]};
+      const int64_t width = kPadded ? a.value_dim : DT * 8;
+      if (!kPadded || j * 8 < a.value_dim)
+        *reinterpret_cast<float2*>(a.numerator + (carry_row0 + row) * width + col) =
+            float2{o[j][2 * i], o[j][2 * i + 1]};
     }
   }
 }
 
 // A single call's end (CudaAttentionArgs::o_direct): this thread's two rows (row0, row0 + 8 of batch b,
 // head h) normalised with the sink, as finalize does a carry, and written as O and LSE.
-template <typename T, int DT>
+template <typename T, bool kPadded, int DT>
 __device__ __forceinline__ void store_output(const CudaAttentionArgs& a, int b, int h, int row0, int lane,
                                              const float (&o)[DT][4], const float (&m_row)[2], const float (&l_row)[2]) {
 #pragma unroll
@@ -462,9 +476,11 @@ __device__ __forceinline__ void store_output(const CudaAttentionArgs& a, int b, 
     const Normalized<float> done = softmax_normalize(SoftmaxState<float>{m, l}, a.sinks != nullptr,
                                                      a.sinks != nullptr ? a.sinks[h * a.sink_stride] : 0.0f);
     if (lane % 4 == 0) a.lse_direct[(int64_t(b) * a.q_heads + h) * a.q_len + row] = done.lse;
-    const int64_t at = ((int64_t(b) * a.q_len + row) * a.q_heads + h) * (DT * 8) + (lane % 4) * 2;
+    const int64_t width = kPadded ? a.value_dim : DT * 8;
+    const int64_t at = ((int64_t(b) * a.q_len + row) * a.q_heads + h) * width + (lane % 4) * 2;
 #pragma unroll
     for (int j = 0; j < DT; ++j) {
+      if (kPadded && j * 8 >= a.value_dim) break;
       const float x = o[j][2 * i] * done.scale, y = o[j][2 * i + 1] * done.scale;
       if (a.o_f32) *reinterpret_cast<float2*>(static_cast<float*>(a.o_direct) + at + j * 8) = float2{x, y};
       else *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o_direct) + at + j * 8) = pack2<T>(x, y);
@@ -476,11 +492,11 @@ __device__ __forceinline__ void store_output(const CudaAttentionArgs& a, int b, 
 // over the tiles it saw, starting from an empty carry) into the carry in memory and stores the sum:
 // read at the end rather than the start, the carry is the only input a kernel launched behind the
 // previous block's (programmatic dependent launch) must wait for, so it waits after all its tiles.
-template <int DT>
+template <bool kPadded, int DT>
 __device__ __forceinline__ void merge_into_carry(const CudaAttentionArgs& a, int64_t carry_row0, int row0, int lane,
                                                  float (&o)[DT][4], float (&m_row)[2], float (&l_row)[2]) {
   float carry_o[DT][4], carry_m[2], carry_l[2];
-  load_carry(a, carry_row0, row0, lane, carry_o, carry_m, carry_l);
+  load_carry<kPadded>(a, carry_row0, row0, lane, carry_o, carry_m, carry_l);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float m_new = fmaxf(m_row[i], carry_m[i]);
@@ -493,7 +509,7 @@ __device__ __forceinline__ void merge_into_carry(const CudaAttentionArgs& a, int
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) o[j][e] = o[j][e] * mine + carry_o[j][e] * theirs;
   }
-  store_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+  store_carry<kPadded>(a, carry_row0, row0, lane, o, m_row, l_row);
 }
 
 // The query-position range [lo, hi] of this warp's rows (lo > hi when none is below q_len).

@@ -28,10 +28,10 @@ constexpr int kBlockNFor = D > 128 ? 64 : 128;
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
-template <typename T, int D, int kRows>
+template <typename T, int D, int kRows, bool kPadded>
 __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
-                                           int tid) {
-  load_rows<T, D, kRows, kThreads>(dst, src, b, head, row0, rows_total, tid,
+                                           int cols, int tid) {
+  load_rows<T, D, kRows, kThreads, kPadded>(dst, src, b, head, row0, rows_total, cols, tid,
                                    [](int r, int c) { return wgmma::slab_offset<kRows>(r, c); });
 }
 
@@ -49,7 +49,8 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // kSoftCap: an instance that caps the scores (CudaAttentionArgs::soft_cap; never with segment ids).
 // kExtras: an instance that masks every tile pair by pair with the soft cap, the bias and mask tensors,
 // and drops probabilities (flash_wgmma_has_extras; always with kSegments, never after a carry writer).
-template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap = false, bool kExtras = false>
+// kPadded: head dims narrower than D (flash_instance_dim): zero columns loaded, never stored.
+template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   // instance, tuned to the per-pair form (the column form made it spill).
   constexpr bool kColumnLimits = kExtras || !kSegments;
 
-  load_slabs<T, D, kBlockM>(q_smem, a.q, b, h, m0, a.q_len, tid);
+  load_slabs<T, D, kBlockM, kPadded>(q_smem, a.q, b, h, m0, a.q_len, a.head_dim, tid);
   copy_commit();
   // Warp w owns rows m0 + 16 w .. + 15 (warpgroup w / 4 the 64 rows from m0 + 64 (w / 4)).
   const int warp_row0 = m0 + warp * 16, row0 = warp_row0 + lane / 4;
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
 #pragma unroll
     for (int j = 0; j < kTilesD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   } else {
-    load_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+    load_carry<kPadded>(a, carry_row0, row0, lane, o, m_row, l_row);
   }
   const float scale_log2 = a.scale * kLog2e;
 
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   int first, last;
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   const int tiles = last - first + 1;  // <= 0: none
-  if (tiles > 0) load_slabs<T, D, kBlockN>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, tid);
+  if (tiles > 0) load_slabs<T, D, kBlockN, kPadded>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, a.head_dim, tid);
   copy_commit();
 
   // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
@@ -118,8 +119,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();               // K_i and V_{i-1} visible to all; step i - 1's products are done
     if (i + 1 < tiles)
-      load_slabs<T, D, kBlockN>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN, a.kv_len, tid);
-    if (i < tiles) load_slabs<T, D, kBlockN>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len, tid);
+      load_slabs<T, D, kBlockN, kPadded>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN,
+                                         a.kv_len, a.head_dim, tid);
+    if (i < tiles)
+      load_slabs<T, D, kBlockN, kPadded>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len,
+                                         a.value_dim, tid);
     copy_commit();
     // Read now, used by this step's softmax: the load lands while the tensor cores work.
     if (kSegments && a.kv_segment_ranges && i < tiles)
@@ -224,15 +228,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   }
   copy_wait_all();
   if constexpr (kMode == CarryMode::kFromCarry) {
-    store_carry(a, carry_row0, row0, lane, o, m_row, l_row);
+    store_carry<kPadded>(a, carry_row0, row0, lane, o, m_row, l_row);
   } else if constexpr (kMode == CarryMode::kDirect) {
-    store_output<T>(a, b, h, row0, lane, o, m_row, l_row);
+    store_output<T, kPadded>(a, b, h, row0, lane, o, m_row, l_row);
   } else {
     // The kernel this one was launched behind has finished and its carry writes are visible. Every
     // block waits, those that see no key too: the next kernel waits only for this grid, so a grid of
     // empty blocks that ended early would let it merge before the carry writer before this one is done.
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (tiles > 0) merge_into_carry(a, carry_row0, row0, lane, o, m_row, l_row);  // empty: carry left as it is
+    if (tiles > 0) merge_into_carry<kPadded>(a, carry_row0, row0, lane, o, m_row, l_row);  // empty: carry left as it is
   }
 #endif
 }
@@ -243,20 +247,22 @@ constexpr size_t smem_bytes() {
 }
 static_assert(smem_bytes<__nv_bfloat16, 256>() <= 227 * 1024, "Q and two K and V buffers fit Hopper's shared memory");
 
-template <typename T, int D>
+template <typename T, int D, bool kPadded>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
   const bool extras = flash_wgmma_has_extras(a);
-  auto kernel = extras ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, false, true>
-                                     : flash_wgmma_kernel<T, D, kFromCarry, true, false, true>)
+  // Template arguments after the carry mode: kSegments, kSoftCap, kExtras, kPadded.
+  auto kernel = extras ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, false, true, kPadded>
+                                     : flash_wgmma_kernel<T, D, kFromCarry, true, false, true, kPadded>)
                 : a.soft_cap > 0.0f
-                    ? (a.o_direct             ? flash_wgmma_kernel<T, D, kDirect, false, true>
-                       : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, true>
-                                              : flash_wgmma_kernel<T, D, kFromCarry, false, true>)
-                : a.o_direct ? (a.q_segment_ranges ? flash_wgmma_kernel<T, D, kDirect, true> : flash_wgmma_kernel<T, D, kDirect, false>)
-                : a.q_segment_ranges   ? flash_wgmma_kernel<T, D, kFromCarry, true>
-                : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false>
-                                       : flash_wgmma_kernel<T, D, kFromCarry, false>;
+                    ? (a.o_direct             ? flash_wgmma_kernel<T, D, kDirect, false, true, false, kPadded>
+                       : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, true, false, kPadded>
+                                              : flash_wgmma_kernel<T, D, kFromCarry, false, true, false, kPadded>)
+                : a.o_direct ? (a.q_segment_ranges ? flash_wgmma_kernel<T, D, kDirect, true, false, false, kPadded>
+                                                   : flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded>)
+                : a.q_segment_ranges   ? flash_wgmma_kernel<T, D, kFromCarry, true, false, false, kPadded>
+                : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, false, false, kPadded>
+                                       : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<T, D>())));
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
@@ -279,7 +285,8 @@ bool flash_wgmma_available() {
   static const bool available = [] {
     cudaFuncAttributes attributes{};
     return cuda_device_count() > 0 &&
-           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128, CarryMode::kFromCarry, false>) == cudaSuccess &&
+           cudaFuncGetAttributes(&attributes, flash_wgmma_kernel<__nv_bfloat16, 128, CarryMode::kFromCarry, false, false,
+                                                                         false, false>) == cudaSuccess &&
            attributes.binaryVersion == 90;
   }();
   return available;
@@ -287,8 +294,11 @@ bool flash_wgmma_available() {
 
 void flash_wgmma_accumulate(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 kernel", [&](auto element) {
-    dispatch_head_dim<64, 128, 256>(a.head_dim, "the wgmma flash_attn2 kernel", [&](auto head_dim) {
-      launch<decltype(element), decltype(head_dim)::value>(a, stream);
+    dispatch_head_dim<64, 128, 256>(flash_instance_dim(a), "the wgmma flash_attn2 kernel", [&](auto head_dim) {
+      constexpr int D = decltype(head_dim)::value;
+      dispatch_bool(a.head_dim != D || a.value_dim != D, [&](auto padded) {
+        launch<decltype(element), D, decltype(padded)::value>(a, stream);
+      });
     });
   });
 }

@@ -14,7 +14,7 @@ namespace ra {
 // True when this build holds sm_90a code for the kernel and the current device runs it.
 bool flash_wgmma_available();
 
-// Accumulates into args' carry. Expects q_len, kv_len > 0, D == Dv in {64, 128, 256}, f16 or bf16 (checked
+// Accumulates into args' carry. Expects q_len, kv_len > 0, head dims as check_flash_head_dims, f16 or bf16 (checked
 // by the caller), and with segment ids their ranges filled.
 void flash_wgmma_accumulate(const CudaAttentionArgs& args, DType dtype, cudaStream_t stream);
 

@@ -60,7 +60,8 @@ struct WgmmaBackwardTraits {
 // the cap's derivative 1 - tanh^2, tanh recovered from P and LSE rather than kept (no live value more).
 // kExtras: an instance that forms every pair with the soft cap (at run time), the bias and mask tensors
 // and dropout, and adds dS into dBias by atomics (flash_wgmma_has_extras; always with kSegments).
-template <typename T, int D, bool kSegments, bool kSoftCap = false, bool kExtras = false>
+// kPadded: head dims narrower than D (flash_instance_dim): zero columns loaded, never stored.
+template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = WgmmaBackwardTraits<T, D, kExtras>;
@@ -88,8 +89,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   auto key_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockN>(r, c); };
   auto query_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockM>(r, c); };
 
-  load_rows<T, D, kBlockN, kThreads>(k_s, a.k, b, kh, n0, a.kv_len, tid, key_slabs);
-  load_rows<T, D, kBlockN, kThreads>(v_s, a.v, b, kh, n0, a.kv_len, tid, key_slabs);
+  load_rows<T, D, kBlockN, kThreads, kPadded>(k_s, a.k, b, kh, n0, a.kv_len, a.head_dim, tid, key_slabs);
+  load_rows<T, D, kBlockN, kThreads, kPadded>(v_s, a.v, b, kh, n0, a.kv_len, a.value_dim, tid, key_slabs);
   copy_commit();
   int64_t k_lo, k_hi;
   tile_key_range<kBlockN>(a, block, lane, k_lo, k_hi);
@@ -108,8 +109,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   const float scale_log2 = soft_cap ? 1.0f : a.scale * kLog2e;
 
   auto load_step = [&](int buffer, int h, int m0) {
-    load_rows<T, D, kBlockM, kThreads>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, tid, query_slabs);
-    load_rows<T, D, kBlockM, kThreads>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len, tid, query_slabs);
+    load_rows<T, D, kBlockM, kThreads, kPadded>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, a.head_dim,
+                                                tid, query_slabs);
+    load_rows<T, D, kBlockM, kThreads, kPadded>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len,
+                                                a.value_dim, tid, query_slabs);
     load_step_segments<kBlockM, kSegments>(a, segment_buffers[buffer], b, m0, tid);
   };
   // A step's LSE and delta, read into registers when its loads start and stored when the step before
@@ -327,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       wgmma::pin(pt);
       wgmma::pin(dst);
     }
-    add_dq_rows<kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
+    add_dq_rows<kPadded, kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
                           Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
     if (next && tid < kBlockM) lse_buffers[1 - buffer][tid] = next_lse, delta_buffers[1 - buffer][tid] = next_delta;
     h = next_h;
@@ -337,32 +340,35 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     buffer = 1 - buffer;
   }
   copy_wait_all();
-  add_dk_dv_rows<T>(g, dk, dv, b, kh, n0 + key_row, d_col0, lane);
+  add_dk_dv_rows<T, kPadded>(g, dk, dv, b, kh, n0 + key_row, d_col0, lane);
 #endif
 }
 
-template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras>
+template <typename T, int D, bool kPadded, bool kSegments, bool kSoftCap, bool kExtras>
 void launch_instance(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   using Traits = WgmmaBackwardTraits<T, D, kExtras>;
-  auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras>;
+  auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded>;
   launch_flash_backward(reinterpret_cast<const void*>(kernel), g, Traits::kBlockN, kThreads, Traits::kSmemBytes,
                         dq_slices, stream);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kPadded>
 void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
-  if (flash_wgmma_has_extras(g.a)) return launch_instance<T, D, true, false, true>(g, dq_slices, stream);
-  if (g.a.soft_cap > 0.0f) return launch_instance<T, D, false, true, false>(g, dq_slices, stream);
-  if (g.a.q_segment_ranges) return launch_instance<T, D, true, false, false>(g, dq_slices, stream);
-  launch_instance<T, D, false, false, false>(g, dq_slices, stream);
+  if (flash_wgmma_has_extras(g.a)) return launch_instance<T, D, kPadded, true, false, true>(g, dq_slices, stream);
+  if (g.a.soft_cap > 0.0f) return launch_instance<T, D, kPadded, false, true, false>(g, dq_slices, stream);
+  if (g.a.q_segment_ranges) return launch_instance<T, D, kPadded, true, false, false>(g, dq_slices, stream);
+  launch_instance<T, D, kPadded, false, false, false>(g, dq_slices, stream);
 }
 
 }  // namespace
 
 void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, Tensor* dq_slices, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 backward", [&](auto element) {
-    dispatch_head_dim<64, 128, 256>(g.a.head_dim, "the wgmma flash_attn2 backward", [&](auto head_dim) {
-      launch<decltype(element), decltype(head_dim)::value>(g, dq_slices, stream);
+    dispatch_head_dim<64, 128, 256>(flash_instance_dim(g.a), "the wgmma flash_attn2 backward", [&](auto head_dim) {
+      constexpr int D = decltype(head_dim)::value;
+      dispatch_bool(g.a.head_dim != D || g.a.value_dim != D, [&](auto padded) {
+        launch<decltype(element), D, decltype(padded)::value>(g, dq_slices, stream);
+      });
     });
   });
 }

@@ -12,7 +12,7 @@
 
 namespace ra {
 
-// Expects q_len, kv_len > 0, D == Dv in {64, 128, 256}, f16 or bf16 (checked by the caller), with segment
+// Expects q_len, kv_len > 0, head dims as check_flash_head_dims, f16 or bf16 (checked by the caller), with segment
 // ids their ranges filled, and flash_wgmma_available().
 // dq_slices: as flash_backward_cuda's (--deterministic).
 void flash_wgmma_backward(const FlashBackwardArgs& args, DType dtype, Tensor* dq_slices, cudaStream_t stream);

@@ -96,6 +96,18 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   for (const DocumentCase& c :
        document_cases({{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 400, 400, 2, 1, 256}}, seed))
     cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // Head dims between the instances' 64 / 128 / 256 columns (zero columns loaded, dQ / dK / dV columns past
+  // them never stored), Dv != D both ways (MLA's 192 / 128): each kernel forced on every option set.
+  const std::pair<int64_t, int64_t> dims[] = {{32, 32}, {80, 80},  {96, 96},  {192, 128}, {64, 128},
+                                              {128, 64}, {160, 160}, {8, 40}, {256, 200}, {72, 136}};
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (const Options& opt : option_sets())
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        const Shape& sh = flash_shapes[seed % std::size(flash_shapes)];
+        const auto [d, dv] = dims[seed % std::size(dims)];
+        const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+        cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, d, dv, dtype, opt, seed++}, kernel});
+      }
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},
@@ -168,8 +180,9 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_g
   const CudaGradCase& c = info.param;
   const ProblemSpec& s = c.spec;
   const std::string kernel = c.kernel == FlashKernel::kAuto ? "" : std::string("_") + flash_kernel_name(c.kernel);
+  const std::string dv = s.v_head_dim == s.head_dim ? "" : "_Dv" + std::to_string(s.v_head_dim);
   return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + segment_ids_suffix(s.segment_ids) +
-         "_T" + std::to_string(s.q_len) + "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + "_G" +
+         "_T" + std::to_string(s.q_len) + "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + dv + "_G" +
          std::to_string(s.q_heads / s.kv_heads);
 });
 
@@ -246,13 +259,14 @@ TEST(DeterministicBackward, SameBitsOnEveryRun) {
     cases.push_back({"flash_attn2", kernel, {1, 1200, 2100, 4, 1, 64, 64, DType::kBF16, plain, 960}});
     cases.push_back({"flash_attn2", kernel, {1, 1500, 2100, 8, 2, 128, 128, DType::kF16, causal_window, 961}});
     cases.push_back({"flash_attn2", kernel, {1, 700, 1100, 2, 1, 256, 256, DType::kBF16, extras, 962}});
+    cases.push_back({"flash_attn2", kernel, {1, 900, 1300, 4, 2, 192, 128, DType::kBF16, causal, 964}});
   }
 #if RA_HAVE_CUDNN
   cases.push_back({"cudnn", FlashKernel::kAuto, {1, 1500, 2100, 4, 1, 128, 128, DType::kBF16, causal, 963}});
 #endif
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.impl + " " + flash_kernel_name(c.kernel) + " D=" + std::to_string(c.spec.head_dim) + " " +
-                 c.spec.options.name());
+    SCOPED_TRACE(c.impl + " " + flash_kernel_name(c.kernel) + " D=" + std::to_string(c.spec.head_dim) + " Dv=" +
+                 std::to_string(c.spec.v_head_dim) + " " + c.spec.options.name());
     if (c.kernel == FlashKernel::kWgmma && !flash_wgmma_available()) continue;
     DeviceGradProblem setup(c.spec, c.spec.seed);
     auto& [problem, host_in, dev, d_o, d_o_device] = setup;

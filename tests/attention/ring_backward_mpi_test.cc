@@ -263,7 +263,7 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   cases.push_back(exact(SequenceLayout::kContiguous, opts[0], DType::kF16, 48, 120, 2, 2, true));
   cases.push_back(exact(SequenceLayout::kStriped, opts[1], DType::kF32, 3, 3, 2, 2));
   cases.push_back(exact(SequenceLayout::kZigzag, opts[9], DType::kF32, 97, 97, 4, 2));  // skipped blocks
-  // The GPU ring: its kernels' dtypes (flash_attn2 and cudnn: f16 / bf16, head_dim 64, 128 or 256; sdpa: f32).
+  // The GPU ring: its kernels' dtypes (flash_attn2 and cudnn: f16 / bf16; sdpa: f32).
   auto gpu = [](SequenceLayout layout, const Options& o, DType dtype, int64_t t, int64_t s, int64_t hq, int64_t hkv,
                 const char* impl, bool shared_bias = false) {
     return RingBackwardCase{layout, o, dtype, t, s, hq, hkv, impl, shared_bias, true, 64, 64};
@@ -281,6 +281,12 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   RingBackwardCase wide = gpu(SequenceLayout::kZigzag, opts[6], DType::kBF16, 150, 150, 4, 2, "flash_attn2");
   wide.head_dim = wide.v_head_dim = 256;  // the mma.sync kernel's split of 16 keys over two warps, every option
   cases.push_back(wide);
+  RingBackwardCase mla = gpu(SequenceLayout::kZigzag, opts[6], DType::kBF16, 120, 120, 4, 2, "flash_attn2");
+  mla.head_dim = 192, mla.v_head_dim = 128;  // between the instances, Dv != D (the ring carries Dv columns)
+  cases.push_back(mla);
+  RingBackwardCase narrow_dims = gpu(SequenceLayout::kStriped, opts[1], DType::kF16, 111, 111, 4, 4, "flash_attn2");
+  narrow_dims.head_dim = narrow_dims.v_head_dim = 80;
+  cases.push_back(narrow_dims);
   RingBackwardCase gpu_wire = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 96, 96, 4, 2, "flash_attn2");
   gpu_wire.gradient_wire = DType::kBF16;
   cases.push_back(gpu_wire);

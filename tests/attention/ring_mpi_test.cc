@@ -2,8 +2,8 @@
 // problem, keeps its rows by the layout, runs `ring`, and compares its rows with the f64 reference
 // and with the single-process flash result. Pass / fail is agreed over all ranks.
 // With --backend=cuda (label gpu): one GPU per rank, the ring over NCCL, inputs and outputs staged
-// through device memory; the same cases, with v_head_dim = head_dim and 16-bit inputs for the
-// tensor-core kernel. Exits 77 (skipped) when no GPU is visible.
+// through device memory; the same cases, with v_head_dim = head_dim (unless a case names it) and 16-bit
+// inputs for the tensor-core kernel. Exits 77 (skipped) when no GPU is visible.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -44,6 +44,7 @@ struct RingCase {
   int64_t q_len, kv_len, q_heads, kv_heads;
   std::string local_impl;
   int64_t head_dim = 64;  // 128: the production shape (on Hopper GPUs the wgmma kernel)
+  int64_t v_head_dim = 0;  // 0: 32 on the host, head_dim on GPUs
 };
 
 class RingVsReference : public testing::TestWithParam<RingCase> {};
@@ -55,9 +56,10 @@ TEST_P(RingVsReference, EveryRankMatchesReference) {
   if (c.local_impl == "cudnn") GTEST_SKIP() << "built without cudnn";
 #endif
   const int n = g_world->size(), r = g_world->rank();
-  ProblemSpec spec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, 32, c.dtype, c.options, 42};
+  ProblemSpec spec{2, c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.v_head_dim ? c.v_head_dim : 32, c.dtype,
+                   c.options, 42};
   if (g_args.cuda) {
-    spec.v_head_dim = c.head_dim;
+    if (c.v_head_dim == 0) spec.v_head_dim = c.head_dim;
     if (c.dtype == DType::kF32 && c.local_impl == "flash_attn2") spec.dtype = DType::kBF16;
   }
   const DType dtype = spec.dtype;
@@ -143,6 +145,9 @@ std::vector<RingCase> ring_cases() {
   cases.push_back({SequenceLayout::kStriped, opts[7], DType::kF16, 203, 203, 4, 1, "flash_attn2", 128});
   // head_dim 256 on positions only: on Hopper the ring's steps run the wgmma kernel's 64-key tiles.
   cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kBF16, 230, 230, 4, 2, "flash_attn2", 256});
+  // Head dims between the flash kernels' instances, Dv != D (MLA's 192 / 128): the carry holds Dv columns.
+  cases.push_back({SequenceLayout::kZigzag, opts[6], DType::kBF16, 150, 150, 4, 2, "flash_attn2", 192, 128});
+  cases.push_back({SequenceLayout::kStriped, opts[1], DType::kF16, 131, 131, 4, 4, "flash_attn2", 80, 80});
   return cases;
 }
 
@@ -150,7 +155,7 @@ INSTANTIATE_TEST_SUITE_P(Mpi, RingVsReference, testing::ValuesIn(ring_cases()), 
   const RingCase& c = info.param;
   return std::string(layout_name(c.layout)) + "_" + c.options.name() + "_" + std::string(dtype_name(c.dtype)) + "_T" +
          std::to_string(c.q_len) + "_S" + std::to_string(c.kv_len) + "_" + c.local_impl + "_D" + std::to_string(c.head_dim) +
-         "_H" + std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads);
+         (c.v_head_dim ? "_Dv" + std::to_string(c.v_head_dim) : "") + "_H" + std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads);
 });
 
 // --deterministic: rings of 1, 2, ... world-size ranks (the first n ranks of the world) give the same

@@ -162,6 +162,8 @@ expect "bench --backward: the host ring on 2 ranks" 0 "ring *cpu *2 .*forward+ba
   "$ra" bench --backward --seq 67 --heads 4 --kv-heads 2 --head-dim 32 --causal --iters 2
 expect "bench --backward: a local implementation" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward \
   --impl flash_attn2 --seq 50 --heads 2 --head-dim 16 --iters 1
+expect "bench --backward: Dv != D" 0 "flash_attn2 *cpu *1 .* 24/40 .* backward" "$ra" bench --backward \
+  --impl flash_attn2 --seq 50 --heads 2 --head-dim 24 --v-head-dim 40 --iters 1
 # 2-d meshes: the ring over sp with the batch (dp) or the heads (tp) split over the other axis.
 for mesh in dp=2,sp=2 tp=2,sp=2; do
   expect "ring $mesh run --backward" 0 "backward" "$mpiexec" --oversubscribe -np 4 "$ra" run --input ring.h5 \

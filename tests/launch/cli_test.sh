@@ -37,6 +37,8 @@ check deterministic-verify 0 "#wrong 0  OK" -- "$ra" verify --input "$dir/b2.h5"
 check deterministic-not-ring 2 "--deterministic on the host applies to --impl ring" -- "$ra" run --input "$dir/b2.h5" --output "$dir/x.h5" --impl sdpa --deterministic
 # bench on the host: a CUDA build must not touch the GPU (or need a driver) for --backend cpu.
 check bench-ring-cpu 0 "ring      cpu      2" -- mpi 2 "$ra" bench --impl ring --seq 128 --heads 2 --head-dim 16 --iters 2 --causal
+check bench-v-head-dim 0 "ring      cpu      2 .* 32/24 " -- mpi 2 "$ra" bench --impl ring --seq 96 --heads 2 --head-dim 32 --v-head-dim 24 --iters 1
+check bench-v-head-dim-zero 2 "--v-head-dim is -8, expected a positive integer" -- "$ra" bench --seq 16 --heads 2 --head-dim 16 --v-head-dim -8
 check bench-json 0 '"impl": "ring"' -- bash -c "\"$ra\" bench --seq 64 --heads 2 --head-dim 16 --iters 1 --json $dir/b.json >/dev/null && cat $dir/b.json"
 check verify-wrong-options 1 "FAILED" -- "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5"
 check refuses-existing-output 2 "exists; refusing to replace it" -- "$ra" run --input "$dir/in.h5" --output "$dir/out.h5"
