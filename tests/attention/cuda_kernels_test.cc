@@ -90,18 +90,10 @@ std::vector<CudaCase> all_cases() {
   for (const DocumentCase& c :
        document_cases({{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 520, 520, 2, 1, 64}}, seed))
     cases.push_back({"flash_attn2", c.spec, c.kernel});
-  // Head dims between the instances' 64 / 128 / 256 columns (multiples of 8, zero columns loaded and never
-  // stored), Dv != D both ways (MLA's 192 / 128): each kernel forced on every option set, both dtypes.
-  const std::pair<int64_t, int64_t> dims[] = {{32, 32}, {80, 80},  {96, 96},  {192, 128}, {64, 128},
-                                              {128, 64}, {160, 160}, {8, 40}, {256, 200}, {72, 136}};
-  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
-    for (const Options& opt : option_sets())
-      for (int repeat = 0; repeat < 2; ++repeat) {
-        const Shape& sh = shapes[seed % std::size(shapes)];
-        const auto [d, dv] = dims[seed % std::size(dims)];
-        const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
-        cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, d, dv, dtype, opt, seed++}, kernel});
-      }
+  // Head dims between the instances and Dv != D (padded_head_dim_cases).
+  std::vector<std::array<int64_t, 5>> padded_shapes;
+  for (const Shape& sh : shapes) padded_shapes.push_back({sh.b, sh.t, sh.s, sh.hq, sh.hkv});
+  for (const DocumentCase& c : padded_head_dim_cases(padded_shapes, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
 #if RA_HAVE_CUDNN
   // cudnn: the options it expresses (causal with S >= T, sinks through our finalize), GQA, D 64 / 128 /
   // 256 (where the installed cuDNN runs it, e.g. Hopper; elsewhere its refusal, by name, skips the case).

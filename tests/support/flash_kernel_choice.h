@@ -65,13 +65,15 @@ inline Options document_options(int o, bool extras) {
   return opt;
 }
 
-// Packed, cycled and long documents on `shapes` (B, T, S, Hq, Hkv, D; shapes of many 64- and 128-row blocks, taken
-// in turn by seed): each flash kernel forced without the extras, and with them `auto` (wgmma on a Hopper)
-// and mma.sync forced; f16 and bf16 by turns. `seed` counts on.
+// A problem and the flash kernel forced on it (kAuto: the default choice).
 struct DocumentCase {
   ProblemSpec spec;
   FlashKernel kernel;
 };
+
+// Packed, cycled and long documents on `shapes` (B, T, S, Hq, Hkv, D; shapes of many 64- and 128-row blocks, taken
+// in turn by seed): each flash kernel forced without the extras, and with them `auto` (wgmma on a Hopper)
+// and mma.sync forced; f16 and bf16 by turns. `seed` counts on.
 inline std::vector<DocumentCase> document_cases(const std::vector<std::array<int64_t, 6>>& shapes, uint64_t& seed) {
   std::vector<DocumentCase> cases;
   for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled, SegmentIds::kLong})
@@ -82,6 +84,24 @@ inline std::vector<DocumentCase> document_cases(const std::vector<std::array<int
         ProblemSpec spec{b, t, s, hq, hkv, d, d, o % 2 ? DType::kBF16 : DType::kF16, document_options(o, extras), seed++};
         spec.segment_ids = ids;
         cases.push_back({spec, kernel});
+      }
+  return cases;
+}
+
+// Head dims between the flash instances' 64 / 128 / 256 columns (multiples of 8: zero columns loaded, never
+// stored) and Dv != D both ways (MLA's 192 / 128), on `shapes` (B, T, S, Hq, Hkv, taken in turn by seed): each
+// kernel forced on every option set, twice, f16 and bf16 by turns. `seed` counts on.
+inline std::vector<DocumentCase> padded_head_dim_cases(const std::vector<std::array<int64_t, 5>>& shapes, uint64_t& seed) {
+  const std::pair<int64_t, int64_t> dims[] = {{32, 32}, {80, 80},  {96, 96},  {192, 128}, {64, 128},
+                                              {128, 64}, {160, 160}, {8, 40}, {256, 200}, {72, 136}};
+  std::vector<DocumentCase> cases;
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (const Options& opt : option_sets())
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        const auto& [b, t, s, hq, hkv] = shapes[seed % shapes.size()];
+        const auto [d, dv] = dims[seed % std::size(dims)];
+        cases.push_back({ProblemSpec{b, t, s, hq, hkv, d, dv, seed % 2 ? DType::kBF16 : DType::kF16, opt, seed}, kernel});
+        ++seed;
       }
   return cases;
 }
