@@ -54,7 +54,7 @@ struct BackwardTraits {
 
 // kSegments: an instance that skips query blocks by segment ids and compares them in masked steps (the
 // extras one compares them in pair_logit); the others compile without them (at the register limit).
-// kPadded: head dims narrower than D (flash_instance_dim): zero columns loaded, never stored.
+// kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 template <typename T, int D, bool kExtras, bool kSegments, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
   using Traits = BackwardTraits<T, D>;
@@ -337,11 +337,8 @@ void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, Tensor* dq_
   const SegmentRanges segments(g.a, stream);
   if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, dq_slices, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
-    dispatch_head_dim<64, 128, 256>(flash_instance_dim(g.a), "the cuda flash_attn2 backward", [&](auto head_dim) {
-      constexpr int D = decltype(head_dim)::value;
-      dispatch_bool(g.a.head_dim != D || g.a.value_dim != D, [&](auto padded) {
-        launch_backward<decltype(element), D, decltype(padded)::value>(g, dq_slices, stream);
-      });
+    dispatch_flash_instance(g.a.head_dim, g.a.value_dim, "the cuda flash_attn2 backward", [&](auto instance, auto padded) {
+      launch_backward<decltype(element), decltype(instance)::value, decltype(padded)::value>(g, dq_slices, stream);
     });
   });
 }

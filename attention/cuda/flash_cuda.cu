@@ -43,7 +43,7 @@ __device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b,
 
 // kSegments: an instance that skips key tiles by segment ids and compares them in masked tiles; the
 // others compile without them. kExtras: every tile masked pair by pair with the soft cap, bias, mask and
-// dropout (always with kSegments). kPadded: head dims narrower than D (flash_instance_dim), zero columns.
+// dropout (always with kSegments). kPadded: head dims narrower than D (dispatch_flash_instance), zero columns.
 template <typename T, int D, bool kExtras, bool kSegments, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAttentionArgs a) {
   constexpr int kMTiles = kMTilesFor<D>, kBlockM = kBlockMFor<D>;
@@ -266,11 +266,8 @@ void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStrea
   const SegmentRanges segments(a, stream);
   if (flash_uses_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
-    dispatch_head_dim<64, 128, 256>(flash_instance_dim(a), "the cuda flash_attn2 kernel", [&](auto head_dim) {
-      constexpr int D = decltype(head_dim)::value;
-      dispatch_bool(a.head_dim != D || a.value_dim != D, [&](auto padded) {
-        launch<decltype(element), D, decltype(padded)::value>(a, stream);
-      });
+    dispatch_flash_instance(a.head_dim, a.value_dim, "the cuda flash_attn2 kernel", [&](auto instance, auto padded) {
+      launch<decltype(element), decltype(instance)::value, decltype(padded)::value>(a, stream);
     });
   });
 }

@@ -17,14 +17,6 @@ void check_flash_cuda_supported(const AttentionInputs& in);
 // naming both and the fallbacks otherwise. `kernel` names the caller ("the cuda flash_attn2 backward").
 void check_flash_head_dims(int64_t head_dim, int64_t value_dim, const char* kernel);
 
-// The kernels' instances hold 64, 128 or 256 columns; smaller head dims run on the smallest instance that
-// holds both, their columns past the head dim loaded as zeros and never stored (zero products: the
-// compute is the instance's, the memory traffic the head dims').
-inline int flash_instance_dim(const CudaAttentionArgs& a) {
-  const int widest = a.head_dim > a.value_dim ? a.head_dim : a.value_dim;
-  return widest <= 64 ? 64 : widest <= 128 ? 128 : 256;
-}
-
 // True when the arguments use an option beyond positions and segment ids (soft cap, bias, mask, dropout):
 // the mma.sync kernels then run their instances that form each logit alone.
 bool flash_has_extras(const CudaAttentionArgs& args);

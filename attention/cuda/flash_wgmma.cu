@@ -49,7 +49,7 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // kSoftCap: an instance that caps the scores (CudaAttentionArgs::soft_cap; never with segment ids).
 // kExtras: an instance that masks every tile pair by pair with the soft cap, the bias and mask tensors,
 // and drops probabilities (flash_wgmma_has_extras; always with kSegments, never after a carry writer).
-// kPadded: head dims narrower than D (flash_instance_dim): zero columns loaded, never stored.
+// kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -294,11 +294,8 @@ bool flash_wgmma_available() {
 
 void flash_wgmma_accumulate(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 kernel", [&](auto element) {
-    dispatch_head_dim<64, 128, 256>(flash_instance_dim(a), "the wgmma flash_attn2 kernel", [&](auto head_dim) {
-      constexpr int D = decltype(head_dim)::value;
-      dispatch_bool(a.head_dim != D || a.value_dim != D, [&](auto padded) {
-        launch<decltype(element), D, decltype(padded)::value>(a, stream);
-      });
+    dispatch_flash_instance(a.head_dim, a.value_dim, "the wgmma flash_attn2 kernel", [&](auto instance, auto padded) {
+      launch<decltype(element), decltype(instance)::value, decltype(padded)::value>(a, stream);
     });
   });
 }

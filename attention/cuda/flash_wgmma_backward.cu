@@ -60,7 +60,7 @@ struct WgmmaBackwardTraits {
 // the cap's derivative 1 - tanh^2, tanh recovered from P and LSE rather than kept (no live value more).
 // kExtras: an instance that forms every pair with the soft cap (at run time), the bias and mask tensors
 // and dropout, and adds dS into dBias by atomics (flash_wgmma_has_extras; always with kSegments).
-// kPadded: head dims narrower than D (flash_instance_dim): zero columns loaded, never stored.
+// kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -364,11 +364,8 @@ void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) 
 
 void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, Tensor* dq_slices, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 backward", [&](auto element) {
-    dispatch_head_dim<64, 128, 256>(flash_instance_dim(g.a), "the wgmma flash_attn2 backward", [&](auto head_dim) {
-      constexpr int D = decltype(head_dim)::value;
-      dispatch_bool(g.a.head_dim != D || g.a.value_dim != D, [&](auto padded) {
-        launch<decltype(element), D, decltype(padded)::value>(g, dq_slices, stream);
-      });
+    dispatch_flash_instance(g.a.head_dim, g.a.value_dim, "the wgmma flash_attn2 backward", [&](auto instance, auto padded) {
+      launch<decltype(element), decltype(instance)::value, decltype(padded)::value>(g, dq_slices, stream);
     });
   });
 }
