@@ -65,8 +65,8 @@ std::vector<Run> consecutive_runs(const int64_t* positions, int64_t count) {
   return runs;
 }
 
-// One built cuDNN graph per shape, strides and mask.
-using GraphKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, std::array<int64_t, 9>>;
+// One built cuDNN graph per shape (B, T, S, H, Hkv, D, Dv), dtype, mask and strides.
+using GraphKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, std::array<int64_t, 9>>;
 constexpr int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kDO = 6, kDQ = 7, kDK = 8, kDV = 9;
 
 class CudnnAttention final : public CudaAttentionImpl {
@@ -82,11 +82,12 @@ class CudnnAttention final : public CudaAttentionImpl {
     RA_CHECK(dt == DType::kF16 || dt == DType::kBF16, "q has dtype ", dtype_name(dt),
              ": cudnn attention takes f16 or bf16; use --impl sdpa for f32 on cuda");
     const int64_t D = in.q.dim(3), Dv = in.v.dim(3);
-    RA_CHECK(D == Dv && D % 8 == 0, "q dimension 3 (head_dim) is ", D, " and v dimension 3 is ", Dv,
-             ": cudnn attention here needs head_dim == v_head_dim, a multiple of 8; use flash_attn2 or sdpa");
-    const std::string& refusal = head_dim_refusal(D, dt);
-    RA_CHECK(refusal.empty(), "q dimension 3 (head_dim) is ", D, ": the installed cuDNN (", cudnnGetVersion(),
-             ") does not run it on this GPU at ", dtype_name(dt), " (", refusal, "); use flash_attn2 or sdpa");
+    RA_CHECK(D % 8 == 0 && Dv % 8 == 0, "q dimension 3 (head_dim) is ", D, " and v dimension 3 (v_head_dim) is ", Dv,
+             ": cudnn attention needs both multiples of 8; use flash_attn2 or sdpa");
+    const std::string& refusal = head_dim_refusal(D, Dv, dt);
+    RA_CHECK(refusal.empty(), "q dimension 3 (head_dim) is ", D, " and v dimension 3 (v_head_dim) is ", Dv,
+             ": the installed cuDNN (", cudnnGetVersion(), ") does not run it on this GPU at ", dtype_name(dt), " (",
+             refusal, "); use flash_attn2 or sdpa");
     const char* unsupported = in.bias.defined() ? "a bias" : in.mask.defined() ? "a mask" : in.q_segment_ids.defined()
                               ? "segment ids" : p.logits_soft_cap > 0 ? "a logits soft cap" : p.dropout_prob > 0
                               ? "ringattn's deterministic dropout" : p.has_window() ? "a sliding window" : nullptr;
@@ -195,7 +196,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length), o = narrow(grad.o, 1, qr.index, qr.length);
     const TensorView d_o = narrow(grad.d_o, 1, qr.index, qr.length);
     const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
-    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
+    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
     // cuDNN before 9.26 reads stats only packed: a run of fewer rows than the call's (the ring's zigzag
     // and striped shards) gets its rows of stats copied out.
     const int64_t T = in.q.dim(1);
@@ -207,7 +208,7 @@ class CudnnAttention final : public CudaAttentionImpl {
                                       cudaMemcpyDeviceToDevice, stream_));
       run_stats = stats_run_.data<float>();
     }
-    const GraphKey key{B, Tq, Sk, H, Hkv, D, int(q.dtype()) + 100 * int(Tq), int(mask) + 16 * int(p.deterministic),
+    const GraphKey key{B, Tq, Sk, H, Hkv, D, Dv, int(q.dtype()) + 100 * int(Tq), int(mask) + 16 * int(p.deterministic),
                        {q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), o.stride(1),
                         d_o.stride(1), v.stride(1)}};
     auto it = backward_graphs_.find(key);
@@ -215,20 +216,22 @@ class CudnnAttention final : public CudaAttentionImpl {
       fe::error_t status;
       auto graph = make_backward_graph(q, k, v, o, d_o, Tq, mask, effective_scale(p, D), p.deterministic, status);
       RA_CHECK(status.is_good(), "cudnn cannot run the backward of this attention block (B=", B, " T=", Tq, " S=", Sk,
-               " H=", H, " Hkv=", Hkv, " D=", D, "): ", status.get_message(), "; use --impl flash_attn2 or sdpa");
+               " H=", H, " Hkv=", Hkv, " D=", D, " Dv=", Dv, "): ", status.get_message(),
+               "; use --impl flash_attn2 or sdpa");
       it = backward_graphs_.emplace(key, std::move(graph)).first;
     }
     fe::graph::Graph& graph = *it->second;
     const size_t elem = dtype_size(q.dtype());
-    const size_t dq_bytes = size_t(B * Tq * H * D) * elem, dkv_bytes = size_t(B * Sk * Hkv * D) * elem;
+    const size_t dq_bytes = size_t(B * Tq * H * D) * elem, dk_bytes = size_t(B * Sk * Hkv * D) * elem;
+    const size_t dv_bytes = size_t(B * Sk * Hkv * Dv) * elem;
     int64_t workspace_bytes = 0;
     RA_CHECK(graph.get_workspace_size(workspace_bytes).is_good(), "cudnn: querying the workspace size failed");
     auto align = [](size_t n) { return (n + 255) / 256 * 256; };
-    const size_t outputs = direct ? 0 : align(dq_bytes) + 2 * align(dkv_bytes);
+    const size_t outputs = direct ? 0 : align(dq_bytes) + align(dk_bytes) + align(dv_bytes);
     char* scratch = reserve(outputs + size_t(workspace_bytes) + 256);
     char* dq = direct ? static_cast<char*>(direct->dq.data()) : scratch;
     char* dk = direct ? static_cast<char*>(direct->dk.data()) : dq + align(dq_bytes);
-    char* dv = direct ? static_cast<char*>(direct->dv.data()) : dk + align(dkv_bytes);
+    char* dv = direct ? static_cast<char*>(direct->dv.data()) : dk + align(dk_bytes);
     char* workspace = scratch + outputs;
     std::unordered_map<int64_t, void*> pack = {
         {kQ, q.data()},   {kK, k.data()},   {kV, v.data()},   {kO, o.data()}, {kDO, d_o.data()},
@@ -238,7 +241,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     if (direct) return;
     add_rows_cuda(narrow(acc->dq, 1, qr.index, qr.length), TensorView(dq, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda), stream_);
     add_rows_cuda(narrow(acc->dk, 1, kr.index, kr.length), TensorView(dk, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
-    add_rows_cuda(narrow(acc->dv, 1, kr.index, kr.length), TensorView(dv, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
+    add_rows_cuda(narrow(acc->dv, 1, kr.index, kr.length), TensorView(dv, q.dtype(), {B, Sk, Hkv, Dv}, MemoryKind::kCuda), stream_);
   }
 
   // cuDNN's SDPA backward graph for these views; stats is (B, H, T) with T the run's rows (packed).
@@ -250,7 +253,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     auto tensor = [&](const char* name, int64_t uid, const TensorView& t) { return graph_tensor(*graph, name, uid, t); };
     auto Q = tensor("Q", kQ, q), K = tensor("K", kK, k), V = tensor("V", kV, v), O = tensor("O", kO, o);
     auto dO = tensor("dO", kDO, d_o);
-    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
+    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
     auto stats = graph->tensor(fe::graph::Tensor_attributes().set_name("stats").set_uid(kStats)
                                    .set_dim({B, H, Tq, 1}).set_stride({H * T, T, 1, 1})
                                    .set_data_type(fe::DataType_t::FLOAT));
@@ -261,7 +264,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     auto [dQ, dK, dV] = graph->sdpa_backward(Q, K, V, O, dO, stats, options);
     dQ->set_output(true).set_uid(kDQ).set_dim({B, H, Tq, D}).set_stride({Tq * H * D, D, H * D, 1});
     dK->set_output(true).set_uid(kDK).set_dim({B, Hkv, Sk, D}).set_stride({Sk * Hkv * D, D, Hkv * D, 1});
-    dV->set_output(true).set_uid(kDV).set_dim({B, Hkv, Sk, D}).set_stride({Sk * Hkv * D, D, Hkv * D, 1});
+    dV->set_output(true).set_uid(kDV).set_dim({B, Hkv, Sk, Dv}).set_stride({Sk * Hkv * Dv, Dv, Hkv * Dv, 1});
     status = graph->build(handle_, {fe::HeurMode_t::A});
     return graph;
   }
@@ -270,13 +273,13 @@ class CudnnAttention final : public CudaAttentionImpl {
                  Carry& carry) const {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length);
     const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
-    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
-    const GraphKey key{B, Tq, Sk, H, Hkv, D, int(q.dtype()), int(mask),
+    const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
+    const GraphKey key{B, Tq, Sk, H, Hkv, D, Dv, int(q.dtype()), int(mask),
                        {q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0),
                         v.stride(1), v.stride(2)}};
     fe::graph::Graph& graph = graph_for(key, q, k, v, mask, effective_scale(p, D));
-    // The block's O (B, Tq, H, D) and LSE (B, H, Tq) in scratch buffers that grow as needed.
-    const size_t o_bytes = size_t(B * Tq * H * D) * dtype_size(q.dtype()), lse_bytes = size_t(B * H * Tq) * 4;
+    // The block's O (B, Tq, H, Dv) and LSE (B, H, Tq) in scratch buffers that grow as needed.
+    const size_t o_bytes = size_t(B * Tq * H * Dv) * dtype_size(q.dtype()), lse_bytes = size_t(B * H * Tq) * 4;
     int64_t workspace_bytes = 0;
     RA_CHECK(graph.get_workspace_size(workspace_bytes).is_good(), "cudnn: querying the workspace size failed");
     char* scratch = reserve(o_bytes + lse_bytes + size_t(workspace_bytes) + 256);
@@ -286,19 +289,20 @@ class CudnnAttention final : public CudaAttentionImpl {
     std::unordered_map<int64_t, void*> pack = {{kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, o}, {kStats, lse}};
     fe::error_t status = graph.execute(handle_, pack, workspace);
     RA_CHECK(status.is_good(), "cudnn attention failed to run: ", status.get_message());
-    fold_output_lse_cuda(carry, TensorView(o, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda),
+    fold_output_lse_cuda(carry, TensorView(o, q.dtype(), {B, Tq, H, Dv}, MemoryKind::kCuda),
                          TensorView(lse, DType::kF32, {B, H, Tq}, MemoryKind::kCuda), qr.index, stream_);
   }
 
-  // Whether this cuDNN runs head_dim D at this dtype here, asked once per (D, dtype) by building a
-  // small graph: its support differs by version and GPU, so nothing is assumed. "" when it runs.
-  const std::string& head_dim_refusal(int64_t D, DType dt) const {
-    const auto key = std::pair{D, int(dt)};
+  // Whether this cuDNN runs head dims (D, Dv) at this dtype here, asked once per (D, Dv, dtype) by
+  // building a small graph: its support differs by version and GPU, so nothing is assumed. "" when it runs.
+  const std::string& head_dim_refusal(int64_t D, int64_t Dv, DType dt) const {
+    const auto key = std::tuple{D, Dv, int(dt)};
     auto it = head_dim_refusals_.find(key);
     if (it != head_dim_refusals_.end()) return it->second;
-    const TensorView probe(nullptr, dt, {1, 128, 1, D}, MemoryKind::kCuda);
+    const TensorView probe_qk(nullptr, dt, {1, 128, 1, D}, MemoryKind::kCuda);
+    const TensorView probe_v(nullptr, dt, {1, 128, 1, Dv}, MemoryKind::kCuda);
     fe::error_t status;
-    make_graph(probe, probe, probe, MaskMode::kCausalBottomRight, 1.0f, status);
+    make_graph(probe_qk, probe_qk, probe_v, MaskMode::kCausalBottomRight, 1.0f, status);
     return head_dim_refusals_.emplace(key, status.is_good() ? "" : status.get_message()).first->second;
   }
 
@@ -309,7 +313,8 @@ class CudnnAttention final : public CudaAttentionImpl {
     fe::error_t status;
     auto graph = make_graph(q, k, v, mask, scale, status);
     RA_CHECK(status.is_good(), "cudnn cannot run this attention block (B=", q.dim(0), " T=", q.dim(1), " S=", k.dim(1),
-             " H=", q.dim(2), " Hkv=", k.dim(2), " D=", q.dim(3), "): ", status.get_message(), "; use --impl flash_attn2");
+             " H=", q.dim(2), " Hkv=", k.dim(2), " D=", q.dim(3), " Dv=", v.dim(3), "): ", status.get_message(),
+             "; use --impl flash_attn2");
     return *graphs_.emplace(key, std::move(graph)).first->second;
   }
 
@@ -323,8 +328,8 @@ class CudnnAttention final : public CudaAttentionImpl {
     if (mask == MaskMode::kCausalTopLeft) options.set_causal_mask(true);
     if (mask == MaskMode::kCausalBottomRight) options.set_causal_mask_bottom_right(true);
     auto [O, stats] = graph->sdpa(Q, K, V, options);
-    const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3);
-    O->set_output(true).set_uid(kO).set_dim({B, H, T, D}).set_stride({T * H * D, D, H * D, 1});
+    const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), Dv = v.dim(3);
+    O->set_output(true).set_uid(kO).set_dim({B, H, T, Dv}).set_stride({T * H * Dv, Dv, H * Dv, 1});
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
     status = graph->build(handle_, {fe::HeurMode_t::A});
     return graph;
@@ -340,7 +345,7 @@ class CudnnAttention final : public CudaAttentionImpl {
 
   cudnnHandle_t handle_ = nullptr;
   mutable std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs_, backward_graphs_;
-  mutable std::map<std::pair<int64_t, int>, std::string> head_dim_refusals_;
+  mutable std::map<std::tuple<int64_t, int64_t, int>, std::string> head_dim_refusals_;
   mutable Tensor scratch_, stats_, stats_run_;  // grow-only: a free inside a ring step would wait for the device
 };
 

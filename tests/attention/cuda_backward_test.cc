@@ -12,6 +12,7 @@
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
 #include "runtime/random.h"
+#include "tests/support/cudnn_head_dims.h"
 #include "tests/support/flash_kernel_choice.h"
 #include "tests/support/problem.h"
 
@@ -111,6 +112,15 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       opt.sinks = o >= 2;
       const Shape& sh = cudnn_shapes[seed % std::size(cudnn_shapes)];
       cases.push_back({"cudnn", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
+    }
+  // cudnn with v_head_dim != head_dim (MLA's 192 / 128 and others), each option it expresses.
+  for (const CudnnHeadDims& dims : cudnn_head_dim_pairs())
+    for (int o = 0; o < 4; ++o) {
+      Options opt;
+      opt.causal = o % 2 == 1;
+      opt.sinks = o >= 2;
+      const DType dtype = o % 3 == 0 ? DType::kF16 : DType::kBF16;
+      cases.push_back({"cudnn", ProblemSpec{dims.b, dims.t, dims.s, dims.hq, dims.hkv, dims.d, dims.dv, dtype, opt, seed++}});
     }
 #endif
   return cases;
@@ -255,6 +265,7 @@ TEST(DeterministicBackward, SameBitsOnEveryRun) {
   }
 #if RA_HAVE_CUDNN
   cases.push_back({"cudnn", FlashKernel::kAuto, {1, 1500, 2100, 4, 1, 128, 128, DType::kBF16, causal, 963}});
+  cases.push_back({"cudnn", FlashKernel::kAuto, {1, 900, 1300, 4, 2, 192, 128, DType::kBF16, causal, 965}});
 #endif
   for (const Case& c : cases) {
     SCOPED_TRACE(c.impl + " " + flash_kernel_name(c.kernel) + " D=" + std::to_string(c.spec.head_dim) + " Dv=" +
@@ -306,12 +317,15 @@ TEST(CudnnBackward, KeyPartsOfAnyDiagonalSumToTheReference) {
   struct Split {
     int64_t t, s;
     std::vector<int64_t> cuts;
+    int64_t d = 64, dv = 64;
   };
-  for (const Split& split : {Split{200, 200, {100}}, Split{100, 200, {150}}, Split{96, 160, {40, 70, 130}}}) {
-    SCOPED_TRACE("T=" + std::to_string(split.t) + " S=" + std::to_string(split.s));
+  for (const Split& split : {Split{200, 200, {100}}, Split{100, 200, {150}}, Split{96, 160, {40, 70, 130}},
+                             Split{100, 200, {150}, 192, 128}}) {
+    SCOPED_TRACE("T=" + std::to_string(split.t) + " S=" + std::to_string(split.s) + " D=" + std::to_string(split.d) +
+                 " Dv=" + std::to_string(split.dv));
     Options causal;
     causal.causal = true;
-    const ProblemSpec spec{1, split.t, split.s, 4, 2, 64, 64, DType::kBF16, causal, 900 + uint64_t(split.t)};
+    const ProblemSpec spec{1, split.t, split.s, 4, 2, split.d, split.dv, DType::kBF16, causal, 900 + uint64_t(split.t)};
     DeviceGradProblem setup(spec, spec.seed);
     auto& [problem, host_in, dev, d_o, d_o_device] = setup;
     auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);

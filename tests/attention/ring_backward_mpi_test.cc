@@ -284,6 +284,9 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   RingBackwardCase mla = gpu(SequenceLayout::kZigzag, opts[6], DType::kBF16, 120, 120, 4, 2, "flash_attn2");
   mla.head_dim = 192, mla.v_head_dim = 128;  // between the instances, Dv != D (the ring carries Dv columns)
   cases.push_back(mla);
+  RingBackwardCase cudnn_mla = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 160, 160, 4, 2, "cudnn");
+  cudnn_mla.head_dim = 192, cudnn_mla.v_head_dim = 128;  // cuDNN's Dv != D on the ring's half blocks
+  cases.push_back(cudnn_mla);
   RingBackwardCase narrow_dims = gpu(SequenceLayout::kStriped, opts[1], DType::kF16, 111, 111, 4, 4, "flash_attn2");
   narrow_dims.head_dim = narrow_dims.v_head_dim = 80;
   cases.push_back(narrow_dims);

@@ -148,6 +148,7 @@ std::vector<RingCase> ring_cases() {
   // Head dims between the flash kernels' instances, Dv != D (MLA's 192 / 128): the carry holds Dv columns.
   cases.push_back({SequenceLayout::kZigzag, opts[6], DType::kBF16, 150, 150, 4, 2, "flash_attn2", 192, 128});
   cases.push_back({SequenceLayout::kStriped, opts[1], DType::kF16, 131, 131, 4, 4, "flash_attn2", 80, 80});
+  cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kBF16, 150, 150, 4, 2, "cudnn", 192, 128});
   return cases;
 }
 
