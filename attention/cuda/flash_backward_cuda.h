@@ -29,14 +29,26 @@ struct FlashBackwardArgs {
   // the slices, summed into the caller's accumulator in order after the last round).
   int first_key_block = 0;
   int64_t dq_slice_size = 0;
+  // --deterministic on the wgmma backward (flash_wgmma_backward_ordered.cu): the key blocks that see a block
+  // of query rows add their dQ into it one after the other, from the last key block down. Per (batch, query
+  // head, block of q_blocks' query rows) a turn counter; per (batch, K/V head, block of query rows) the
+  // bitmask of the key blocks whose walk reaches it (dq_writer_words words of 32) and, per word, the count
+  // of set bits in the words after it.
+  int* dq_turns = nullptr;
+  const uint32_t* dq_writers = nullptr;
+  const int* dq_writers_after = nullptr;
+  int dq_writer_words = 0;
+  int q_blocks = 0;
 };
 
 // Throws naming the tensor and what the kernel needs (f16 / bf16, head dims as check_flash_head_dims, dO in q's dtype,
 // contiguous accumulators), pointing at sdpa.
 void check_flash_backward_cuda_supported(const AttentionInputs& in, const BackwardInputs& grad, const GradViews& acc);
 
-// dq_slices: null, or under --deterministic (AttentionParams::deterministic) the scratch for the dQ slices
-// (grown as needed; at most kMaxDqSlices f32 copies of dQ): the gradients are the same bits on every run.
+// dq_slices: null, or under --deterministic (AttentionParams::deterministic) the scratch of the ordered dQ
+// (grown as needed): the wgmma kernel's turn counters (flash_wgmma_backward_ordered.cu), or (mma.sync, and
+// wgmma's unsplit 128-column instance) at most kMaxDqSlices f32 copies of dQ. Either way the gradients are
+// the same bits on every run.
 void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, Tensor* dq_slices, cudaStream_t stream);
 
 // Launches a backward instance (a __global__ taking FlashBackwardArgs, threads x smem bytes, over blocks

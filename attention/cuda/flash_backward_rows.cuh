@@ -171,6 +171,58 @@ __device__ __forceinline__ int key_block(const FlashBackwardArgs& g) { return g.
 // rounds' order.
 __device__ __forceinline__ float* dq_target(const FlashBackwardArgs& g) { return g.dq + blockIdx.x * g.dq_slice_size; }
 
+// --deterministic on the wgmma backward: this key block's turn to add dQ into a block of query rows
+// (FlashBackwardArgs::dq_turns). Its rank is the number of key blocks above it that add there, each of
+// which moves the counter on by one after its adds; the counter is read early by one thread (relaxed: an
+// acquire load there held its warp, and so its warpgroup's next wgmma, for the read's whole latency) and
+// waited on only where it has not reached the rank yet.
+struct DqTurn {
+  int* counter = nullptr;
+  int rank = 0, seen = -1;
+};
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int load_relaxed(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The turn of key block `block` (of K/V head kh) at query block qb of query head h, its counter read now.
+__device__ __forceinline__ DqTurn peek_dq_turn(const FlashBackwardArgs& g, int b, int kh, int h, int qb, int block) {
+  const int64_t writers = ((int64_t(b) * g.a.kv_heads + kh) * g.q_blocks + qb) * g.dq_writer_words + block / 32;
+  const uint32_t above = uint32_t(uint64_t(g.dq_writers[writers]) >> (block % 32 + 1));
+  DqTurn turn;
+  turn.counter = g.dq_turns + (int64_t(b) * g.a.q_heads + h) * g.q_blocks + qb;
+  turn.rank = g.dq_writers_after[writers] + __popc(above);
+  turn.seen = load_relaxed(turn.counter);
+  return turn;
+}
+
+// Waits (one thread) until every key block above this one has added its dQ here. A launch whose blocks
+// did not run in order would wait forever: after about ten seconds the kernel traps instead of hanging.
+__device__ __forceinline__ void wait_dq_turn(DqTurn& turn) {
+  if (turn.seen == turn.rank) {  // read relaxed, early: the fence makes it an acquire (measured free)
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    return;
+  }
+  for (unsigned spins = 0; (turn.seen = load_acquire(turn.counter)) != turn.rank; ++spins) {
+    if (spins > (1u << 26)) __trap();
+    __nanosleep(64);
+  }
+}
+
+// Hands the turn on (one thread, after a barrier that follows every thread's adds): the fence makes the
+// block's adds visible before the counter moves.
+__device__ __forceinline__ void pass_dq_turn(const DqTurn& turn) {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(turn.counter), "r"(turn.rank + 1) : "memory");
+}
+
 // dQ's fragment (rows row0 and row0 + 8, columns col0 + 8j + 2t, +1) times the scale, added to the
 // f32 accumulator. The atomics bound the backward (one per element per key block): on sm_90 lanes t
 // and t ^ 1 swap halves so that each adds 4 consecutive floats of one row in one 16-byte atomic.

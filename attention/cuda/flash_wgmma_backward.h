@@ -14,7 +14,11 @@ namespace ra {
 
 // Expects q_len, kv_len > 0, head dims as check_flash_head_dims, f16 or bf16 (checked by the caller), with segment
 // ids their ranges filled, and flash_wgmma_available().
-// dq_slices: as flash_backward_cuda's (--deterministic).
+// dq_slices: as flash_backward_cuda's (--deterministic): then the ordered kernel runs, this the scratch for its turns.
 void flash_wgmma_backward(const FlashBackwardArgs& args, DType dtype, Tensor* dq_slices, cudaStream_t stream);
+
+// --deterministic (flash_wgmma_backward_ordered.cu): each block of query rows takes its dQ adds from the key
+// blocks in a fixed order; the turn counters and writer masks in `scratch` (grown as needed).
+void flash_wgmma_backward_ordered(const FlashBackwardArgs& args, DType dtype, Tensor* scratch, cudaStream_t stream);
 
 }  // namespace ra

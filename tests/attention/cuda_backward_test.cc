@@ -241,10 +241,11 @@ TEST(BackwardInto, TheCallersViewsMatchTheReference) {
     }
 }
 
-// --deterministic: the gradients are the same bits on every run (flash_attn2: the key blocks in rounds,
-// dQ of each block of a round into a slice of its own, summed in order; cudnn: its deterministic
-// algorithm) and still match the f64 reference. Shapes of more key blocks than a round holds; the
-// extras with a bias of full shape (dBias has one writer per element).
+// --deterministic: the gradients are the same bits on every run (flash_attn2 on wgmma: each block of query
+// rows takes its dQ adds from the key blocks in a fixed order; on mma.sync the key blocks in rounds, dQ of
+// each block of a round into a slice of its own, summed in order; cudnn: its deterministic algorithm) and
+// still match the f64 reference. Shapes of more key blocks than a round holds; every instance of the
+// wgmma kernel; the extras with a bias of full shape (dBias has one writer per element).
 TEST(DeterministicBackward, SameBitsOnEveryRun) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   struct Case {
@@ -252,16 +253,22 @@ TEST(DeterministicBackward, SameBitsOnEveryRun) {
     FlashKernel kernel;
     ProblemSpec spec;
   };
-  Options plain, causal_window, extras, causal;
+  Options plain, causal_window, extras, causal, documents, capped;
   causal_window.causal = causal_window.window = true;
   extras.bias = extras.dropout = extras.segments = true;
   causal.causal = true;
+  documents.segments = documents.causal = true;
+  capped.softcap = capped.window = true;
   std::vector<Case> cases;
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync}) {
     cases.push_back({"flash_attn2", kernel, {1, 1200, 2100, 4, 1, 64, 64, DType::kBF16, plain, 960}});
     cases.push_back({"flash_attn2", kernel, {1, 1500, 2100, 8, 2, 128, 128, DType::kF16, causal_window, 961}});
     cases.push_back({"flash_attn2", kernel, {1, 700, 1100, 2, 1, 256, 256, DType::kBF16, extras, 962}});
     cases.push_back({"flash_attn2", kernel, {1, 900, 1300, 4, 2, 192, 128, DType::kBF16, causal, 964}});
+    // Packed documents (the walk skips query blocks); a soft cap with a window over 37 key blocks (the
+    // ordered kernel's writer masks span two words).
+    cases.push_back({"flash_attn2", kernel, {2, 1000, 1000, 4, 2, 128, 128, DType::kBF16, documents, 966}});
+    cases.push_back({"flash_attn2", kernel, {1, 600, 4700, 4, 1, 64, 64, DType::kF16, capped, 967}});
   }
 #if RA_HAVE_CUDNN
   cases.push_back({"cudnn", FlashKernel::kAuto, {1, 1500, 2100, 4, 1, 128, 128, DType::kBF16, causal, 963}});

@@ -1,0 +1,355 @@
+// The wgmma flash backward kernel and its traits (see flash_wgmma_backward.cu), in a header so that the
+// default instances (flash_wgmma_backward.cu) and the ordered ones of --deterministic
+// (flash_wgmma_backward_ordered.cu) compile as two translation units, in parallel.
+#pragma once
+
+#include "attention/cuda/flash_cuda.h"
+#include "attention/cuda/flash_backward_rows.cuh"
+#include "attention/cuda/wgmma.cuh"
+
+namespace ra::wgmma_backward {
+
+using namespace flash;
+
+constexpr int kGroups = 2, kThreads = kGroups * 128;  // warpgroups per block
+using wgmma::kRowBytes;
+using wgmma::kSwizzleAtom;
+
+// kExtras: the extras instance, whose per-pair work needs registers the unsplit D = 128 kernel spends on
+// dK and dV: it splits too (measured faster there).
+template <typename T, int D, bool kExtras = false>
+struct WgmmaBackwardTraits {
+  // D = 256: the two warpgroups share 64 keys and split the query block (S^T, dP^T) and D (dK, dV, dQ).
+  static constexpr bool kSplit = D == 256 || (kExtras && D == 128);
+  static constexpr int kBlockN = kSplit ? 64 : kGroups * 64;  // keys per block
+  // Query rows per step: dK and dV (64 keys x D per warpgroup) and S^T, dP^T (64 keys x kBlockM) share
+  // a thread's 255 registers, so D = 128 takes 64 rows and D = 64 takes 128; D = 256 (split) 64.
+  static constexpr int kBlockM = D == 64 ? 128 : 64;
+  // A step's dQ is kBlockM x D; each warpgroup forms half: half the rows (D = 64) or half of D.
+  static constexpr bool kDqSplitsRows = kBlockM == 128;
+  static constexpr int kTilesD = D / 8 / (kSplit ? 2 : 1);       // dK / dV columns per warpgroup, in 8s
+  static constexpr int kTilesM = kBlockM / 8 / (kSplit ? 2 : 1);  // S^T's query columns per warpgroup
+  static constexpr int kTilesDq = kDqSplitsRows ? D / 8 : D / 16;  // dQ's columns per warpgroup
+  // K and V, two buffers each of Q and dO, dS^T (and P^T where split); + slack to start the tiles on the
+  // swizzle's 1024 bytes.
+  static constexpr size_t kSmemBytes =
+      size_t(2 * kBlockN * D + 4 * kBlockM * D + (kSplit ? 2 : 1) * kBlockN * kBlockM) * sizeof(T) + kSwizzleAtom;
+  static_assert(D == 64 || D == 128 || D == 256, "dK and dV of 64 keys x D (x D / 2 where split) per warpgroup in registers");
+  static_assert(kTilesD <= 16 && kTilesDq <= 16 && (kTilesM == 4 || kTilesM == 8 || kTilesM == 16), "wgmma's N <= 128");
+  static_assert(kBlockM == 64 || !kSplit, "dS^T and P^T rows of one 64-query slab");
+  static_assert(kDqSplitsRows == (D == 64) && kBlockM % 64 == 0, "dQ: each warpgroup 64 rows x kTilesDq * 8");
+  static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory on an sm_90 SM");
+};
+
+// kSegments: an instance that reads segment ids (skipping query blocks, comparing ids in masked steps);
+// the other compiles without them, as it did before (this kernel spills at any extra live value).
+// kSoftCap: an instance with a soft cap (never with segment ids): P from the capped logits, and dS times
+// the cap's derivative 1 - tanh^2, tanh recovered from P and LSE rather than kept (no live value more).
+// kExtras: an instance that forms every pair with the soft cap (at run time), the bias and mask tensors
+// and dropout, and adds dS into dBias by atomics (flash_wgmma_has_extras; always with kSegments).
+// kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
+// kOrdered: --deterministic (flash_wgmma_backward_ordered.cu): the key blocks run from the last down, and each
+// adds its dQ into a block of query rows on its turn (DqTurn), after every key block above it that adds there.
+template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false>
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = WgmmaBackwardTraits<T, D, kExtras>;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
+  constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;
+  const CudaAttentionArgs& a = g.a;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
+  T* k_s = reinterpret_cast<T*>(smem);
+  T* v_s = k_s + kBlockN * D;
+  T* q_buffers = v_s + kBlockN * D;             // two buffers of kBlockM x D
+  T* do_buffers = q_buffers + 2 * kBlockM * D;  // two buffers of kBlockM x D
+  T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: rows of keys, slabs of 64 queries
+  T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kSplit only)
+  // Per step's rows: LSE in log2 units (+inf where the row saw nothing, so that its P is 0) and delta.
+  __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
+  __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
+  const int block = kOrdered ? int(gridDim.x) - 1 - int(blockIdx.x) : key_block(g), n0 = block * kBlockN;
+  const int kh = blockIdx.y, b = blockIdx.z;
+  // This warpgroup's keys (its own 64, or the 64 both share), this thread's two of them (key_row and
+  // key_row + 8), and where split its query columns of S^T and its columns of dK / dV.
+  const int key0 = Traits::kSplit ? 0 : group * 64, key_row = key0 + (warp % 4) * 16 + lane / 4;
+  const int q_col0 = Traits::kSplit ? group * kTilesM * 8 : 0, d_col0 = Traits::kSplit ? group * kTilesD * 8 : 0;
+  auto key_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockN>(r, c); };
+  auto query_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockM>(r, c); };
+
+  load_rows<T, D, kBlockN, kThreads, kPadded>(k_s, a.k, b, kh, n0, a.kv_len, a.head_dim, tid, key_slabs);
+  load_rows<T, D, kBlockN, kThreads, kPadded>(v_s, a.v, b, kh, n0, a.kv_len, a.value_dim, tid, key_slabs);
+  copy_commit();
+  int64_t k_lo, k_hi;
+  tile_key_range<kBlockN>(a, block, lane, k_lo, k_hi);
+  const QueryWindow window = query_window<kBlockN, kSegments>(a, b, n0);
+  // This thread's two keys (read by masked steps only); a key past the end is never visible.
+  const bool key_in[2] = {n0 + key_row < a.kv_len, n0 + key_row + 8 < a.kv_len};
+  const int64_t key_pos[2] = {key_in[0] ? a.pos.k[n0 + key_row] : 0, key_in[1] ? a.pos.k[n0 + key_row + 8] : 0};
+
+  float dk[kTilesD][4], dv[kTilesD][4];
+#pragma unroll
+  for (int j = 0; j < kTilesD; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+  // Raw scores times this are log2-unit logits; with a soft cap the scores are capped into those units first.
+  const bool soft_cap = kSoftCap || (kExtras && a.soft_cap > 0.0f);
+  const float scale_log2 = soft_cap ? 1.0f : a.scale * kLog2e;
+
+  auto load_step = [&](int buffer, int h, int m0) {
+    load_rows<T, D, kBlockM, kThreads, kPadded>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, a.head_dim,
+                                                tid, query_slabs);
+    load_rows<T, D, kBlockM, kThreads, kPadded>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len,
+                                                a.value_dim, tid, query_slabs);
+    load_step_segments<kBlockM, kSegments>(a, segment_buffers[buffer], b, m0, tid);
+  };
+  // A step's LSE and delta, read into registers when its loads start and stored when the step before
+  // it ends (rows past the end read 0: their Q and dO rows are zeros, so they add nothing).
+  auto read_stats = [&](int h, int m0, float& lse_log2, float& delta) {
+    lse_log2 = delta = 0.0f;
+    if (tid < kBlockM && m0 + tid < a.q_len) {
+      const int64_t at = (int64_t(b) * a.q_heads + h) * a.q_len + m0 + tid;
+      const float lse = g.lse[at];
+      lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      delta = g.delta[at];
+    }
+  };
+
+  int h = kh * (a.q_heads / a.kv_heads), m0 = 0, buffer = 0;
+  BlockKind kind = BlockKind::kSkip;
+  bool have = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
+  if (have) {
+    load_step(0, h, m0);
+    float lse_log2, delta;
+    read_stats(h, m0, lse_log2, delta);
+    if (tid < kBlockM) lse_buffers[0][tid] = lse_log2, delta_buffers[0][tid] = delta;
+  }
+  copy_commit();
+  // This warpgroup's 64 rows of K and V (A of S^T and dP^T), and dQ's operands: dS's query slab and K's
+  // column slab, MN-major (their 64-column slabs kBlockN rows apart).
+  const uint32_t k_addr = smem_address(k_s), ds_addr = smem_address(ds_s);
+  const uint64_t k_desc = wgmma::sw128_desc(k_addr + key0 * kRowBytes, 16, kSwizzleAtom);
+  const uint64_t v_desc = wgmma::sw128_desc(smem_address(v_s) + key0 * kRowBytes, 16, kSwizzleAtom);
+  const uint64_t ds_desc = wgmma::sw128_desc(ds_addr + (Traits::kDqSplitsRows ? group : 0) * kBlockN * kRowBytes,
+                                             kBlockN * kRowBytes, kSwizzleAtom);
+  const uint64_t dq_k_desc = wgmma::sw128_desc(
+      k_addr + (Traits::kDqSplitsRows ? 0 : group * kTilesDq / 8) * kBlockN * kRowBytes, kBlockN * kRowBytes, kSwizzleAtom);
+  [[maybe_unused]] DqTurn turn, passed;  // kOrdered, thread 0: this step's turn; the last step's, to hand on
+  while (have) {
+    int next_h = h, next_m0 = m0 + kBlockM;
+    BlockKind next_kind = BlockKind::kSkip;
+    bool next = false;
+    float next_lse = 0.0f, next_delta = 0.0f;
+    // The next step: found (its positions read), its loads started.
+    auto prefetch_next = [&] {
+      next = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, next_h, next_m0, next_kind);
+      if (next) {
+        load_step(1 - buffer, next_h, next_m0);
+        read_stats(next_h, next_m0, next_lse, next_delta);
+      }
+      copy_commit();
+    };
+    copy_wait_all();
+    wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();  // this step's tiles and stats are in; the last step's products are done with the other buffers and dS^T
+    if constexpr (kOrdered) {  // the last step's dQ adds are all issued: its turn passes on
+      if (tid == 0 && passed.counter) pass_dq_turn(passed);
+    }
+    const uint32_t q_addr = smem_address(q_buffers + buffer * kBlockM * D);
+    const uint32_t do_addr = smem_address(do_buffers + buffer * kBlockM * D);
+    const float* lse_s = lse_buffers[buffer];
+    const float* delta_s = delta_buffers[buffer];
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys (and its query columns), both operands
+    // K-major (rows of D): k-step kk is 32 bytes into slab kk / 4.
+    float st[kTilesM][4], dpt[kTilesM][4];
+    const uint64_t q_desc = wgmma::sw128_desc(q_addr + q_col0 * kRowBytes, 16, kSwizzleAtom);
+    const uint64_t do_desc = wgmma::sw128_desc(do_addr + q_col0 * kRowBytes, 16, kSwizzleAtom);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_ss<T, kTilesM>(st, wgmma::advance(k_desc, (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32),
+                                wgmma::advance(q_desc, (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32), kk > 0);
+    wgmma::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_ss<T, kTilesM>(dpt, wgmma::advance(v_desc, (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32),
+                                wgmma::advance(do_desc, (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32), kk > 0);
+    wgmma::commit();
+    prefetch_next();  // the positions' reads wait while the tensor cores work
+    if constexpr (kOrdered) {
+      if (tid == 0) turn = peek_dq_turn(g, b, kh, h, m0 / kBlockM, block);
+    }
+
+    // P^T against LSE (0 where a pair is hidden or past an end) while dP^T is computed.
+    const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
+    wgmma::wait<1>();
+    wgmma::pin(st);
+    if (soft_cap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
+    // The extras instance masks every step: where the step's queries sit at consecutive positions (every
+    // layout's but across a chunk's edge) each key's seeing columns, found once, replace positions read
+    // and compared per pair; the mask tensor hides, the bias joins the exponent.
+    [[maybe_unused]] int64_t q_first = 0;
+    [[maybe_unused]] bool q_consecutive = false;
+    if constexpr (kExtras) {
+      const int width = min(kBlockM, a.q_len - m0);
+      q_first = a.pos.q[m0];
+      q_consecutive = a.pos.queries_sorted && a.pos.q[m0 + width - 1] - q_first == width - 1;
+      const int2 cols[2] = {key_in[0] && q_consecutive ? seeing_columns(a, key_pos[0], q_first, width) : make_int2(0, 0),
+                            key_in[1] && q_consecutive ? seeing_columns(a, key_pos[1], q_first, width) : make_int2(0, 0)};
+#pragma unroll
+      for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
+          bool visible = q_consecutive ? qcol >= cols[e / 2].x && qcol < cols[e / 2].y
+                                       : key_in[e / 2] && query < a.q_len &&
+                                             position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left,
+                                                              a.window_right);
+          float bias = 0.0f;
+          visible = visible && same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2)) &&
+                    pair_bias_mask(a, b, h, query, key_pos[e / 2], bias);
+          st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, fmaf(bias, kLog2e, -lse_s[qcol]))) : 0.0f;
+        }
+    } else if (masked) {
+#pragma unroll
+      for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
+          const bool visible = key_in[e / 2] && query < a.q_len &&
+                               position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right) &&
+                               same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2));
+          st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
+        }
+    } else {  // straight-line: no per-element branch in the common case
+#pragma unroll
+      for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          st[j][e] = fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[q_col0 + j * 8 + (lane % 4) * 2 + (e & 1)]));
+    }
+    wgmma::wait<0>();
+    wgmma::pin(dpt);
+    // dS^T = P^T (dP^T - delta), then both as 16-bit A operands.
+    uint32_t pt[kTilesM / 2][4], dst[kTilesM / 2][4];
+#pragma unroll
+    for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
+        if constexpr (kExtras) {  // dropout's weight on dP and P (the forward's decision), dBias, the cap's derivative
+          const float p = st[j][e], keep_scale = 1.0f / (1.0f - a.dropout_prob);
+          const int query = m0 + qcol;
+          const int64_t kpos = key_pos[e / 2];
+          const float weight =
+              p > 0.0f ? dropout_weight(a, b, h, q_consecutive ? q_first + qcol : a.pos.q[query], kpos, keep_scale) : 1.0f;
+          float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
+          if (g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, kpos, ds);
+          if (soft_cap && p > 0.0f) {  // the bias read again: held from the step above it costs registers
+            float bias = 0.0f;
+            pair_bias_mask(a, b, h, query, kpos, bias);
+            ds *= soft_cap_slope(p, lse_s[qcol], bias * kLog2e, a.soft_cap);
+          }
+          dpt[j][e] = ds;
+          st[j][e] = p * weight;
+          continue;
+        }
+        dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[qcol]);
+        if constexpr (kSoftCap) dpt[j][e] *= soft_cap_slope(st[j][e], lse_s[qcol], 0.0f, a.soft_cap);  // P = 0: dS = 0 anyway
+      }
+#pragma unroll
+    for (int kc = 0; kc < kTilesM / 2; ++kc) {
+      pack_probabilities<T>(st, kc, pt[kc]);
+      pack_probabilities<T>(dpt, kc, dst[kc]);
+    }
+    // A operands to shared memory: rows of keys, query q_col0 + j * 8 .. in chunk q_col0 / 8 + j.
+    auto store_rows = [&](T* dst_s, const uint32_t (&frag)[kTilesM / 2][4]) {
+#pragma unroll
+      for (int kc = 0; kc < kTilesM / 2; ++kc)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int chunk = q_col0 / 8 + 2 * kc + half, col = (lane % 4) * 2;
+          *reinterpret_cast<uint32_t*>(dst_s + wgmma::slab_offset<kBlockN>(key_row, chunk) + col) = frag[kc][2 * half];
+          *reinterpret_cast<uint32_t*>(dst_s + wgmma::slab_offset<kBlockN>(key_row + 8, chunk) + col) = frag[kc][2 * half + 1];
+        }
+    };
+
+    // dV += P^T dO and dK += dS^T Q over this warpgroup's columns of D; dO and Q are rows of queries,
+    // the k axis here: MN-major. P^T and dS^T from registers, or where split from shared memory (each
+    // warpgroup holds half of their query columns).
+    const uint64_t do_mn = wgmma::sw128_desc(do_addr + d_col0 / 64 * kBlockM * kRowBytes, kBlockM * kRowBytes, kSwizzleAtom);
+    const uint64_t q_mn = wgmma::sw128_desc(q_addr + d_col0 / 64 * kBlockM * kRowBytes, kBlockM * kRowBytes, kSwizzleAtom);
+    if constexpr (Traits::kSplit) {
+      store_rows(p_s, pt);
+      store_rows(ds_s, dst);
+      wgmma::fence_shared_writes();
+      if constexpr (kOrdered) {
+        if (tid == 0) wait_dq_turn(turn);
+      }
+      __syncthreads();  // both warpgroups' P^T and dS^T columns are in (and under kOrdered, dQ's turn has come)
+      const uint64_t pt_desc = wgmma::sw128_desc(smem_address(p_s), 16, kSwizzleAtom);
+      const uint64_t dst_desc = wgmma::sw128_desc(ds_addr, 16, kSwizzleAtom);
+      wgmma::fence();
+#pragma unroll
+      for (int kc = 0; kc < kBlockM / 16; ++kc)
+        wgmma::mma_ss<T, kTilesD, false, true>(dv, wgmma::advance(pt_desc, kc * 32), wgmma::advance(do_mn, kc * 16 * kRowBytes), 1);
+#pragma unroll
+      for (int kc = 0; kc < kBlockM / 16; ++kc)
+        wgmma::mma_ss<T, kTilesD, false, true>(dk, wgmma::advance(dst_desc, kc * 32), wgmma::advance(q_mn, kc * 16 * kRowBytes), 1);
+      wgmma::commit();
+    } else {
+      wgmma::fence();
+#pragma unroll
+      for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dv, pt[kc], wgmma::advance(do_mn, kc * 16 * kRowBytes));
+#pragma unroll
+      for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dk, dst[kc], wgmma::advance(q_mn, kc * 16 * kRowBytes));
+      wgmma::commit();
+      // dS^T to shared memory for dQ (while dV and dK are formed).
+      store_rows(ds_s, dst);
+      wgmma::fence_shared_writes();
+      if constexpr (kOrdered) {
+        if (tid == 0) wait_dq_turn(turn);
+      }
+      __syncthreads();  // both warpgroups' dS^T rows are in (and under kOrdered, dQ's turn has come)
+    }
+
+    // dQ = dS K: A is dS with queries contiguous, B is K with D contiguous, both MN-major; 16 keys per
+    // k-step.
+    float dq[kTilesDq][4];
+    wgmma::fence();
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc)
+      wgmma::mma_ss<T, kTilesDq, true, true>(dq, wgmma::advance(ds_desc, kc * 16 * kRowBytes),
+                                      wgmma::advance(dq_k_desc, kc * 16 * kRowBytes), kc > 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(dk);
+    wgmma::pin(dv);
+    wgmma::pin(dq);
+    if constexpr (!Traits::kSplit) {  // A operands in registers: alive until their wgmma is waited for
+      wgmma::pin(pt);
+      wgmma::pin(dst);
+    }
+    add_dq_rows<kPadded, kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
+                          Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
+    if constexpr (kOrdered) passed = turn;
+    if (next && tid < kBlockM) lse_buffers[1 - buffer][tid] = next_lse, delta_buffers[1 - buffer][tid] = next_delta;
+    h = next_h;
+    m0 = next_m0;
+    kind = next_kind;
+    have = next;
+    buffer = 1 - buffer;
+  }
+  copy_wait_all();
+  if constexpr (kOrdered) {
+    __syncthreads();  // the last step's dQ adds are all issued
+    if (tid == 0 && passed.counter) pass_dq_turn(passed);
+  }
+  add_dk_dv_rows<T, kPadded>(g, dk, dv, b, kh, n0 + key_row, d_col0, lane);
+#endif
+}
+
+}  // namespace ra::wgmma_backward
