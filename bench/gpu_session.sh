@@ -604,3 +604,59 @@ if has documents; then  # packed documents: the kernels skip blocks that share n
   done
   timeout 400 python3 bench/torch_documents.py 16x128x16 16x128x64 2>&1 | grep -v "Warning\|is_fx_tracing" | tee "$out/torch_documents.txt"
 fi
+if has python_gpus; then  # issue 22 on 2 GPUs, most wanted first (each step bounded; one log): torchrun with NCCL,
+  # the training curve under torchrun and mpirun, the GPU ring's shards under mpirun, the C++ GPU ring tests over
+  # both transports, the fault cases, then one GPU's Python CUDA tests
+  log="$out/python_gpus.log"
+  python_package
+  $py -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.device_count(), 'GPUs')" | tee -a "$log"
+  step() { echo "### $*" | tee -a "$log"; }
+  step torchrun: test_torch_cuda_torchrun.py
+  timeout 100 $py -m torch.distributed.run --standalone --nproc-per-node 2 -m pytest -q -rs -p no:cacheprovider \
+    python/tests/test_torch_cuda_torchrun.py 2>&1 | grep -v "^W\|warnings.warn" | tee -a "$log" | tail -n 6
+  step torchrun: train_ring.py on 2 GPUs
+  timeout 120 $py -m torch.distributed.run --standalone --nproc-per-node 2 "${train_cuda[@]}" \
+    --csv "$out/train_torchrun.csv" --png "$out/train_ring_cuda_torchrun.png" 2>&1 | grep -v "^W\|warnings.warn" | tee -a "$log" | tail -n 4
+  step mpirun: test_torch_cuda_ring.py on 2 GPUs
+  timeout 90 mpirun -np 2 -x PYTHONPATH $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda_ring.py \
+    2>&1 | tee -a "$log" | tail -n 6
+  step mpirun: train_ring.py on 2 GPUs
+  timeout 100 mpirun -np 2 -x PYTHONPATH $py "${train_cuda[@]}" --csv "$out/train_mpirun.csv" 2>&1 | tee -a "$log" | tail -n 4
+  for tr in nccl copy-engines; do
+    for t in ring_backward_mpi_test ring_mpi_test; do
+      step "$t on 2 GPUs over $tr"
+      timeout 60 mpirun -np 2 $build/tests/$t --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
+        grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tee -a "$log" | tail -n 4
+    done
+  done
+  step fault cases on 2 GPUs
+  timeout 120 bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | grep -E "^(ok|FAIL|skip)|passed|failed" | tee -a "$log" | tail -n 40
+  step one GPU: test_torch_cuda.py test_jax_cuda.py
+  timeout 150 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py python/tests/test_jax_cuda.py 2>&1 |
+    tee -a "$log" | tail -n 12
+fi
+if has network; then  # issue 23: the ring over NCCL's socket path (loopback TCP) beside NVLink, forward and backward,
+  # flash_attn2 steps, causal zigzag; the grad wire and NCCL's socket threads as what a slow link can be given
+  log="$out/network.txt"
+  row() { echo "# $1" | tee -a "$log"; shift; bench "$@" | tee -a "$log"; }
+  for t in 8192 32768 65536; do  # the kernel's one-GPU rate at the ring's block sizes, for the model
+    row "1 GPU" 1 --impl flash_attn2 --seq $t --iters 5 --causal --backward
+  done
+  sockets="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"
+  tuned="$sockets NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"
+  for link in nvlink sockets tuned; do
+    case $link in nvlink) env=;; sockets) env=$sockets;; tuned) env=$tuned;; esac
+    for t in 16384 65536 262144; do
+      [ $t = 262144 ] && w=1 it=2 || { w=2; it=5; }
+      ( [ -n "$env" ] && export $env; warmup=$w row "$link forward T=$t" 2 --impl ring --ring-transport nccl --seq $t --iters $it --causal --layout zigzag --step-times )
+    done
+    for t in 16384 65536 131072; do
+      for wire in f32 bf16; do
+        [ $link = nvlink ] && [ $wire = bf16 ] && [ $t != 65536 ] && continue
+        [ $t = 131072 ] && w=1 it=2 || { w=1; it=4; }
+        ( [ -n "$env" ] && export $env; warmup=$w row "$link backward T=$t wire $wire" 2 --impl ring --ring-transport nccl --seq $t --iters $it \
+            --causal --layout zigzag --backward --grad-wire $wire )
+      done
+    done
+  done
+fi
