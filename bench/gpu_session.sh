@@ -625,7 +625,7 @@ if has python_gpus; then  # issue 22 on 2 GPUs, most wanted first (each step bou
   for tr in nccl copy-engines; do
     for t in ring_backward_mpi_test ring_mpi_test; do
       step "$t on 2 GPUs over $tr"
-      timeout 60 mpirun -np 2 $build/tests/$t --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
+      timeout 200 mpirun -np 2 $build/tests/$t --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
         grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tee -a "$log" | tail -n 4
     done
   done
