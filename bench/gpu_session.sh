@@ -26,6 +26,8 @@
 # `wide_backward` (head_dim 256 in the flash backward: tests, CLI, the ring, both kernels' rows against the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
+# BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
+# statically linked programs are 47 MB each, past the carry's 64 MiB together).
 set -u -o pipefail
 build=${1:?build folder}; stage=${2:?check|bench|ring}; gpus=${3:-2}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
