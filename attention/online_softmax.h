@@ -42,11 +42,16 @@ struct MergeScales {
 };
 
 // into <- into (+) other (the state of the union of both key sets). Both empty: into stays empty and
-// the scales are {1, 0}, so a numerator update leaves into's (zero) numerator as it is, never NaN.
+// the scales are {1, 0}, so a numerator update leaves into's (zero) numerator as it is, never NaN. The
+// sums still add there: keys whose logits were all NaN leave max -inf and a NaN sum, which must reach
+// the normalize (NaN out, not an empty row's 0).
 template <typename Acc>
 RA_HD_INLINE MergeScales<Acc> softmax_merge(SoftmaxState<Acc>& into, SoftmaxState<Acc> other) {
   const Acc m = into.max > other.max ? into.max : other.max;
-  if (m == -Acc(INFINITY)) return {Acc(1), Acc(0)};
+  if (m == -Acc(INFINITY)) {
+    into.sum += other.sum;
+    return {Acc(1), Acc(0)};
+  }
   const Acc a = into.max == -Acc(INFINITY) ? Acc(0) : softmax_exp(into.max - m);
   const Acc b = other.max == -Acc(INFINITY) ? Acc(0) : softmax_exp(other.max - m);
   into.sum = into.sum * a + other.sum * b;
@@ -56,7 +61,8 @@ RA_HD_INLINE MergeScales<Acc> softmax_merge(SoftmaxState<Acc>& into, SoftmaxStat
 
 // Normalizing a finished row: O = numerator * scale and its LSE (natural log). An attention sink is one
 // more logit with a zero value row: it joins the sum only, counted once here. A row with nothing (no
-// visible key, no sink) gives scale 0 and LSE -inf: O = 0, never 0/0.
+// visible key, no sink) gives scale 0 and LSE -inf: O = 0, never 0/0. A NaN sum (NaN logits: a NaN in q,
+// k or the bias) is not an empty row: it stays NaN, as in PyTorch's SDPA, instead of a silent 0.
 template <typename Acc>
 struct Normalized {
   Acc scale, lse;
@@ -65,8 +71,17 @@ template <typename Acc>
 RA_HD_INLINE Normalized<Acc> softmax_normalize(SoftmaxState<Acc> state, bool has_sink, Acc sink) {
   Acc numerator_scale = 1;
   if (has_sink) numerator_scale = softmax_merge(state, SoftmaxState<Acc>{sink, Acc(1)}).self;
-  if (!(state.sum > 0)) return {Acc(0), -Acc(INFINITY)};
+  if (state.sum == Acc(0)) return {Acc(0), -Acc(INFINITY)};
   return {numerator_scale / state.sum, state.max + softmax_log(state.sum)};
+}
+
+// The sum of a row whose running max is still -inf: 0 where no logit was visible, NaN where every
+// visible logit was NaN (a NaN in q): a max over floats skips NaN, and the row must not pass for empty.
+template <typename Acc, typename Logit>
+RA_HD_INLINE Acc unseen_row_sum(const Logit* logits, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    if (logits[j] != logits[j]) return Acc(NAN);
+  return Acc(0);
 }
 
 // Causal / sliding-window visibility of key position kpos from query position qpos (-1: unbounded).

@@ -32,7 +32,7 @@ void sdpa_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionPa
           scores[size_t(j)] = pair_logit<Acc>(in, pos, p, scale, q, b, h, kh, t, j);
           m = std::fmax(m, scores[size_t(j)]);
         }
-        Acc l = 0;
+        Acc l = m == neg_inf ? unseen_row_sum<Acc>(scores.data(), S) : Acc(0);
         std::fill(o.begin(), o.end(), Acc(0));
         if (m != neg_inf) {
           for (int64_t j = 0; j < S; ++j) {

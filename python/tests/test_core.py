@@ -109,6 +109,22 @@ def test_fully_masked_rows_give_zero_not_nan():
     assert np.all(grads[0][:, 3] == 0)
 
 
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_nan_in_q_gives_nan_in_its_row_not_an_empty_rows_zero(impl, causal):
+    # Every logit of that row is NaN: a max over them skips NaN, yet the row is not empty (PyTorch's SDPA
+    # gives NaN there too). Causal: the row's masked logits (-inf) beside its NaN ones.
+    q, k, v, do, _ = problem(10, T=9, S=9)
+    q[1, 4, 2, 5] = np.nan
+    o, lse = ringattn.attention(q, k, v, impl=impl, causal=causal, return_lse=True)
+    assert np.isnan(o[1, 4, 2]).all() and np.isnan(lse[1, 2, 4])
+    clean = np.ones(o.shape[:3], dtype=bool)
+    clean[1, 4, 2] = False
+    assert np.isfinite(o[clean]).all()
+    grads = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, causal=causal)
+    assert np.isnan(grads[0][1, 4, 2]).all()  # dq of the row; dk / dv of the keys it saw carry the NaN on
+
 def test_strided_views_without_copies():
     # (B, H, T, D) arrays viewed as (B, T, H, D): the core reads them through their strides.
     q, k, v, do, _ = problem(11)
