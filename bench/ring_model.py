@@ -93,6 +93,15 @@ def hiding_tokens(rate, bandwidth, heads=32, kv_heads=32, elem=2, causal=True, b
     return t * (elem + grad_elem) / (2.5 * elem) if backward else t
 
 
+def decorate(axes, gpu, kind, title):
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel(f"tokens per GPU (ring of 2 {gpu}, causal zigzag, H=32 D=128 bf16)")
+    axes.set_ylabel(f"per-GPU TFLOP/s (flash_attn2 {kind} steps)")
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=7)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--png", help="plot predicted and measured per-GPU TFLOP/s to this file")
@@ -134,12 +143,7 @@ def main():
             if link in MEASURED:
                 points = MEASURED[link]
                 ax.plot([T / 2 for T in points], list(points.values()), "o", color=color, label=f"measured, {link}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("tokens per GPU (ring of 2 H200, causal zigzag, H=32 D=128 bf16)")
-        ax.set_ylabel("per-GPU TFLOP/s (flash_attn2 forward steps)")
-        ax.set_title("When the ring hides its K/V transfers")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        decorate(ax, "H200", "forward", "When the ring hides its K/V transfers")
         for (link, bandwidth), color in zip(H100_LINKS.items(), ("C0", "C3")):
             for grad, style in ((4, "-"), (2, "--")):
                 measured = H100_MEASURED.get((link, "backward", grad))
@@ -151,12 +155,7 @@ def main():
                         label=f"model, {link}, {wire} gradient wire")
                 bx.plot([T / 2 for T in measured], list(measured.values()), "o" if grad == 4 else "s", color=color,
                         label=f"measured, {link}, {wire} gradient wire")
-        bx.set_xscale("log", base=2)
-        bx.set_xlabel("tokens per GPU (ring of 2 H100, causal zigzag, H=32 D=128 bf16)")
-        bx.set_ylabel("per-GPU TFLOP/s (flash_attn2 backward steps)")
-        bx.set_title("The backward: dK / dV travel beside K / V")
-        bx.grid(True, which="both", alpha=0.3)
-        bx.legend(fontsize=7)
+        decorate(bx, "H100", "backward", "The backward: dK / dV travel beside K / V")
         fig.tight_layout()
         fig.savefig(args.png, dpi=110)
         print(f"\nplot: {args.png}")
