@@ -53,6 +53,21 @@ TEST(Carry, MergeOfTwoEmptiesStaysEmptyWithoutNan) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(lse.data<float>()[i], -INFINITY);
 }
 
+// A row whose visible logits were all NaN (a NaN in q) keeps max -inf beside a NaN sum: merged with an
+// empty carry either way round it stays NaN, and finalizes to NaN, not to an empty row's 0 / -inf.
+TEST(Carry, RowOfNanLogitsStaysNanThroughMergeAndFinalize) {
+  for (bool nan_first : {true, false}) {
+    Carry nan_row = Carry::empty(1, 1, 1, 2), empty = Carry::empty(1, 1, 1, 2);
+    nan_row.denominator.data<float>()[0] = NAN;
+    Carry& into = nan_first ? nan_row : empty;
+    merge(into, nan_first ? empty : nan_row);
+    Tensor o(DType::kF32, {1, 1, 1, 2}), lse(DType::kF32, {1, 1, 1});
+    finalize(into, TensorView(), o, lse);
+    EXPECT_TRUE(std::isnan(lse.data<float>()[0])) << "NaN row merged " << (nan_first ? "into" : "from") << " empty";
+    EXPECT_TRUE(std::isnan(o.data<float>()[0]) && std::isnan(o.data<float>()[1]));
+  }
+}
+
 // Split points of S into n uneven pieces.
 std::vector<int64_t> split_points(int64_t s, int n, uint64_t seed) {
   std::vector<int64_t> cuts{0};
