@@ -11,7 +11,7 @@ float32, lse float32; gradients in q's dtype or float32) and those are returned:
 PyTorch and the seeds: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (B, T, Hq, Dv);
 lse (B, Hq, T) float32, natural log. Keyword options, by the seeds' names: causal, window=(left, right)
 (-1: unbounded), softcap, scale (0: 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32,
-mask (the same shape, bool / uint8, true = attend), segment_ids (B, T) int32 and kv_segment_ids
+mask (the same shape, bool / uint8, true = attend; both may drop leading 1s, as a (T, S) mask), segment_ids (B, T) int32 and kv_segment_ids
 (B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed, flash_kernel
 ("auto", "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run; any other implementation refuses it). Bad input raises ValueError naming the tensor and dimension.
 """
@@ -55,13 +55,38 @@ def _int32_segments(options):
     return options
 
 
+def _four_dims(x):
+    """x with leading 1s up to 4 dimensions (numpy's broadcasting: a (T, S) mask as PyTorch's SDPA takes it);
+    the core takes biases and masks as (B|1, Hq|1, T|1, S)."""
+    ndim = getattr(x, "ndim", 4)
+    return x if x is None or not 1 <= ndim < 4 else x.reshape((1,) * (4 - ndim) + tuple(x.shape))
+
+
+def _call_options(options):
+    """options as the core takes them: int32 segment ids, 4-dimensional bias and mask."""
+    options = _int32_segments(options)
+    if any(_four_dims(options.get(name)) is not options.get(name) for name in ("bias", "mask")):
+        options = dict(options, **{name: _four_dims(options[name]) for name in ("bias", "mask") if name in options})
+    return options
+
+
+def _in_bias_shape(grads, options):
+    """The backward's gradients with dbias (after dq, dk, dv) back in the shape the bias was given in."""
+    bias = options.get("bias")
+    if bias is None or getattr(bias, "ndim", 4) >= 4:
+        return grads
+    grads = list(grads)
+    grads[3] = grads[3].reshape(tuple(bias.shape))
+    return tuple(grads)
+
+
 def attention(q, k, v, *, impl="flash_attn2", return_lse=False, out=None, stream=None, **options):
     """o = attention of q over k and v on this process; (o, lse) with return_lse=True.
 
     impl: "flash_attn2", "sdpa" or "blockwise" on the host; "flash_attn2", "sdpa" or "cudnn" on a GPU.
     out: None, or (o, lse) arrays to write into.
     """
-    return _core.attention(q, k, v, impl, _int32_segments(options), return_lse, out, _stream(stream), q)
+    return _core.attention(q, k, v, impl, _call_options(options), return_lse, out, _stream(stream), q)
 
 
 def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients=False, out=None, stream=None,
@@ -73,7 +98,8 @@ def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients
     deterministic=True (an option, as FlashAttention's): on a GPU the same bits on every run (dQ summed in
     a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are.
     """
-    return _core.attention_backward(q, k, v, o, lse, do, impl, _int32_segments(options), f32_gradients, out, _stream(stream), q)
+    return _in_bias_shape(_core.attention_backward(q, k, v, o, lse, do, impl, _call_options(options), f32_gradients, out,
+                                                   _stream(stream), q), options)
 
 
 def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
@@ -95,7 +121,7 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     same bits on every run for this number of ranks and layout (the backward's sums in a fixed order).
     """
     return _core.ring_attention(q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
-                                bool(deterministic), "f32", _int32_segments(options), return_lse, out, _stream(stream), q)
+                                bool(deterministic), "f32", _call_options(options), return_lse, out, _stream(stream), q)
 
 
 def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
@@ -109,9 +135,10 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", globa
     ranks and any layout, given o and lse of a deterministic forward; CUDA arrays the same bits on every run
     for this number of ranks and layout (dQ summed in a fixed order: up to 16 float32 copies of dq).
     """
-    return _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
-                                         float(timeout), bool(deterministic), grad_wire, _int32_segments(options), f32_gradients, out,
-                                         _stream(stream), q)
+    grads = _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
+                                          float(timeout), bool(deterministic), grad_wire, _call_options(options),
+                                          f32_gradients, out, _stream(stream), q)
+    return _in_bias_shape(grads, options)
 
 
 def ring_stats():

@@ -11,7 +11,8 @@ Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S,
 with layout_bhtd=True they are (B, H, T, D) as F.scaled_dot_product_attention takes them (transposed
 copies are made). lse (B, Hq, T) float32 comes back with return_lse=True and is not differentiable.
 Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
-1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend),
+1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend;
+leading 1s may be dropped, as a (T, S) mask),
 segment_ids (B, T) int32 and kv_segment_ids (B, S), dropout, dropout_seed; flash_kernel ("auto",
 "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run, refused by any other implementation).
 """
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from . import _core
-from . import _int32_segments
+from . import _four_dims, _int32_segments
 
 __all__ = ["attention", "ring_attention", "DistributedComm"]
 
@@ -283,6 +284,7 @@ def _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids,
                  dropout_seed, flash_kernel):
     """The ops' flat option arguments (masks and biases are (B, H, T, S) in both layouts)."""
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    bias, mask = _four_dims(bias), _four_dims(mask)  # views: dbias flows back in the bias's own shape
     return (sinks, bias, mask, segment_ids, kv_segment_ids, bool(causal), left, right,
             float(softcap or 0.0), float(scale or 0.0), float(dropout), int(dropout_seed), str(flash_kernel))
 

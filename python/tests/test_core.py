@@ -125,6 +125,21 @@ def test_a_nan_in_q_gives_nan_in_its_row_not_an_empty_rows_zero(impl, causal):
     grads = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, causal=causal)
     assert np.isnan(grads[0][1, 4, 2]).all()  # dq of the row; dk / dv of the keys it saw carry the NaN on
 
+def test_masks_and_biases_may_drop_leading_ones_as_numpy_broadcasts():
+    q, k, v, do, _ = problem(11, T=13, S=17)
+    rng = np.random.default_rng(11)
+    bias = rng.standard_normal((4, 13, 17)).astype(np.float32)  # (Hq, T, S)
+    mask = rng.random((13, 17)) < 0.7  # (T, S)
+    mask[:, 0] = True
+    for impl in IMPLS:
+        o, lse = ringattn.attention(q, k, v, impl=impl, bias=bias, mask=mask, return_lse=True)
+        o4, lse4 = ringattn.attention(q, k, v, impl=impl, bias=bias[None], mask=mask[None, None], return_lse=True)
+        assert np.array_equal(o, o4) and np.array_equal(lse, lse4)
+        grads = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, bias=bias, mask=mask)
+        grads4 = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, bias=bias[None], mask=mask[None, None])
+        assert grads[3].shape == bias.shape and np.array_equal(grads[3], grads4[3][0])
+        assert all(np.array_equal(a, b) for a, b in zip(grads[:3], grads4[:3]))
+
 def test_strided_views_without_copies():
     # (B, H, T, D) arrays viewed as (B, T, H, D): the core reads them through their strides.
     q, k, v, do, _ = problem(11)

@@ -73,6 +73,29 @@ def test_bhtd_layout_and_a_float_bias_with_its_gradient_equal_sdpa():
         close(got, ref.grad)
 
 
+def test_a_two_dimensional_mask_and_a_three_dimensional_bias_as_sdpa_takes_them():
+    # F.scaled_dot_product_attention broadcasts attn_mask of (T, S) or (H, T, S); so do we, and the bias's
+    # gradient comes back in the shape it was given in.
+    g = torch.Generator().manual_seed(3)
+    B, H, T, S, D = 2, 4, 23, 31, 16
+    q, k, v = (torch.randn(B, H, n, D, generator=g, requires_grad=True) for n in (T, S, S))
+    bias = torch.randn(H, T, S, generator=g, requires_grad=True)
+    mask = torch.rand(T, S, generator=g) < 0.8
+    mask[:, 0] = True  # no fully masked row: SDPA gives those NaN, we give 0
+    do = torch.randn(B, H, T, D, generator=g)
+    o = rt.attention(q, k, v, bias=bias, layout_bhtd=True)
+    o.backward(do)
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v, bias)]
+    want = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3])
+    want.backward(do.double())
+    close(o, want)
+    assert bias.grad.shape == bias.shape
+    for got, ref in zip((q.grad, k.grad, v.grad, bias.grad), leaves):
+        close(got, ref.grad)
+    masked = rt.attention(q.detach(), k.detach(), v.detach(), mask=mask, layout_bhtd=True)
+    close(masked, F.scaled_dot_product_attention(q.detach().double(), k.detach().double(), v.detach().double(),
+                                                 attn_mask=mask))
+
 def test_every_option_with_sinks_gradient_equals_the_f64_reference():
     q, k, v, do = tensors(3, T=31, S=45)
     g = torch.Generator().manual_seed(4)
