@@ -75,6 +75,9 @@ AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& 
   if (o.segment_ids) {
     in.q_segment_ids = view_of(*o.segment_ids, "segment_ids", 2, where);
     // The keys' ids default to the queries' (self-attention, T = S).
+    RA_CHECK(o.kv_segment_ids || in.q.dim(1) == in.k.dim(1),
+             "segment_ids (B, T) given without kv_segment_ids, but the keys are not the queries (T = ",
+             in.q.dim(1), ", S = ", in.k.dim(1), "): pass kv_segment_ids (B, S) too");
     in.kv_segment_ids = o.kv_segment_ids ? view_of(*o.kv_segment_ids, "kv_segment_ids", 2, where) : in.q_segment_ids;
   }
   return in;

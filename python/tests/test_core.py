@@ -169,6 +169,8 @@ def test_outputs_own_their_memory():
         (lambda a: dict(a, bias=[1.0, 2.0]), "bias is a list, expected an array"),
         (lambda a: dict(a, impl="nonexistent"), "nonexistent"),
         (lambda a: dict(a, stream=7), "stream is given \\(7\\) but q is in host memory"),
+        (lambda a: dict(a, k=a["k"][:, :30], v=a["v"][:, :30], segment_ids=np.zeros((2, 37), np.int32)),
+         "segment_ids \\(B, T\\) given without kv_segment_ids, but the keys are not the queries \\(T = 37, S = 30\\)"),
     ],
 )
 def test_bad_input_raises_value_error_naming_it(mutate, pattern):
