@@ -62,7 +62,8 @@ TensorView::TensorView(void* data, DType dtype, Shape shape, std::array<int64_t,
   for (int i = 0; i < shape.rank; ++i) RA_CHECK(shape[i] >= 0, "negative dimension ", i, " in shape ", shape.str());
 }
 
-bool TensorView::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+// No elements: contiguous whatever the strides (PyTorch's empty tensors count a zero dimension as 1 in them).
+bool TensorView::is_contiguous() const { return shape_.numel() == 0 || strides_ == contiguous_strides(shape_); }
 
 void Tensor::Release::operator()(void* p) const {
   if (temporary)

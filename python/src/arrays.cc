@@ -84,7 +84,11 @@ TensorView view_of(const AnyArray& array, const char* name, size_t expected_rank
     shape[int(d)] = int64_t(array.shape(d));
     strides[d] = array.stride(d);
   }
-  return TensorView(const_cast<void*>(array.data()), dtype_of(array.dtype(), name), shape, strides, where.memory);
+  // An array with no elements may have no memory (PyTorch's empty tensors: a null pointer), which a view
+  // reads as "not given": point it at a byte of its own, never read (no element to read).
+  static char no_elements;
+  void* data = array.size() == 0 && array.data() == nullptr ? &no_elements : const_cast<void*>(array.data());
+  return TensorView(data, dtype_of(array.dtype(), name), shape, strides, where.memory);
 }
 
 Framework framework_of(nb::handle like) {

@@ -96,6 +96,18 @@ def test_a_two_dimensional_mask_and_a_three_dimensional_bias_as_sdpa_takes_them(
     close(masked, F.scaled_dot_product_attention(q.detach().double(), k.detach().double(), v.detach().double(),
                                                  attn_mask=mask))
 
+@pytest.mark.parametrize("q_shape, kv_shape", [((0, 5, 2, 8), (0, 5, 2, 8)), ((2, 0, 2, 8), (2, 5, 2, 8)),
+                                               ((2, 5, 2, 8), (2, 0, 2, 8))])
+def test_empty_tensors_give_empty_results_and_gradients(q_shape, kv_shape):
+    # PyTorch's empty tensors have no memory (a null pointer, strides counting 0 as 1): neither "not given"
+    # nor "not contiguous". No key at all: zeros, as a fully masked row.
+    q = torch.randn(*q_shape, requires_grad=True)
+    k, v = (torch.randn(*kv_shape, requires_grad=True) for _ in range(2))
+    o = rt.attention(q, k, v, causal=True)
+    assert o.shape == q.shape and (o == 0).all()
+    o.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
 def test_every_option_with_sinks_gradient_equals_the_f64_reference():
     q, k, v, do = tensors(3, T=31, S=45)
     g = torch.Generator().manual_seed(4)
