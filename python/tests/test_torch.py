@@ -55,33 +55,15 @@ def test_forward_and_backward_equal_sdpa_in_f64(impl, causal):
         close(got, ref.grad)
 
 
-def test_bhtd_layout_and_a_float_bias_with_its_gradient_equal_sdpa():
+@pytest.mark.parametrize("bias_dims", [4, 3])
+def test_bhtd_layout_and_a_float_bias_with_its_gradient_equal_sdpa(bias_dims):
+    # 3 dims: (H, T, S), leading 1s dropped as SDPA broadcasts attn_mask; the gradient comes back in that shape
     g = torch.Generator().manual_seed(2)
     B, H, T, S, D = 2, 4, 29, 41, 16
     q = torch.randn(B, H, T, D, generator=g, requires_grad=True)
     k = torch.randn(B, H, S, D, generator=g, requires_grad=True)
     v = torch.randn(B, H, S, D, generator=g, requires_grad=True)
-    bias = torch.randn(1, H, T, S, generator=g, requires_grad=True)
-    do = torch.randn(B, H, T, D, generator=g)
-    o = rt.attention(q, k, v, bias=bias, layout_bhtd=True)
-    o.backward(do)
-    leaves = [x.detach().double().requires_grad_() for x in (q, k, v, bias)]
-    want = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3])
-    want.backward(do.double())
-    close(o, want)
-    for got, ref in zip((q.grad, k.grad, v.grad, bias.grad), leaves):
-        close(got, ref.grad)
-
-
-def test_a_two_dimensional_mask_and_a_three_dimensional_bias_as_sdpa_takes_them():
-    # F.scaled_dot_product_attention broadcasts attn_mask of (T, S) or (H, T, S); so do we, and the bias's
-    # gradient comes back in the shape it was given in.
-    g = torch.Generator().manual_seed(3)
-    B, H, T, S, D = 2, 4, 23, 31, 16
-    q, k, v = (torch.randn(B, H, n, D, generator=g, requires_grad=True) for n in (T, S, S))
-    bias = torch.randn(H, T, S, generator=g, requires_grad=True)
-    mask = torch.rand(T, S, generator=g) < 0.8
-    mask[:, 0] = True  # no fully masked row: SDPA gives those NaN, we give 0
+    bias = torch.randn(*(1, H, T, S)[4 - bias_dims:], generator=g, requires_grad=True)
     do = torch.randn(B, H, T, D, generator=g)
     o = rt.attention(q, k, v, bias=bias, layout_bhtd=True)
     o.backward(do)
@@ -92,9 +74,16 @@ def test_a_two_dimensional_mask_and_a_three_dimensional_bias_as_sdpa_takes_them(
     assert bias.grad.shape == bias.shape
     for got, ref in zip((q.grad, k.grad, v.grad, bias.grad), leaves):
         close(got, ref.grad)
-    masked = rt.attention(q.detach(), k.detach(), v.detach(), mask=mask, layout_bhtd=True)
-    close(masked, F.scaled_dot_product_attention(q.detach().double(), k.detach().double(), v.detach().double(),
-                                                 attn_mask=mask))
+
+
+def test_a_two_dimensional_boolean_mask_as_sdpa_takes_it():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=g, dtype=torch.float64) for n in (23, 31, 31))
+    mask = torch.rand(23, 31, generator=g) < 0.8
+    mask[:, 0] = True  # no fully masked row: SDPA gives those NaN, we give 0
+    got = rt.attention(q.float(), k.float(), v.float(), mask=mask, layout_bhtd=True)
+    close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
 
 @pytest.mark.parametrize("q_shape, kv_shape", [((0, 5, 2, 8), (0, 5, 2, 8)), ((2, 0, 2, 8), (2, 5, 2, 8)),
                                                ((2, 5, 2, 8), (2, 0, 2, 8))])
