@@ -11,8 +11,8 @@ float32, lse float32; gradients in q's dtype or float32) and those are returned:
 PyTorch and the seeds: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (B, T, Hq, Dv);
 lse (B, Hq, T) float32, natural log. Keyword options, by the seeds' names: causal, window=(left, right)
 (-1: unbounded), softcap, scale (0: 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32,
-mask (the same shape, bool / uint8, true = attend; both may drop leading 1s, as a (T, S) mask), segment_ids (B, T) int32 and kv_segment_ids
-(B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed, flash_kernel
+mask (the same shape, bool / uint8, true = attend; both may drop leading 1s, as a (T, S) mask),
+segment_ids (B, T) int32 and kv_segment_ids (B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed, flash_kernel
 ("auto", "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run; any other implementation refuses it). Bad input raises ValueError naming the tensor and dimension.
 """
 
