@@ -16,6 +16,7 @@
 #include "mesh/sequence_layout.h"
 #include "nccl_comm.h"
 #include "python_communicator.h"
+#include "runtime/checksum.h"
 #include "runtime/error.h"
 
 #if RA_HAVE_CUDA
@@ -109,6 +110,17 @@ CallerComm caller_comm_of(nb::handle comm) {
   return {MPI_Comm_f2c(nb::cast<int>(comm.attr("py2f")())), nb::handle()};
 }
 
+std::string ring_options_text(const AttentionParams& params, const AttentionInputs& in) {
+  std::string text = params.describe() + " dtype=" + std::string(dtype_name(in.q.dtype()));
+  for (auto [name, dim] : {std::pair{"B", in.q.dim(0)}, {"Hq", in.q.dim(2)}, {"Hkv", in.k.dim(2)}, {"D", in.q.dim(3)},
+                           {"Dv", in.v.dim(3)}})
+    text += std::string(" ") + name + "=" + std::to_string(dim);
+  for (auto [name, given] : {std::pair{"bias", in.bias.defined()}, {"mask", in.mask.defined()},
+                             {"sinks", in.sinks.defined()}, {"segment_ids", in.q_segment_ids.defined()}})
+    if (given) text += std::string(" ") + name;
+  return text;
+}
+
 CallRing::CallRing(std::unique_ptr<Communicator> comm, const RingConfig& config)
     : communicator(std::move(comm)), config(config) {
   ctx.comm = communicator.get();
@@ -165,6 +177,17 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
   }
   int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
   if (!global_q_len || !global_kv_len) agree(lengths, ReduceOp::kSum);
+  // Every rank passes the same options, as the CLI's ranks the same command line: compared before the ring is
+  // used, so a rank with others (causal on one rank only) stops every rank alike instead of computing its rows.
+  const std::string mine = modes.options + " layout=" + layout + " local_impl=" + local_impl +
+                           " deterministic=" + std::to_string(modes.deterministic) + " grad_wire=" +
+                           std::string(dtype_name(modes.gradient_wire));
+  const int64_t fingerprint = crc32_bytes(mine.data(), mine.size());
+  int64_t least[2] = {fingerprint, -fingerprint};  // the least and (negated) the greatest over the ranks
+  agree(least, ReduceOp::kMin);
+  RA_CHECK(least[0] == fingerprint && least[1] == -fingerprint, "the ranks called the ring with different options "
+           "(this is one of them: ", mine, "); every rank passes the same options, layout, implementation and head "
+           "shapes");
   config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
   const auto min_over_ranks = [&](int64_t* v) { agree(v, ReduceOp::kMin); };
   if (python) {

@@ -71,7 +71,12 @@ std::optional<RingStats> last_ring_stats();
 struct RingModes {
   bool deterministic = false;
   DType gradient_wire = DType::kF32;
+  std::string options;  // the call's options and head shapes (ring_options_text), compared over the ranks
 };
+
+// What every rank of a ring call passes alike: the attention options and the parts of the shapes that are
+// the same on every rank (all but the rows of the shard), and which optional inputs are given.
+std::string ring_options_text(const AttentionParams& params, const AttentionInputs& in);
 
 // The ring for one call, bound to the call's device stream; this rank's shard checked against the layout
 // before any exchange. Over MPI every rank first agrees (over the caller's communicator) on the global

@@ -27,11 +27,12 @@ nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& 
                           bool deterministic, const std::string& grad_wire, const nb::dict& options,
                           bool return_lse, nb::handle out, uintptr_t stream, nb::handle like) {
   // The backward's wire is part of the ring's configuration: a forward and its backward share a kept ring.
-  const RingModes modes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
+  RingModes modes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
   const CallOptions call = options_from(options);
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, call, where);
   const AttentionParams params = params_of(call);
+  modes.options = ring_options_text(params, in);
   const std::optional<ForwardViews> into = forward_out_of(out, where);
   const CallerComm caller = caller_comm_of(comm);
   AttentionOutput result;
@@ -57,11 +58,12 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
                                    double timeout_s, bool deterministic, const std::string& grad_wire,
                                    const nb::dict& options, bool f32_gradients, nb::handle out, uintptr_t stream,
                                    nb::handle like) {
-  const RingModes modes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
+  RingModes modes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
   const CallOptions call = options_from(options);
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, call, where);
   const AttentionParams params = params_of(call);
+  modes.options = ring_options_text(params, in);
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
   const std::optional<GradViews> into = gradients_out_of(out, where);

@@ -143,6 +143,20 @@ def test_bad_input_raises_on_every_rank():
             ringattn.ring_attention(q, k, v, comm=COMM, layout="contiguous", global_q_len=16, global_kv_len=16)
 
 
+
+@pytest.mark.skipif(SIZE == 1, reason="one rank cannot differ from another")
+@pytest.mark.parametrize("differing", [{"causal": True}, {"window": (3, 0)}, {"local_impl": "sdpa"}, {"bias": True}])
+def test_options_that_differ_between_ranks_are_refused_on_every_rank(differing):
+    # As the CLI's ranks started with different command lines: one rank's options alone (here the last's) stop
+    # every rank with the same message, before any block moves, instead of rows computed under other options.
+    q, k, v, _, _ = problem(4, B=1, T=3 * SIZE, S=3 * SIZE)
+    q, k, v = (ringattn.shard(x, 1, "zigzag", RANK, SIZE) for x in (q, k, v))
+    options = dict(differing) if RANK == SIZE - 1 else {}
+    if options.pop("bias", False):
+        options["bias"] = np.zeros((1, 1, 1, 3 * SIZE), np.float32)
+    with pytest.raises(ValueError, match="the ranks called the ring with different options"):
+        ringattn.ring_attention(q, k, v, comm=COMM, timeout=10, **options)
+
 def test_a_ring_is_kept_per_configuration_and_communicator_and_released_on_request():
     ringattn.release_rings()
     q, k, v, _, _ = problem(31, T=40, S=40)
