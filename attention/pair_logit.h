@@ -14,9 +14,10 @@
 
 namespace ra {
 
-// `q` points at row t of head h; kh is h's K/V head.
+// `q` points at row t of head h; kh is h's K/V head. `in` holds views in the arithmetic's type (f32 for the
+// kernels, f64 for the reference).
 template <typename Acc>
-Acc pair_logit(const F32Inputs& in, const TokenPositions& pos, const AttentionParams& p, Acc scale, const float* q,
+Acc pair_logit(const HostInputs& in, const TokenPositions& pos, const AttentionParams& p, Acc scale, const Acc* q,
                int64_t b, int64_t h, int64_t kh, int64_t t, int64_t j) {
   const int64_t kpos = pos.k[size_t(j)];
   bool visible = position_visible(pos.q[size_t(t)], kpos, p.causal, p.window_left, p.window_right);
@@ -27,7 +28,7 @@ Acc pair_logit(const F32Inputs& in, const TokenPositions& pos, const AttentionPa
     visible = in.mask.data_as<uint8_t>()[b * in.mask.stride(0) + h * in.mask.stride(1) + t * in.mask.stride(2) +
                                          kpos * in.mask.stride(3)] != 0;
   if (!visible) return -std::numeric_limits<Acc>::infinity();
-  const float* k = in.k.data_as<float>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
+  const Acc* k = in.k.data_as<Acc>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
   const int64_t D = in.q.dim(3);
   Acc s = 0;
   for (int64_t d = 0; d < D; ++d) s += Acc(q[d]) * Acc(k[d]);
@@ -35,7 +36,7 @@ Acc pair_logit(const F32Inputs& in, const TokenPositions& pos, const AttentionPa
   const Acc cap = p.logits_soft_cap;
   if (cap > 0) s = cap * std::tanh(s / cap);
   if (in.bias.defined())
-    s += in.bias.data_as<float>()[b * in.bias.stride(0) + h * in.bias.stride(1) + t * in.bias.stride(2) +
+    s += in.bias.data_as<Acc>()[b * in.bias.stride(0) + h * in.bias.stride(1) + t * in.bias.stride(2) +
                                   kpos * in.bias.stride(3)];
   return s;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "attention/backward.h"
@@ -12,9 +13,11 @@
 namespace ra {
 namespace {
 
-void check_float(const TensorView& t, const char* name) {
+void check_float(const TensorView& t, const char* name, bool f64) {
+  if (f64 && t.dtype() == DType::kF64) return;
   RA_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF16 || t.dtype() == DType::kBF16, name, " has dtype ",
-           dtype_name(t.dtype()), ", expected f32, f16 or bf16");
+           dtype_name(t.dtype()), ", expected f32, f16 or bf16",
+           t.dtype() == DType::kF64 ? " (f64 inputs: impl sdpa on the host, the f64 reference)" : "");
 }
 
 void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
@@ -30,9 +33,19 @@ void check_dim(const TensorView& t, const char* name, int dim, const char* dim_n
 
 }  // namespace
 
-Tensor f32_copy(const TensorView& t) {
-  Tensor out(DType::kF32, t.shape());
-  float* dst = out.data<float>();
+namespace {
+
+// Element i of a float buffer of any dtype, in T.
+template <typename T>
+T load_as(const void* data, DType dtype, size_t i) {
+  if (dtype == DType::kF64) return T(static_cast<const double*>(data)[i]);
+  return T(load_as_f32(data, dtype, i));
+}
+
+template <typename T>
+Tensor float_copy(const TensorView& t) {
+  Tensor out(std::is_same_v<T, double> ? DType::kF64 : DType::kF32, t.shape());
+  T* dst = out.data<T>();
   const size_t elem = dtype_size(t.dtype());
   // Walked as a 4-d view: dimensions below the tensor's rank lead, of size 1.
   const int pad = kMaxRank - t.rank();
@@ -46,20 +59,25 @@ Tensor f32_copy(const TensorView& t) {
     for (int64_t b = 0; b < dim[1]; ++b)
       for (int64_t c = 0; c < dim[2]; ++c) {
         const char* row = static_cast<const char*>(t.data()) + (a * stride[0] + b * stride[1] + c * stride[2]) * int64_t(elem);
-        for (int64_t d = 0; d < dim[3]; ++d) dst[n++] = load_as_f32(row, t.dtype(), size_t(d * stride[3]));
+        for (int64_t d = 0; d < dim[3]; ++d) dst[n++] = load_as<T>(row, t.dtype(), size_t(d * stride[3]));
       }
   return out;
 }
 
+}  // namespace
+
+Tensor f32_copy(const TensorView& t) { return float_copy<float>(t); }
+Tensor f64_copy(const TensorView& t) { return float_copy<double>(t); }
+
 void validate_attention(const AttentionInputs& in, const AttentionParams& p, const TokenPositions& pos,
-                        int64_t max_head_dim) {
+                        int64_t max_head_dim, bool f64) {
   RA_CHECK(in.q.defined() && in.k.defined() && in.v.defined(), "q, k and v are all required");
   check_rank(in.q, "q", 4, "(batch, q_len, q_heads, head_dim)");
   check_rank(in.k, "k", 4, "(batch, kv_len, kv_heads, head_dim)");
   check_rank(in.v, "v", 4, "(batch, kv_len, kv_heads, v_head_dim)");
-  check_float(in.q, "q");
-  check_float(in.k, "k");
-  check_float(in.v, "v");
+  check_float(in.q, "q", f64);
+  check_float(in.k, "k", f64);
+  check_float(in.v, "v", f64);
   RA_CHECK(in.k.dtype() == in.q.dtype() && in.v.dtype() == in.q.dtype(), "q, k and v must share a dtype: q is ",
            dtype_name(in.q.dtype()), ", k ", dtype_name(in.k.dtype()), ", v ", dtype_name(in.v.dtype()));
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
@@ -81,7 +99,8 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
   RA_CHECK(int64_t(pos.k.size()) == S, "key positions: ", pos.k.size(), " given, expected kv_len = ", S);
   const Shape full{B, Hq, T, pos.total_keys};
   if (in.bias.defined()) {
-    RA_CHECK(in.bias.dtype() == DType::kF32, "bias has dtype ", dtype_name(in.bias.dtype()), ", expected f32");
+    RA_CHECK(in.bias.dtype() == DType::kF32 || (f64 && in.bias.dtype() == DType::kF64), "bias has dtype ",
+             dtype_name(in.bias.dtype()), ", expected f32", f64 ? " or f64" : "");
     broadcast_to(in.bias, full, "bias");
   }
   if (in.mask.defined()) {
@@ -89,9 +108,10 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
     broadcast_to(in.mask, full, "mask");
   }
   if (in.sinks.defined()) {
-    RA_CHECK(in.sinks.dtype() == DType::kF32 && in.sinks.rank() == 1 && in.sinks.dim(0) == Hq,
-             "sinks has shape ", in.sinks.shape().str(), " and dtype ", dtype_name(in.sinks.dtype()),
-             ", expected f32 (", Hq, ") (one logit per query head)");
+    RA_CHECK((in.sinks.dtype() == DType::kF32 || (f64 && in.sinks.dtype() == DType::kF64)) && in.sinks.rank() == 1 &&
+                 in.sinks.dim(0) == Hq,
+             "sinks has shape ", in.sinks.shape().str(), " and dtype ", dtype_name(in.sinks.dtype()), ", expected f32",
+             f64 ? " or f64" : "", " (", Hq, ") (one logit per query head)");
   }
   RA_CHECK(in.q_segment_ids.defined() == in.kv_segment_ids.defined(),
            "segment ids need both segment_ids (B, T) and kv_segment_ids (B, S)");
@@ -152,9 +172,11 @@ void validate_backward(const AttentionInputs& in, const TensorView& o, const Bac
     if (!t->defined() && (!is_lse || !need_lse)) continue;  // delta: computed from o and do
     RA_CHECK(t->defined(), "lse (the forward's log-sum-exp) is required for the backward pass, expected f32 (", B,
              ", ", Hq, ", ", T, ")");
-    RA_CHECK(t->dtype() == DType::kF32 && t->rank() == 3 && t->is_contiguous(), name, " has shape ",
-             t->shape().str(), " and dtype ", dtype_name(t->dtype()), ", expected contiguous f32 (", B, ", ", Hq, ", ",
-             T, ")");
+    // f64 inputs (the f64 reference's) come with the reference's f64 LSE.
+    const bool f64 = in.q.dtype() == DType::kF64;
+    RA_CHECK((t->dtype() == DType::kF32 || (f64 && t->dtype() == DType::kF64)) && t->rank() == 3 && t->is_contiguous(),
+             name, " has shape ", t->shape().str(), " and dtype ", dtype_name(t->dtype()), ", expected contiguous ",
+             f64 ? "f32 or f64" : "f32", " (", B, ", ", Hq, ", ", T, ")");
     check_dim(*t, name, 0, "batch", B, "(q's batch)");
     check_dim(*t, name, 1, "q_heads", Hq, "(q's q_heads)");
     check_dim(*t, name, 2, "q_len", T, "(q's q_len)");
@@ -170,24 +192,33 @@ void validate_backward(const AttentionInputs& in, const TensorView& o, const Bac
   }
 }
 
-F32Inputs as_f32_inputs(const AttentionInputs& in, const TokenPositions& pos) {
-  F32Inputs out;
+namespace {
+
+template <typename T>
+HostInputs as_host_inputs(const AttentionInputs& in, const TokenPositions& pos) {
+  constexpr DType kDType = std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
+  HostInputs out;
   auto view = [](const TensorView& t, Tensor& copy) {
-    if (t.dtype() == DType::kF32 && t.stride(3) == 1) return t;
-    copy = f32_copy(t);
+    if (!t.defined() || (t.dtype() == kDType && t.stride(t.rank() - 1) == 1)) return t;
+    copy = float_copy<T>(t);
     return copy.view();
   };
   out.q = view(in.q, out.q_copy);
   out.k = view(in.k, out.k_copy);
   out.v = view(in.v, out.v_copy);
   const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
-  if (in.bias.defined()) out.bias = broadcast_to(in.bias, full, "bias");
+  if (in.bias.defined()) out.bias = broadcast_to(view(in.bias, out.bias_copy), full, "bias");
   if (in.mask.defined()) out.mask = broadcast_to(in.mask, full, "mask");
-  out.sinks = in.sinks;
+  out.sinks = view(in.sinks, out.sinks_copy);
   out.q_segment_ids = in.q_segment_ids;
   out.kv_segment_ids = in.kv_segment_ids;
   return out;
 }
+
+}  // namespace
+
+F32Inputs as_f32_inputs(const AttentionInputs& in, const TokenPositions& pos) { return as_host_inputs<float>(in, pos); }
+F64Inputs as_f64_inputs(const AttentionInputs& in, const TokenPositions& pos) { return as_host_inputs<double>(in, pos); }
 
 TokenPositions TokenPositions::dense(int64_t t, int64_t s) {
   TokenPositions pos;

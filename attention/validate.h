@@ -7,19 +7,25 @@
 
 namespace ra {
 
-// `max_head_dim`: the largest D / Dv the implementation supports.
+// `max_head_dim`: the largest D / Dv the implementation supports. `f64`: the inputs of the f64 reference
+// (q, k, v may be f64 too, bias and sinks f32 or f64); the kernels take f32, f16 and bf16.
 void validate_attention(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
-                        int64_t max_head_dim);
+                        int64_t max_head_dim, bool f64 = false);
 
-// The inputs as the CPU kernels read them: q, k, v in f32 with a contiguous last dimension (converted
-// copies of f16 / bf16 inputs are kept here), bias and mask broadcast to (B, Hq, T, S_total).
-struct F32Inputs {
+// The inputs as the host kernels read them, in f32 (the kernels) or f64 (the f64 reference): q, k, v,
+// bias and sinks in that dtype with a contiguous last dimension (converted copies kept here where they
+// are in another), bias and mask broadcast to (B, Hq, T, S_total).
+struct HostInputs {
   TensorView q, k, v, bias, mask, sinks, q_segment_ids, kv_segment_ids;
-  Tensor q_copy, k_copy, v_copy;
+  Tensor q_copy, k_copy, v_copy, bias_copy, sinks_copy;
 };
+using F32Inputs = HostInputs;  // as_f32_inputs: float views
+using F64Inputs = HostInputs;  // as_f64_inputs: double views
 F32Inputs as_f32_inputs(const AttentionInputs& in, const TokenPositions& pos);
+F64Inputs as_f64_inputs(const AttentionInputs& in, const TokenPositions& pos);
 
-// A contiguous f32 host copy of a host tensor of rank up to 4, any float dtype and strides.
+// A contiguous f32 (f64) host copy of a host tensor of rank up to 4, any float dtype and strides.
 Tensor f32_copy(const TensorView& t);
+Tensor f64_copy(const TensorView& t);
 
 }  // namespace ra

@@ -18,10 +18,11 @@ namespace ra {
 namespace {
 
 // Acc: the terms' arithmetic; LseT: LSE and delta as stored; Sum: the sums; LogitT: the logits' arithmetic
-// (the deterministic ring's f64 terms take f32 logits, as its forward's LSE was computed from).
+// and the inputs' type (the deterministic ring's f64 terms take f32 logits, as its forward's LSE was
+// computed from).
 template <typename Acc, typename LseT = Acc, typename Sum = Acc, typename LogitT = Acc>
 struct BackwardBuffers {
-  const float* d_o;   // (B, T, Hq, Dv) contiguous
+  const LogitT* d_o;  // (B, T, Hq, Dv) contiguous
   const LseT* lse;    // (B, Hq, T)
   const LseT* delta;  // (B, Hq, T)
   Sum *dq, *dk, *dv;  // contiguous, shaped as q, k, v
@@ -41,7 +42,7 @@ inline void add_term(Fixed& sum, double term, double unit, std::atomic<bool>* ou
 }
 
 template <typename Acc, typename LseT, typename Sum, typename LogitT>
-void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionParams& p,
+void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const AttentionParams& p,
                         const BackwardBuffers<Acc, LseT, Sum, LogitT>& buf) {
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
   const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3), group = Hq / Hkv;
@@ -57,8 +58,8 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
           const int64_t r = (b * Hq + h) * T + t;
           const Acc lse = Acc(buf.lse[r]), delta = Acc(buf.delta[r]);
           if (lse == -INFINITY) continue;  // the row saw nothing: no gradient flows through it
-          const float* q = in.q.data_as<float>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
-          const float* d_o = buf.d_o + ((b * T + t) * Hq + h) * Dv;
+          const LogitT* q = in.q.data_as<LogitT>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
+          const LogitT* d_o = buf.d_o + ((b * T + t) * Hq + h) * Dv;
           std::fill(dq_row.begin(), dq_row.end(), Sum(0));
           for (int64_t j = 0; j < S; ++j) {
             const Acc s = pair_logit<LogitT>(in, pos, p, logit_scale, q, b, h, kh, t, j);
@@ -68,7 +69,7 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
             // sit an ulp below the largest one.
             const Acc prob = std::exp(std::fmin(s - lse, Acc(0)));
             const Acc weight = dropout_weight(p, keep_scale, Acc(1), b, h, pos.q[size_t(t)], kpos);
-            const float* v = in.v.data_as<float>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
+            const LogitT* v = in.v.data_as<LogitT>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
             Sum* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
             Acc dp = 0;
             for (int64_t d = 0; d < Dv; ++d) {
@@ -89,7 +90,7 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
             }
             Acc dx = ds * scale;  // through the soft cap: d(cap tanh(x / cap)) / dx = 1 - tanh^2
             if (cap > 0) {
-              const Acc capped = in.bias.defined() ? s - Acc(in.bias.data_as<float>()[b * in.bias.stride(0) +
+              const Acc capped = in.bias.defined() ? s - Acc(in.bias.data_as<LogitT>()[b * in.bias.stride(0) +
                                                                                      h * in.bias.stride(1) +
                                                                                      t * in.bias.stride(2) +
                                                                                      kpos * in.bias.stride(3)])
@@ -97,7 +98,7 @@ void sdpa_backward_rows(const F32Inputs& in, const TokenPositions& pos, const At
               const Acc th = capped / cap;
               dx *= Acc(1) - th * th;
             }
-            const float* k = in.k.data_as<float>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
+            const LogitT* k = in.k.data_as<LogitT>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
             Sum* dk = buf.dk + ((b * S + j) * Hkv + kh) * D;
             for (int64_t d = 0; d < D; ++d) {
               add_term(dq_row[size_t(d)], dx * Acc(k[d]), buf.units.dq, buf.out_of_range);
@@ -148,8 +149,8 @@ bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPo
 
 ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_raw, const AttentionParams& p,
                                                     const TokenPositions& pos, const TensorView& d_o_raw) {
-  const F32Inputs in = as_f32_inputs(in_raw, pos);
-  const Tensor d_o = f32_copy(d_o_raw);
+  const F64Inputs in = as_f64_inputs(in_raw, pos);
+  const Tensor d_o = f64_copy(d_o_raw);
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
   const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3);
   ReferenceGradients g;
@@ -160,24 +161,24 @@ ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_ra
       for (int64_t h = 0; h < Hq; ++h) {
         const int64_t row = ((b * T + t) * Hq + h) * Dv;
         double sum = 0;
-        for (int64_t d = 0; d < Dv; ++d) sum += g.forward.o[size_t(row + d)] * double(d_o.data<float>()[row + d]);
+        for (int64_t d = 0; d < Dv; ++d) sum += g.forward.o[size_t(row + d)] * d_o.data<double>()[row + d];
         delta[size_t((b * Hq + h) * T + t)] = sum;
       }
   g.dq.assign(size_t(B * T * Hq * D), 0.0);
   g.dk.assign(size_t(B * S * Hkv * D), 0.0);
   g.dv.assign(size_t(B * S * Hkv * Dv), 0.0);
-  BackwardBuffers<double> buf{d_o.data<float>(), g.forward.lse.data(), delta.data(), g.dq.data(), g.dk.data(),
+  BackwardBuffers<double> buf{d_o.data<double>(), g.forward.lse.data(), delta.data(), g.dq.data(), g.dk.data(),
                               g.dv.data(),       nullptr};
   if (in_raw.bias.defined()) {
     g.dbias.assign(size_t(in_raw.bias.numel()), 0.0);
     buf.dbias = g.dbias.data();
-    buf.dbias_strides = dbias_strides(TensorView(buf.dbias, DType::kF32, in_raw.bias.shape()), in_raw, pos);
+    buf.dbias_strides = dbias_strides(TensorView(buf.dbias, DType::kF64, in_raw.bias.shape()), in_raw, pos);
   }
   sdpa_backward_rows<double>(in, pos, p, buf);
   if (in.sinks.defined()) {
     g.dsinks.assign(size_t(Hq), 0.0);
     for (int64_t h = 0; h < Hq; ++h) {
-      const double sink = in.sinks.data_as<float>()[h * in.sinks.stride(0)];
+      const double sink = in.sinks.data_as<double>()[h * in.sinks.stride(0)];
       for (int64_t b = 0; b < B; ++b)
         for (int64_t t = 0; t < T; ++t) {
           const int64_t r = (b * Hq + h) * T + t;

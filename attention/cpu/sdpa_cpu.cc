@@ -14,7 +14,7 @@ namespace {
 
 // Calls sink(b, h, t, max, sum, o) with the softmax statistics and unnormalised output of each row.
 template <typename Acc, typename RowSink>
-void sdpa_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionParams& p, const RowSink& sink) {
+void sdpa_rows(const HostInputs& in, const TokenPositions& pos, const AttentionParams& p, const RowSink& sink) {
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
   const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3), group = Hq / Hkv;
   const Acc scale = effective_scale(p, D);
@@ -26,7 +26,7 @@ void sdpa_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionPa
       const int64_t kh = h / group;
       std::vector<Acc> scores(static_cast<size_t>(S)), o(static_cast<size_t>(Dv));
       for (int64_t t = 0; t < T; ++t) {
-        const float* q = in.q.data_as<float>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
+        const Acc* q = in.q.data_as<Acc>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
         Acc m = neg_inf;
         for (int64_t j = 0; j < S; ++j) {
           scores[size_t(j)] = pair_logit<Acc>(in, pos, p, scale, q, b, h, kh, t, j);
@@ -40,8 +40,8 @@ void sdpa_rows(const F32Inputs& in, const TokenPositions& pos, const AttentionPa
             const Acc e = std::exp(scores[size_t(j)] - m);
             const Acc w = dropout_weight(p, keep_scale, e, b, h, pos.q[size_t(t)], pos.k[size_t(j)]);
             l += e;
-            const float* v = in.v.data_as<float>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
-            for (int64_t d = 0; d < Dv; ++d) o[size_t(d)] += w * Acc(v[d]);
+            const Acc* v = in.v.data_as<Acc>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
+            for (int64_t d = 0; d < Dv; ++d) o[size_t(d)] += w * v[d];
           }
         }
         sink(b, h, t, m, l, o.data());
@@ -70,11 +70,11 @@ void sdpa_accumulate_cpu(const AttentionInputs& in_raw, const TokenPositions& po
 
 ReferenceOutput reference_attention_f64(const AttentionInputs& in_raw, const AttentionParams& p,
                                         const TokenPositions& pos) {
-  F32Inputs in = as_f32_inputs(in_raw, pos);
+  const F64Inputs in = as_f64_inputs(in_raw, pos);
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   ReferenceOutput out{std::vector<double>(size_t(B * T * Hq * Dv)), std::vector<double>(size_t(B * Hq * T))};
   sdpa_rows<double>(in, pos, p, [&](int64_t b, int64_t h, int64_t t, double m, double l, const double* o) {
-    const double sink = in.sinks.defined() ? in.sinks.data_as<float>()[h * in.sinks.stride(0)] : 0.0;
+    const double sink = in.sinks.defined() ? in.sinks.data_as<double>()[h * in.sinks.stride(0)] : 0.0;
     const auto [scale, lse] = softmax_normalize(SoftmaxState<double>{m, l}, in.sinks.defined(), sink);
     double* dst = &out.o[size_t(((b * T + t) * Hq + h) * Dv)];
     for (int64_t d = 0; d < Dv; ++d) dst[d] = o[d] * scale;

@@ -14,6 +14,9 @@ lse (B, Hq, T) float32, natural log. Keyword options, by the seeds' names: causa
 mask (the same shape, bool / uint8, true = attend; both may drop leading 1s, as a (T, S) mask),
 segment_ids (B, T) int32 and kv_segment_ids (B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed, flash_kernel
 ("auto", "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run; any other implementation refuses it). Bad input raises ValueError naming the tensor and dimension.
+float64 arrays (bias and sinks float32 or float64) run impl="sdpa" on the host as the f64 reference: inputs,
+arithmetic and results (o, lse, gradients) in float64, for finite-difference checks; the other implementations,
+GPUs and rings take float32, float16 and bfloat16.
 """
 
 from . import _core

@@ -10,7 +10,8 @@ the C++ core through DLPack without copies when contiguous.
 Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv) -> o (B, T, Hq, Dv);
 with layout_bhtd=True they are (B, H, T, D) as F.scaled_dot_product_attention takes them (transposed
 copies are made). lse (B, Hq, T) float32 comes back with return_lse=True and is not differentiable.
-Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
+float64 tensors (CPU, impl="sdpa") run the f64 reference forward and backward, lse float64 too: what
+torch.autograd.gradcheck needs. Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend;
 leading 1s may be dropped, as a (T, S) mask),
 segment_ids (B, T) int32 and kv_segment_ids (B, S), dropout, dropout_seed; flash_kernel ("auto",
@@ -37,7 +38,12 @@ def _stream_of(x: Tensor) -> int:
 def _outputs(q: Tensor, v: Tensor):
     """o and lse for the forward, from PyTorch's allocator (its caching allocator on a GPU): ringattn
     writes into them instead of allocating (each of its own device frees waits for the whole device)."""
-    return q.new_empty(q.shape[:3] + v.shape[3:]), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return q.new_empty(q.shape[:3] + v.shape[3:]), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_stats_dtype(q))
+
+
+def _stats_dtype(q: Tensor):
+    """lse's, dbias's and dsinks' dtype: float32, float64 for the f64 reference's float64 inputs."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def _gradient_outputs(q: Tensor, k: Tensor, v: Tensor):
@@ -226,9 +232,9 @@ def _fake_forward(q, k, v, *rest):
 def _fake_backward(q, k, v, o, lse, do, sinks, bias, *rest):
     grads = list(_gradient_outputs(q, k, v))
     if bias is not None:
-        grads.append(torch.empty_like(bias, dtype=torch.float32))
+        grads.append(torch.empty_like(bias, dtype=_stats_dtype(q)))
     if sinks is not None:
-        grads.append(torch.empty_like(sinks, dtype=torch.float32))
+        grads.append(torch.empty_like(sinks, dtype=_stats_dtype(q)))
     return grads
 
 

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "arrays.h"
+#include "call_f64.h"
 #include "call_options.h"
 #include "nccl_comm.h"
 #include "attention/attention_impl.h"
@@ -41,6 +42,7 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, co
   const AttentionInputs in = inputs_of(q, k, v, options, where);
   const AttentionParams params = params_of(options);
   const std::optional<ForwardViews> into = forward_out_of(out, where);
+  if (in.q.dtype() == DType::kF64) return attention_f64(in, params, impl, return_lse, into, out, like, where);
   const TokenPositions pos = TokenPositions::dense(in.q.dim(1), in.k.dim(1));
   AttentionOutput result;
   {
@@ -65,6 +67,8 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
   const std::optional<GradViews> into = gradients_out_of(out, where);
+  if (in.q.dtype() == DType::kF64)
+    return attention_backward_f64(in, params, impl, forward, grad_out, f32_gradients, into, out, like, where);
   Gradients g;
   {
     nb::gil_scoped_release released;

@@ -73,6 +73,40 @@ def test_forward_and_backward_match_f64(impl, name):
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()), err_msg=what)
 
 
+@pytest.mark.parametrize("name", list(OPTION_SETS))
+def test_f64_inputs_run_the_f64_reference_in_f64(name):
+    # impl="sdpa" on float64 arrays: inputs, arithmetic and results in f64 (what finite differences need).
+    q, k, v, do, extra = problem(11, T=13, S=17, **OPTION_SETS[name])
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    extra = {n: (x.astype(np.float64) if n in ("bias", "sinks") else x) for n, x in extra.items()}
+    o, lse = ringattn.attention(q, k, v, impl="sdpa", return_lse=True, **extra)
+    # The scale (given, or 1/sqrt(D)) and the soft cap are f32 parameters, as every implementation takes them.
+    ref_extra = {n: (float(np.float32(x)) if n in ("scale", "softcap") else x) for n, x in extra.items()}
+    ref_extra.setdefault("scale", float(np.float32(1) / np.sqrt(np.float32(q.shape[3]))))
+    ref_o, ref_lse, _ = reference.forward(q, k, v, **ref_extra)
+    assert o.dtype == np.float64 and lse.dtype == np.float64
+    np.testing.assert_allclose(o, ref_o, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12, atol=1e-13)
+    grads = ringattn.attention_backward(q, k, v, o, lse, do, impl="sdpa", **extra)
+    want = reference.backward(q, k, v, do, **ref_extra)
+    expected = list(want[:3]) + ([want[3]] if "bias" in extra else []) + ([want[4]] if "sinks" in extra else [])
+    assert len(grads) == len(expected)
+    for got, ref in zip(grads, expected):
+        assert got.dtype == np.float64 and got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12 * max(1.0, np.abs(ref).max()))
+    f32 = ringattn.attention_backward(q, k, v, o, lse, do, impl="sdpa", f32_gradients=True, **extra)
+    assert all(g.dtype == np.float32 for g in f32)
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "blockwise"])
+def test_f64_inputs_name_the_implementation_that_takes_them(impl):
+    q, k, v, _, _ = problem(12, T=5, S=5, dtype=np.float64)
+    with pytest.raises(ValueError, match=f"f64.*impl 'sdpa' on the host.*impl '{impl}'"):
+        ringattn.attention(q, k, v, impl=impl)
+    with pytest.raises(ValueError, match="flash_kernel wgmma"):
+        ringattn.attention(q, k, v, impl="sdpa", flash_kernel="wgmma")
+
+
 @pytest.mark.parametrize("shape", [dict(T=1, S=50), dict(T=50, S=19), dict(H=8, Hkv=1), dict(D=64, Dv=16)])
 def test_shapes_gqa_and_uneven_lengths(shape):
     q, k, v, do, extra = problem(3, causal=True, **shape)

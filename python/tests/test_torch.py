@@ -115,9 +115,62 @@ def test_every_option_with_sinks_gradient_equals_the_f64_reference():
         close(got, torch.from_numpy(want))
 
 
+GRADCHECK_OPTIONS = {
+    "plain": {},
+    "causal_gqa": {"causal": True},
+    "window_softcap_scale": {"window": (3, 1), "softcap": 2.0, "scale": 0.5},
+    "sinks_bias": {"causal": True, "sinks": True, "bias": True},
+    "shared_bias_mask": {"bias": "shared", "mask": True},
+    "segments": {"segments": True},
+    "dropout": {"dropout": 0.3, "dropout_seed": 17},
+    "everything": {"causal": True, "window": (6, 0), "softcap": 3.0, "sinks": True, "bias": True, "mask": True,
+                   "segments": True, "dropout": 0.2, "dropout_seed": 5},
+}
+
+
+@pytest.mark.parametrize("name", list(GRADCHECK_OPTIONS))
+def test_gradcheck_in_f64(name):
+    # float64 tensors run the f64 reference (impl="sdpa" on CPU) through the same custom ops and autograd
+    # formula as every implementation: gradcheck's finite differences against its backward, every option,
+    # with gradients for bias and sinks. S != T, GQA, a row the mask and segments may leave empty.
+    B, T, S, H, Hkv, D, Dv = 2, 5, 7, 4, 2, 3, 2
+    g = torch.Generator().manual_seed(len(name))
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    opts = dict(GRADCHECK_OPTIONS[name])
+    q, k, v = r(B, T, H, D), r(B, S, Hkv, D), r(B, S, Hkv, Dv)
+    inputs = [q.requires_grad_(), k.requires_grad_(), v.requires_grad_()]
+    extra = {}
+    if opts.pop("sinks", False):
+        inputs.append(r(H).requires_grad_())
+    bias = opts.pop("bias", False)
+    if bias:
+        inputs.append((r(1, H, 1, S) if bias == "shared" else r(B, H, T, S)).requires_grad_())
+    if opts.pop("mask", False):
+        extra["mask"] = torch.rand(B, 1, T, S, generator=g) < 0.7
+    if opts.pop("segments", False):
+        extra["segment_ids"] = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 2]], dtype=torch.int32)
+        extra["kv_segment_ids"] = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 2, 2]], dtype=torch.int32)
+    with_sinks = "sinks" in GRADCHECK_OPTIONS[name]
+
+    def fn(q, k, v, *rest):
+        rest = list(rest)
+        sinks = rest.pop(0) if with_sinks else None
+        bias = rest.pop(0) if rest else None
+        return rt.attention(q, k, v, impl="sdpa", sinks=sinks, bias=bias, **extra, **opts)
+
+    assert fn(*inputs).dtype == torch.float64
+    assert torch.autograd.gradcheck(fn, tuple(inputs))
+
+
+def test_f64_runs_only_the_reference():
+    q, k, v, _ = tensors(8, T=4, S=4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="impl 'sdpa' on the host"):
+        rt.attention(q, k, v)  # flash_attn2, the default
+
+
 @pytest.mark.filterwarnings("ignore:Input #")  # f32 inputs on purpose (see below)
 def test_gradcheck_in_f32_with_wide_steps():
-    # The host kernels take f16 / bf16 / f32 (no f64): finite differences with a step f32 resolves.
+    # The kernels themselves (flash_attn2 here) take f16 / bf16 / f32: finite differences with a step f32 resolves.
     q, k, v, _ = tensors(5, B=1, T=6, S=7, H=2, Hkv=1, D=4)
     sinks = torch.randn(2, requires_grad=True)
     fn = lambda q, k, v, s: rt.attention(q, k, v, sinks=s, causal=True, softcap=3.0)  # noqa: E731
