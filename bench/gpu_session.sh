@@ -24,6 +24,7 @@
 # `documents` (packed documents, segment ids skipping blocks: GPU tests, then forward and backward with
 # --segments beside PyTorch's FlexAttention and varlen SDPA, and the dense rows against the variants);
 # `wide_backward` (head_dim 256 in the flash backward: tests, CLI, the ring, both kernels' rows against the variants);
+# `padding_ab` (GPU tests, then the flash kernels whose exact head dims run the padded instance, and the ring of 2 on one GPU, against the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
@@ -661,4 +662,26 @@ if has network; then  # issue 23: the ring over NCCL's socket path (loopback TCP
       done
     done
   done
+fi
+if has padding_ab; then  # the flash kernels' exact head dims on the padded instances (runtime column bounds) where
+  # this build chose so (mma.sync at 64 / 128, wgmma's forward at 128) against the variants (variants/ringattn_before_*,
+  # e.g. a script running another pack's ringattn): GPU tests, then forward and backward, one GPU, and the ring of 2
+  # ranks sharing it (the forward's carry instances)
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  padding_rows() {
+    local b=$1 causal shape kernel
+    for causal in "" "--causal"; do
+      for shape in "32 128" "64 64"; do
+        for kernel in auto mma_sync; do
+          echo -n "$kernel H=${shape% *} D=${shape#* } $causal: " | tee -a "$out/bench.txt"
+          $b bench --backward --backend cuda --impl flash_attn2 --flash-kernel $kernel --batch 1 --heads ${shape% *} \
+            --head-dim ${shape#* } --seq 32768 --dtype bf16 --warmup 2 --iters 10 $causal 2>&1 | grep -v '^#' |
+            tr '\n' ' ' | tee -a "$out/bench.txt"; echo | tee -a "$out/bench.txt"
+        done
+      done
+      echo -n "ring of 2 H=32 D=128 $causal: " | tee -a "$out/bench.txt"
+      bin=$b bench 2 --impl ring --seq 32768 --iters 10 --layout zigzag $causal | tr '\n' ' '; echo | tee -a "$out/bench.txt"
+    done
+  }
+  variants='ringattn_before_*' for_each_build padding_rows
 fi

@@ -47,13 +47,20 @@ void dispatch_bool(bool flag, F&& f) {
 // The flash kernels' instance for these head dims: f(std::integral_constant<int, D>{}, std::bool_constant<padded>{})
 // with D the smallest of 64, 128 and 256 columns that holds head_dim and value_dim, padded where either is
 // narrower (its columns past the head dims loaded as zeros and never stored: zero products, so the compute is
-// the instance's and the memory traffic the head dims').
-template <typename F>
+// the instance's and the memory traffic the head dims'). kExactDims: the D that have an instance of their own
+// for exact head dims; at the others the padded instance (whose column bounds are runtime tests) runs exact
+// head dims too, one instance fewer to build where the kernel measured no slower so (a kernel's choice,
+// beside its launch).
+template <int... kExactDims, typename F>
 void dispatch_flash_instance(int head_dim, int value_dim, const char* kernel, F&& f) {
   const int widest = head_dim > value_dim ? head_dim : value_dim;
   dispatch_head_dim<64, 128, 256>(widest <= 64 ? 64 : widest <= 128 ? 128 : 256, kernel, [&](auto instance) {
     constexpr int D = decltype(instance)::value;
-    dispatch_bool(head_dim != D || value_dim != D, [&](auto padded) { f(instance, padded); });
+    if constexpr (((D == kExactDims) || ...)) {
+      dispatch_bool(head_dim != D || value_dim != D, [&](auto padded) { f(instance, padded); });
+    } else {
+      f(instance, std::true_type{});
+    }
   });
 }
 

@@ -337,7 +337,9 @@ void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, Tensor* dq_
   const SegmentRanges segments(g.a, stream);
   if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, dq_slices, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
-    dispatch_flash_instance(g.a.head_dim, g.a.value_dim, "the cuda flash_attn2 backward", [&](auto instance, auto padded) {
+    // Exact head dims of 64 and 128 run the padded instance, measured 0.99-1.00x the exact ones; at 256 the exact
+    // one is 1.02-1.03x faster (H100, T = 32768, bf16: bench/RESULTS.md).
+    dispatch_flash_instance<256>(g.a.head_dim, g.a.value_dim, "the cuda flash_attn2 backward", [&](auto instance, auto padded) {
       launch_backward<decltype(element), decltype(instance)::value, decltype(padded)::value>(g, dq_slices, stream);
     });
   });

@@ -42,16 +42,18 @@ void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) 
 
 }  // namespace
 
+bool flash_wgmma_backward_orders_dq(const CudaAttentionArgs& a) {
+  const int widest = std::max(a.head_dim, a.value_dim);
+  return widest <= 64 || widest > 128 || flash_wgmma_has_extras(a);
+}
+
 void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, Tensor* dq_slices, cudaStream_t stream) {
-  // --deterministic: dQ's adds in a fixed order (no copies of dQ), but on the unsplit 128-column instance
-  // (D = 128 without the extras) the rounds of dQ slices, measured faster there (H100, T = 32768: 1.42x the
-  // default backward against 1.68x, 1.63x against 1.82x with GQA; the ordered adds win at D = 64, 256,
-  // windows and documents: bench/RESULTS.md).
-  const int widest = std::max(g.a.head_dim, g.a.value_dim);
-  const bool slices_faster = widest > 64 && widest <= 128 && !flash_wgmma_has_extras(g.a);
-  if (dq_slices != nullptr && !slices_faster) return flash_wgmma_backward_ordered(g, dtype, dq_slices, stream);
+  // --deterministic: dQ's adds in a fixed order (no copies of dQ) where measured faster than slices.
+  if (dq_slices != nullptr && flash_wgmma_backward_orders_dq(g.a))
+    return flash_wgmma_backward_ordered(g, dtype, dq_slices, stream);
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 backward", [&](auto element) {
-    dispatch_flash_instance(g.a.head_dim, g.a.value_dim, "the wgmma flash_attn2 backward", [&](auto instance, auto padded) {
+    dispatch_flash_instance<64, 128, 256>(g.a.head_dim, g.a.value_dim, "the wgmma flash_attn2 backward",
+                                          [&](auto instance, auto padded) {
       launch<decltype(element), decltype(instance)::value, decltype(padded)::value>(g, dq_slices, stream);
     });
   });

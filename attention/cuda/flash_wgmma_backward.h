@@ -17,8 +17,15 @@ namespace ra {
 // dq_slices: as flash_backward_cuda's (--deterministic): then the ordered kernel runs, this the scratch for its turns.
 void flash_wgmma_backward(const FlashBackwardArgs& args, DType dtype, Tensor* dq_slices, cudaStream_t stream);
 
+// --deterministic: whether the ordered kernel runs (else the rounds of dQ slices). The slices were measured
+// faster on the unsplit 128-column instance (D = 128 without the extras: H100, T = 32768, 1.42x the default
+// backward against 1.68x, 1.63x against 1.82x with GQA); the ordered adds win at D = 64, 256, windows and
+// documents (bench/RESULTS.md).
+bool flash_wgmma_backward_orders_dq(const CudaAttentionArgs& a);
+
 // --deterministic (flash_wgmma_backward_ordered.cu): each block of query rows takes its dQ adds from the key
-// blocks in a fixed order; the turn counters and writer masks in `scratch` (grown as needed).
+// blocks in a fixed order; the turn counters and writer masks in `scratch` (grown as needed). Only for
+// arguments flash_wgmma_backward_orders_dq takes (the others have no ordered instance).
 void flash_wgmma_backward_ordered(const FlashBackwardArgs& args, DType dtype, Tensor* scratch, cudaStream_t stream);
 
 }  // namespace ra

@@ -85,19 +85,25 @@ void launch_ordered(FlashBackwardArgs g, Tensor* scratch, cudaStream_t stream) {
   launch_flash_backward(reinterpret_cast<const void*>(kernel), g, kBlockN, kThreads, Traits::kSmemBytes, nullptr, stream);
 }
 
+// Only the instances flash_wgmma_backward_orders_dq sends here: at 128 columns the extras one alone.
 template <typename T, int D, bool kPadded>
 void launch(const FlashBackwardArgs& g, Tensor* scratch, cudaStream_t stream) {
   if (flash_wgmma_has_extras(g.a)) return launch_ordered<T, D, kPadded, true, false, true>(g, scratch, stream);
-  if (g.a.soft_cap > 0.0f) return launch_ordered<T, D, kPadded, false, true, false>(g, scratch, stream);
-  if (g.a.q_segment_ranges) return launch_ordered<T, D, kPadded, true, false, false>(g, scratch, stream);
-  launch_ordered<T, D, kPadded, false, false, false>(g, scratch, stream);
+  if constexpr (D != 128) {
+    if (g.a.soft_cap > 0.0f) return launch_ordered<T, D, kPadded, false, true, false>(g, scratch, stream);
+    if (g.a.q_segment_ranges) return launch_ordered<T, D, kPadded, true, false, false>(g, scratch, stream);
+    return launch_ordered<T, D, kPadded, false, false, false>(g, scratch, stream);
+  }
+  RA_FAIL("the ordered wgmma backward has no instance for 128 columns without bias, mask or dropout "
+          "(flash_wgmma_backward_orders_dq sends those to the dQ slices)");
 }
 
 }  // namespace
 
 void flash_wgmma_backward_ordered(const FlashBackwardArgs& g, DType dtype, Tensor* scratch, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 backward", [&](auto element) {
-    dispatch_flash_instance(g.a.head_dim, g.a.value_dim, "the wgmma flash_attn2 backward", [&](auto instance, auto padded) {
+    dispatch_flash_instance<64, 128, 256>(g.a.head_dim, g.a.value_dim, "the wgmma flash_attn2 backward",
+                                          [&](auto instance, auto padded) {
       launch<decltype(element), decltype(instance)::value, decltype(padded)::value>(g, scratch, stream);
     });
   });
