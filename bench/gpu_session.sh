@@ -25,6 +25,7 @@
 # --segments beside PyTorch's FlexAttention and varlen SDPA, and the dense rows against the variants);
 # `wide_backward` (head_dim 256 in the flash backward: tests, CLI, the ring, both kernels' rows against the variants);
 # `padding_ab` (GPU tests, then the flash kernels whose exact head dims run the padded instance, and the ring of 2 on one GPU, against the variants);
+# `python_tests` (the Python package's tests, CUDA and host tensors, one GPU);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
@@ -684,4 +685,11 @@ if has padding_ab; then  # the flash kernels' exact head dims on the padded inst
     done
   }
   variants='ringattn_before_*' for_each_build padding_rows
+fi
+if has python_tests; then  # issue 22: the Python package's tests only, one GPU (CUDA tensors, then the host ones)
+  python_package
+  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py python/tests/test_jax_cuda.py 2>&1 |
+    tee "$out/python_cuda.log" | tail -n 6
+  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_core.py python/tests/test_torch.py 2>&1 |
+    tee "$out/python_host.log" | tail -n 6
 fi
