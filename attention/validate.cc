@@ -31,10 +31,6 @@ void check_dim(const TensorView& t, const char* name, int dim, const char* dim_n
            expected, " ", what, " (shape ", t.shape().str(), ")");
 }
 
-}  // namespace
-
-namespace {
-
 // Element i of a float buffer of any dtype, in T.
 template <typename T>
 T load_as(const void* data, DType dtype, size_t i) {

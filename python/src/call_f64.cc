@@ -23,29 +23,28 @@ void check_f64_call(const AttentionInputs& in, const AttentionParams& params, co
   validate_attention(in, params, pos, /*max_head_dim=*/256, /*f64=*/true);
 }
 
-// values (contiguous, as `shape`) into a new tensor of `dtype` (f64, or f32 where asked for).
-Tensor tensor_of(const std::vector<double>& values, const Shape& shape, DType dtype) {
-  Tensor t(dtype, shape);
-  if (dtype == DType::kF64) {
-    std::memcpy(t.data<double>(), values.data(), values.size() * sizeof(double));
-  } else {
-    for (size_t i = 0; i < values.size(); ++i) t.data<float>()[i] = float(values[i]);
-  }
-  return t;
-}
-
-// values into the caller's output `dst` (checked: shape, contiguous, host, f64 or f32).
-void write_into(const std::vector<double>& values, const TensorView& dst, const char* name, const Shape& shape) {
-  RA_CHECK(dst.shape() == shape, "output ", name, " has shape ", dst.shape().str(), ", expected ", shape.str());
-  RA_CHECK(dst.dtype() == DType::kF64 || dst.dtype() == DType::kF32, "output ", name, " has dtype ",
-           dtype_name(dst.dtype()), ", expected f64 (or f32) for f64 inputs");
-  RA_CHECK(dst.is_contiguous() && dst.memory() == MemoryKind::kHost, "output ", name,
-           " must be contiguous in host memory");
+// values (contiguous) into `dst`: a contiguous host view of as many f64 or f32 elements.
+void store(const std::vector<double>& values, const TensorView& dst) {
   if (dst.dtype() == DType::kF64) {
     std::memcpy(dst.data_as<double>(), values.data(), values.size() * sizeof(double));
   } else {
     for (size_t i = 0; i < values.size(); ++i) dst.data_as<float>()[i] = float(values[i]);
   }
+}
+
+// values into a new tensor of `dtype` (f64, or f32 where asked for).
+Tensor tensor_of(const std::vector<double>& values, const Shape& shape, DType dtype) {
+  Tensor t(dtype, shape);
+  store(values, t.view());
+  return t;
+}
+
+// values into the caller's output `dst`, checked as every call checks its outputs (shape, q's f64 or f32,
+// contiguous, in q's memory).
+void write_into(const std::vector<double>& values, const TensorView& dst, const char* name, const Shape& shape,
+                const TensorView& q) {
+  check_output(dst, name, shape, q, /*q_dtype_or_f32=*/true);
+  store(values, dst);
 }
 
 }  // namespace
@@ -63,8 +62,8 @@ nb::object attention_f64(const AttentionInputs& in, const AttentionParams& param
     r = reference_attention_f64(in, params, pos);
   }
   if (into) {
-    write_into(r.o, into->o, "o", o_shape);
-    write_into(r.lse, into->lse, "lse", lse_shape);
+    write_into(r.o, into->o, "o", o_shape, in.q);
+    write_into(r.lse, into->lse, "lse", lse_shape, in.q);
   }
   AttentionOutput result;
   if (!into) result = {tensor_of(r.o, o_shape, DType::kF64), tensor_of(r.lse, lse_shape, DType::kF64)};
@@ -85,9 +84,9 @@ nb::object attention_backward_f64(const AttentionInputs& in, const AttentionPara
     r = reference_attention_backward_f64(in, params, pos, d_o);
   }
   if (into) {
-    write_into(r.dq, into->dq, "dq", in.q.shape());
-    write_into(r.dk, into->dk, "dk", in.k.shape());
-    write_into(r.dv, into->dv, "dv", in.v.shape());
+    write_into(r.dq, into->dq, "dq", in.q.shape(), in.q);
+    write_into(r.dk, into->dk, "dk", in.k.shape(), in.q);
+    write_into(r.dv, into->dv, "dv", in.v.shape(), in.q);
   }
   const DType dtype = f32_gradients ? DType::kF32 : DType::kF64;
   Gradients g;
