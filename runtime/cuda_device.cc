@@ -21,7 +21,16 @@ int cuda_device_count() {
   return count;
 }
 
+void check_cuda_kernels_runnable() {
+#if RA_CUDA_COMPILE_CHECK
+  RA_CHECK(cuda_device_count() == 0, "this build's CUDA kernels were compiled only to check that they build "
+           "(-DRA_CUDA_COMPILE_CHECK=ON, unoptimised: launch/setup.sh test does so where no GPU is visible) and do not "
+           "run on GPUs; rebuild with -DRA_CUDA_COMPILE_CHECK=OFF (launch/setup.sh demo, or test on this machine)");
+#endif
+}
+
 int cuda_select_device(int local_rank) {
+  check_cuda_kernels_runnable();
   const int count = cuda_device_count();
   RA_CHECK(count > 0, "--backend cuda needs a CUDA device, but none is visible to this process "
            "(check the driver and CUDA_VISIBLE_DEVICES)");

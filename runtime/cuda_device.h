@@ -27,6 +27,11 @@ int cuda_device_count();
 // Binds this process to device local_rank % count (one rank per GPU) and returns it.
 int cuda_select_device(int local_rank);
 
+// Throws where a GPU is visible but this build's device code was compiled only to check that it builds
+// (CMake's RA_CUDA_COMPILE_CHECK, unoptimised): nothing runs such kernels. Every CUDA implementation's
+// constructor and cuda_select_device call it.
+void check_cuda_kernels_runnable();
+
 void* cuda_allocate(size_t bytes, const char* what);  // throws naming bytes asked and bytes free
 void cuda_release(void* p);
 void cuda_memset_zero(void* p, size_t bytes);

@@ -7,11 +7,13 @@
 
 #include "attention/attention_impl.h"
 #include "attention/cuda/cuda_inputs.h"
+#include "runtime/cuda_device.h"
 
 namespace ra {
 
 class CudaAttentionImpl : public AttentionImpl {
  public:
+  CudaAttentionImpl() { check_cuda_kernels_runnable(); }  // a compile-check build's kernels never run
   Backend backend() const override { return Backend::kCuda; }
   void set_cuda_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
   void* cuda_stream() const override { return stream_; }
