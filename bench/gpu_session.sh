@@ -25,7 +25,9 @@
 # --segments beside PyTorch's FlexAttention and varlen SDPA, and the dense rows against the variants);
 # `wide_backward` (head_dim 256 in the flash backward: tests, CLI, the ring, both kernels' rows against the variants);
 # `padding_ab` (GPU tests, then the flash kernels whose exact head dims run the padded instance, and the ring of 2 on one GPU, against the variants);
-# `python_tests` (the Python package's tests, CUDA and host tensors, one GPU);
+# `python_tests` (the Python package's tests, CUDA and host tensors, one GPU); `backward_spans` (the ring backward's
+# computes, adds, transfers and waits per rank, --step-times, beside one GPU's backward); `ring_backward_ab` (the ring
+# backward of this build against the variants, interleaved, then one GPU's rows and the spans);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
@@ -692,4 +694,33 @@ if has python_tests; then  # issue 22: the Python package's tests only, one GPU 
     tee "$out/python_cuda.log" | tail -n 6
   timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_core.py python/tests/test_torch.py 2>&1 |
     tee "$out/python_host.log" | tail -n 6
+fi
+if has backward_spans; then  # issue 21: where the ring backward's time goes, 2 GPUs (one GPU's rows beside)
+  for t in 16384 32768; do
+    for causal in "--causal" ""; do
+      bench 1 --backward --impl flash_attn2 --seq $t --iters 10 $causal
+      bench 2 --backward --impl ring --local-impl flash_attn2 --seq $t --iters 10 $causal ${causal:+--layout zigzag}
+      bench 2 --backward --impl ring --local-impl flash_attn2 --seq $t --iters 10 $causal ${causal:+--layout zigzag} --step-times
+    done
+  done
+  for t in 8192 16384; do  # the ring's blocks alone on one GPU (the local kernel at the ring's block size)
+    bench 1 --backward --impl flash_attn2 --seq $t --iters 10 --causal
+  done
+fi
+if has ring_backward_ab; then  # issue 21: the ring backward (flash_attn2 steps) of this build against the variants
+  ring_backward_rows() {
+    local t causal
+    for t in 16384 32768; do
+      for causal in "--causal" ""; do
+        bin=$1 bench 2 --backward --impl ring --local-impl flash_attn2 --seq $t --iters 10 $causal ${causal:+--layout zigzag}
+      done
+    done
+  }
+  for_each_build ring_backward_rows
+  for t in 16384 32768; do
+    for causal in "--causal" ""; do bench 1 --backward --impl flash_attn2 --seq $t --iters 10 $causal; done
+  done
+  bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
+  bench 2 --backward --impl ring --local-impl flash_attn2 --seq 32768 --iters 10 --step-times
+  bench 2 --backward --impl ring --local-impl cudnn --seq 32768 --iters 10 --causal --layout zigzag
 fi

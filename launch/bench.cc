@@ -27,15 +27,6 @@
 namespace ra::cli {
 namespace {
 
-// The ring's statistics of its last call (nullptr for other implementations).
-const RingStats* ring_stats(const AttentionImpl& impl) {
-  if (const auto* ring = dynamic_cast<const RingAttention*>(&impl)) return &ring->last_stats();
-#if RA_HAVE_CUDA
-  if (const auto* ring = dynamic_cast<const RingAttentionCuda*>(&impl)) return &ring->last_stats();
-#endif
-  return nullptr;
-}
-
 // "1.23 4.56 7.89"
 std::string joined(const std::vector<float>& values) {
   std::string text;
@@ -76,7 +67,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
      "forward's O and LSE) and both; the host ring on N ranks, one rank's local implementation on GPUs")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
     ("step-times", po::bool_switch(&step_times), "ring on GPUs: time each step with CUDA events (they keep each "
-     "step's kernel from starting before the previous one ends, so the ring runs a little slower)");
+     "step's kernel from starting before the previous one ends, so the ring runs a little slower); with "
+     "--backward, every rank's computes, adds, transfers and waits of the last iteration");
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn bench --seq T --heads H --head-dim D [options]")) return kOk;
   if (kv_heads == 0) kv_heads = heads;
@@ -88,12 +80,17 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
+  RA_CHECK(!backward || !step_times ||
+               (AttentionRegistry::builtin().canonical_name(opts.impl) == "ring" && opts.backend == "cuda"),
+           "--step-times with --backward times the ring on GPUs (--impl ring --backend cuda); got --impl ", opts.impl,
+           " --backend ", opts.backend);
   Job job(opts, mpi, args_text(argc, argv));
   RA_CHECK(backward || grad_wire == "f32", "--grad-wire applies to --backward");
   if (backward) {
-    RA_CHECK(json_path.empty() && !step_times, "--json and --step-times apply to the forward bench, not --backward");
+    RA_CHECK(json_path.empty(), "--json applies to the forward bench, not --backward");
     return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, v_head_dim, iters, warmup, dtype,
-                                             parse_gradient_wire(grad_wire, "--grad-wire"), segments, bias, mask},
+                                             parse_gradient_wire(grad_wire, "--grad-wire"), segments, bias, mask,
+                                             step_times},
                           opts, job);
   }
   const int rank = job.world.rank();

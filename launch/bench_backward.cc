@@ -1,8 +1,8 @@
 // `ringattn bench --backward`: a training step's attention, timed in two parts: the forward (into O and
 // LSE made once), then the single-call backward given them (AttentionImpl::backward: delta, zeroed f32
 // accumulators, accumulate_backward and dq / dk / dv converted into gradients made once, or what the
-// implementation does instead, e.g. cuDNN writing them directly), as the Python layer calls them. The host ring on N CPU ranks, or one rank's local implementation
-// (on GPUs: the GPU ring's backward is not built yet). Rows: forward, backward and forward+backward,
+// implementation does instead, e.g. cuDNN writing them directly), as the Python layer calls them. The ring
+// on N CPU or GPU ranks, or one rank's local implementation. Rows: forward, backward and forward+backward,
 // TFLOP/s per rank with FlashAttention's count (the backward 2.5 times the forward's FLOPs, halved for
 // causal) and, on GPUs, the peak device memory of the backward against the memory its tensors need.
 #include "launch/bench_backward.h"
@@ -24,6 +24,23 @@
 #include "runtime/random.h"
 
 namespace ra::cli {
+namespace {
+
+// --step-times: each rank's spans of device time in the last iteration's backward, rank by rank.
+void print_spans(const AttentionImpl& impl, Job& job) {
+  const RingStats* stats = ring_stats(impl);
+  for (int r = 0; r < job.world.size(); ++r) {
+    job.world.barrier();
+    if (r != job.world.rank() || stats == nullptr) continue;
+    std::printf("  rank %d, the last backward's device time (ms after its first span; compute stream and transfers):\n", r);
+    for (const DeviceSpan& s : stats->spans)
+      std::printf("    %9.3f %9.3f  %7.3f  %s\n", s.start_ms, s.end_ms, s.end_ms - s.start_ms, s.what.c_str());
+    std::fflush(stdout);
+  }
+  job.world.barrier();
+}
+
+}  // namespace
 
 int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts, Job& job) {
   const AttentionParams params = to_params(opts);
@@ -32,6 +49,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   // The ring on the job's sequence axis (host or GPU ring), or one call of the named implementation.
   RingContext ctx;
   ctx.gradient_wire = shape.gradient_wire;
+  ctx.time_steps = shape.step_times;  // the GPU ring's spans (bench.cc refuses it elsewhere)
   std::unique_ptr<AttentionImpl> impl;
   if (ring) {
     impl = make_impl(opts, job, shape.seq, shape.seq, ctx);
@@ -116,6 +134,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   const double ring_buffers = ranks > 1 ? (2 * elem * rows_kv * kv_row + 3 * 4 * rows_kv * kv_row) : 0;
   const double theory = (elem * (rows_q * q_row + rows_kv * kv_row) + 8 * rows_q + 4 * (rows_q * D + rows_kv * kv_row) +
                          elem * (rows_q * D + rows_kv * kv_row) + ring_buffers) / double(1 << 30);
+  if (shape.step_times) print_spans(*impl, job);
   char peak_text[32] = "-";
   if (job.on_device) std::snprintf(peak_text, sizeof(peak_text), "%.2f", device_gib);
   if (job.world.rank() != 0) return kOk;

@@ -11,6 +11,7 @@ struct BackwardBenchShape {
   DType gradient_wire = DType::kF32;  // --grad-wire
   int64_t segments = 0;               // --segments: packed documents
   bool bias = false, mask = false;    // --bias, --mask: one (T, S) matrix each, broadcast
+  bool step_times = false;            // --step-times: the GPU ring's spans of device time, per rank
 };
 
 int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts, Job& job);

@@ -1,5 +1,5 @@
-// Timing shared by the benchmarks: the median, a monotonic clock, and a per-iteration timer (wall
-// time on the host, CUDA events on the job's stream with --backend cuda).
+// Timing shared by the benchmarks: the median, a monotonic clock, a per-iteration timer (wall time on
+// the host, CUDA events on the job's stream with --backend cuda) and the ring's statistics.
 #pragma once
 
 #include <algorithm>
@@ -7,8 +7,10 @@
 #include <memory>
 #include <vector>
 
+#include "attention/ring/ring.h"
 #include "launch/commands.h"
 #if RA_HAVE_CUDA
+#include "attention/ring/ring_cuda.h"
 #include "runtime/cuda_device.h"
 #endif
 
@@ -56,5 +58,14 @@ class IterationTimer {
   std::unique_ptr<CudaEvent> begin_, end_;  // with --backend cuda only: a CPU run needs no GPU or driver
 #endif
 };
+
+// The ring's statistics of its last call (nullptr for other implementations).
+inline const RingStats* ring_stats(const AttentionImpl& impl) {
+  if (const auto* ring = dynamic_cast<const RingAttention*>(&impl)) return &ring->last_stats();
+#if RA_HAVE_CUDA
+  if (const auto* ring = dynamic_cast<const RingAttentionCuda*>(&impl)) return &ring->last_stats();
+#endif
+  return nullptr;
+}
 
 }  // namespace ra::cli

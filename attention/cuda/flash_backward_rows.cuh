@@ -287,16 +287,19 @@ __device__ __forceinline__ void add_dk_dv_rows(const FlashBackwardArgs& g, const
       }
       continue;
     }
-    float2* dk_out = reinterpret_cast<float2*>(g.dk + k_at);
-    float2* dv_out = reinterpret_cast<float2*>(g.dv + v_at);
+    // A row's loads before its stores, so that no load waits behind a store the compiler cannot tell
+    // apart from it (measured: no faster nor slower on H100, bench/RESULTS.md).
+    float2 was[kTiles];
+    auto add_into = [&](float2* out, const float (&grad)[kTiles][4], int cols, float scale) {
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      const float2 k_was = stored(j, a.head_dim) ? dk_out[j * 4] : float2{};
-      const float2 v_was = stored(j, a.value_dim) ? dv_out[j * 4] : float2{};
-      if (stored(j, a.head_dim))
-        dk_out[j * 4] = make_float2(k_was.x + dk[j][2 * i] * a.scale, k_was.y + dk[j][2 * i + 1] * a.scale);
-      if (stored(j, a.value_dim)) dv_out[j * 4] = make_float2(v_was.x + dv[j][2 * i], v_was.y + dv[j][2 * i + 1]);
-    }
+      for (int j = 0; j < kTiles; ++j) was[j] = stored(j, cols) ? out[j * 4] : float2{};
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+        if (stored(j, cols))
+          out[j * 4] = make_float2(was[j].x + grad[j][2 * i] * scale, was[j].y + grad[j][2 * i + 1] * scale);
+    };
+    add_into(reinterpret_cast<float2*>(g.dk + k_at), dk, a.head_dim, a.scale);
+    add_into(reinterpret_cast<float2*>(g.dv + v_at), dv, a.value_dim, 1.0f);
   }
 }
 

@@ -89,6 +89,12 @@ struct KvBlockLayout {
   AttentionInputs view(const AttentionInputs& in, char* base, int64_t rows, MemoryKind memory) const;
 };
 
+// A span of device time on one of the GPU ring's streams, in ms after the first span's start.
+struct DeviceSpan {
+  std::string what;
+  float start_ms = 0, end_ms = 0;
+};
+
 struct RingStats {
   int steps = 0, skipped = 0;
   double compute_seconds = 0, wait_seconds = 0;  // wait: time blocked on the exchange after compute
@@ -96,6 +102,8 @@ struct RingStats {
   // the exchange (none after the last step), and the whole ring from the first kernel to the last.
   std::vector<float> step_compute_ms, step_exchange_ms;
   float ring_ms = 0;
+  // The GPU ring's backward with RingContext::time_steps: each compute, add, transfer and wait as a span.
+  std::vector<DeviceSpan> spans;
   // GPU ring, host side: from entering the call to the first kernel queued (the device waits on this
   // when it is idle). The call returns without waiting for the last kernel.
   double host_before_first_kernel_ms = 0;

@@ -84,6 +84,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
   const char* transport = kv.transport();
   stats_ = RingStats{};
   step_times_pending_ = false;  // the events are recorded again
+  spans_.clear();               // a backward's, not this call's
   stats_.transport = state_.channel ? ring_transport_name(state_.channel->transport()) : comm.backend_name();
   const bool timed = ctx_.time_steps;
   if (timed)
@@ -158,6 +159,10 @@ CudaEvent* RingAttentionCuda::step_event(int step, int which) const {
 }
 
 const RingStats& RingAttentionCuda::last_stats() const {
+  if (!spans_.empty()) {
+    stats_.spans = spans_.read();
+    spans_.clear();
+  }
   if (step_times_pending_) {
     step_times_pending_ = false;
     const int n = stats_.steps;

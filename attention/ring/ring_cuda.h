@@ -10,6 +10,7 @@
 #include <chrono>
 
 #include "attention/cuda/cuda_attention.h"
+#include "attention/ring/device_spans.h"
 #include "attention/ring/kv_rotation_cuda.h"
 #include "attention/ring/ring.h"
 #include "runtime/cuda_device.h"
@@ -82,6 +83,7 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   mutable std::vector<std::unique_ptr<CudaEvent>> step_events_;
   CudaEvent* step_event(int step, int which) const;
   mutable bool step_times_pending_ = false;  // the last call's events are not yet read into stats_
+  mutable DeviceSpans spans_;                 // the backward's, read into stats_ like the step times
 };
 
 }  // namespace ra

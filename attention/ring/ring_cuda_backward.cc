@@ -10,6 +10,7 @@
 // After the last step each accumulator is one hop from its owner. The sums run in a fixed order: a
 // given ring size and layout give the same bits on every run.
 #include <algorithm>
+#include <string>
 
 #include "attention/cuda/backward_cuda.h"
 #include "attention/ring/gradient_block.h"
@@ -49,6 +50,14 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   KvRotationCuda kv(in, ctx_, fault, schedule_.rows_of_each_rank(), slot_rows, n > 1 ? 2 * stride : 0, state_, stream_);
   const bool verify = ctx_.verify_blocks && n > 1;
   stats_ = RingStats{};
+  step_times_pending_ = false;
+  spans_.clear();
+  // RingContext::time_steps: every compute, add, transfer and wait as a span of device time (stats_.spans).
+  const bool timed = ctx_.time_steps;
+  auto span = [&](std::string what, cudaStream_t stream) { return timed ? spans_.begin(std::move(what), stream) : -1; };
+  auto end_span = [&](int id, cudaStream_t stream) {
+    if (id >= 0) spans_.end(id, stream);
+  };
   stats_.transport = state_.channel ? ring_transport_name(state_.channel->transport()) : comm.backend_name();
   // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.
   const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
@@ -83,18 +92,31 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
                   "the ring backward's accumulator checks");
   auto* arrived_seals = gradient_checks_.data<BlockSeal>();
   auto* recomputed = arrived_seals + (n + 1);
+  // The accumulators' seals and checksums run on the channel's stream, beside the compute: each is
+  // sealed right before the shift that sends it, and checked right after the shift that brings it.
+  cudaStream_t channel_stream = n > 1 ? state_.channel->stream() : stream_;
   if (verify)
-    RA_CUDA_CHECK(cudaMemsetAsync(arrived_seals, 0, 2 * size_t(n + 1) * sizeof(BlockSeal), stream_));
+    RA_CUDA_CHECK(cudaMemsetAsync(arrived_seals, 0, 2 * size_t(n + 1) * sizeof(BlockSeal), channel_stream));
   CudaEvent compute_done, gradient_arrived;
   const char* transport = kv.transport();
-  // Once the accumulator of hop `hop` is in [arriving]: its seal and checksum are taken before
-  // anything changes it, on the compute stream.
+  // The accumulator in [sending], finished (the channel waited for compute_done), sealed as the block of `origin`'s.
+  auto seal_sending = [&](int origin) {
+    if (verify) seal_block_cuda(slot[sending], payload, uint32_t(origin), channel_stream);
+  };
+  // Once the shift that brings hop `hop`'s accumulator into [arriving] is queued: its seal and checksum,
+  // taken before anything changes it, then gradient_arrived.
+  auto check_arrival = [&](int hop) {
+    if (verify) {
+      RA_CUDA_CHECK(cudaMemcpyAsync(&arrived_seals[hop], slot[arriving] + payload, sizeof(BlockSeal),
+                                    cudaMemcpyDeviceToDevice, channel_stream));
+      block_checksum_cuda(slot[arriving], payload, &recomputed[hop].checksum, channel_stream);
+    }
+    gradient_arrived.record(channel_stream);
+  };
   auto take_arrival = [&](int hop) {
+    const int id = span("hop " + std::to_string(hop) + ": wait for the accumulator", stream_);
     RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, gradient_arrived.get(), 0));
-    if (!verify) return;
-    RA_CUDA_CHECK(cudaMemcpyAsync(&arrived_seals[hop], slot[arriving] + payload, sizeof(BlockSeal),
-                                  cudaMemcpyDeviceToDevice, stream_));
-    block_checksum_cuda(slot[arriving], payload, &recomputed[hop].checksum, stream_);
+    end_span(id, stream_);
   };
   // Whether the mask leaves keys [first, first + count) of the block from `src` to none of this rank's queries.
   auto skipped = [&](int src, int64_t first, int64_t count) {
@@ -126,11 +148,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   // neither transfer waits alone. Straight into the caller's accumulators where the rows are contiguous
   // there (B = 1), else through the zeroed partial.
   const int64_t own_rows = in.k.dim(1), own_half = own_rows / 2;
-  auto own_part = [&](int64_t first, int64_t count) {
-    if (skipped(rank, first, count)) {
-      ++stats_.skipped;
-      return;
-    }
+  auto own_keys = [&](int64_t first, int64_t count) {
     const TensorView dk = narrow(acc.dk, 1, first, count), dv = narrow(acc.dv, 1, first, count);
     if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv);
     char* part = partial_.data<char>();
@@ -140,6 +158,15 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     compute(in, rank, first, count, pk, pv);
     add_rows_cuda(dk, pk, stream_);
     add_rows_cuda(dv, pv, stream_);
+  };
+  auto own_part = [&](int64_t first, int64_t count) {
+    if (skipped(rank, first, count)) {
+      ++stats_.skipped;
+      return;
+    }
+    const int id = span("own keys [" + std::to_string(first) + ", " + std::to_string(first + count) + ")", stream_);
+    own_keys(first, count);
+    end_span(id, stream_);
   };
   // Step s >= 1 computes the block of rank src(s) and adds to its accumulator, which the ranks after
   // that block's owner start (step 1: into [sending], zeroed, as nobody has added before) and pass
@@ -155,36 +182,49 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     if (step == 0) {
       own_part(0, own_half);
     } else {
-      if (step == 1) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, stream_));
       if (!computed) {
         ++stats_.skipped;
       } else {
         char* target = step == 1 && f32_wire ? slot[sending] : partial_.data<char>();
+        const int id = span("step " + std::to_string(step) + ": rank " + std::to_string(src) + "'s block", stream_);
         if (target != slot[sending]) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), stream_));
         compute(kv.block(step, src), src, 0, rows, part_layout.dk_view(target, rows, MemoryKind::kCuda),
                 part_layout.dv_view(target, rows, MemoryKind::kCuda));
+        end_span(id, stream_);
       }
     }
     // One shift: the held K/V block (but at the last step) and the accumulator finished at the previous step.
     std::vector<DeviceRingChannel::Piece> pieces;
     if (step + 1 < n) pieces = kv.outgoing(step);
-    if (step >= 2) pieces.push_back({slot[sending], slot_offset[arriving], bytes});
-    if (step == 1) {
-      if (!f32_wire && computed) add_into_wire(slot[sending], rows);
-      if (verify) seal_block_cuda(slot[sending], payload, uint32_t(src), stream_);
+    // The first accumulator starts at zero, zeroed beside step 0's compute: step 1's compute waits for
+    // the K/V block that arrives after it on this stream.
+    if (step == 0) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, channel_stream));
+    if (step >= 2) {
+      seal_sending(schedule_.source(step - 1));
+      pieces.push_back({slot[sending], slot_offset[arriving], bytes});
+    }
+    if (step == 1 && !f32_wire && computed) {
+      const int id = span("step 1: add", stream_);
+      add_into_wire(slot[sending], rows);
+      end_span(id, stream_);
     }
     if (step <= 1) compute_done.record(stream_);  // step 1: the first accumulator is complete (it leaves at step 2)
     // Nothing moves at step 1 of a ring of two (its first accumulator goes home on the last hop).
     std::unique_ptr<PendingExchange> pending;
-    if (!pieces.empty()) pending = state_.channel->shift(pieces, step, ctx_.step_timeout);
+    if (!pieces.empty()) {
+      const int id = span("step " + std::to_string(step) + ": shift", state_.channel->stream());
+      pending = state_.channel->shift(pieces, step, ctx_.step_timeout);
+      end_span(id, state_.channel->stream());
+    }
     if (step + 1 < n) kv.after_shift(step);
-    gradient_arrived.record(state_.channel->stream());
+    if (step >= 2) check_arrival(step - 1);
     if (step >= 2) {
       // What arrived (hop step - 1) goes on, with this rank's part added and a new seal.
       take_arrival(step - 1);
       if (computed) {
+        const int id = span("step " + std::to_string(step) + ": add", stream_);
         add_into_wire(slot[arriving], rows);
-        if (verify) seal_block_cuda(slot[arriving], payload, uint32_t(src), stream_);
+        end_span(id, stream_);
       }
       compute_done.record(stream_);
     }
@@ -204,16 +244,21 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     set_activity("ring backward (%s): the last hop, rank %d's dK/dV coming home from rank %d", transport, rank,
                  comm.previous());
     state_.channel->wait_for(compute_done.get());
+    const int hop_span = span("last hop: seal, send", channel_stream);
+    seal_sending(schedule_.source(n - 1));
     std::unique_ptr<PendingExchange> pending =
         state_.channel->shift({{slot[sending], slot_offset[arriving], bytes}}, n, ctx_.step_timeout);
+    end_span(hop_span, channel_stream);
     if (const std::optional<size_t> at = corrupted_byte(fault, rank, n, payload))
-      flip_byte_cuda(slot[arriving], *at, state_.channel->stream());  // the fault tests' hook for accumulators
-    gradient_arrived.record(state_.channel->stream());
+      flip_byte_cuda(slot[arriving], *at, channel_stream);  // the fault tests' hook for accumulators
+    check_arrival(n - 1);
     own_part(own_half, own_rows - own_half);
     pending->wait(ctx_.step_timeout);
     take_arrival(n - 1);
+    const int id = span("last hop: add into own dK/dV", stream_);
     add_rows_cuda(acc.dk, layout.dk_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
     add_rows_cuda(acc.dv, layout.dv_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
+    end_span(id, stream_);
   }
   kv.finish(stream_);
   // Every block and accumulator that arrived is checked before the gradients are used.

@@ -158,6 +158,10 @@ expect "--grad-wire f16 refused" 2 "--grad-wire 'f16': expected f32 or bf16" "$r
 expect "bench --grad-wire without --backward" 2 "--grad-wire applies to --backward" "$ra" bench --seq 16 --heads 2 \
   --head-dim 16 --grad-wire bf16
 no_output "grad-wire refusals leave no output" x.h5
+expect "bench --backward --step-times off the GPU ring" 2 "--step-times with --backward times the ring on GPUs" \
+  "$mpiexec" --oversubscribe -np 2 "$ra" bench --backward --seq 16 --heads 2 --head-dim 16 --iters 1 --step-times
+expect "bench --backward --json refused" 2 "--json applies to the forward bench" "$ra" bench --backward --seq 16 \
+  --heads 2 --head-dim 16 --iters 1 --json x.json
 expect "bench --backward: the host ring on 2 ranks" 0 "ring *cpu *2 .*forward+backward" "$mpiexec" --oversubscribe -np 2 \
   "$ra" bench --backward --seq 67 --heads 4 --kv-heads 2 --head-dim 32 --causal --iters 2
 expect "bench --backward: a local implementation" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward \
