@@ -44,7 +44,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, iters = 5, warmup = 1, segments = 0;
   std::string dtype_text = "f32", json_path;
-  bool step_times = false, backward = false, bias = false, mask = false;
+  bool step_times = false, backward = false, bias = false, mask = false, f32_gradients = false;
   std::string grad_wire = "f32";
   po::options_description desc("ringattn bench");
   desc.add_options()("help", "this text")
@@ -66,6 +66,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("backward", po::bool_switch(&backward), "time a training step's attention: forward, backward (given the "
      "forward's O and LSE) and both; the host ring on N ranks, one rank's local implementation on GPUs")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
+    ("f32-gradients", po::bool_switch(&f32_gradients), "with --backward: dq, dk, dv in f32 (the local kernels then add "
+     "into f32 accumulators, as the ring's steps do, instead of writing the input dtype)")
     ("step-times", po::bool_switch(&step_times), "ring on GPUs: time each step with CUDA events (they keep each "
      "step's kernel from starting before the previous one ends, so the ring runs a little slower); with "
      "--backward, every rank's computes, adds, transfers and waits of the last iteration");
@@ -86,11 +88,12 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
            " --backend ", opts.backend);
   Job job(opts, mpi, args_text(argc, argv));
   RA_CHECK(backward || grad_wire == "f32", "--grad-wire applies to --backward");
+  RA_CHECK(backward || !f32_gradients, "--f32-gradients applies to --backward");
   if (backward) {
     RA_CHECK(json_path.empty(), "--json applies to the forward bench, not --backward");
     return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, v_head_dim, iters, warmup, dtype,
                                              parse_gradient_wire(grad_wire, "--grad-wire"), segments, bias, mask,
-                                             step_times},
+                                             step_times, f32_gradients},
                           opts, job);
   }
   const int rank = job.world.rank();

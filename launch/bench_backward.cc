@@ -95,8 +95,9 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   // forms that allocate their results would time cudaMalloc too).
   const MemoryKind memory = in.q.memory();
   const Tensor o(shape.dtype, {B, local, H, Dv}, memory), lse(DType::kF32, {B, H, local}, memory);
-  const Tensor dq(shape.dtype, in.q.shape(), memory), dk(shape.dtype, in.k.shape(), memory),
-      dv(shape.dtype, in.v.shape(), memory);
+  const DType grad_dtype = shape.f32_gradients ? DType::kF32 : shape.dtype;
+  const Tensor dq(grad_dtype, in.q.shape(), memory), dk(grad_dtype, in.k.shape(), memory),
+      dv(grad_dtype, in.v.shape(), memory);
   const ForwardViews forward_out{o.view(), lse.view()};
   const GradViews gradients{dq.view(), dk.view(), dv.view(), {}};
   IterationTimer timer(job);
@@ -111,7 +112,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
     if (job.on_device) cuda_reset_allocated_peak();
 #endif
     timer.start();
-    const Gradients grads = impl->backward(in, params, pos, d_o_view, forward_out, false, &gradients);
+    const Gradients grads = impl->backward(in, params, pos, d_o_view, forward_out, shape.f32_gradients, &gradients);
     times[1] = timer.stop_seconds();
 #if RA_HAVE_CUDA  // the backward's high-water mark of ringattn's device allocations (inputs, O, dO included)
     if (job.on_device) device_gib = std::max(device_gib, double(cuda_allocated_peak_bytes()) / double(1 << 30));
@@ -133,7 +134,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   const double kv_row = double(D + Dv), q_row = double(D + 2 * Dv);  // k + v; q + o + dO
   const double ring_buffers = ranks > 1 ? (2 * elem * rows_kv * kv_row + 3 * 4 * rows_kv * kv_row) : 0;
   const double theory = (elem * (rows_q * q_row + rows_kv * kv_row) + 8 * rows_q + 4 * (rows_q * D + rows_kv * kv_row) +
-                         elem * (rows_q * D + rows_kv * kv_row) + ring_buffers) / double(1 << 30);
+                         double(dtype_size(grad_dtype)) * (rows_q * D + rows_kv * kv_row) + ring_buffers) / double(1 << 30);
   if (shape.step_times) print_spans(*impl, job);
   char peak_text[32] = "-";
   if (job.on_device) std::snprintf(peak_text, sizeof(peak_text), "%.2f", device_gib);

@@ -12,6 +12,7 @@ struct BackwardBenchShape {
   int64_t segments = 0;               // --segments: packed documents
   bool bias = false, mask = false;    // --bias, --mask: one (T, S) matrix each, broadcast
   bool step_times = false;            // --step-times: the GPU ring's spans of device time, per rank
+  bool f32_gradients = false;         // --f32-gradients: dq, dk, dv in f32 (through f32 accumulators)
 };
 
 int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts, Job& job);

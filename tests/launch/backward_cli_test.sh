@@ -162,6 +162,10 @@ expect "bench --backward --step-times off the GPU ring" 2 "--step-times with --b
   "$mpiexec" --oversubscribe -np 2 "$ra" bench --backward --seq 16 --heads 2 --head-dim 16 --iters 1 --step-times
 expect "bench --backward --json refused" 2 "--json applies to the forward bench" "$ra" bench --backward --seq 16 \
   --heads 2 --head-dim 16 --iters 1 --json x.json
+expect "bench --f32-gradients without --backward" 2 "--f32-gradients applies to --backward" "$ra" bench --seq 16 \
+  --heads 2 --head-dim 16 --iters 1 --f32-gradients
+expect "bench --backward --f32-gradients" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward --impl flash_attn2 \
+  --seq 33 --heads 2 --head-dim 16 --iters 1 --f32-gradients
 expect "bench --backward: the host ring on 2 ranks" 0 "ring *cpu *2 .*forward+backward" "$mpiexec" --oversubscribe -np 2 \
   "$ra" bench --backward --seq 67 --heads 4 --kv-heads 2 --head-dim 32 --causal --iters 2
 expect "bench --backward: a local implementation" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward \
