@@ -217,9 +217,9 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       end_span(id, state_.channel->stream());
     }
     if (step + 1 < n) kv.after_shift(step);
-    if (step >= 2) check_arrival(step - 1);
     if (step >= 2) {
-      // What arrived (hop step - 1) goes on, with this rank's part added and a new seal.
+      // What arrives (hop step - 1) goes on at the next shift, with this rank's part added, sealed anew.
+      check_arrival(step - 1);
       take_arrival(step - 1);
       if (computed) {
         const int id = span("step " + std::to_string(step) + ": add", stream_);
