@@ -10,7 +10,6 @@
 // After the last step each accumulator is one hop from its owner. The sums run in a fixed order: a
 // given ring size and layout give the same bits on every run.
 #include <algorithm>
-#include <string>
 
 #include "attention/cuda/backward_cuda.h"
 #include "attention/ring/gradient_block.h"
@@ -54,7 +53,10 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   spans_.clear();
   // RingContext::time_steps: every compute, add, transfer and wait as a span of device time (stats_.spans).
   const bool timed = ctx_.time_steps;
-  auto span = [&](std::string what, cudaStream_t stream) { return timed ? spans_.begin(std::move(what), stream) : -1; };
+  // Its name is put together only when timed: untimed calls build no strings.
+  auto span = [&](cudaStream_t stream, const auto&... name) {
+    return timed ? spans_.begin(detail::concat(name...), stream) : -1;
+  };
   auto end_span = [&](int id, cudaStream_t stream) {
     if (id >= 0) spans_.end(id, stream);
   };
@@ -114,7 +116,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     gradient_arrived.record(channel_stream);
   };
   auto take_arrival = [&](int hop) {
-    const int id = span("hop " + std::to_string(hop) + ": wait for the accumulator", stream_);
+    const int id = span(stream_, "hop ", hop, ": wait for the accumulator");
     RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, gradient_arrived.get(), 0));
     end_span(id, stream_);
   };
@@ -164,7 +166,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       ++stats_.skipped;
       return;
     }
-    const int id = span("own keys [" + std::to_string(first) + ", " + std::to_string(first + count) + ")", stream_);
+    const int id = span(stream_, "own keys [", first, ", ", first + count, ")");
     own_keys(first, count);
     end_span(id, stream_);
   };
@@ -186,7 +188,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
         ++stats_.skipped;
       } else {
         char* target = step == 1 && f32_wire ? slot[sending] : partial_.data<char>();
-        const int id = span("step " + std::to_string(step) + ": rank " + std::to_string(src) + "'s block", stream_);
+        const int id = span(stream_, "step ", step, ": rank ", src, "'s block");
         if (target != slot[sending]) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), stream_));
         compute(kv.block(step, src), src, 0, rows, part_layout.dk_view(target, rows, MemoryKind::kCuda),
                 part_layout.dv_view(target, rows, MemoryKind::kCuda));
@@ -204,7 +206,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       pieces.push_back({slot[sending], slot_offset[arriving], bytes});
     }
     if (step == 1 && !f32_wire && computed) {
-      const int id = span("step 1: add", stream_);
+      const int id = span(stream_, "step 1: add");
       add_into_wire(slot[sending], rows);
       end_span(id, stream_);
     }
@@ -212,9 +214,9 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     // Nothing moves at step 1 of a ring of two (its first accumulator goes home on the last hop).
     std::unique_ptr<PendingExchange> pending;
     if (!pieces.empty()) {
-      const int id = span("step " + std::to_string(step) + ": shift", state_.channel->stream());
+      const int id = span(channel_stream, "step ", step, ": shift");
       pending = state_.channel->shift(pieces, step, ctx_.step_timeout);
-      end_span(id, state_.channel->stream());
+      end_span(id, channel_stream);
     }
     if (step + 1 < n) kv.after_shift(step);
     if (step >= 2) {
@@ -222,7 +224,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       check_arrival(step - 1);
       take_arrival(step - 1);
       if (computed) {
-        const int id = span("step " + std::to_string(step) + ": add", stream_);
+        const int id = span(stream_, "step ", step, ": add");
         add_into_wire(slot[arriving], rows);
         end_span(id, stream_);
       }
@@ -244,7 +246,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     set_activity("ring backward (%s): the last hop, rank %d's dK/dV coming home from rank %d", transport, rank,
                  comm.previous());
     state_.channel->wait_for(compute_done.get());
-    const int hop_span = span("last hop: seal, send", channel_stream);
+    const int hop_span = span(channel_stream, "last hop: seal, send");
     seal_sending(schedule_.source(n - 1));
     std::unique_ptr<PendingExchange> pending =
         state_.channel->shift({{slot[sending], slot_offset[arriving], bytes}}, n, ctx_.step_timeout);
@@ -255,7 +257,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     own_part(own_half, own_rows - own_half);
     pending->wait(ctx_.step_timeout);
     take_arrival(n - 1);
-    const int id = span("last hop: add into own dK/dV", stream_);
+    const int id = span(stream_, "last hop: add into own dK/dV");
     add_rows_cuda(acc.dk, layout.dk_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
     add_rows_cuda(acc.dv, layout.dv_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
     end_span(id, stream_);
