@@ -159,6 +159,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
                             into->dv.dtype() == in.q.dtype();
   if (!f32_gradients && (into == nullptr || into_q_dtype) && backward_into(in, pos, params, grad, direct, into)) {
     if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, compute_delta(o, d_o, stream), stream);
+    reduce_sequence_gradients(direct);  // the ring's dsinks: summed over its ranks
     return direct;
   }
   const Tensor delta = compute_delta(o, d_o, stream);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/cuda/device_math.cuh"
 #include "runtime/cuda_device.h"
@@ -111,6 +112,25 @@ __global__ void add_rows_quad_kernel(float* into, DeviceStrides4 is, const T* fr
   }
 }
 
+template <typename A, typename O>
+__global__ void add_convert_quad_kernel(const float* sum, const A* addend, O* out, int64_t quads) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += int64_t(gridDim.x) * blockDim.x) {
+    const float4 s = Quad<float>::load(sum + 4 * i), a = Quad<A>::load(addend + 4 * i);
+    Quad<O>::store(out + 4 * i, make_float4(s.x + a.x, s.y + a.y, s.z + a.z, s.w + a.w));
+  }
+}
+
+// Calls f with a null pointer of the element type of f32, bf16 and f16 (true), else nothing (false).
+template <typename F>
+bool with_quad_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32: f(static_cast<float*>(nullptr)); return true;
+    case DType::kBF16: f(static_cast<__nv_bfloat16*>(nullptr)); return true;
+    case DType::kF16: f(static_cast<__half*>(nullptr)); return true;
+    default: return false;
+  }
+}
+
 __global__ void add_slices_kernel(float* into, const float* slices, int count, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n / 4; i += int64_t(gridDim.x) * blockDim.x) {
     float4 sum = Quad<float>::load(into + 4 * i);
@@ -208,6 +228,31 @@ void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t 
   else
     add_rows_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(into.data_as<float>(), strides_of(into), from.data(),
                                                             from.dtype(), from.dim(1), from.dim(2), from.dim(3), n);
+  RA_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_convert_cuda(const TensorView& sum, const TensorView& addend, const TensorView& out, cudaStream_t stream) {
+  const int64_t n = sum.numel();
+  RA_CHECK(addend.numel() == n && out.numel() == n && sum.is_contiguous() && addend.is_contiguous() &&
+               out.is_contiguous(), "add_convert_cuda: sum ", sum.shape().str(), ", addend ", addend.shape().str(),
+           " and out ", out.shape().str(), " must be contiguous with one element count");
+  if (n == 0) return;
+  const bool quads = n % 4 == 0 && aligned(sum.data(), 16) && aligned(addend.data(), 4 * dtype_size(addend.dtype())) &&
+                     aligned(out.data(), 4 * dtype_size(out.dtype()));
+  bool fused = false;
+  if (quads) with_quad_type(addend.dtype(), [&](auto* a) {
+    fused = with_quad_type(out.dtype(), [&](auto* o) {
+      using A = std::remove_pointer_t<decltype(a)>;
+      using O = std::remove_pointer_t<decltype(o)>;
+      add_convert_quad_kernel<A, O><<<grid_for(n / 4, 256), 256, 0, stream>>>(
+          sum.data_as<float>(), addend.data_as<A>(), out.data_as<O>(), n / 4);
+    });
+  });
+  if (!fused) {
+    auto flat = [n](const TensorView& t) { return TensorView(t.data(), t.dtype(), Shape{1, 1, 1, n}, t.memory()); };
+    add_rows_cuda(flat(sum), flat(addend), stream);
+    convert_f32_cuda(sum, out, stream);
+  }
   RA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -20,6 +20,10 @@ void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t 
 // (B, L, H, X).
 void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream);
 
+// out (any float dtype) <- sum (f32) + addend (any float dtype), all contiguous with one element count, in
+// one pass where they are in aligned rows of 4 (else sum is added into, then converted: sum changes).
+void add_convert_cuda(const TensorView& sum, const TensorView& addend, const TensorView& out, cudaStream_t stream);
+
 // into += slices[0] + slices[1] + ... + slices[count - 1], added in that order (n f32 each, the slices one
 // after another, n % 4 == 0, 16-byte aligned): the deterministic backward's dQ slices.
 void add_slices_cuda(float* into, const float* slices, int count, int64_t n, cudaStream_t stream);

@@ -38,6 +38,11 @@ class CudaAttentionImpl : public AttentionImpl {
                                           const AttentionParams& params, const BackwardInputs& grad,
                                           const GradViews& acc) const {}
 
+  // Whether two calls of accumulate_backward_device may run at once on two streams (they share no buffer
+  // and add dQ by atomics in no fixed order): the GPU ring's backward then overlaps one launch's last wave
+  // with the next's first.
+  virtual bool independent_backward_calls(const AttentionParams& params) const { return false; }
+
   // The positions of a call on the device: uploaded here; the ring adds every rank's keys.
   virtual DevicePositions device_positions(const TokenPositions& pos) const { return positions_.upload(pos, stream_); }
 
@@ -46,6 +51,9 @@ class CudaAttentionImpl : public AttentionImpl {
   void set_after_carry_writer(bool value) { after_carry_writer_ = value; }
 
  protected:
+  // Where backward_into writes: the caller's views `into`, else new device tensors in q's dtype held by `out`.
+  static GradViews gradients_in_q_dtype(const AttentionInputs& in, Gradients& out, const GradViews* into);
+
   cudaStream_t stream_ = nullptr;
   bool after_carry_writer_ = false;
   mutable DevicePositionBuffer positions_;

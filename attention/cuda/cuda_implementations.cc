@@ -32,6 +32,14 @@ void CudaAttentionImpl::accumulate_backward(const AttentionInputs& in, const Tok
   accumulate_backward_device(in, device_positions(pos), params, grad, acc);
 }
 
+GradViews CudaAttentionImpl::gradients_in_q_dtype(const AttentionInputs& in, Gradients& out, const GradViews* into) {
+  if (into != nullptr) return *into;
+  out.dq = Tensor(in.q.dtype(), in.q.shape(), MemoryKind::kCuda);
+  out.dk = Tensor(in.q.dtype(), in.k.shape(), MemoryKind::kCuda);
+  out.dv = Tensor(in.q.dtype(), in.v.shape(), MemoryKind::kCuda);
+  return GradViews{out.dq, out.dk, out.dv, {}};
+}
+
 namespace {
 
 class FlashCuda final : public CudaAttentionImpl {
@@ -69,6 +77,8 @@ class FlashCuda final : public CudaAttentionImpl {
     return true;
   }
   bool has_backward() const override { return true; }
+  // --deterministic orders dQ's adds, and its dQ slices and turn counters are the object's.
+  bool independent_backward_calls(const AttentionParams& params) const override { return !params.deterministic; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
     check_flash_backward_cuda_supported(in, grad, acc);
@@ -92,12 +102,7 @@ class FlashCuda final : public CudaAttentionImpl {
     const Tensor delta = compute_delta(grad.o, grad.d_o, stream_);
     const Tensor dq = Tensor::temporary(DType::kF32, in.q.shape(), MemoryKind::kCuda, stream_);  // zeroed
     check_flash_backward_cuda_supported(in, grad, GradViews{dq, dq, dq, {}});
-    if (into == nullptr) {
-      out.dq = Tensor(in.q.dtype(), in.q.shape(), MemoryKind::kCuda);
-      out.dk = Tensor(in.q.dtype(), in.k.shape(), MemoryKind::kCuda);
-      out.dv = Tensor(in.q.dtype(), in.v.shape(), MemoryKind::kCuda);
-    }
-    const GradViews views = into ? *into : GradViews{out.dq, out.dk, out.dv, {}};
+    const GradViews views = gradients_in_q_dtype(in, out, into);
     BackwardInputs with_delta = grad;
     with_delta.delta = delta;
     FlashBackwardArgs g = backward_args(in, device_positions(pos), params, with_delta, dq);

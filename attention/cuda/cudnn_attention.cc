@@ -122,12 +122,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     if (q_runs.size() != 1 || k_runs.size() != 1) return false;
     check_supported(in, p);
     const TensorView stats = checked_stats(in, grad);
-    if (into == nullptr) {
-      out.dq = Tensor(in.q.dtype(), in.q.shape(), MemoryKind::kCuda);
-      out.dk = Tensor(in.q.dtype(), in.k.shape(), MemoryKind::kCuda);
-      out.dv = Tensor(in.q.dtype(), in.v.shape(), MemoryKind::kCuda);
-    }
-    const GradViews direct = into ? *into : GradViews{out.dq, out.dk, out.dv, {}};
+    const GradViews direct = gradients_in_q_dtype(in, out, into);
     const DevicePositions device_pos = positions_.upload(pos, stream_);
     for_each_block(in, device_pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) {
       run_backward_block(in, grad, stats, qr, kr, mask, p, nullptr, &direct);

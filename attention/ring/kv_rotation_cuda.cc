@@ -58,8 +58,8 @@ AttentionInputs KvRotationCuda::block(int step, int src) const {
   return step > 0 ? layout_.view(in_, base_[cur_], rows_of_[size_t(src)], MemoryKind::kCuda) : in_;
 }
 
-void KvRotationCuda::before_compute(int step) const {
-  if (step > 0) RA_CUDA_CHECK(cudaStreamWaitEvent(compute_, arrived_.get(), 0));
+void KvRotationCuda::before_compute(int step, cudaStream_t stream) const {
+  if (step > 0) RA_CUDA_CHECK(cudaStreamWaitEvent(stream, arrived_.get(), 0));
 }
 
 void KvRotationCuda::before_exchange(int step, cudaEvent_t compute_done) const {

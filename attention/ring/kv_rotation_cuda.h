@@ -30,6 +30,7 @@ struct RingDeviceState {
   Tensor checks;                               // the seals that arrived and the checksums recomputed
   std::unique_ptr<CudaStream> check_stream;    // checksums of arriving blocks; made on first use
   std::unique_ptr<CudaEvent> blocks_free;      // the last compute that read the buffers (previous call)
+  std::unique_ptr<CudaStream> steps_stream;    // the backward's other ranks' blocks; made on first use
 };
 
 class KvRotationCuda {
@@ -45,8 +46,9 @@ class KvRotationCuda {
   size_t window_offset_of_extra() const { return 2 * stride_; }
   // The block held at `step` (from rank `src`): the caller's k, v at step 0, the buffer after.
   AttentionInputs block(int step, int src) const;
-  // Compute of step `step` waits for the block it reads.
-  void before_compute(int step) const;
+  // Compute of step `step` (on the compute stream, or on `stream`) waits for the block it reads.
+  void before_compute(int step) const { before_compute(step, compute_); }
+  void before_compute(int step, cudaStream_t stream) const;
   // The next transfer waits until the buffer it receives into is no longer read: by the compute that
   // ended with `compute_done`, and by the checksum of the block it held.
   void before_exchange(int step, cudaEvent_t compute_done) const;

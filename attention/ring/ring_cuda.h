@@ -47,11 +47,11 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override;
   void reduce_sequence_gradients(Gradients& g) const override;
-  // A ring of one rank is its local kernel: cudnn then writes the gradients straight, without f32 accumulators.
+  // A ring of one rank is its local kernel: cudnn then writes the gradients straight, without f32
+  // accumulators. A longer ring (without a bias) converts each gradient once, dK / dV with the last hop's
+  // accumulator added in the same pass.
   bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
-                     const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
-    return ctx_.comm->size() == 1 && local_->backward_into(in, pos, params, grad, out, into);
-  }
+                     const BackwardInputs& grad, Gradients& out, const GradViews* into) const override;
 
   // The last call's statistics; its per-step device times once the caller has waited for the device.
   const RingStats& last_stats() const;
@@ -64,6 +64,10 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   const DevicePositions& ring_positions_on_device(const TokenPositions& pos) const;
   DevicePositions device_positions(const TokenPositions& pos) const override { return ring_positions_on_device(pos); }
   void check_shard_rows(const AttentionInputs& in) const;  // this rank's shard has the layout's rows
+  // The backward's ring into the f32 accumulators `acc`; with `out` (q's dtype or f32, contiguous) the
+  // last hop's dK / dV land there, the own block's parts in `acc` added in the same pass.
+  void backward_steps(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
+                      const BackwardInputs& grad, const GradViews& acc, const GradViews* out) const;
   RingContext ctx_;
   // From the layout alone, fixed for this ring: this rank's query positions and each rank's key
   // positions (block skipping; the kernels' masks; cudnn splits blocks by them).

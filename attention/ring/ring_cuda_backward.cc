@@ -11,6 +11,7 @@
 // given ring size and layout give the same bits on every run.
 #include <algorithm>
 
+#include "attention/backward.h"
 #include "attention/cuda/backward_cuda.h"
 #include "attention/ring/gradient_block.h"
 #include "attention/ring/ring_cuda.h"
@@ -31,11 +32,75 @@ void sum_over_ring(Communicator& comm, float* device, size_t count, cudaStream_t
   RA_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+// A second stream beside `main` for the span of a call: it starts after what `main` queued before, and
+// `main` waits for all it queued at join() or, on every other way out (a throw), at the end of the scope.
+class StreamsJoined {
+ public:
+  StreamsJoined(cudaStream_t side, cudaStream_t main) : side_(side), main_(main) {
+    if (side_ == main_) return;
+    started_.record(main_);
+    RA_CUDA_CHECK(cudaStreamWaitEvent(side_, started_.get(), 0));
+  }
+  ~StreamsJoined() {
+    if (side_ != main_ && !joined_ && cudaEventRecord(done_.get(), side_) == cudaSuccess)
+      cudaStreamWaitEvent(main_, done_.get(), 0);
+  }
+  void join() {
+    if (side_ == main_ || joined_) return;
+    done_.record(side_);
+    RA_CUDA_CHECK(cudaStreamWaitEvent(main_, done_.get(), 0));
+    joined_ = true;
+  }
+
+ private:
+  cudaStream_t side_, main_;
+  CudaEvent started_, done_;
+  bool joined_ = false;
+};
+
+// The local implementation's calls on `on` for the scope, then on `back` again.
+class LocalStream {
+ public:
+  LocalStream(CudaAttentionImpl& local, cudaStream_t on, cudaStream_t back) : local_(local), back_(back) {
+    if (on != back_) local_.set_cuda_stream(on);
+    moved_ = on != back_;
+  }
+  ~LocalStream() {
+    if (moved_) local_.set_cuda_stream(back_);
+  }
+
+ private:
+  CudaAttentionImpl& local_;
+  cudaStream_t back_;
+  bool moved_;
+};
+
 }  // namespace
 
 void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos,
                                                    const AttentionParams& params, const BackwardInputs& grad,
                                                    const GradViews& acc) const {
+  backward_steps(in, pos, params, grad, acc, nullptr);
+}
+
+bool RingAttentionCuda::backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                                      const BackwardInputs& grad, Gradients& out, const GradViews* into) const {
+  if (ctx_.comm->size() == 1) return local_->backward_into(in, pos, params, grad, out, into);
+  if (in.bias.defined()) return false;  // dbias, and a bias shared over the ring summed: the accumulator path
+  check_backward_supported(in, params);
+  const Tensor delta = compute_delta(grad.o, grad.d_o, stream_);
+  const GradAccumulators acc = GradAccumulators::temporary(in, MemoryKind::kCuda, stream_);
+  const GradViews views = gradients_in_q_dtype(in, out, into);
+  BackwardInputs with_delta = grad;
+  with_delta.delta = delta;
+  backward_steps(in, ring_positions_on_device(pos), params, with_delta, acc.views(), &views);
+  convert_gradient(acc.dq, views.dq, stream_);
+  return true;
+}
+
+void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePositions& pos,
+                                       const AttentionParams& params, const BackwardInputs& grad, const GradViews& acc,
+                                       const GradViews* out) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
   check_shard_rows(in);
@@ -75,17 +140,17 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   if (n > 1) reserve_scratch(partial_, part_layout.payload(), MemoryKind::kCuda, "the ring backward's partial dK/dV");
   // The accumulator in flight += the partial: in f32 on an f32 wire; on a bf16 wire the partial takes
   // the arrived values and the sum goes back rounded to bf16.
-  auto add_into_wire = [&](char* wire, int64_t rows) {
+  auto add_into_wire = [&](char* wire, int64_t rows, cudaStream_t on) {
     char* part = partial_.data<char>();
     const std::pair<TensorView, TensorView> sections[2] = {
         {layout.dk_view(wire, rows, MemoryKind::kCuda), part_layout.dk_view(part, rows, MemoryKind::kCuda)},
         {layout.dv_view(wire, rows, MemoryKind::kCuda), part_layout.dv_view(part, rows, MemoryKind::kCuda)}};
     for (const auto& [wire_view, part_view] : sections) {
       if (f32_wire) {
-        add_rows_cuda(wire_view, part_view, stream_);
+        add_rows_cuda(wire_view, part_view, on);
       } else {
-        add_rows_cuda(part_view, wire_view, stream_);
-        convert_f32_cuda(part_view, wire_view, stream_);
+        add_rows_cuda(part_view, wire_view, on);
+        convert_f32_cuda(part_view, wire_view, on);
       }
     }
   };
@@ -115,22 +180,31 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     }
     gradient_arrived.record(channel_stream);
   };
-  auto take_arrival = [&](int hop) {
-    const int id = span(stream_, "hop ", hop, ": wait for the accumulator");
-    RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, gradient_arrived.get(), 0));
-    end_span(id, stream_);
+  auto take_arrival = [&](int hop, cudaStream_t on) {
+    const int id = span(on, "hop ", hop, ": wait for the accumulator");
+    RA_CUDA_CHECK(cudaStreamWaitEvent(on, gradient_arrived.get(), 0));
+    end_span(id, on);
   };
   // Whether the mask leaves keys [first, first + count) of the block from `src` to none of this rank's queries.
   auto skipped = [&](int src, int64_t first, int64_t count) {
     return schedule_.skipped(src, params, first, count);
   };
-  // The ring's steps run in a fixed order on one stream: with the local backward's sums in a fixed order
-  // too, a deterministic ring gives the same bits on every run.
+  // With the local backward's sums in a fixed order, a deterministic ring gives the same bits on every run.
   AttentionParams local_params = params;
   local_params.deterministic = params.deterministic || ctx_.deterministic;
-  // This rank's part of those keys' dK/dV (and its dQ) into `dk`/`dv`.
+  // The other ranks' blocks run on a second stream (`steps`), the own block's halves on the compute
+  // stream: each launch ends in a part-filled wave (its key blocks walk alike), which then overlaps the
+  // next launch's first instead of idling the other SMs. Where the local kernel's calls can run at once
+  // (flash_attn2, not deterministic: dQ's atomics then add in no fixed order anyway) and the own block's
+  // parts go straight into dk / dv (B = 1; else they share the partial with the steps); else one stream.
+  const bool two_streams = n > 1 && local_->independent_backward_calls(local_params) && acc.dk.dim(0) == 1;
+  if (two_streams && !state_.steps_stream) state_.steps_stream = std::make_unique<CudaStream>();
+  const cudaStream_t steps = two_streams ? state_.steps_stream->get() : stream_;
+  StreamsJoined joined(steps, stream_);
+  // This rank's part of those keys' dK/dV (and its dQ) added into `dk`/`dv`, queued on `on`.
   auto compute = [&](const AttentionInputs& block, int src, int64_t first, int64_t count, const TensorView& dk,
-                     const TensorView& dv) {
+                     const TensorView& dv, cudaStream_t on) {
+    const LocalStream local_on(*local_, on, stream_);
     const std::vector<int64_t>& k_host = schedule_.keys(src);
     AttentionInputs part = block;
     part.k = narrow(block.k, 1, first, count);
@@ -142,7 +216,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   };
   if (n == 1) {
     if (skipped(rank, 0, in.k.dim(1))) ++stats_.skipped;
-    else compute(in, rank, 0, in.k.dim(1), acc.dk, acc.dv);
+    else compute(in, rank, 0, in.k.dim(1), acc.dk, acc.dv, stream_);
     ++stats_.steps;
   }
   // This rank's own block adds to its own dK / dV, which never travel: half of its keys while its K/V
@@ -152,12 +226,12 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
   const int64_t own_rows = in.k.dim(1), own_half = own_rows / 2;
   auto own_keys = [&](int64_t first, int64_t count) {
     const TensorView dk = narrow(acc.dk, 1, first, count), dv = narrow(acc.dv, 1, first, count);
-    if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv);
+    if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv, stream_);
     char* part = partial_.data<char>();
     RA_CUDA_CHECK(cudaMemsetAsync(part, 0, part_layout.payload(), stream_));
     const TensorView pk = part_layout.dk_view(part, count, MemoryKind::kCuda);
     const TensorView pv = part_layout.dv_view(part, count, MemoryKind::kCuda);
-    compute(in, rank, first, count, pk, pv);
+    compute(in, rank, first, count, pk, pv, stream_);
     add_rows_cuda(dk, pk, stream_);
     add_rows_cuda(dv, pv, stream_);
   };
@@ -178,7 +252,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     const int src = schedule_.source(step);
     set_activity("ring backward step %d of %d (%s): the K/V block of rank %d and its dK/dV", step, n, transport, src);
     if (step > 0) kv.before_exchange(step, compute_done.get());  // also orders the accumulator sent now
-    kv.before_compute(step);
+    kv.before_compute(step, step == 0 ? stream_ : steps);
     const int64_t rows = schedule_.rows(src);
     const bool computed = step > 0 && !skipped(src, 0, rows);
     if (step == 0) {
@@ -188,11 +262,11 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
         ++stats_.skipped;
       } else {
         char* target = step == 1 && f32_wire ? slot[sending] : partial_.data<char>();
-        const int id = span(stream_, "step ", step, ": rank ", src, "'s block");
-        if (target != slot[sending]) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), stream_));
+        const int id = span(steps, "step ", step, ": rank ", src, "'s block");
+        if (target != slot[sending]) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), steps));
         compute(kv.block(step, src), src, 0, rows, part_layout.dk_view(target, rows, MemoryKind::kCuda),
-                part_layout.dv_view(target, rows, MemoryKind::kCuda));
-        end_span(id, stream_);
+                part_layout.dv_view(target, rows, MemoryKind::kCuda), steps);
+        end_span(id, steps);
       }
     }
     // One shift: the held K/V block (but at the last step) and the accumulator finished at the previous step.
@@ -206,11 +280,12 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       pieces.push_back({slot[sending], slot_offset[arriving], bytes});
     }
     if (step == 1 && !f32_wire && computed) {
-      const int id = span(stream_, "step 1: add");
-      add_into_wire(slot[sending], rows);
-      end_span(id, stream_);
+      const int id = span(steps, "step 1: add");
+      add_into_wire(slot[sending], rows, steps);
+      end_span(id, steps);
     }
-    if (step <= 1) compute_done.record(stream_);  // step 1: the first accumulator is complete (it leaves at step 2)
+    // Step 1: the first accumulator is complete (it leaves at step 2).
+    if (step <= 1) compute_done.record(step == 0 ? stream_ : steps);
     // Nothing moves at step 1 of a ring of two (its first accumulator goes home on the last hop).
     std::unique_ptr<PendingExchange> pending;
     if (!pieces.empty()) {
@@ -222,13 +297,13 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     if (step >= 2) {
       // What arrives (hop step - 1) goes on at the next shift, with this rank's part added, sealed anew.
       check_arrival(step - 1);
-      take_arrival(step - 1);
+      take_arrival(step - 1, steps);
       if (computed) {
-        const int id = span(stream_, "step ", step, ": add");
-        add_into_wire(slot[arriving], rows);
-        end_span(id, stream_);
+        const int id = span(steps, "step ", step, ": add");
+        add_into_wire(slot[arriving], rows, steps);
+        end_span(id, steps);
       }
-      compute_done.record(stream_);
+      compute_done.record(steps);
     }
     set_activity("ring backward step %d of %d (%s): waiting for rank %d's K/V block and dK/dV (ours going to rank %d)",
                  step, n, transport, comm.previous(), comm.next());
@@ -256,13 +331,15 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     check_arrival(n - 1);
     own_part(own_half, own_rows - own_half);
     pending->wait(ctx_.step_timeout);
-    take_arrival(n - 1);
-    const int id = span(stream_, "last hop: add into own dK/dV");
-    add_rows_cuda(acc.dk, layout.dk_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
-    add_rows_cuda(acc.dv, layout.dv_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
-    end_span(id, stream_);
+    take_arrival(n - 1, stream_);
+    if (!out) {  // else added as the gradients are written, once every arrival has been checked (below)
+      const int id = span(stream_, "last hop: add into own dK/dV");
+      add_rows_cuda(acc.dk, layout.dk_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
+      add_rows_cuda(acc.dv, layout.dv_view(slot[arriving], own_rows, MemoryKind::kCuda), stream_);
+      end_span(id, stream_);
+    }
   }
-  kv.finish(stream_);
+  joined.join();  // dQ, the window's reads and dbias' adds of the other ranks' blocks are done
   // Every block and accumulator that arrived is checked before the gradients are used.
   try {
     kv.check_arrivals();
@@ -281,6 +358,7 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
       }
     }
   } catch (...) {
+    kv.finish(stream_);
     cudaStreamSynchronize(stream_);
     throw;
   }
@@ -288,6 +366,16 @@ void RingAttentionCuda::accumulate_backward_device(const AttentionInputs& in, co
     sum_over_ring(comm, dbias_part.data<float>(), size_t(dbias_part.numel()), stream_);
     add_rows_cuda(acc.dbias, dbias_part.view(), stream_);
   }
+  if (out && n > 1) {  // dK / dV in the output's dtype: the own block's parts plus the accumulator that came home
+    const int id = span(stream_, "last hop: add into own dK/dV, converted");
+    add_convert_cuda(acc.dk, layout.dk_view(slot[arriving], own_rows, MemoryKind::kCuda), out->dk, stream_);
+    add_convert_cuda(acc.dv, layout.dv_view(slot[arriving], own_rows, MemoryKind::kCuda), out->dv, stream_);
+    end_span(id, stream_);
+  } else if (out) {
+    convert_gradient(acc.dk, out->dk, stream_);
+    convert_gradient(acc.dv, out->dv, stream_);
+  }
+  kv.finish(stream_);  // after the last read of the window's accumulator
 }
 
 void RingAttentionCuda::reduce_sequence_gradients(Gradients& g) const {

@@ -74,5 +74,34 @@ TEST(CudaGradientKernels, ConvertMatchesTheHostBitForBit) {
     }
 }
 
+// add_convert_cuda (the GPU ring's last hop: the own block's f32 dK / dV plus the accumulator that came
+// home, in the output's dtype): the host's f32 sum rounded once, for each addend and output dtype, fused
+// (aligned rows of 4) and through the fallback (odd counts, an unaligned start).
+TEST(CudaGradientKernels, AddConvertMatchesTheHostBitForBit) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(9);
+  for (DType addend_dtype : {DType::kF32, DType::kF16, DType::kBF16})
+    for (DType out_dtype : {DType::kF32, DType::kF16, DType::kBF16})
+      for (int64_t n : {int64_t(1) << 18, int64_t(4099)})
+        for (int64_t start : {int64_t(0), int64_t(1)}) {
+          SCOPED_TRACE(std::string(dtype_name(addend_dtype)) + " -> " + std::string(dtype_name(out_dtype)) + " n=" +
+                       std::to_string(n) + " start=" + std::to_string(start));
+          const Tensor sum = random_normal(DType::kF32, {n + 1}, rng, 10.0f);
+          const Tensor addend = random_normal(addend_dtype, {n}, rng, 10.0f);
+          const Tensor sum_device = to_memory(sum.view(), MemoryKind::kCuda);
+          const Tensor addend_device = to_memory(addend.view(), MemoryKind::kCuda);
+          const Tensor out_device(out_dtype, {n}, MemoryKind::kCuda);
+          add_convert_cuda(narrow(sum_device.view(), 0, start, n), addend_device.view(), out_device.view(), nullptr);
+          RA_CUDA_CHECK(cudaDeviceSynchronize());
+          std::vector<float> want = as_f32(narrow(sum.view(), 0, start, n));
+          const std::vector<float> add = as_f32(addend.view());
+          for (size_t i = 0; i < want.size(); ++i) want[i] += add[i];
+          std::vector<char> want_bits(size_t(n) * dtype_size(out_dtype));
+          convert_from_f32(want.data(), want_bits.data(), out_dtype, size_t(n));
+          const Tensor got = to_memory(out_device.view(), MemoryKind::kHost);
+          EXPECT_EQ(std::memcmp(got.data<char>(), want_bits.data(), want_bits.size()), 0);
+        }
+}
+
 }  // namespace
 }  // namespace ra::test

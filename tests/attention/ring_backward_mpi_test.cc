@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string_view>
 #include <tuple>
 
 #include "attention/backward.h"
@@ -46,6 +48,9 @@ struct RingBackwardCase {
   int64_t head_dim = 64, v_head_dim = 32;
   DType gradient_wire = DType::kF32;  // bf16: --grad-wire bf16 (the error may grow with the ring; bounded, printed)
   bool deterministic = false;         // --deterministic: every ring size gives the same bits
+  // 1: on GPUs the own block's halves write straight into dk / dv, and the other ranks' blocks run on a
+  // second stream beside them (flash_attn2); 2: through the partial, on one stream.
+  int64_t batch = 2;
 };
 
 // The gradients of the whole problem, each value written by the one rank that holds it (zeros elsewhere).
@@ -126,13 +131,42 @@ Gradients ring_gradients(const RingBackwardCase& c, const Problem& global, RingC
   Gradients g = ring->backward(device.inputs, global.params(), shard.pos, d_o.view(), nullptr, true);
   for (Tensor* t : {&g.dq, &g.dk, &g.dv, &g.dbias, &g.dsinks})
     if (t->defined()) *t = to_memory(t->view(), MemoryKind::kHost);
+  // The gradients in q's dtype (the ring's own path past one rank: dK / dV converted as the last hop's
+  // accumulator is added): dK, dV and dsinks are the f32 ones rounded, bit for bit (the same kernels and
+  // sums); dQ, whose atomics add in no fixed order, within a rounding of them. (A ring of one is its
+  // local kernel's single call, checked in cuda_backward_test.)
+  if (ctx.comm->size() == 1) return g;
+  Gradients in_dtype = ring->backward(device.inputs, global.params(), shard.pos, d_o.view(), nullptr, false);
+  for (auto [name, f32, got] : {std::tuple{"dk", &g.dk, &in_dtype.dk}, std::tuple{"dv", &g.dv, &in_dtype.dv},
+                                std::tuple{"dq", &g.dq, &in_dtype.dq}}) {
+    EXPECT_EQ(got->dtype(), c.dtype) << name;
+    const size_t n = size_t(f32->numel());
+    std::vector<char> bits(n * dtype_size(c.dtype));
+    std::vector<float> rounded(n), mine(n);
+    convert_from_f32(f32->data<float>(), bits.data(), c.dtype, n);
+    convert_to_f32(bits.data(), c.dtype, rounded.data(), n);
+    const Tensor host = to_memory(got->view(), MemoryKind::kHost);
+    convert_to_f32(host.data<char>(), c.dtype, mine.data(), n);
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < n; ++i) {
+      scale = std::max(scale, double(std::abs(rounded[i])));
+      worst = std::max(worst, double(std::abs(rounded[i] - mine[i])));
+    }
+    if (std::string_view(name) == "dq") EXPECT_LE(worst, 0.02 * scale + 1e-6) << name << " in " << dtype_name(c.dtype);
+    else EXPECT_EQ(worst, 0.0) << name << " in " << dtype_name(c.dtype) << " differs from the f32 gradients rounded";
+  }
+  if (g.dsinks.defined()) {
+    const Tensor dsinks = to_memory(in_dtype.dsinks.view(), MemoryKind::kHost);
+    EXPECT_EQ(std::memcmp(dsinks.data<float>(), g.dsinks.data<float>(), size_t(g.dsinks.numel()) * sizeof(float)), 0)
+        << "dsinks of the q-dtype path differ from the f32 path's (summed over the ring in both)";
+  }
   return g;
 }
 
 TEST_P(RingBackward, EveryRingSizeMatchesTheF64GradientsWithoutDrift) {
   const RingBackwardCase& c = GetParam();
   if (c.cuda != g_args.cuda) GTEST_SKIP() << (c.cuda ? "a GPU ring case: run with --backend=cuda" : "a host ring case");
-  const int64_t B = 2, D = c.head_dim, Dv = c.v_head_dim;
+  const int64_t B = c.batch, D = c.head_dim, Dv = c.v_head_dim;
   Problem global(ProblemSpec{B, c.q_len, c.kv_len, c.q_heads, c.kv_heads, D, Dv, c.dtype, c.options, 11});
   if (c.shared_bias) {
     std::mt19937_64 rng(5);
@@ -269,7 +303,10 @@ std::vector<RingBackwardCase> ring_backward_cases() {
     return RingBackwardCase{layout, o, dtype, t, s, hq, hkv, impl, shared_bias, true, 64, 64};
   };
   for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped}) {
-    for (const Options& o : opts) cases.push_back(gpu(layout, o, DType::kBF16, 96, 96, 4, 2, "flash_attn2"));
+    for (size_t i = 0; i < opts.size(); ++i) {
+      cases.push_back(gpu(layout, opts[i], DType::kBF16, 96, 96, 4, 2, "flash_attn2"));
+      cases.back().batch = i % 2 == 0 ? 1 : 2;  // both ways of running the steps, over the options
+    }
     cases.push_back(gpu(layout, opts[6], DType::kF16, 97, 97, 4, 2, "flash_attn2"));  // uneven shards
     cases.push_back(gpu(layout, opts[1], DType::kBF16, 53, 97, 8, 1, "flash_attn2"));  // S != T, GQA 8:1
     cases.push_back(gpu(layout, opts[6], DType::kF32, 64, 64, 4, 2, "sdpa"));
@@ -293,6 +330,8 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   RingBackwardCase gpu_wire = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 96, 96, 4, 2, "flash_attn2");
   gpu_wire.gradient_wire = DType::kBF16;
   cases.push_back(gpu_wire);
+  gpu_wire.batch = 1;  // step 1 through the partial on the second stream
+  cases.push_back(gpu_wire);
   return cases;
 }
 
@@ -302,6 +341,7 @@ INSTANTIATE_TEST_SUITE_P(Mpi, RingBackward, testing::ValuesIn(ring_backward_case
          std::to_string(c.q_len) + "_S" + std::to_string(c.kv_len) + "_H" + std::to_string(c.q_heads) + "x" +
          std::to_string(c.kv_heads) + "_" + c.local_impl + (c.shared_bias ? "_shared_bias" : "") +
          (c.gradient_wire != DType::kF32 ? "_bf16_wire" : "") + (c.deterministic ? "_deterministic" : "") +
+         (c.batch == 1 ? "_B1" : "") +
          (c.cuda ? "_cuda" : "");
 });
 
