@@ -27,7 +27,9 @@
 # `padding_ab` (GPU tests, then the flash kernels whose exact head dims run the padded instance, and the ring of 2 on one GPU, against the variants);
 # `python_tests` (the Python package's tests, CUDA and host tensors, one GPU); `backward_spans` (the ring backward's
 # computes, adds, transfers and waits per rank, --step-times, beside one GPU's backward); `ring_backward_ab` (the ring
-# backward of this build against the variants, interleaved, then one GPU's rows and the spans);
+# backward of this build against the variants, interleaved, then one GPU's rows and the spans); `tile_order_ab` (GPU
+# tests, then the single-call and ring backward of this build against the variants, interleaved, and the ring's spans);
+# `ring_streams_ab` (GPU tests over both transports, the ring CLI's --backward, then the same rows against the variants);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
@@ -66,12 +68,12 @@ bench() {  # ranks, then bench options ($bin may be set for one call)
   mpirun -np $n $bin bench --backend cuda --batch 1 --heads "${heads:-32}" --head-dim "${head_dim:-128}" --dtype bf16 --warmup "${warmup:-2}" "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
 }
 # Calls the function $1 with this build's ringattn and then each variant (build/variants/ringattn_*, or
-# the ones matching $variants; unpacked from variants.tar.xz when it came along), two rounds, each run
+# the ones matching $variants; unpacked from variants.tar.xz when it came along), $rounds rounds (2), each run
 # under a header line: the builds interleave, so drift between them shows as a difference of rounds.
 for_each_build() {
   [ -f $build/variants.tar.xz ] && tar xJf $build/variants.tar.xz -C $build
   local round b
-  for round in 1 2; do
+  for round in $(seq "${rounds:-2}"); do
     for b in $bin $build/variants/${variants:-ringattn_*}; do
       [ -x "$b" ] || continue
       echo "# $(basename $b), round $round" | tee -a "$out/bench.txt"
@@ -706,6 +708,52 @@ if has backward_spans; then  # issue 21: where the ring backward's time goes, 2 
   for t in 8192 16384; do  # the ring's blocks alone on one GPU (the local kernel at the ring's block size)
     bench 1 --backward --impl flash_attn2 --seq $t --iters 10 --causal
   done
+fi
+single_and_ring_rows() {  # one GPU's backward and the ring of 2's at 16384 and 32768 tokens, causal and not
+  local t causal
+  for t in 16384 32768; do
+    for causal in "--causal" ""; do
+      bin=$1 bench 1 --backward --impl flash_attn2 --seq $t --iters 10 $causal
+      bin=$1 bench 2 --backward --impl ring --local-impl flash_attn2 --seq $t --iters 10 $causal ${causal:+--layout zigzag}
+    done
+  done
+}
+if has tile_order_ab; then  # issue 21: the backward's key blocks longest walk first, dK / dV written over (this build against the variants)
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 12
+  timeout 300 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --gtest_brief=1 2>&1 |
+    tee "$out/ring_backward_mpi_test.log" | tail -n 8
+  tile_order_rows() {
+    local shape
+    single_and_ring_rows "$1"
+    for shape in "64 64" "16 256"; do
+      bin=$1 heads=${shape% *} head_dim=${shape#* } bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 --causal
+    done
+    bin=$1 bench 1 --backward --impl flash_attn2 --flash-kernel mma_sync --seq 32768 --iters 6 --causal
+  }
+  variants='ringattn_before_*' for_each_build tile_order_rows
+  bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
+  bench 2 --backward --impl ring --local-impl flash_attn2 --seq 32768 --iters 10 --causal --layout zigzag --step-times
+fi
+if has ring_streams_ab; then  # issue 21: the ring backward's steps on a second stream, dK / dV written over and converted
+  # as the last hop lands: GPU tests (both transports), the CLI on 2 ranks, then this build against the variants
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 6
+  for tr in copy-engines nccl; do
+    timeout 200 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
+      tee "$out/ring_backward_mpi_test_$tr.log" | grep -v "^\[  SKIPPED" | tail -n 4
+  done
+  d=$(mktemp -d)
+  $bin generate --output $d/g.h5 --batch 1 --seq 3001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
+  for causal in "" "--causal --layout zigzag"; do
+    mpirun -np 2 $bin run --backend cuda --input $d/g.h5 --output $d/o.h5 --backward --quiet --overwrite $causal &&
+      $bin verify --input $d/g.h5 --output $d/o.h5 ${causal%% --layout*} | tee -a "$out/backward_cli.txt"; echo "ring cli --backward $causal exit $?"
+  done
+  [ -n "${faults_only:-}" ] && FAULT_ONLY=$faults_only bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 |
+    tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
+  variants='ringattn_before_*' for_each_build single_and_ring_rows
+  echo "# spans of this build" | tee -a "$out/bench.txt"
+  bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
+  bench 2 --backward --impl ring --local-impl flash_attn2 --seq 32768 --iters 10 --step-times
+  bench 2 --backward --impl ring --local-impl cudnn --seq 32768 --iters 10 --causal --layout zigzag
 fi
 if has ring_backward_ab; then  # issue 21: the ring backward (flash_attn2 steps) of this build against the variants
   ring_backward_rows() {
