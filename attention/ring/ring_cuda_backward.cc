@@ -7,8 +7,10 @@
 // held block's dK/dV into a zeroed partial while that block's accumulator (what the ranks before it
 // added) is in flight to it, in the same shift as the next K/V block; once both are done it checks
 // the accumulator's checksum, adds the partial in and reseals it, and the next shift passes it on.
-// After the last step each accumulator is one hop from its owner. The sums run in a fixed order: a
-// given ring size and layout give the same bits on every run.
+// After the last step each accumulator is one hop from its owner. The other ranks' blocks run on a
+// second stream beside the own block's halves where the local kernel allows (two_streams below). dK / dV's
+// sums run in a fixed order: a given ring size and layout give the same bits on every run (dQ's too
+// under --deterministic).
 #include <algorithm>
 
 #include "attention/backward.h"
