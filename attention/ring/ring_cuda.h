@@ -64,8 +64,8 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   const DevicePositions& ring_positions_on_device(const TokenPositions& pos) const;
   DevicePositions device_positions(const TokenPositions& pos) const override { return ring_positions_on_device(pos); }
   void check_shard_rows(const AttentionInputs& in) const;  // this rank's shard has the layout's rows
-  // The backward's ring into the f32 accumulators `acc`; with `out` (q's dtype or f32, contiguous) the
-  // last hop's dK / dV land there, the own block's parts in `acc` added in the same pass.
+  // The backward's ring into the f32 accumulators `acc`; with `out` (q's dtype or f32, contiguous; more
+  // than one rank) the last hop's dK / dV land there, the own block's parts in `acc` added in the same pass.
   void backward_steps(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                       const BackwardInputs& grad, const GradViews& acc, const GradViews* out) const;
   RingContext ctx_;

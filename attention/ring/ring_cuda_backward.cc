@@ -105,6 +105,8 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
                                        const GradViews* out) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
+  RA_CHECK(out == nullptr || n > 1, "the ring backward writes dk / dv in q's dtype only past one rank "
+           "(a ring of one is its local kernel's backward_into)");
   check_shard_rows(in);
   const int64_t slot_rows = schedule_.slot_rows();
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows, ctx_.gradient_wire};
@@ -368,14 +370,11 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     sum_over_ring(comm, dbias_part.data<float>(), size_t(dbias_part.numel()), stream_);
     add_rows_cuda(acc.dbias, dbias_part.view(), stream_);
   }
-  if (out && n > 1) {  // dK / dV in the output's dtype: the own block's parts plus the accumulator that came home
+  if (out) {  // dK / dV in the output's dtype: the own block's parts plus the accumulator that came home
     const int id = span(stream_, "last hop: add into own dK/dV, converted");
     add_convert_cuda(acc.dk, layout.dk_view(slot[arriving], own_rows, MemoryKind::kCuda), out->dk, stream_);
     add_convert_cuda(acc.dv, layout.dv_view(slot[arriving], own_rows, MemoryKind::kCuda), out->dv, stream_);
     end_span(id, stream_);
-  } else if (out) {
-    convert_gradient(acc.dk, out->dk, stream_);
-    convert_gradient(acc.dv, out->dv, stream_);
   }
   kv.finish(stream_);  // after the last read of the window's accumulator
 }
