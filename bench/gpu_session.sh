@@ -30,6 +30,7 @@
 # backward of this build against the variants, interleaved, then one GPU's rows and the spans); `tile_order_ab` (GPU
 # tests, then the single-call and ring backward of this build against the variants, interleaved, and the ring's spans);
 # `ring_streams_ab` (GPU tests over both transports, the ring CLI's --backward, then the same rows against the variants);
+# `ring_priority` (the same tests, the forward ring's too, the backward's faults, then one GPU's and the ring's rows);
 # several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
@@ -754,6 +755,30 @@ if has ring_streams_ab; then  # issue 21: the ring backward's steps on a second 
   bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
   bench 2 --backward --impl ring --local-impl flash_attn2 --seq 32768 --iters 10 --step-times
   bench 2 --backward --impl ring --local-impl cudnn --seq 32768 --iters 10 --causal --layout zigzag
+fi
+if has ring_priority; then  # issue 21: the ring backward's other ranks' blocks at a higher priority, the own block whole
+  # from step 0: GPU tests (both transports, the forward's too), the CLI, the backward's faults, then the rows
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 4
+  for tr in copy-engines nccl; do
+    for t in ring_backward_mpi_test ring_mpi_test; do
+      timeout 200 mpirun -np 2 $build/tests/$t --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
+        tee "$out/${t}_$tr.log" | grep -v "^\[  SKIPPED" | tail -n 3
+    done
+  done
+  d=$(mktemp -d)
+  $bin generate --output $d/g.h5 --batch 1 --seq 3001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
+  for causal in "" "--causal --layout zigzag"; do
+    mpirun -np 2 $bin run --backend cuda --input $d/g.h5 --output $d/o.h5 --backward --quiet --overwrite $causal &&
+      $bin verify --input $d/g.h5 --output $d/o.h5 ${causal%% --layout*} | tee -a "$out/backward_cli.txt"; echo "ring cli --backward $causal exit $?"
+  done
+  FAULT_ONLY=backward bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
+  for_each_build single_and_ring_rows
+  echo "# spans of this build" | tee -a "$out/bench.txt"
+  bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
+  bench 2 --backward --impl ring --local-impl cudnn --seq 32768 --iters 10 --causal --layout zigzag
+  for causal in "" "--causal --layout zigzag"; do  # against context_parallel's cuDNN backward there (issue 21's table)
+    warmup=1 bench 2 --backward --impl ring --local-impl cudnn --seq 131072 --iters 3 $causal
+  done
 fi
 if has ring_backward_ab; then  # issue 21: the ring backward (flash_attn2 steps) of this build against the variants
   ring_backward_rows() {

@@ -243,8 +243,10 @@ void cuda_release_pinned(void* p) { (void)cudaFreeHost(p); }
 CudaStream::CudaStream(StreamPriority priority) {
   int least = 0, greatest = 0;  // numerically, greatest < least
   RA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  RA_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking,
-                                             priority == StreamPriority::kHigh ? greatest : least));
+  const int level = priority == StreamPriority::kHigh          ? greatest
+                    : priority == StreamPriority::kAboveNormal ? std::max(greatest, least - 1)
+                                                                : least;
+  RA_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, level));
 }
 CudaStream::~CudaStream() { (void)cudaStreamDestroy(stream_); }
 void CudaStream::synchronize() const { RA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }

@@ -68,8 +68,10 @@ void cuda_set_cache_limit(size_t bytes);
 
 // kHigh: the device's greatest stream priority. Blocks of a high-priority stream are dispatched
 // before waiting blocks of lower ones, so a transfer queued while a long kernel occupies every SM starts
-// as SMs free up instead of after the kernel's last block.
-enum class StreamPriority { kNormal, kHigh };
+// as SMs free up instead of after the kernel's last block. kAboveNormal: one step above the least, for
+// work that should go before the compute stream's but after the transfers' (the greatest where the
+// device has only two levels).
+enum class StreamPriority { kNormal, kAboveNormal, kHigh };
 
 class CudaStream {
  public:

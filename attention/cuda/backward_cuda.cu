@@ -183,19 +183,13 @@ void sinks_gradient_cuda(const TensorView& sinks, const TensorView& lse, const T
 void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t stream) {
   const int64_t n = in.numel();
   if (n == 0) return;
-  const size_t word = 4 * dtype_size(out.dtype());
-  if (n % 4 == 0 && aligned(in.data(), 16) && aligned(out.data(), word) && out.dtype() != DType::kF64) {
-    const int64_t quads = n / 4;
-    const unsigned blocks = grid_for(quads, 256);
-    const float* from = in.data_as<float>();
-    switch (out.dtype()) {
-      case DType::kBF16: convert_quad_kernel<<<blocks, 256, 0, stream>>>(from, out.data_as<__nv_bfloat16>(), quads); break;
-      case DType::kF16: convert_quad_kernel<<<blocks, 256, 0, stream>>>(from, out.data_as<__half>(), quads); break;
-      default: convert_quad_kernel<<<blocks, 256, 0, stream>>>(from, out.data_as<float>(), quads);
-    }
-  } else {
-    convert_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(in.data_as<float>(), out.data(), out.dtype(), n);
-  }
+  bool quads = false;
+  if (n % 4 == 0 && aligned(in.data(), 16) && aligned(out.data(), 4 * dtype_size(out.dtype())))
+    quads = with_quad_type(out.dtype(), [&](auto* o) {
+      using O = std::remove_pointer_t<decltype(o)>;
+      convert_quad_kernel<<<grid_for(n / 4, 256), 256, 0, stream>>>(in.data_as<float>(), out.data_as<O>(), n / 4);
+    });
+  if (!quads) convert_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(in.data_as<float>(), out.data(), out.dtype(), n);
   RA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -219,13 +213,11 @@ void add_rows_quads(const TensorView& into, const TensorView& from, cudaStream_t
 void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream) {
   const int64_t n = from.numel();
   if (n == 0) return;
-  const bool quads = from.dim(3) % 4 == 0 && into.stride(3) == 1 && into.stride(0) % 4 == 0 &&
-                     into.stride(1) % 4 == 0 && into.stride(2) % 4 == 0 && aligned(into.data(), 16) &&
-                     aligned(from.data(), 4 * dtype_size(from.dtype())) && from.dtype() != DType::kF64;
-  if (quads && from.dtype() == DType::kBF16) add_rows_quads<__nv_bfloat16>(into, from, stream);
-  else if (quads && from.dtype() == DType::kF16) add_rows_quads<__half>(into, from, stream);
-  else if (quads) add_rows_quads<float>(into, from, stream);
-  else
+  bool quads = false;
+  if (from.dim(3) % 4 == 0 && into.stride(3) == 1 && into.stride(0) % 4 == 0 && into.stride(1) % 4 == 0 &&
+      into.stride(2) % 4 == 0 && aligned(into.data(), 16) && aligned(from.data(), 4 * dtype_size(from.dtype())))
+    quads = with_quad_type(from.dtype(), [&](auto* f) { add_rows_quads<std::remove_pointer_t<decltype(f)>>(into, from, stream); });
+  if (!quads)
     add_rows_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(into.data_as<float>(), strides_of(into), from.data(),
                                                             from.dtype(), from.dim(1), from.dim(2), from.dim(3), n);
   RA_CUDA_CHECK(cudaGetLastError());

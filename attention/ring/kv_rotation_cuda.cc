@@ -63,7 +63,10 @@ void KvRotationCuda::before_compute(int step, cudaStream_t stream) const {
 }
 
 void KvRotationCuda::before_exchange(int step, cudaEvent_t compute_done) const {
-  if (step == 0) return;
+  // Step 1's shift receives into the buffer the own block left from, read only by step 0's shift (on the
+  // channel's stream): step 0's compute reads the caller's k and v. So it need not wait for that compute
+  // (the backward's steps run beside the own block's, which may take the longer).
+  if (step <= 1) return;
   state_.channel->wait_for(compute_done);
   if (verify_) state_.channel->wait_for(checked_[1 - cur_].get());  // the checksum of the block it replaces
 }

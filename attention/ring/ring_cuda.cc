@@ -97,7 +97,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
                  transport, comm.previous(), comm.next(), src);
     // The compute is queued before the exchange (queuing NCCL work takes the host a while and the
     // compute stream would idle meanwhile), but the exchange waits only for the previous compute,
-    // which last read the buffer it receives into (at step 0: the previous call's).
+    // which last read the buffer it receives into (at steps 0 and 1 none did: before_exchange).
     const bool exchange = step + 1 < n;
     if (exchange) kv.before_exchange(step, compute_done.get());
     kv.before_compute(step);

@@ -1,16 +1,15 @@
-// The GPU ring's backward. K/V blocks rotate exactly as in the forward (KvRotationCuda); beside them the
-// f32 dK/dV accumulator of each other rank's block travels one step behind it, in two more buffers of
-// the channel's window. A rank's own block adds to its own dK/dV, which never travel: half of its keys
-// at step 0, while its K/V leave, the other half at the end, while the last accumulator comes home, so
-// that no transfer waits alone (with the own block first, the last hop of a whole accumulator did:
-// 1.8 ms of a 29.6 ms call on 2 H200, bench/RESULTS.md). At step s >= 1 a rank computes its part of the
-// held block's dK/dV into a zeroed partial while that block's accumulator (what the ranks before it
-// added) is in flight to it, in the same shift as the next K/V block; once both are done it checks
-// the accumulator's checksum, adds the partial in and reseals it, and the next shift passes it on.
-// After the last step each accumulator is one hop from its owner. The other ranks' blocks run on a
-// second stream beside the own block's halves where the local kernel allows (two_streams below). dK / dV's
-// sums run in a fixed order: a given ring size and layout give the same bits on every run (dQ's too
-// under --deterministic).
+// The GPU ring's backward. K/V blocks rotate exactly as in the forward (KvRotationCuda); beside them the f32 dK/dV
+// accumulator of each other rank's block travels one step behind it, in two more buffers of the channel's window.
+// A rank's own block adds to its own dK/dV, which never travel. On one stream: half of its keys at step 0, while
+// its K/V leave, the other half at the end, while the last accumulator comes home, so that no transfer waits alone
+// (with the own block first, the last hop of a whole accumulator did: 1.8 ms of a 29.6 ms call on 2 H200,
+// bench/RESULTS.md). With two streams (two_streams below) the own block runs whole from step 0 and the other
+// ranks' blocks beside it at a higher priority: they end first, and the last hop travels while the own block still
+// computes. At step s >= 1 a rank computes its part of the held block's dK/dV into a zeroed partial while that
+// block's accumulator (what the ranks before it added) is in flight to it, in the same shift as the next K/V
+// block; once both are done it checks the accumulator's checksum, adds the partial in and reseals it, and the next
+// shift passes it on. After the last step each accumulator is one hop from its owner. dK / dV's sums run in a
+// fixed order: a given ring size and layout give the same bits on every run (dQ's too under --deterministic).
 #include <algorithm>
 
 #include "attention/backward.h"
@@ -196,13 +195,17 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
   // With the local backward's sums in a fixed order, a deterministic ring gives the same bits on every run.
   AttentionParams local_params = params;
   local_params.deterministic = params.deterministic || ctx_.deterministic;
-  // The other ranks' blocks run on a second stream (`steps`), the own block's halves on the compute
-  // stream: each launch ends in a part-filled wave (its key blocks walk alike), which then overlaps the
-  // next launch's first instead of idling the other SMs. Where the local kernel's calls can run at once
-  // (flash_attn2, not deterministic: dQ's atomics then add in no fixed order anyway) and the own block's
-  // parts go straight into dk / dv (B = 1; else they share the partial with the steps); else one stream.
+  // The other ranks' blocks run on a second stream (`steps`), the own block on the compute stream: each
+  // launch ends in a part-filled wave (its key blocks walk alike), which then overlaps the other stream's
+  // blocks instead of idling SMs. `steps` is above the compute stream's priority (below the transfers'),
+  // so its blocks take the SMs first and the last accumulator leaves while the own block's fill the rest;
+  // the own block is one launch, whose long and short causal walks fill each other's tails (a diagonal
+  // half alone at the end ran 30% below the kernel's rate). Where the local kernel's calls can run at
+  // once (flash_attn2, not deterministic: dQ's atomics then add in no fixed order anyway) and the own
+  // block goes straight into dk / dv (B = 1; else it shares the partial with the steps); else one stream.
   const bool two_streams = n > 1 && local_->independent_backward_calls(local_params) && acc.dk.dim(0) == 1;
-  if (two_streams && !state_.steps_stream) state_.steps_stream = std::make_unique<CudaStream>();
+  if (two_streams && !state_.steps_stream)
+    state_.steps_stream = std::make_unique<CudaStream>(StreamPriority::kAboveNormal);
   const cudaStream_t steps = two_streams ? state_.steps_stream->get() : stream_;
   StreamsJoined joined(steps, stream_);
   // This rank's part of those keys' dK/dV (and its dQ) added into `dk`/`dv`, queued on `on`.
@@ -223,11 +226,11 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     else compute(in, rank, 0, in.k.dim(1), acc.dk, acc.dv, stream_);
     ++stats_.steps;
   }
-  // This rank's own block adds to its own dK / dV, which never travel: half of its keys while its K/V
-  // leave for the first exchange, the other half while the last accumulator comes home, so that
-  // neither transfer waits alone. Straight into the caller's accumulators where the rows are contiguous
-  // there (B = 1), else through the zeroed partial.
-  const int64_t own_rows = in.k.dim(1), own_half = own_rows / 2;
+  // This rank's own block adds to its own dK / dV, which never travel: on one stream half of its keys
+  // while its K/V leave for the first exchange, the other half while the last accumulator comes home, so
+  // that neither transfer waits alone; with two streams all of it from step 0 (above). Straight into the
+  // caller's accumulators where the rows are contiguous there (B = 1), else through the zeroed partial.
+  const int64_t own_rows = in.k.dim(1), own_first = two_streams ? own_rows : own_rows / 2;
   auto own_keys = [&](int64_t first, int64_t count) {
     const TensorView dk = narrow(acc.dk, 1, first, count), dv = narrow(acc.dv, 1, first, count);
     if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv, stream_);
@@ -260,7 +263,7 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     const int64_t rows = schedule_.rows(src);
     const bool computed = step > 0 && !skipped(src, 0, rows);
     if (step == 0) {
-      own_part(0, own_half);
+      own_part(0, own_first);
     } else {
       if (!computed) {
         ++stats_.skipped;
@@ -333,7 +336,7 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     if (const std::optional<size_t> at = corrupted_byte(fault, rank, n, payload))
       flip_byte_cuda(slot[arriving], *at, channel_stream);  // the fault tests' hook for accumulators
     check_arrival(n - 1);
-    own_part(own_half, own_rows - own_half);
+    if (own_first < own_rows) own_part(own_first, own_rows - own_first);
     pending->wait(ctx_.step_timeout);
     take_arrival(n - 1, stream_);
     if (!out) {  // else added as the gradients are written, once every arrival has been checked (below)

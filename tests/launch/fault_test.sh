@@ -67,7 +67,7 @@ expect stall-rank1-in-backward nonzero 45 "within [0-9]* ms\|waited [0-9]* ms" "
   env RINGATTN_FAULT=stall:rank=1:step=0:ms=600000:pass=backward "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${grad[@]}" --output "$dir/o.h5"
 expect corrupt-block-in-backward nonzero 60 "K/V block.*corrupted in flight" "$dir/o.h5" -- \
   env RINGATTN_FAULT=corrupt:rank=$last:step=0:pass=backward "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${grad[@]}" --output "$dir/o.h5"
-expect corrupt-accumulator-last-hop nonzero 60 "dK/dV accumulator.*corrupted in flight" "$dir/o.h5" -- \
+expect corrupt-accumulator-backward-last-hop nonzero 60 "dK/dV accumulator.*corrupted in flight" "$dir/o.h5" -- \
   env RINGATTN_FAULT=corrupt:rank=0:step=$n:pass=backward "$mpiexec" --oversubscribe -np $n -x RINGATTN_FAULT "$ra" run "${grad[@]}" --output "$dir/o.h5"
 if [ "$backend" = cpu ]; then  # NCCL cannot send fewer bytes than the peer receives
   expect short-send-caught nonzero 60 "received [0-9]* of [0-9]* bytes from rank 0 (a short send)" "$dir/o.h5" -- \
