@@ -68,6 +68,15 @@ bench() {  # ranks, then bench options ($bin may be set for one call)
   local n=$1; shift
   mpirun -np $n $bin bench --backend cuda --batch 1 --heads "${heads:-32}" --head-dim "${head_dim:-128}" --dtype bf16 --warmup "${warmup:-2}" "$@" 2>&1 | grep -v '^#' | tee -a "$out/bench.txt"
 }
+ring_tests_both_transports() {  # the GPU ring's forward and backward tests on 2 GPUs, over copy engines and over NCCL
+  local tr t
+  for tr in copy-engines nccl; do
+    for t in ring_mpi_test ring_backward_mpi_test; do
+      timeout 200 mpirun -np 2 $build/tests/$t --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
+        tee "$out/${t}_2gpu_$tr.log" | grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 4
+    done
+  done
+}
 # Calls the function $1 with this build's ringattn and then each variant (build/variants/ringattn_*, or
 # the ones matching $variants; unpacked from variants.tar.xz when it came along), $rounds rounds (2), each run
 # under a header line: the builds interleave, so drift between them shows as a difference of rounds.
@@ -561,12 +570,7 @@ if has two_gpus; then  # issues 21 / 22: speed per GPU on 2 GPUs (a GPU per rank
     --head-dim 128 --dtype bf16 --seq 1048576 --causal --layout zigzag --warmup 0 --iters 1 2>&1 | tee -a "$out/million.txt"
 fi
 if has two_gpus_tests; then  # issues 21 / 22: correctness on 2 GPUs, both transports
-  for tr in copy-engines nccl; do
-    for t in ring_mpi_test ring_backward_mpi_test; do
-      timeout 200 mpirun -np 2 $build/tests/$t --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
-        tee "$out/${t}_2gpu_$tr.log" | grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 4
-    done
-  done
+  ring_tests_both_transports
   bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL)|^\[rank|error" | head -n 60
   python_package
   timeout 300 mpirun -np 2 -x PYTHONPATH $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda_ring.py \
@@ -735,6 +739,15 @@ if has tile_order_ab; then  # issue 21: the backward's key blocks longest walk f
   bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
   bench 2 --backward --impl ring --local-impl flash_attn2 --seq 32768 --iters 10 --causal --layout zigzag --step-times
 fi
+ring_backward_cli() {  # the CLI's ring on 2 ranks: generate, run --backward, verify (B = 1, causal zigzag and not)
+  local d causal
+  d=$(mktemp -d)
+  $bin generate --output $d/g.h5 --batch 1 --seq 3001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
+  for causal in "" "--causal --layout zigzag"; do
+    mpirun -np 2 $bin run --backend cuda --input $d/g.h5 --output $d/o.h5 --backward --quiet --overwrite $causal &&
+      $bin verify --input $d/g.h5 --output $d/o.h5 ${causal%% --layout*} | tee -a "$out/backward_cli.txt"; echo "ring cli --backward $causal exit $?"
+  done
+}
 if has ring_streams_ab; then  # issue 21: the ring backward's steps on a second stream, dK / dV written over and converted
   # as the last hop lands: GPU tests (both transports), the CLI on 2 ranks, then this build against the variants
   $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 6
@@ -742,12 +755,7 @@ if has ring_streams_ab; then  # issue 21: the ring backward's steps on a second 
     timeout 200 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
       tee "$out/ring_backward_mpi_test_$tr.log" | grep -v "^\[  SKIPPED" | tail -n 4
   done
-  d=$(mktemp -d)
-  $bin generate --output $d/g.h5 --batch 1 --seq 3001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
-  for causal in "" "--causal --layout zigzag"; do
-    mpirun -np 2 $bin run --backend cuda --input $d/g.h5 --output $d/o.h5 --backward --quiet --overwrite $causal &&
-      $bin verify --input $d/g.h5 --output $d/o.h5 ${causal%% --layout*} | tee -a "$out/backward_cli.txt"; echo "ring cli --backward $causal exit $?"
-  done
+  ring_backward_cli
   [ -n "${faults_only:-}" ] && FAULT_ONLY=$faults_only bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 |
     tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
   variants='ringattn_before_*' for_each_build single_and_ring_rows
@@ -759,18 +767,8 @@ fi
 if has ring_priority; then  # issue 21: the ring backward's other ranks' blocks at a higher priority, the own block whole
   # from step 0: GPU tests (both transports, the forward's too), the CLI, the backward's faults, then the rows
   $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 4
-  for tr in copy-engines nccl; do
-    for t in ring_backward_mpi_test ring_mpi_test; do
-      timeout 200 mpirun -np 2 $build/tests/$t --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
-        tee "$out/${t}_$tr.log" | grep -v "^\[  SKIPPED" | tail -n 3
-    done
-  done
-  d=$(mktemp -d)
-  $bin generate --output $d/g.h5 --batch 1 --seq 3001 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
-  for causal in "" "--causal --layout zigzag"; do
-    mpirun -np 2 $bin run --backend cuda --input $d/g.h5 --output $d/o.h5 --backward --quiet --overwrite $causal &&
-      $bin verify --input $d/g.h5 --output $d/o.h5 ${causal%% --layout*} | tee -a "$out/backward_cli.txt"; echo "ring cli --backward $causal exit $?"
-  done
+  ring_tests_both_transports
+  ring_backward_cli
   FAULT_ONLY=backward bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
   for_each_build single_and_ring_rows
   echo "# spans of this build" | tee -a "$out/bench.txt"
