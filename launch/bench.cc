@@ -64,7 +64,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("mask", po::bool_switch(&mask), "a boolean mask, one (T, S) matrix broadcast over batch and heads, 7 / 8 of "
      "its pairs kept (TFLOP/s count every pair)")
     ("backward", po::bool_switch(&backward), "time a training step's attention: forward, backward (given the "
-     "forward's O and LSE) and both; the host ring on N ranks, one rank's local implementation on GPUs")
+     "forward's O and LSE) and both, per rank; the ring on N ranks (host or GPU), or one rank's local implementation")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
     ("f32-gradients", po::bool_switch(&f32_gradients), "with --backward: dq, dk, dv in f32 (the local kernels then add "
      "into f32 accumulators, as the ring's steps do, instead of writing the input dtype)")

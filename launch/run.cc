@@ -132,7 +132,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
      "instead of pinned (page-locked) buffers")
     ("quiet", po::bool_switch(&quiet), "no progress lines on stderr")
     ("backward", po::bool_switch(&backward), "also compute dq, dk, dv (and dbias, dsinks) from dO and write them beside o and "
-     "lse (one sequence shard: no ring yet)")
+     "lse, in global token order whatever the layout (over the ring by default, as the forward)")
     ("do-dataset", po::value(&do_dataset)->default_value(do_dataset), "with --backward: path of dO (B, T, Hq, Dv) in the input")
     ("f32-gradients", po::bool_switch(&f32_gradients), "with --backward: write dq, dk, dv in f32 instead of the input dtype")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
