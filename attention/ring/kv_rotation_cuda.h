@@ -50,7 +50,8 @@ class KvRotationCuda {
   void before_compute(int step) const { before_compute(step, compute_); }
   void before_compute(int step, cudaStream_t stream) const;
   // The next transfer waits until the buffer it receives into is no longer read: by the compute that
-  // ended with `compute_done`, and by the checksum of the block it held.
+  // ended with `compute_done`, and by the checksum of the block it held (from step 2: before, no compute
+  // read that buffer).
   void before_exchange(int step, cudaEvent_t compute_done) const;
   // The pieces that move this rank's held block to the next rank (step 0: packs or seals its own).
   std::vector<DeviceRingChannel::Piece> outgoing(int step);

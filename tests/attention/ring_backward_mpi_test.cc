@@ -48,8 +48,8 @@ struct RingBackwardCase {
   int64_t head_dim = 64, v_head_dim = 32;
   DType gradient_wire = DType::kF32;  // bf16: --grad-wire bf16 (the error may grow with the ring; bounded, printed)
   bool deterministic = false;         // --deterministic: every ring size gives the same bits
-  // 1: on GPUs the own block's halves write straight into dk / dv, and the other ranks' blocks run on a
-  // second stream beside them (flash_attn2); 2: through the partial, on one stream.
+  // 1: on GPUs the own block writes straight into dk / dv, whole from step 0, and the other ranks' blocks
+  // run on a second stream beside it (flash_attn2); 2: through the partial, in halves, on one stream.
   int64_t batch = 2;
 };
 
