@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
@@ -44,24 +45,37 @@ void dispatch_bool(bool flag, F&& f) {
   else f(std::false_type{});
 }
 
+// The head dims a flash kernel has instances of (the classes dispatch_flash_instance picks from).
+template <int... kDims>
+struct InstanceDims {};
+
 // The flash kernels' instance for these head dims: f(std::integral_constant<int, D>{}, std::bool_constant<padded>{})
-// with D the smallest of 64, 128 and 256 columns that holds head_dim and value_dim, padded where either is
-// narrower (its columns past the head dims loaded as zeros and never stored: zero products, so the compute is
-// the instance's and the memory traffic the head dims'). kExactDims: the D that have an instance of their own
-// for exact head dims; at the others the padded instance (whose column bounds are runtime tests) runs exact
-// head dims too, one instance fewer to build where the kernel measured no slower so (a kernel's choice,
-// beside its launch).
+// with D the smallest instance of Classes (64, 128 and 256 unless a kernel has more) that holds head_dim and
+// value_dim, padded where either is narrower (its columns past the head dims loaded as zeros and never
+// stored: zero products, so the compute is the instance's and the memory traffic the head dims').
+// kExactDims: the D that have an instance of their own for exact head dims; at the others the padded
+// instance (whose column bounds are runtime tests) runs exact head dims too, one instance fewer to build
+// where the kernel measured no slower so (a kernel's choice, beside its launch).
+template <typename Classes, int... kExactDims, typename F>
+void dispatch_flash_instance_of(int head_dim, int value_dim, const char* kernel, F&& f) {
+  const int widest = head_dim > value_dim ? head_dim : value_dim;
+  [&]<int... kDims>(InstanceDims<kDims...>) {
+    int instance_dim = 0;  // the smallest class that holds both (none: the head dim, refused by name)
+    ((instance_dim == 0 && widest <= kDims ? instance_dim = kDims : 0), ...);
+    dispatch_head_dim<kDims...>(instance_dim == 0 ? widest : instance_dim, kernel, [&](auto instance) {
+      constexpr int D = decltype(instance)::value;
+      if constexpr (((D == kExactDims) || ...)) {
+        dispatch_bool(head_dim != D || value_dim != D, [&](auto padded) { f(instance, padded); });
+      } else {
+        f(instance, std::true_type{});
+      }
+    });
+  }(Classes{});
+}
+
 template <int... kExactDims, typename F>
 void dispatch_flash_instance(int head_dim, int value_dim, const char* kernel, F&& f) {
-  const int widest = head_dim > value_dim ? head_dim : value_dim;
-  dispatch_head_dim<64, 128, 256>(widest <= 64 ? 64 : widest <= 128 ? 128 : 256, kernel, [&](auto instance) {
-    constexpr int D = decltype(instance)::value;
-    if constexpr (((D == kExactDims) || ...)) {
-      dispatch_bool(head_dim != D || value_dim != D, [&](auto padded) { f(instance, padded); });
-    } else {
-      f(instance, std::true_type{});
-    }
-  });
+  dispatch_flash_instance_of<InstanceDims<64, 128, 256>, kExactDims...>(head_dim, value_dim, kernel, std::forward<F>(f));
 }
 
 }  // namespace ra

@@ -10,7 +10,8 @@
 // step's Q, dO, LSE and delta load while this one computes. At D = 256 dK and dV of 64 keys x 256 do not
 // fit a warpgroup's registers: both warpgroups share 64 keys, each forms S^T / dP^T for half of the query
 // block and owns half of D of dK, dV and dQ, and P^T joins dS^T in shared memory, from where dV and dK
-// take their A operand.
+// take their A operand. D = 32, 96 and 192 have instances of their own (FlashAttention-2's head dims), their
+// Q, dO, K and V in slabs of 32 columns so that every warpgroup's share of D covers whole slabs.
 #include "attention/cuda/flash_wgmma_backward.h"
 
 #include <algorithm>
@@ -34,7 +35,12 @@ void launch_instance(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t
 
 template <typename T, int D, bool kPadded>
 void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
-  if (flash_wgmma_has_extras(g.a)) return launch_instance<T, D, kPadded, true, false, true>(g, dq_slices, stream);
+  // The extras spill at D = 96 (beside unsplit dK and dV, 324 bytes a thread) and 32 (760): the 128 instance's
+  // split layout and the 64 instance, as before those had instances of their own.
+  if (flash_wgmma_has_extras(g.a)) {
+    constexpr int kExtrasD = D == 96 ? 128 : D == 32 ? 64 : D;
+    return launch_instance<T, kExtrasD, kPadded || kExtrasD != D, true, false, true>(g, dq_slices, stream);
+  }
   if (g.a.soft_cap > 0.0f) return launch_instance<T, D, kPadded, false, true, false>(g, dq_slices, stream);
   if (g.a.q_segment_ranges) return launch_instance<T, D, kPadded, true, false, false>(g, dq_slices, stream);
   launch_instance<T, D, kPadded, false, false, false>(g, dq_slices, stream);
@@ -52,8 +58,8 @@ void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, Tensor* dq_sl
   if (dq_slices != nullptr && flash_wgmma_backward_orders_dq(g.a))
     return flash_wgmma_backward_ordered(g, dtype, dq_slices, stream);
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 backward", [&](auto element) {
-    dispatch_flash_instance<64, 128, 256>(g.a.head_dim, g.a.value_dim, "the wgmma flash_attn2 backward",
-                                          [&](auto instance, auto padded) {
+    dispatch_flash_instance_of<InstanceDims<32, 64, 96, 128, 192, 256>, 64, 128, 256>(
+        g.a.head_dim, g.a.value_dim, "the wgmma flash_attn2 backward", [&](auto instance, auto padded) {
       launch<decltype(element), decltype(instance)::value, decltype(padded)::value>(g, dq_slices, stream);
     });
   });

@@ -19,25 +19,36 @@ using wgmma::kSwizzleAtom;
 // dK and dV: it splits too (measured faster there).
 template <typename T, int D, bool kExtras = false>
 struct WgmmaBackwardTraits {
-  // D = 256: the two warpgroups share 64 keys and split the query block (S^T, dP^T) and D (dK, dV, dQ).
-  static constexpr bool kSplit = D == 256 || (kExtras && D == 128);
+  // D > 128: the two warpgroups share 64 keys and split the query block (S^T, dP^T) and D (dK, dV, dQ).
+  static constexpr bool kSplit = D > 128 || (kExtras && D == 128);
   static constexpr int kBlockN = kSplit ? 64 : kGroups * 64;  // keys per block
   // Query rows per step: dK and dV (64 keys x D per warpgroup) and S^T, dP^T (64 keys x kBlockM) share
-  // a thread's 255 registers, so D = 128 takes 64 rows and D = 64 takes 128; D = 256 (split) 64.
-  static constexpr int kBlockM = D == 64 ? 128 : 64;
-  // A step's dQ is kBlockM x D; each warpgroup forms half: half the rows (D = 64) or half of D.
+  // a thread's 255 registers, so D = 96 and 128 take 64 rows and D <= 64 takes 128; D > 128 (split) 64.
+  static constexpr int kBlockM = D <= 64 ? 128 : 64;
+  // A step's dQ is kBlockM x D; each warpgroup forms part: half the rows (D <= 64) or a share of D.
   static constexpr bool kDqSplitsRows = kBlockM == 128;
   static constexpr int kTilesD = D / 8 / (kSplit ? 2 : 1);       // dK / dV columns per warpgroup, in 8s
   static constexpr int kTilesM = kBlockM / 8 / (kSplit ? 2 : 1);  // S^T's query columns per warpgroup
-  static constexpr int kTilesDq = kDqSplitsRows ? D / 8 : D / 16;  // dQ's columns per warpgroup
+  // Q, dO, K and V in slabs of 64 columns (128-byte swizzle) where each warpgroup's share of D starts on
+  // one; else of 32 (D = 32, 96, 192: 64-byte swizzle), as an MN-major operand covers whole slabs.
+  static constexpr int kSwizzleBytes = D % 128 == 0 || D == 64 ? 128 : 64;
+  using DSlabs = wgmma::Slabs<kSwizzleBytes>;
+  // dQ's columns per warpgroup, in 8s: where the warpgroups split D, half of it rounded up to whole slabs.
+  // D = 96: 64 columns each (the second warpgroup's last 32 are products with V's first slab, which
+  // follows K's, and never stored: a branch to a narrower wgmma there would serialise every wgmma).
+  static constexpr int kSlabTiles = DSlabs::kCols / 8;
+  static constexpr int kTilesDq = kDqSplitsRows ? D / 8 : (D / 16 + kSlabTiles - 1) / kSlabTiles * kSlabTiles;
+  static constexpr bool kDqPastD = !kDqSplitsRows && 2 * kTilesDq * 8 > D;  // columns formed past D (stored never)
   // K and V, two buffers each of Q and dO, dS^T (and P^T where split); + slack to start the tiles on the
   // swizzle's 1024 bytes.
   static constexpr size_t kSmemBytes =
       size_t(2 * kBlockN * D + 4 * kBlockM * D + (kSplit ? 2 : 1) * kBlockN * kBlockM) * sizeof(T) + kSwizzleAtom;
-  static_assert(D == 64 || D == 128 || D == 256, "dK and dV of 64 keys x D (x D / 2 where split) per warpgroup in registers");
+  static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 192 || D == 256,
+                "dK and dV of 64 keys x D (x D / 2 where split) per warpgroup in registers");
+  static_assert(kTilesD % kSlabTiles == 0 && kTilesDq % kSlabTiles == 0, "every share of D in whole slabs");
   static_assert(kTilesD <= 16 && kTilesDq <= 16 && (kTilesM == 4 || kTilesM == 8 || kTilesM == 16), "wgmma's N <= 128");
   static_assert(kBlockM == 64 || !kSplit, "dS^T and P^T rows of one 64-query slab");
-  static_assert(kDqSplitsRows == (D == 64) && kBlockM % 64 == 0, "dQ: each warpgroup 64 rows x kTilesDq * 8");
+  static_assert(kDqSplitsRows == (D <= 64) && kBlockM % 64 == 0, "dQ: each warpgroup 64 rows x its columns");
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory on an sm_90 SM");
 };
 
@@ -56,6 +67,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   using Traits = WgmmaBackwardTraits<T, D, kExtras>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
   constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;
+  static_assert(kPadded || !Traits::kDqPastD, "dQ's columns past D are left out by the padded instances' bounds");
+  using DSlabs = typename Traits::DSlabs;  // Q, dO, K, V; dS^T and P^T (64 query columns) in 128-byte rows
+  constexpr uint32_t kDRowBytes = DSlabs::kRowBytes;
   const CudaAttentionArgs& a = g.a;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
@@ -76,8 +90,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   // key_row + 8), and where split its query columns of S^T and its columns of dK / dV.
   const int key0 = Traits::kSplit ? 0 : group * 64, key_row = key0 + (warp % 4) * 16 + lane / 4;
   const int q_col0 = Traits::kSplit ? group * kTilesM * 8 : 0, d_col0 = Traits::kSplit ? group * kTilesD * 8 : 0;
-  auto key_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockN>(r, c); };
-  auto query_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockM>(r, c); };
+  auto key_slabs = [](int r, int c) { return DSlabs::template offset<kBlockN>(r, c); };
+  auto query_slabs = [](int r, int c) { return DSlabs::template offset<kBlockM>(r, c); };
 
   load_rows<T, D, kBlockN, kThreads, kPadded>(k_s, a.k, b, kh, n0, a.kv_len, a.head_dim, tid, key_slabs);
   load_rows<T, D, kBlockN, kThreads, kPadded>(v_s, a.v, b, kh, n0, a.kv_len, a.value_dim, tid, key_slabs);
@@ -128,14 +142,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   }
   copy_commit();
   // This warpgroup's 64 rows of K and V (A of S^T and dP^T), and dQ's operands: dS's query slab and K's
-  // column slab, MN-major (their 64-column slabs kBlockN rows apart).
+  // column slabs from this warpgroup's first column of dQ, MN-major (their slabs kBlockN rows apart).
   const uint32_t k_addr = smem_address(k_s), ds_addr = smem_address(ds_s);
-  const uint64_t k_desc = wgmma::sw128_desc(k_addr + key0 * kRowBytes, 16, kSwizzleAtom);
-  const uint64_t v_desc = wgmma::sw128_desc(smem_address(v_s) + key0 * kRowBytes, 16, kSwizzleAtom);
+  const uint64_t k_desc = DSlabs::desc(k_addr + key0 * kDRowBytes, 16, DSlabs::kAtomBytes);
+  const uint64_t v_desc = DSlabs::desc(smem_address(v_s) + key0 * kDRowBytes, 16, DSlabs::kAtomBytes);
   const uint64_t ds_desc = wgmma::sw128_desc(ds_addr + (Traits::kDqSplitsRows ? group : 0) * kBlockN * kRowBytes,
                                              kBlockN * kRowBytes, kSwizzleAtom);
-  const uint64_t dq_k_desc = wgmma::sw128_desc(
-      k_addr + (Traits::kDqSplitsRows ? 0 : group * kTilesDq / 8) * kBlockN * kRowBytes, kBlockN * kRowBytes, kSwizzleAtom);
+  const uint64_t dq_k_desc = DSlabs::desc(
+      k_addr + (Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8 / DSlabs::kCols) * kBlockN * kDRowBytes,
+      kBlockN * kDRowBytes, DSlabs::kAtomBytes);
   [[maybe_unused]] DqTurn turn, passed;  // kOrdered, thread 0: this step's turn; the last step's, to hand on
   while (have) {
     int next_h = h, next_m0 = m0 + kBlockM;
@@ -163,20 +178,21 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     const float* delta_s = delta_buffers[buffer];
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys (and its query columns), both operands
-    // K-major (rows of D): k-step kk is 32 bytes into slab kk / 4.
+    // K-major (rows of D): k-step kk is 32 bytes into slab kk / kKSteps.
     float st[kTilesM][4], dpt[kTilesM][4];
-    const uint64_t q_desc = wgmma::sw128_desc(q_addr + q_col0 * kRowBytes, 16, kSwizzleAtom);
-    const uint64_t do_desc = wgmma::sw128_desc(do_addr + q_col0 * kRowBytes, 16, kSwizzleAtom);
+    const uint64_t q_desc = DSlabs::desc(q_addr + q_col0 * kDRowBytes, 16, DSlabs::kAtomBytes);
+    const uint64_t do_desc = DSlabs::desc(do_addr + q_col0 * kDRowBytes, 16, DSlabs::kAtomBytes);
+    constexpr int kKSteps = DSlabs::kKSteps;
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma::mma_ss<T, kTilesM>(st, wgmma::advance(k_desc, (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32),
-                                wgmma::advance(q_desc, (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32), kk > 0);
+      wgmma::mma_ss<T, kTilesM>(st, wgmma::advance(k_desc, (kk / kKSteps) * kBlockN * kDRowBytes + (kk % kKSteps) * 32),
+                                wgmma::advance(q_desc, (kk / kKSteps) * kBlockM * kDRowBytes + (kk % kKSteps) * 32), kk > 0);
     wgmma::commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma::mma_ss<T, kTilesM>(dpt, wgmma::advance(v_desc, (kk / 4) * kBlockN * kRowBytes + (kk % 4) * 32),
-                                wgmma::advance(do_desc, (kk / 4) * kBlockM * kRowBytes + (kk % 4) * 32), kk > 0);
+      wgmma::mma_ss<T, kTilesM>(dpt, wgmma::advance(v_desc, (kk / kKSteps) * kBlockN * kDRowBytes + (kk % kKSteps) * 32),
+                                wgmma::advance(do_desc, (kk / kKSteps) * kBlockM * kDRowBytes + (kk % kKSteps) * 32), kk > 0);
     wgmma::commit();
     prefetch_next();  // the positions' reads wait while the tensor cores work
     if constexpr (kOrdered) {
@@ -280,8 +296,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     // dV += P^T dO and dK += dS^T Q over this warpgroup's columns of D; dO and Q are rows of queries,
     // the k axis here: MN-major. P^T and dS^T from registers, or where split from shared memory (each
     // warpgroup holds half of their query columns).
-    const uint64_t do_mn = wgmma::sw128_desc(do_addr + d_col0 / 64 * kBlockM * kRowBytes, kBlockM * kRowBytes, kSwizzleAtom);
-    const uint64_t q_mn = wgmma::sw128_desc(q_addr + d_col0 / 64 * kBlockM * kRowBytes, kBlockM * kRowBytes, kSwizzleAtom);
+    const uint64_t do_mn = DSlabs::desc(do_addr + d_col0 / DSlabs::kCols * kBlockM * kDRowBytes, kBlockM * kDRowBytes,
+                                        DSlabs::kAtomBytes);
+    const uint64_t q_mn = DSlabs::desc(q_addr + d_col0 / DSlabs::kCols * kBlockM * kDRowBytes, kBlockM * kDRowBytes,
+                                       DSlabs::kAtomBytes);
     if constexpr (Traits::kSplit) {
       store_rows(p_s, pt);
       store_rows(ds_s, dst);
@@ -295,17 +313,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       wgmma::fence();
 #pragma unroll
       for (int kc = 0; kc < kBlockM / 16; ++kc)
-        wgmma::mma_ss<T, kTilesD, false, true>(dv, wgmma::advance(pt_desc, kc * 32), wgmma::advance(do_mn, kc * 16 * kRowBytes), 1);
+        wgmma::mma_ss<T, kTilesD, false, true>(dv, wgmma::advance(pt_desc, kc * 32), wgmma::advance(do_mn, kc * 16 * kDRowBytes), 1);
 #pragma unroll
       for (int kc = 0; kc < kBlockM / 16; ++kc)
-        wgmma::mma_ss<T, kTilesD, false, true>(dk, wgmma::advance(dst_desc, kc * 32), wgmma::advance(q_mn, kc * 16 * kRowBytes), 1);
+        wgmma::mma_ss<T, kTilesD, false, true>(dk, wgmma::advance(dst_desc, kc * 32), wgmma::advance(q_mn, kc * 16 * kDRowBytes), 1);
       wgmma::commit();
     } else {
       wgmma::fence();
 #pragma unroll
-      for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dv, pt[kc], wgmma::advance(do_mn, kc * 16 * kRowBytes));
+      for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dv, pt[kc], wgmma::advance(do_mn, kc * 16 * kDRowBytes));
 #pragma unroll
-      for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dk, dst[kc], wgmma::advance(q_mn, kc * 16 * kRowBytes));
+      for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dk, dst[kc], wgmma::advance(q_mn, kc * 16 * kDRowBytes));
       wgmma::commit();
       // dS^T to shared memory for dQ (while dV and dK are formed).
       store_rows(ds_s, dst);
@@ -316,14 +334,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       __syncthreads();  // both warpgroups' dS^T rows are in (and under kOrdered, dQ's turn has come)
     }
 
-    // dQ = dS K: A is dS with queries contiguous, B is K with D contiguous, both MN-major; 16 keys per
-    // k-step.
+    // dQ = dS K over this warpgroup's columns: A is dS with queries contiguous, B is K with D contiguous,
+    // both MN-major; 16 keys per k-step.
     float dq[kTilesDq][4];
     wgmma::fence();
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 16; ++kc)
       wgmma::mma_ss<T, kTilesDq, true, true>(dq, wgmma::advance(ds_desc, kc * 16 * kRowBytes),
-                                      wgmma::advance(dq_k_desc, kc * 16 * kRowBytes), kc > 0);
+                                             wgmma::advance(dq_k_desc, kc * 16 * kDRowBytes), kc > 0);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::pin(dk);
@@ -334,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       wgmma::pin(dst);
     }
     add_dq_rows<kPadded, kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
-                          Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
+                                   Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
     if constexpr (kOrdered) passed = turn;
     if (next && tid < kBlockM) lse_buffers[1 - buffer][tid] = next_lse, delta_buffers[1 - buffer][tid] = next_delta;
     h = next_h;

@@ -1,6 +1,7 @@
 // Hopper's warpgroup MMA (wgmma, sm_90a) as small inline-PTX wrappers: shared-memory matrix
-// descriptors for the 128-byte swizzle, the fence / commit / wait protocol, and the three shapes the
-// flash kernel issues. A warpgroup is 4 consecutive warps; every wgmma is issued by all 128 threads.
+// descriptors for the 128- and 64-byte swizzles, the fence / commit / wait protocol, and the shapes the
+// flash kernels issue (N = 32, 64, 96, 128). A warpgroup is 4 consecutive warps; every wgmma is issued
+// by all 128 threads.
 // Accumulators use the fragment layout of flash_tile.cuh: d[j][0..3] is column group j of the
 // thread's rows lane / 4 and lane / 4 + 8 within its warp's 16 rows.
 #pragma once
@@ -13,17 +14,39 @@
 
 namespace ra::wgmma {
 
-// A descriptor of a tile in shared memory laid out in 128-byte-swizzled rows (8 rows = 1024 bytes,
-// the 16-byte chunk c of row r stored at c ^ (r % 8)). `lbo` and `sbo` in bytes: for a K-major
-// operand sbo is the step between 8-row groups (lbo unused); for an MN-major one lbo is the step
-// between 64-element column slabs and sbo the step between groups of 8 k-rows.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_address, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((smem_byte_address & 0x3FFFF) >> 4) | uint64_t((lbo >> 4) & 0x3FFF) << 16 |
-         uint64_t((sbo >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;
-}
+// Tiles of 16-bit values in shared memory as wgmma reads them: columns in slabs of kSwizzleBytes-wide rows
+// (128: 64 columns, 64: 32 columns), each slab holding every row of the tile, and the 16-byte chunk c of
+// row r stored at c ^ (r / (8 / kChunks) % kChunks) (the pattern repeats over 8 rows, 8 x kSwizzleBytes bytes).
+// The 64-byte form serves head dims whose warpgroup shares are multiples of 32 columns but not of 64 (an
+// MN-major operand's N axis must cover whole slabs).
+template <int kSwizzleBytes>
+struct Slabs {
+  static_assert(kSwizzleBytes == 128 || kSwizzleBytes == 64, "the 128- and 64-byte swizzles");
+  static constexpr uint32_t kRowBytes = kSwizzleBytes, kAtomBytes = 8 * kSwizzleBytes;
+  static constexpr int kCols = kSwizzleBytes / 2, kChunks = kSwizzleBytes / 16;
+  static constexpr int kKSteps = kCols / 16;  // k-steps of 16 columns per slab (K-major operands)
 
-// One swizzled row of a 64-column slab, and the 8-row atom the swizzle pattern repeats over.
-constexpr uint32_t kRowBytes = 128, kSwizzleAtom = 8 * kRowBytes;
+  // Element offset of chunk `chunk` (of 8 columns) of row `row` in a tile of kRows rows.
+  template <int kRows>
+  static __device__ __forceinline__ int offset(int row, int chunk) {
+    return (chunk / kChunks) * kRows * kCols + row * kCols + (((chunk % kChunks) ^ (row / (8 / kChunks) % kChunks)) << 3);
+  }
+
+  // The descriptor of a tile at `smem_byte_address`; `lbo` and `sbo` in bytes: for a K-major operand sbo
+  // is the step between 8-row groups (kAtomBytes; lbo unused); for an MN-major one lbo is the step
+  // between column slabs and sbo the step between groups of 8 k-rows.
+  static __device__ __forceinline__ uint64_t desc(uint32_t smem_byte_address, uint32_t lbo, uint32_t sbo) {
+    constexpr uint64_t kMode = kSwizzleBytes == 128 ? 1 : 2;  // the descriptor's swizzle field, bits 62-63
+    return uint64_t((smem_byte_address & 0x3FFFF) >> 4) | uint64_t((lbo >> 4) & 0x3FFF) << 16 |
+           uint64_t((sbo >> 4) & 0x3FFF) << 32 | kMode << 62;
+  }
+};
+
+// The 128-byte form, which the forward kernel uses throughout.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_byte_address, uint32_t lbo, uint32_t sbo) {
+  return Slabs<128>::desc(smem_byte_address, lbo, sbo);
+}
+constexpr uint32_t kRowBytes = Slabs<128>::kRowBytes, kSwizzleAtom = Slabs<128>::kAtomBytes;
 
 // The first byte of dynamic shared memory at or after `raw` on the swizzle atom's 1024-byte boundary,
 // where wgmma expects tiles to start (reserve kSwizzleAtom bytes of slack for it).
@@ -32,11 +55,9 @@ __device__ __forceinline__ unsigned char* align_to_swizzle_atom(unsigned char* r
   return raw + (kSwizzleAtom - address % kSwizzleAtom) % kSwizzleAtom;
 }
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a tile of kRows rows laid out for the 128-byte
-// swizzle: D split into slabs of 64 columns (kRows rows of 128 bytes each), chunk c of row r at c ^ (r % 8).
 template <int kRows>
 __device__ __forceinline__ int slab_offset(int row, int chunk) {
-  return (chunk / 8) * kRows * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
+  return Slabs<128>::offset<kRows>(row, chunk);
 }
 
 // The descriptor of the same tile `bytes` further on (a k-step or slab inside it): the start address
@@ -73,14 +94,16 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 
 #define RA_WGMMA_ACC16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define RA_WGMMA_ACC32 RA_WGMMA_ACC16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define RA_WGMMA_ACC48 RA_WGMMA_ACC32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define RA_WGMMA_ACC64 RA_WGMMA_ACC32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define RA_WGMMA_ROW(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 #define RA_WGMMA_OUT16 RA_WGMMA_ROW(0), RA_WGMMA_ROW(1), RA_WGMMA_ROW(2), RA_WGMMA_ROW(3)
 #define RA_WGMMA_OUT32 \
     RA_WGMMA_OUT16, RA_WGMMA_ROW(4), RA_WGMMA_ROW(5), RA_WGMMA_ROW(6), RA_WGMMA_ROW(7)
+#define RA_WGMMA_OUT48 \
+    RA_WGMMA_OUT32, RA_WGMMA_ROW(8), RA_WGMMA_ROW(9), RA_WGMMA_ROW(10), RA_WGMMA_ROW(11)
 #define RA_WGMMA_OUT64 \
-    RA_WGMMA_OUT32, \
-    RA_WGMMA_ROW(8), RA_WGMMA_ROW(9), RA_WGMMA_ROW(10), RA_WGMMA_ROW(11), \
+    RA_WGMMA_OUT48, \
     RA_WGMMA_ROW(12), RA_WGMMA_ROW(13), RA_WGMMA_ROW(14), RA_WGMMA_ROW(15)
 
 // D (64 x N) = A (64 x 16) B (16 x N) (+ D when `accumulate`), both in shared memory; kTransA / kTransB
@@ -93,6 +116,7 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
                : "l"(a_desc), "l"(b_desc), "r"(accumulate))
 #define RA_WGMMA_SS_NT(TY, TA, TB)                                                                              \
   if constexpr (NT == 16) RA_WGMMA_SS(128, TY, RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65", "%66", TA, TB);   \
+  else if constexpr (NT == 12) RA_WGMMA_SS(96, TY, RA_WGMMA_ACC48, RA_WGMMA_OUT48, "%48, %49", "%50", TA, TB); \
   else if constexpr (NT == 8) RA_WGMMA_SS(64, TY, RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33", "%34", TA, TB); \
   else RA_WGMMA_SS(32, TY, RA_WGMMA_ACC16, RA_WGMMA_OUT16, "%16, %17", "%18", TA, TB)
 #define RA_WGMMA_SS_TY(TY)                                             \
@@ -103,7 +127,7 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 
 template <typename T, int NT, bool kTransA = false, bool kTransB = false>
 __device__ __forceinline__ void mma_ss(float (&d)[NT][4], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-  static_assert(NT == 4 || NT == 8 || NT == 16, "N = 32, 64 or 128");
+  static_assert(NT == 4 || NT == 8 || NT == 12 || NT == 16, "N = 32, 64, 96 or 128");
   if constexpr (std::is_same_v<T, __nv_bfloat16>) { RA_WGMMA_SS_TY("bf16") }
   else { RA_WGMMA_SS_TY("f16") }
 }
@@ -118,13 +142,19 @@ __device__ __forceinline__ void mma_ss(float (&d)[NT][4], uint64_t a_desc, uint6
 
 template <typename T, int NT>
 __device__ __forceinline__ void mma_rs_tb(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t b_desc) {
-  static_assert(NT == 8 || NT == 16, "N = 64 or 128");
+  static_assert(NT == 4 || NT == 8 || NT == 12 || NT == 16, "N = 32, 64, 96 or 128");
   if constexpr (NT == 16) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(128, "bf16", RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65, %66, %67", "%68", "%69");
     else RA_WGMMA_RS_TB(128, "f16", RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65, %66, %67", "%68", "%69");
-  } else {
+  } else if constexpr (NT == 12) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(96, "bf16", RA_WGMMA_ACC48, RA_WGMMA_OUT48, "%48, %49, %50, %51", "%52", "%53");
+    else RA_WGMMA_RS_TB(96, "f16", RA_WGMMA_ACC48, RA_WGMMA_OUT48, "%48, %49, %50, %51", "%52", "%53");
+  } else if constexpr (NT == 8) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(64, "bf16", RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33, %34, %35", "%36", "%37");
     else RA_WGMMA_RS_TB(64, "f16", RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33, %34, %35", "%36", "%37");
+  } else {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(32, "bf16", RA_WGMMA_ACC16, RA_WGMMA_OUT16, "%16, %17, %18, %19", "%20", "%21");
+    else RA_WGMMA_RS_TB(32, "f16", RA_WGMMA_ACC16, RA_WGMMA_OUT16, "%16, %17, %18, %19", "%20", "%21");
   }
 }
 
@@ -134,9 +164,11 @@ __device__ __forceinline__ void mma_rs_tb(float (&d)[NT][4], const uint32_t (&a)
 #undef RA_WGMMA_RS_TB
 #undef RA_WGMMA_ACC16
 #undef RA_WGMMA_ACC32
+#undef RA_WGMMA_ACC48
 #undef RA_WGMMA_ACC64
 #undef RA_WGMMA_OUT16
 #undef RA_WGMMA_OUT32
+#undef RA_WGMMA_OUT48
 #undef RA_WGMMA_OUT64
 #undef RA_WGMMA_ROW
 

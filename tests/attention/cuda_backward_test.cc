@@ -1,10 +1,11 @@
 // The CUDA backward of every implementation against the f64 oracle's gradients (on the host), on
-// randomised shapes with every option it runs (flash_attn2 at head_dim 64, 128 and 256); the tolerance
+// randomised shapes with every option it runs (flash_attn2 at head_dim 32, 64, 96, 128, 192 and 256); the tolerance
 // counts the kernels' rounding of P and dS to the input dtype before their products. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "attention/backward.h"
 #include "attention/cuda/flash_wgmma.h"
@@ -101,6 +102,22 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   std::vector<std::array<int64_t, 5>> padded_shapes;
   for (const Shape& sh : flash_shapes) padded_shapes.push_back({sh.b, sh.t, sh.s, sh.hq, sh.hkv});
   for (const DocumentCase& c : padded_head_dim_cases(padded_shapes, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // The wgmma backward's instances of 32, 96 and 192 columns (Q, dO, K, V in slabs of 32 columns; at 96
+  // dQ's columns past D formed and dropped, at 192 the split layout): their exact head dims on every option
+  // set the kernel runs (the extras at 32 and 96 go to the 64 and 128 instances), and the narrower dims they
+  // serve, both dtypes, GQA, T = 1, several key blocks with a partial last one.
+  const Shape slab32_shapes[] = {{1, 257, 330, 8, 2, 0}, {2, 1, 97, 4, 4, 0}, {1, 190, 190, 4, 1, 0}, {1, 133, 203, 8, 4, 0}};
+  const std::pair<int64_t, int64_t> slab32_dims[] = {{80, 80}, {160, 160}, {192, 128}, {96, 64}, {136, 176}, {72, 96},
+                                                     {48, 40}, {16, 24}};
+  std::vector<Options> slab32_options = wgmma_option_sets();
+  for (const auto& sets : {soft_cap_option_sets(), extras_option_sets()})
+    slab32_options.insert(slab32_options.end(), sets.begin(), sets.end());
+  for (const Options& opt : slab32_options)
+    for (const auto [d, dv] : {std::pair<int64_t, int64_t>{32, 32}, {96, 96}, {192, 192}, slab32_dims[seed % std::size(slab32_dims)]}) {
+      const Shape& sh = slab32_shapes[seed % std::size(slab32_shapes)];
+      const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, d, dv, dtype, opt, seed++}, FlashKernel::kWgmma});
+    }
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},
@@ -258,6 +275,7 @@ TEST(DeterministicBackward, SameBitsOnEveryRun) {
     cases.push_back({"flash_attn2", kernel, {1, 1500, 2100, 8, 2, 128, 128, DType::kF16, causal_window, 961}});
     cases.push_back({"flash_attn2", kernel, {1, 700, 1100, 2, 1, 256, 256, DType::kBF16, extras, 962}});
     cases.push_back({"flash_attn2", kernel, {1, 900, 1300, 4, 2, 192, 128, DType::kBF16, causal, 964}});
+    cases.push_back({"flash_attn2", kernel, {1, 1100, 1700, 4, 2, 96, 96, DType::kBF16, causal, 968}});
     // Packed documents (the walk skips query blocks); a soft cap with a window over 37 key blocks (the
     // ordered kernel's writer masks span two words).
     cases.push_back({"flash_attn2", kernel, {2, 1000, 1000, 4, 2, 128, 128, DType::kBF16, documents, 966}});
