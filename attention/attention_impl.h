@@ -79,8 +79,8 @@ class AttentionImpl {
 
   // Where an implementation can do better than accumulate_backward for a whole call: its backward reads O
   // itself (cudnn: our own forward keeps O in q's dtype for it), and it writes the gradients in q's
-  // dtype directly (true; false: the f32-accumulator path runs): into `into` where given (views in q's
-  // dtype, contiguous: a framework's tensors), else into tensors of its own returned in `out`.
+  // dtype directly (true; false: the f32-accumulator path runs): into `into` where given (views in q's dtype,
+  // contiguous: a framework's tensors), else into tensors of its own in `out`; grad.delta where given (sinks).
   virtual bool backward_reads_output() const { return false; }
   virtual bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                              const BackwardInputs& grad, Gradients& out, const GradViews* into) const {

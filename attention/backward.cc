@@ -157,13 +157,16 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   // tensors of its own.
   const bool into_q_dtype = into != nullptr && into->dq.dtype() == in.q.dtype() && into->dk.dtype() == in.q.dtype() &&
                             into->dv.dtype() == in.q.dtype();
+  // delta once per call: here where the sinks' gradient needs it whichever path runs (backward_into takes
+  // it from grad), else by backward_into where it needs one (cudnn's computes its own) or below.
+  Tensor delta;
+  if (in.sinks.defined()) grad.delta = delta = compute_delta(o, d_o, stream);
   if (!f32_gradients && (into == nullptr || into_q_dtype) && backward_into(in, pos, params, grad, direct, into)) {
-    if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, compute_delta(o, d_o, stream), stream);
+    if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, delta, stream);
     reduce_sequence_gradients(direct);  // the ring's dsinks: summed over its ranks
     return direct;
   }
-  const Tensor delta = compute_delta(o, d_o, stream);
-  grad.delta = delta;
+  if (!delta.defined()) grad.delta = delta = compute_delta(o, d_o, stream);
   // f32 gradients without the caller's views are the accumulators themselves, handed to the caller:
   // those cannot be temporaries of this call's stream.
   const bool accumulators_returned = into == nullptr && f32_gradients;
