@@ -56,11 +56,13 @@ __global__ void convert_kernel(const float* in, void* out, DType dtype, int64_t 
 }
 
 __global__ void add_rows_kernel(float* into, DeviceStrides4 is, const void* from, DType dtype, int64_t L, int64_t H,
-                                int64_t X, int64_t n) {
+                                int64_t X, int64_t n, bool atomic) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t x = i % X, h = (i / X) % H, l = (i / (X * H)) % L, b = i / (X * H * L);
-  into[b * is.s[0] + l * is.s[1] + h * is.s[2] + x * is.s[3]] += load_as_f32(from, i, dtype);
+  float* to = into + b * is.s[0] + l * is.s[1] + h * is.s[2] + x * is.s[3];
+  if (atomic) atomicAdd(to, load_as_f32(from, i, dtype));
+  else *to += load_as_f32(from, i, dtype);
 }
 
 // Four consecutive elements as f32, and back: the vectorised kernels below move 16-byte (f32) or
@@ -101,14 +103,24 @@ __global__ void convert_quad_kernel(const float* in, T* out, int64_t quads) {
 }
 
 // into's rows (b, l, h) are X contiguous floats at strides that are multiples of 4; from is contiguous.
-template <typename T, typename Index>
+// kAtomic: other kernels may add into the same rows meanwhile (16-byte atomics from sm_90, else 4-byte).
+template <typename T, typename Index, bool kAtomic>
 __global__ void add_rows_quad_kernel(float* into, DeviceStrides4 is, const T* from, Index L, Index H, Index X4,
                                      Index quads) {
   for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += Index(gridDim.x) * blockDim.x) {
     const Index x4 = i % X4, row = i / X4, h = row % H, l = (row / H) % L, b = row / (H * L);
     float* to = into + int64_t(b) * is.s[0] + int64_t(l) * is.s[1] + int64_t(h) * is.s[2] + 4 * int64_t(x4);
-    const float4 a = Quad<float>::load(to), d = Quad<T>::load(from + 4 * int64_t(i));
-    Quad<float>::store(to, make_float4(a.x + d.x, a.y + d.y, a.z + d.z, a.w + d.w));
+    const float4 d = Quad<T>::load(from + 4 * int64_t(i));
+    if constexpr (kAtomic) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float4*>(to), d);
+#else
+      atomicAdd(to, d.x), atomicAdd(to + 1, d.y), atomicAdd(to + 2, d.z), atomicAdd(to + 3, d.w);
+#endif
+    } else {
+      const float4 a = Quad<float>::load(to);
+      Quad<float>::store(to, make_float4(a.x + d.x, a.y + d.y, a.z + d.z, a.w + d.w));
+    }
   }
 }
 
@@ -195,31 +207,35 @@ void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t 
 
 namespace {
 
-template <typename T>
+template <typename T, bool kAtomic>
 void add_rows_quads(const TensorView& into, const TensorView& from, cudaStream_t stream) {
   const int64_t L = from.dim(1), H = from.dim(2), X4 = from.dim(3) / 4, quads = from.numel() / 4;
   const unsigned blocks = grid_for(quads, 256);
   float* to = into.data_as<float>();
   const T* add = from.data_as<T>();
   if (quads < (int64_t(1) << 31))  // 32-bit index arithmetic where it fits: the divisions are most of the work
-    add_rows_quad_kernel<T, int32_t><<<blocks, 256, 0, stream>>>(to, strides_of(into), add, int32_t(L), int32_t(H),
-                                                                 int32_t(X4), int32_t(quads));
+    add_rows_quad_kernel<T, int32_t, kAtomic><<<blocks, 256, 0, stream>>>(to, strides_of(into), add, int32_t(L),
+                                                                          int32_t(H), int32_t(X4), int32_t(quads));
   else
-    add_rows_quad_kernel<T, int64_t><<<blocks, 256, 0, stream>>>(to, strides_of(into), add, L, H, X4, quads);
+    add_rows_quad_kernel<T, int64_t, kAtomic><<<blocks, 256, 0, stream>>>(to, strides_of(into), add, L, H, X4, quads);
 }
 
 }  // namespace
 
-void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream) {
+void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream, bool atomic) {
   const int64_t n = from.numel();
   if (n == 0) return;
   bool quads = false;
   if (from.dim(3) % 4 == 0 && into.stride(3) == 1 && into.stride(0) % 4 == 0 && into.stride(1) % 4 == 0 &&
       into.stride(2) % 4 == 0 && aligned(into.data(), 16) && aligned(from.data(), 4 * dtype_size(from.dtype())))
-    quads = with_quad_type(from.dtype(), [&](auto* f) { add_rows_quads<std::remove_pointer_t<decltype(f)>>(into, from, stream); });
+    quads = with_quad_type(from.dtype(), [&](auto* f) {
+      using T = std::remove_pointer_t<decltype(f)>;
+      if (atomic) add_rows_quads<T, true>(into, from, stream);
+      else add_rows_quads<T, false>(into, from, stream);
+    });
   if (!quads)
     add_rows_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(into.data_as<float>(), strides_of(into), from.data(),
-                                                            from.dtype(), from.dim(1), from.dim(2), from.dim(3), n);
+                                                            from.dtype(), from.dim(1), from.dim(2), from.dim(3), n, atomic);
   RA_CUDA_CHECK(cudaGetLastError());
 }
 

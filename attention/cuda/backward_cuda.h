@@ -17,8 +17,8 @@ void sinks_gradient_cuda(const TensorView& sinks, const TensorView& lse, const T
 void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t stream);
 
 // into (f32, strided: rows of a larger accumulator) += from (any float dtype, contiguous), both
-// (B, L, H, X).
-void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream);
+// (B, L, H, X); atomic: by atomics, where kernels on other streams may add into the same rows meanwhile.
+void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream, bool atomic = false);
 
 // out (any float dtype) <- sum (f32) + addend (any float dtype), all contiguous with one element count, in
 // one pass where they are in aligned rows of 4 (else sum is added into, then converted: sum changes).

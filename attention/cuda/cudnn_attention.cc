@@ -105,6 +105,9 @@ class CudnnAttention final : public CudaAttentionImpl {
 
   bool has_backward() const override { return true; }
   bool backward_reads_output() const override { return true; }
+  // Each stream has buffers of its own (buffers()), and dQ's rows are added by atomics: the GPU ring's
+  // backward runs its own block and the other ranks' blocks on two streams at once.
+  bool independent_backward_calls(const AttentionParams& p) const override { return !p.deterministic; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
     const TensorView stats = checked_stats(in, grad);
@@ -179,7 +182,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     RA_CHECK(grad.d_o.dtype() == in.q.dtype() && grad.o.dtype() == in.q.dtype() && grad.d_o.stride(3) == 1,
              "cudnn's backward needs o and do in q's dtype (", dtype_name(in.q.dtype()), ") with a contiguous last "
              "dimension; do is ", dtype_name(grad.d_o.dtype()), ", o ", dtype_name(grad.o.dtype()));
-    return finite_or_positive_infinity(grad.lse, stats_, stream_);
+    return finite_or_positive_infinity(grad.lse, buffers().stats, stream_);
   }
 
   // One (query run, key run) block of the backward: cuDNN's dQ, dK, dV in the input dtype, added into
@@ -197,11 +200,12 @@ class CudnnAttention final : public CudaAttentionImpl {
     const int64_t T = in.q.dim(1);
     const float* run_stats = stats.data_as<float>() + qr.index;
     if (Tq != T) {
-      reserve_scratch(stats_run_, size_t(B * H * Tq) * sizeof(float), MemoryKind::kCuda, "cudnn's packed stats");
-      RA_CUDA_CHECK(cudaMemcpy2DAsync(stats_run_.data<float>(), size_t(Tq) * sizeof(float), run_stats,
+      Tensor& stats_run = buffers().stats_run;
+      reserve_scratch(stats_run, size_t(B * H * Tq) * sizeof(float), MemoryKind::kCuda, "cudnn's packed stats");
+      RA_CUDA_CHECK(cudaMemcpy2DAsync(stats_run.data<float>(), size_t(Tq) * sizeof(float), run_stats,
                                       size_t(T) * sizeof(float), size_t(Tq) * sizeof(float), size_t(B * H),
                                       cudaMemcpyDeviceToDevice, stream_));
-      run_stats = stats_run_.data<float>();
+      run_stats = stats_run.data<float>();
     }
     const GraphKey key{B, Tq, Sk, H, Hkv, D, Dv, int(q.dtype()) + 100 * int(Tq), int(mask) + 16 * int(p.deterministic),
                        {q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), o.stride(1),
@@ -234,7 +238,8 @@ class CudnnAttention final : public CudaAttentionImpl {
     fe::error_t status = graph.execute(handle_, pack, workspace);
     RA_CHECK(status.is_good(), "cudnn's attention backward failed to run: ", status.get_message());
     if (direct) return;
-    add_rows_cuda(narrow(acc->dq, 1, qr.index, qr.length), TensorView(dq, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda), stream_);
+    add_rows_cuda(narrow(acc->dq, 1, qr.index, qr.length), TensorView(dq, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda), stream_,
+                  independent_backward_calls(p));
     add_rows_cuda(narrow(acc->dk, 1, kr.index, kr.length), TensorView(dk, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
     add_rows_cuda(narrow(acc->dv, 1, kr.index, kr.length), TensorView(dv, q.dtype(), {B, Sk, Hkv, Dv}, MemoryKind::kCuda), stream_);
   }
@@ -331,17 +336,25 @@ class CudnnAttention final : public CudaAttentionImpl {
   }
 
   char* reserve(size_t bytes) const {
-    if (scratch_.view().nbytes() < bytes) {
+    Tensor& scratch = buffers().scratch;
+    if (scratch.view().nbytes() < bytes) {
       RA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
-      scratch_ = Tensor(DType::kU8, {int64_t(bytes)}, MemoryKind::kCuda);
+      scratch = Tensor(DType::kU8, {int64_t(bytes)}, MemoryKind::kCuda);
     }
-    return scratch_.data<char>();
+    return scratch.data<char>();
   }
+
+  // This stream's outputs and workspaces (scratch), LSE with +inf for empty rows (stats) and a run's packed
+  // stats; grow-only: a free inside a ring step would wait for the device.
+  struct StreamBuffers {
+    Tensor scratch, stats, stats_run;
+  };
+  StreamBuffers& buffers() const { return buffers_[stream_]; }
 
   cudnnHandle_t handle_ = nullptr;
   mutable std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs_, backward_graphs_;
   mutable std::map<std::tuple<int64_t, int64_t, int>, std::string> head_dim_refusals_;
-  mutable Tensor scratch_, stats_, stats_run_;  // grow-only: a free inside a ring step would wait for the device
+  mutable std::map<cudaStream_t, StreamBuffers> buffers_;
 };
 
 }  // namespace

@@ -201,7 +201,7 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
   // so its blocks take the SMs first and the last accumulator leaves while the own block's fill the rest;
   // the own block is one launch, whose long and short causal walks fill each other's tails (a diagonal
   // half alone at the end ran a third below the kernel's rate). Where the local kernel's calls can run at
-  // once (flash_attn2, not deterministic: dQ's atomics then add in no fixed order anyway) and the own
+  // once (flash_attn2 and cudnn, not deterministic: dQ's atomics then add in no fixed order anyway) and the own
   // block goes straight into dk / dv (B = 1; else it shares the partial with the steps); else one stream.
   const bool two_streams = n > 1 && local_->independent_backward_calls(local_params) && acc.dk.dim(0) == 1;
   if (two_streams && !state_.steps_stream)

@@ -311,8 +311,10 @@ std::vector<RingBackwardCase> ring_backward_cases() {
     cases.push_back(gpu(layout, opts[1], DType::kBF16, 53, 97, 8, 1, "flash_attn2"));  // S != T, GQA 8:1
     cases.push_back(gpu(layout, opts[6], DType::kF32, 64, 64, 4, 2, "sdpa"));
   }
-  cases.push_back(gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 256, 256, 4, 2, "cudnn"));
-  cases.push_back(gpu(SequenceLayout::kContiguous, opts[0], DType::kBF16, 200, 200, 4, 4, "cudnn"));
+  const RingBackwardCase cudnn_zigzag = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 256, 256, 4, 2, "cudnn");
+  const RingBackwardCase cudnn_contiguous = gpu(SequenceLayout::kContiguous, opts[0], DType::kBF16, 200, 200, 4, 4, "cudnn");
+  cases.push_back(cudnn_zigzag);
+  cases.push_back(cudnn_contiguous);
   cases.push_back(gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 96, 96, 4, 2, "flash_attn2", true));
   cases.push_back(gpu(SequenceLayout::kContiguous, opts[0], DType::kF16, 3, 3, 2, 2, "flash_attn2"));  // fewer tokens than ranks
   RingBackwardCase wide = gpu(SequenceLayout::kZigzag, opts[6], DType::kBF16, 150, 150, 4, 2, "flash_attn2");
@@ -324,6 +326,11 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   RingBackwardCase cudnn_mla = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 160, 160, 4, 2, "cudnn");
   cudnn_mla.head_dim = 192, cudnn_mla.v_head_dim = 128;  // cuDNN's Dv != D on the ring's half blocks
   cases.push_back(cudnn_mla);
+  // cudnn with B = 1: the steps on the second stream beside the own block (per-stream buffers, dQ by atomics).
+  for (RingBackwardCase c : {cudnn_zigzag, cudnn_contiguous, cudnn_mla}) {
+    c.batch = 1;
+    cases.push_back(c);
+  }
   RingBackwardCase narrow_dims = gpu(SequenceLayout::kStriped, opts[1], DType::kF16, 111, 111, 4, 4, "flash_attn2");
   narrow_dims.head_dim = narrow_dims.v_head_dim = 80;
   cases.push_back(narrow_dims);
