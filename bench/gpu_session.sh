@@ -31,7 +31,11 @@
 # tests, then the single-call and ring backward of this build against the variants, interleaved, and the ring's spans);
 # `ring_streams_ab` (GPU tests over both transports, the ring CLI's --backward, then the same rows against the variants);
 # `ring_priority` (the same tests, the forward ring's too, the backward's faults, then one GPU's and the ring's rows);
-# several as a comma list. Logs go to $OUT.
+# `head_dims_backward` (GPU tests, then the flash backward at FlashAttention-2's head dims against the variants, beside
+# PyTorch's SDPA backward); `ring_sizes` (the GPU ring's tests at 3 and 4 ranks, then `cudnn` steps on 2 GPUs at
+# T = 131072 interleaved with PyTorch context_parallel's cuDNN backward); `cudnn_streams_ab` (the ring's cudnn steps on
+# two streams: its tests, then the ring against the variants, one GPU's cudnn rows and context_parallel's); several as
+# a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -794,4 +798,64 @@ if has ring_backward_ab; then  # issue 21: the ring backward (flash_attn2 steps)
   bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
   bench 2 --backward --impl ring --local-impl flash_attn2 --seq 32768 --iters 10 --step-times
   bench 2 --backward --impl ring --local-impl cudnn --seq 32768 --iters 10 --causal --layout zigzag
+fi
+if has head_dims_backward; then  # issue 20: the wgmma backward's instances of 96 and 192 columns: GPU tests, then the
+  # backward at FlashAttention-2's head dims (H x D x Dv, T = 32768), this build against the variants (a variant script
+  # may run another pack's ringattn), interleaved, then PyTorch's SDPA backward on the same shapes
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  shapes=${shapes:-"32x96x96 32x80x80 16x160x160 16x192x192 16x192x128 32x128x128"}
+  head_dim_rows() {
+    local shape causal h d dv
+    for causal in "" "--causal"; do
+      for shape in $shapes; do
+        IFS=x read -r h d dv <<< "$shape"
+        echo -n "H=$h D=$d Dv=$dv $causal: " | tee -a "$out/bench.txt"
+        bin=$1 heads=$h head_dim=$d bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 --v-head-dim $dv $causal |
+          tr '\n' ' '; echo | tee -a "$out/bench.txt"
+      done
+    done
+  }
+  rounds=${rounds:-1} for_each_build head_dim_rows
+  python3 bench/torch_backward.py $(for s in $shapes; do IFS=x read -r h d dv <<< "$s"; [ $d = $dv ] && echo ${h}x$d || echo $s; done) 2>&1 |
+    tee "$out/torch_backward.txt"
+fi
+if has ring_sizes; then  # issue 21: the GPU ring's forward and backward tests on rings of 3 and 4 GPUs (copy engines),
+  # then the ring with cudnn steps on 2 GPUs at T = 131072 and context_parallel's cuDNN backward, interleaved, two rounds
+  for n in 3 4; do
+    for t in ring_mpi_test ring_backward_mpi_test; do
+      timeout 240 mpirun -np $n $build/tests/$t --backend=cuda --transport=copy-engines --gtest_brief=1 2>&1 |
+        tee "$out/${t}_${n}gpu.log" | grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 4
+    done
+  done
+  for round in 1 2; do
+    for causal in "" "--causal --layout zigzag"; do
+      warmup=1 bench 2 --backward --impl ring --local-impl cudnn --seq 131072 --iters 3 $causal
+    done
+    CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 bench/torch_context_parallel.py --seqs 131072 --backends cudnn \
+      --iters 3 2>&1 | tee -a "$out/context_parallel.txt" | grep -v "^W\|^\*\|OMP_NUM"
+  done
+fi
+if has cudnn_streams_ab; then  # issue 21: the ring backward's cudnn steps on a second stream beside the own block:
+  # the cudnn tests (one GPU, then the ring over both transports), the ring of this build against the variants (e.g.
+  # variants/ringattn_cudnn_one_stream), interleaved, one GPU's cudnn backward, then context_parallel's at T = 131072
+  $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter='*cudnn*' 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 3
+  for tr in copy-engines nccl; do
+    timeout 200 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --transport=$tr --gtest_brief=1 \
+      --gtest_filter='*cudnn*' 2>&1 | tee "$out/ring_backward_mpi_test_$tr.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 3
+  done
+  cudnn_ring_rows() {
+    local t causal
+    for t in 16384 32768; do
+      for causal in "--causal" ""; do
+        bin=$1 bench 2 --backward --impl ring --local-impl cudnn --seq $t --iters 10 $causal ${causal:+--layout zigzag}
+      done
+    done
+    bin=$1 warmup=1 bench 2 --backward --impl ring --local-impl cudnn --seq 131072 --iters 3
+  }
+  for_each_build cudnn_ring_rows
+  for t in 16384 32768; do
+    for causal in "--causal" ""; do bench 1 --backward --impl cudnn --seq $t --iters 10 $causal; done
+  done
+  torchrun --nproc-per-node 2 bench/torch_context_parallel.py --seqs 131072 --backends cudnn --iters 3 2>&1 |
+    tee -a "$out/context_parallel.txt" | grep "^context"
 fi
