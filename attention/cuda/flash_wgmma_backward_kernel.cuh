@@ -38,7 +38,7 @@ struct WgmmaBackwardTraits {
   // follows K's, and never stored: a branch to a narrower wgmma there would serialise every wgmma).
   static constexpr int kSlabTiles = DSlabs::kCols / 8;
   static constexpr int kTilesDq = kDqSplitsRows ? D / 8 : (D / 16 + kSlabTiles - 1) / kSlabTiles * kSlabTiles;
-  static constexpr bool kDqPastD = !kDqSplitsRows && 2 * kTilesDq * 8 > D;  // columns formed past D (stored never)
+  static constexpr bool kDqPastD = !kDqSplitsRows && 2 * kTilesDq * 8 > D;  // columns formed past D (never stored)
   // K and V, two buffers each of Q and dO, dS^T (and P^T where split); + slack to start the tiles on the
   // swizzle's 1024 bytes.
   static constexpr size_t kSmemBytes =
