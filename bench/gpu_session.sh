@@ -782,15 +782,16 @@ if has ring_priority; then  # issue 21: the ring backward's other ranks' blocks 
     warmup=1 bench 2 --backward --impl ring --local-impl cudnn --seq 131072 --iters 3 $causal
   done
 fi
-if has ring_backward_ab; then  # issue 21: the ring backward (flash_attn2 steps) of this build against the variants
-  ring_backward_rows() {
-    local t causal
-    for t in 16384 32768; do
-      for causal in "--causal" ""; do
-        bin=$1 bench 2 --backward --impl ring --local-impl flash_attn2 --seq $t --iters 10 $causal ${causal:+--layout zigzag}
-      done
+ring_backward_rows() {  # the ring of 2's backward with binary $1 at 16384 and 32768 tokens, causal zigzag and not
+  # ($steps_impl: the steps' local kernel, flash_attn2 unless set)
+  local t causal
+  for t in 16384 32768; do
+    for causal in "--causal" ""; do
+      bin=$1 bench 2 --backward --impl ring --local-impl "${steps_impl:-flash_attn2}" --seq $t --iters 10 $causal ${causal:+--layout zigzag}
     done
-  }
+  done
+}
+if has ring_backward_ab; then  # issue 21: the ring backward (flash_attn2 steps) of this build against the variants
   for_each_build ring_backward_rows
   for t in 16384 32768; do
     for causal in "--causal" ""; do bench 1 --backward --impl flash_attn2 --seq $t --iters 10 $causal; done
@@ -844,12 +845,7 @@ if has cudnn_streams_ab; then  # issue 21: the ring backward's cudnn steps on a 
       --gtest_filter='*cudnn*' 2>&1 | tee "$out/ring_backward_mpi_test_$tr.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 3
   done
   cudnn_ring_rows() {
-    local t causal
-    for t in 16384 32768; do
-      for causal in "--causal" ""; do
-        bin=$1 bench 2 --backward --impl ring --local-impl cudnn --seq $t --iters 10 $causal ${causal:+--layout zigzag}
-      done
-    done
+    steps_impl=cudnn ring_backward_rows "$1"
     bin=$1 warmup=1 bench 2 --backward --impl ring --local-impl cudnn --seq 131072 --iters 3
   }
   for_each_build cudnn_ring_rows
