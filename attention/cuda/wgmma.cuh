@@ -140,28 +140,24 @@ __device__ __forceinline__ void mma_ss(float (&d)[NT][4], uint64_t a_desc, uint6
                : OUT                                                                                \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
 
+#define RA_WGMMA_RS_TB_NT(TY)                                                                                     \
+  if constexpr (NT == 16) RA_WGMMA_RS_TB(128, TY, RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65, %66, %67", "%68", "%69"); \
+  else if constexpr (NT == 12) RA_WGMMA_RS_TB(96, TY, RA_WGMMA_ACC48, RA_WGMMA_OUT48, "%48, %49, %50, %51", "%52", "%53"); \
+  else if constexpr (NT == 8) RA_WGMMA_RS_TB(64, TY, RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33, %34, %35", "%36", "%37"); \
+  else RA_WGMMA_RS_TB(32, TY, RA_WGMMA_ACC16, RA_WGMMA_OUT16, "%16, %17, %18, %19", "%20", "%21")
+
 template <typename T, int NT>
 __device__ __forceinline__ void mma_rs_tb(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t b_desc) {
   static_assert(NT == 4 || NT == 8 || NT == 12 || NT == 16, "N = 32, 64, 96 or 128");
-  if constexpr (NT == 16) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(128, "bf16", RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65, %66, %67", "%68", "%69");
-    else RA_WGMMA_RS_TB(128, "f16", RA_WGMMA_ACC64, RA_WGMMA_OUT64, "%64, %65, %66, %67", "%68", "%69");
-  } else if constexpr (NT == 12) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(96, "bf16", RA_WGMMA_ACC48, RA_WGMMA_OUT48, "%48, %49, %50, %51", "%52", "%53");
-    else RA_WGMMA_RS_TB(96, "f16", RA_WGMMA_ACC48, RA_WGMMA_OUT48, "%48, %49, %50, %51", "%52", "%53");
-  } else if constexpr (NT == 8) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(64, "bf16", RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33, %34, %35", "%36", "%37");
-    else RA_WGMMA_RS_TB(64, "f16", RA_WGMMA_ACC32, RA_WGMMA_OUT32, "%32, %33, %34, %35", "%36", "%37");
-  } else {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) RA_WGMMA_RS_TB(32, "bf16", RA_WGMMA_ACC16, RA_WGMMA_OUT16, "%16, %17, %18, %19", "%20", "%21");
-    else RA_WGMMA_RS_TB(32, "f16", RA_WGMMA_ACC16, RA_WGMMA_OUT16, "%16, %17, %18, %19", "%20", "%21");
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) { RA_WGMMA_RS_TB_NT("bf16"); }
+  else { RA_WGMMA_RS_TB_NT("f16"); }
 }
 
 #undef RA_WGMMA_SS
 #undef RA_WGMMA_SS_NT
 #undef RA_WGMMA_SS_TY
 #undef RA_WGMMA_RS_TB
+#undef RA_WGMMA_RS_TB_NT
 #undef RA_WGMMA_ACC16
 #undef RA_WGMMA_ACC32
 #undef RA_WGMMA_ACC48
