@@ -225,24 +225,32 @@ __device__ __forceinline__ void pass_dq_turn(const DqTurn& turn) {
 
 // dQ's fragment (rows row0 and row0 + 8, columns col0 + 8j + 2t, +1) times the scale, added to the
 // f32 accumulator. The atomics bound the backward (one per element per key block): on sm_90 lanes t
-// and t ^ 1 swap halves so that each adds 4 consecutive floats of one row in one 16-byte atomic.
+// and t ^ 1 trade values so that each adds 4 consecutive floats in one 16-byte atomic, even lanes of
+// tile j and odd lanes of tile j + 1, so that a quad covers 64 bytes of one row and a warp's atomic 8
+// rows rather than 16 (fewer lines per instruction: measured 3-10% faster backward on H100).
 template <bool kPadded, int kTiles>
 __device__ __forceinline__ void add_dq_rows(const FlashBackwardArgs& g, const float (&dq)[kTiles][4], int b, int h,
                                             int row0, int col0, int lane) {
   const CudaAttentionArgs& a = g.a;
   const int t = lane % 4;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(kTiles % 2 == 0, "tiles in pairs");
   const bool even = t % 2 == 0;
-  const int row = even ? row0 : row0 + 8, col = col0 + 2 * (t & ~1);
-  float* out = dq_target(g) + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col;
+  const int col = col0 + 2 * (t & ~1) + (even ? 0 : 8);
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-    // Even lanes keep row g's pair and take the partner's; odd lanes the same for row g + 8.
-    const float send0 = even ? dq[j][2] : dq[j][0], send1 = even ? dq[j][3] : dq[j][1];
-    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1), got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-    const float4 v = even ? make_float4(dq[j][0], dq[j][1], got0, got1) : make_float4(got0, got1, dq[j][2], dq[j][3]);
-    if (row < a.q_len && (!kPadded || col0 + j * 8 < a.head_dim))
-      atomicAdd(reinterpret_cast<float4*>(out + j * 8), make_float4(v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale));
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    float* out = dq_target(g) + ((int64_t(b) * a.q_len + row) * a.q_heads + h) * a.head_dim + col;
+#pragma unroll
+    for (int j = 0; j < kTiles; j += 2) {
+      const float send0 = even ? dq[j + 1][2 * half] : dq[j][2 * half];
+      const float send1 = even ? dq[j + 1][2 * half + 1] : dq[j][2 * half + 1];
+      const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1), got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+      const float4 v = even ? make_float4(dq[j][2 * half], dq[j][2 * half + 1], got0, got1)
+                            : make_float4(got0, got1, dq[j + 1][2 * half], dq[j + 1][2 * half + 1]);
+      if (row < a.q_len && (!kPadded || col + j * 8 < a.head_dim))
+        atomicAdd(reinterpret_cast<float4*>(out + j * 8), make_float4(v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale));
+    }
   }
 #else
 #pragma unroll

@@ -5,8 +5,9 @@
 // memory), so P^T and dS^T come out of the tensor cores in the register layout of wgmma's A operand:
 // dV += P^T dO and dK += dS^T Q take them from registers, with dO and Q read MN-major from shared
 // memory, and dK / dV stay in registers for the whole walk. dS^T goes to shared memory once for
-// dQ = dS K, of which each warpgroup forms 64 x 64 (both operands MN-major), added to the f32
-// accumulator with 16-byte atomics (measured faster than staging it for bulk reductions). The next
+// dQ = dS K, of which each warpgroup forms 64 x 64 (both operands MN-major) before dV and dK, added to
+// the f32 accumulator with 16-byte atomics while the tensor cores form those (the atomics bound the
+// kernel; staging dQ for the TMA unit's bulk reductions measured no faster). The next
 // step's Q, dO, LSE and delta load while this one computes. At D = 256 dK and dV of 64 keys x 256 do not
 // fit a warpgroup's registers: both warpgroups share 64 keys, each forms S^T / dP^T for half of the query
 // block and owns half of D of dK, dV and dQ, and P^T joins dS^T in shared memory, from where dV and dK
