@@ -32,8 +32,9 @@
 # `ring_streams_ab` (GPU tests over both transports, the ring CLI's --backward, then the same rows against the variants);
 # `ring_priority` (the same tests, the forward ring's too, the backward's faults, then one GPU's and the ring's rows);
 # `head_dims_backward` (GPU tests, then the flash backward at FlashAttention-2's head dims against the variants, beside
-# PyTorch's SDPA backward); `ring_sizes` (the GPU ring's tests at 3 and 4 ranks, then `cudnn` steps on 2 GPUs at
-# T = 131072 interleaved with PyTorch context_parallel's cuDNN backward); `cudnn_streams_ab` (the ring's cudnn steps on
+# PyTorch's SDPA backward); `dq_adds_ab` (the other kernels that add dQ, against the variants); `ring_sizes` (the GPU
+# ring's tests at 3 and 4 ranks, then `cudnn` steps on 2 GPUs at T = 131072 interleaved with PyTorch
+# context_parallel's cuDNN backward); `cudnn_streams_ab` (the ring's cudnn steps on
 # two streams: its tests, then the ring against the variants, one GPU's cudnn rows and context_parallel's); several as
 # a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
@@ -819,6 +820,27 @@ if has head_dims_backward; then  # issue 20: the wgmma backward's instances of 9
   rounds=${rounds:-1} for_each_build head_dim_rows
   python3 bench/torch_backward.py $(for s in $shapes; do IFS=x read -r h d dv <<< "$s"; [ $d = $dv ] && echo ${h}x$d || echo $s; done) 2>&1 |
     tee "$out/torch_backward.txt"
+fi
+if has dq_adds_ab; then  # issue 20: dQ's atomics while dV and dK form, a quad's 64 bytes of one row per atomic: the
+  # kernels sharing add_dq_rows beyond the default instances (mma.sync, the extras, documents) against the variants
+  dq_add_rows() {
+    local causal
+    for causal in "" "--causal"; do
+      echo -n "mma_sync H=32 D=128 $causal: " | tee -a "$out/bench.txt"
+      bin=$1 bench 1 --backward --impl flash_attn2 --flash-kernel mma_sync --seq 16384 --iters 6 $causal | tr '\n' ' '
+      echo | tee -a "$out/bench.txt"
+      for shape in "64 64" "32 128" "16 256"; do
+        echo -n "dropout 0.1 H=${shape% *} D=${shape#* } $causal: " | tee -a "$out/bench.txt"
+        bin=$1 heads=${shape% *} head_dim=${shape#* } bench 1 --backward --impl flash_attn2 --seq 16384 --iters 6 \
+          --dropout 0.1 $causal | tr '\n' ' '
+        echo | tee -a "$out/bench.txt"
+      done
+      echo -n "16 documents H=16 D=128 $causal: " | tee -a "$out/bench.txt"
+      bin=$1 heads=16 bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 --segments 16 $causal | tr '\n' ' '
+      echo | tee -a "$out/bench.txt"
+    done
+  }
+  for_each_build dq_add_rows
 fi
 if has ring_sizes; then  # issue 21: the GPU ring's forward and backward tests on rings of 3 and 4 GPUs (copy engines),
   # then the ring with cudnn steps on 2 GPUs at T = 131072 and context_parallel's cuDNN backward, interleaved, two rounds
