@@ -2,6 +2,7 @@
 // against an experimental copy (exp_kernel.cuh, one instance per compile-time knob) on synthetic inputs (B = 1,
 // random Q, K, V, dO, LSE near its true value, positions 0..T-1), interleaved, median of `iters` after 2 warm-up
 // calls, and checks each knob's gradients against the committed kernel's (largest difference).
+// RA_LAB_CLUSTER=N launches the experimental kernel as clusters of N consecutive key blocks.
 // Usage: wgmma_backward_lab D H T causal iters knob...
 #include <cuda_runtime.h>
 
@@ -52,12 +53,23 @@ __global__ void fill_pos(int64_t* p, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = i;
 }
 
+// cluster > 1: launched as clusters of that many consecutive key blocks (RA_LAB_CLUSTER, the experimental kernel only).
 template <typename Traits>
-void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s) {
+void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsigned cluster = 1) {
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
   const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
   void* args[] = {const_cast<FlashBackwardArgs*>(&g)};
-  CK(cudaLaunchKernel(kernel, grid, dim3(256), args, Traits::kSmemBytes, s));
+  if (cluster <= 1) {
+    CK(cudaLaunchKernel(kernel, grid, dim3(256), args, Traits::kSmemBytes, s));
+    return;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid, config.blockDim = dim3(256), config.dynamicSmemBytes = Traits::kSmemBytes, config.stream = s;
+  config.attrs = attr, config.numAttrs = 1;
+  CK(cudaLaunchKernelExC(&config, kernel, args));
 }
 
 template <int D>
@@ -106,6 +118,8 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   const double flops = 2.5 * 4.0 * H * double(Tn) * Tn * D / (causal ? 2 : 1);
+  const char* cluster_env = std::getenv("RA_LAB_CLUSTER");
+  const unsigned cluster = cluster_env ? unsigned(std::atoi(cluster_env)) : 1u;
 
   // Reference gradients from the committed kernel.
   std::vector<float> ref_dq(n);
@@ -113,7 +127,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   auto once = [&](bool use_exp, int knob) {
     CK(cudaMemsetAsync(dq, 0, n * 4, s));
     g.dq_writer_words = knob;
-    if (use_exp) launch<Exp>(exp_of(knob), g, s); else launch<Base>(base, g, s);
+    if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster); else launch<Base>(base, g, s);
   };
   once(false, 0);
   CK(cudaStreamSynchronize(s));
@@ -129,7 +143,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
       CK(cudaMemsetAsync(dq, 0, n * 4, s));
       g.dq_writer_words = knob;
       CK(cudaEventRecord(e0, s));
-      if (use_exp) launch<Exp>(exp_of(knob), g, s); else launch<Base>(base, g, s);
+      if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster); else launch<Base>(base, g, s);
       CK(cudaEventRecord(e1, s));
       CK(cudaEventSynchronize(e1));
       float t;
