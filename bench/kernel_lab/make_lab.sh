@@ -9,12 +9,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dir=${1:?lab folder}; knobs=${2:-0}
 mkdir -p "$dir"
-if [ ! -f "$dir/exp_kernel.cuh" ]; then
-  sed -e 's/namespace ra::wgmma_backward/namespace ra::exp_backward/' \
-      -e 's/flash_wgmma_backward_kernel(/exp_backward_kernel(/' \
-      -e 's/bool kPadded, bool kOrdered = false>$/bool kPadded, bool kOrdered = false, int kKnob = 0>/' \
-      "$root/attention/cuda/flash_wgmma_backward_kernel.cuh" > "$dir/exp_kernel.cuh"
-fi
+[ -f "$dir/exp_kernel.cuh" ] || bash "$root/bench/kernel_lab/make_exp_kernel.sh" "$dir/exp_kernel.cuh"
 list=""
 for k in $knobs; do list="$list RA_LAB_KNOB($k)"; done
 nvcc -O3 -DNDEBUG -DRA_HAVE_CUDA=1 -DRA_LAB_D128 --generate-code=arch=compute_90a,code=sm_90a -std=c++20 \
