@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention/cuda/flash_wgmma_backward_kernel.cuh"
+#include "runtime/cuda_device.h"
 #include "exp_kernel.cuh"
 #ifndef RA_LAB_KNOBS
 #define RA_LAB_KNOBS RA_LAB_KNOB(0)
@@ -20,15 +21,6 @@
 
 using namespace ra;
 using T16 = __nv_bfloat16;
-
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::printf("CUDA %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 __device__ uint32_t hash32(uint64_t x) {
   x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
@@ -56,11 +48,11 @@ __global__ void fill_pos(int64_t* p, int n) {
 // cluster > 1: launched as clusters of that many consecutive key blocks (RA_LAB_CLUSTER, the experimental kernel only).
 template <typename Traits>
 void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsigned cluster = 1) {
-  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
   const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
   void* args[] = {const_cast<FlashBackwardArgs*>(&g)};
   if (cluster <= 1) {
-    CK(cudaLaunchKernel(kernel, grid, dim3(256), args, Traits::kSmemBytes, s));
+    RA_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(256), args, Traits::kSmemBytes, s));
     return;
   }
   cudaLaunchAttribute attr[1];
@@ -69,7 +61,7 @@ void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsi
   cudaLaunchConfig_t config = {};
   config.gridDim = grid, config.blockDim = dim3(256), config.dynamicSmemBytes = Traits::kSmemBytes, config.stream = s;
   config.attrs = attr, config.numAttrs = 1;
-  CK(cudaLaunchKernelExC(&config, kernel, args));
+  RA_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
 }
 
 template <int D>
@@ -78,16 +70,16 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   T16 *q, *k, *v, *d_o, *dk, *dv;
   float *lse, *delta, *dq;
   int64_t* pos;
-  for (T16** p : {&q, &k, &v, &d_o, &dk, &dv}) CK(cudaMalloc(p, n * 2));
-  CK(cudaMalloc(&lse, size_t(H) * Tn * 4));
-  CK(cudaMalloc(&delta, size_t(H) * Tn * 4));
-  CK(cudaMalloc(&dq, n * 4));
-  CK(cudaMalloc(&pos, size_t(Tn) * 8));
+  for (T16** p : {&q, &k, &v, &d_o, &dk, &dv}) RA_CUDA_CHECK(cudaMalloc(p, n * 2));
+  RA_CUDA_CHECK(cudaMalloc(&lse, size_t(H) * Tn * 4));
+  RA_CUDA_CHECK(cudaMalloc(&delta, size_t(H) * Tn * 4));
+  RA_CUDA_CHECK(cudaMalloc(&dq, n * 4));
+  RA_CUDA_CHECK(cudaMalloc(&pos, size_t(Tn) * 8));
   int seed = 1;
   for (T16* p : {q, k, v, d_o}) fill_bf16<<<1024, 256>>>(p, n, seed++);
   fill_stats<<<1024, 256>>>(lse, delta, H, Tn, causal, 0.5f);
   fill_pos<<<256, 256>>>(pos, Tn);
-  CK(cudaDeviceSynchronize());
+  RA_CUDA_CHECK(cudaDeviceSynchronize());
 
   FlashBackwardArgs g{};
   CudaAttentionArgs& a = g.a;
@@ -113,10 +105,10 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     std::exit(2);
   };
   cudaStream_t s;
-  CK(cudaStreamCreate(&s));
+  RA_CUDA_CHECK(cudaStreamCreate(&s));
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  RA_CUDA_CHECK(cudaEventCreate(&e0));
+  RA_CUDA_CHECK(cudaEventCreate(&e1));
   const double flops = 2.5 * 4.0 * H * double(Tn) * Tn * D / (causal ? 2 : 1);
   const char* cluster_env = std::getenv("RA_LAB_CLUSTER");
   const unsigned cluster = cluster_env ? unsigned(std::atoi(cluster_env)) : 1u;
@@ -125,29 +117,29 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   std::vector<float> ref_dq(n);
   std::vector<T16> ref_dk(n), ref_dv(n);
   auto once = [&](bool use_exp, int knob) {
-    CK(cudaMemsetAsync(dq, 0, n * 4, s));
+    RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
     g.dq_writer_words = knob;
     if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster); else launch<Base>(base, g, s);
   };
   once(false, 0);
-  CK(cudaStreamSynchronize(s));
-  CK(cudaMemcpy(ref_dq.data(), dq, n * 4, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(ref_dk.data(), dk, n * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(ref_dv.data(), dv, n * 2, cudaMemcpyDeviceToHost));
+  RA_CUDA_CHECK(cudaStreamSynchronize(s));
+  RA_CUDA_CHECK(cudaMemcpy(ref_dq.data(), dq, n * 4, cudaMemcpyDeviceToHost));
+  RA_CUDA_CHECK(cudaMemcpy(ref_dk.data(), dk, n * 2, cudaMemcpyDeviceToHost));
+  RA_CUDA_CHECK(cudaMemcpy(ref_dv.data(), dv, n * 2, cudaMemcpyDeviceToHost));
   double ref_scale = 0;
   for (size_t i = 0; i < n; i += 97) ref_scale = std::max(ref_scale, double(std::fabs(ref_dq[i])));
 
   auto time_it = [&](bool use_exp, int knob) {
     std::vector<float> ms;
     for (int it = 0; it < iters + 2; ++it) {
-      CK(cudaMemsetAsync(dq, 0, n * 4, s));
+      RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
       g.dq_writer_words = knob;
-      CK(cudaEventRecord(e0, s));
+      RA_CUDA_CHECK(cudaEventRecord(e0, s));
       if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster); else launch<Base>(base, g, s);
-      CK(cudaEventRecord(e1, s));
-      CK(cudaEventSynchronize(e1));
+      RA_CUDA_CHECK(cudaEventRecord(e1, s));
+      RA_CUDA_CHECK(cudaEventSynchronize(e1));
       float t;
-      CK(cudaEventElapsedTime(&t, e0, e1));
+      RA_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
       if (it >= 2) ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());
@@ -155,12 +147,12 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   };
   auto check = [&](int knob) {
     once(true, knob);
-    CK(cudaStreamSynchronize(s));
+    RA_CUDA_CHECK(cudaStreamSynchronize(s));
     std::vector<float> got_dq(n);
     std::vector<T16> got_dk(n), got_dv(n);
-    CK(cudaMemcpy(got_dq.data(), dq, n * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(got_dk.data(), dk, n * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(got_dv.data(), dv, n * 2, cudaMemcpyDeviceToHost));
+    RA_CUDA_CHECK(cudaMemcpy(got_dq.data(), dq, n * 4, cudaMemcpyDeviceToHost));
+    RA_CUDA_CHECK(cudaMemcpy(got_dk.data(), dk, n * 2, cudaMemcpyDeviceToHost));
+    RA_CUDA_CHECK(cudaMemcpy(got_dv.data(), dv, n * 2, cudaMemcpyDeviceToHost));
     double edq = 0, edk = 0, edv = 0, sdk = 0, sdv = 0;
     for (size_t i = 0; i < n; ++i) {
       edq = std::max(edq, double(std::fabs(got_dq[i] - ref_dq[i])));
@@ -183,7 +175,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     }
   }
   for (void* p : {(void*)q, (void*)k, (void*)v, (void*)d_o, (void*)dk, (void*)dv, (void*)lse, (void*)delta, (void*)dq, (void*)pos})
-    CK(cudaFree(p));
+    RA_CUDA_CHECK(cudaFree(p));
   return 0;
 }
 
