@@ -12,7 +12,9 @@
 // fit a warpgroup's registers: both warpgroups share 64 keys, each forms S^T / dP^T for half of the query
 // block and owns half of D of dK, dV and dQ, and P^T joins dS^T in shared memory, from where dV and dK
 // take their A operand. D = 32, 96 and 192 have instances of their own (FlashAttention-2's head dims), their
-// Q, dO, K and V in slabs of 32 columns so that every warpgroup's share of D covers whole slabs.
+// Q, dO, K and V in slabs of 32 columns so that every warpgroup's share of D covers whole slabs. At exact
+// D = 192 and 256 on positions, where the atomics cost nearly half the kernel, dQ comes from a query-block kernel of
+// its own instead (flash_wgmma_backward_dq.cu).
 #include "attention/cuda/flash_wgmma_backward.h"
 
 #include <algorithm>
@@ -55,6 +57,7 @@ bool flash_wgmma_backward_orders_dq(const CudaAttentionArgs& a) {
 }
 
 void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, Tensor* dq_slices, cudaStream_t stream) {
+  if (flash_wgmma_backward_dq_apart(g.a)) return flash_wgmma_backward_with_dq_apart(g, dtype, stream);
   // --deterministic: dQ's adds in a fixed order (no copies of dQ) where measured faster than slices.
   if (dq_slices != nullptr && flash_wgmma_backward_orders_dq(g.a))
     return flash_wgmma_backward_ordered(g, dtype, dq_slices, stream);

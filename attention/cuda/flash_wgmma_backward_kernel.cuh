@@ -61,7 +61,9 @@ struct WgmmaBackwardTraits {
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 // kOrdered: --deterministic (flash_wgmma_backward_ordered.cu): the key blocks run from the last down, and each
 // adds its dQ into a block of query rows on its turn (DqTurn), after every key block above it that adds there.
-template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false>
+// kDqApart: dK and dV only; flash_wgmma_dq_kernel.cuh forms dQ (flash_wgmma_backward_dq.cu).
+template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false,
+          bool kDqApart = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = WgmmaBackwardTraits<T, D, kExtras>;
@@ -310,13 +312,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       if (tid == 0) wait_dq_turn(turn);
     }
     __syncthreads();  // both warpgroups' dS^T (and P^T) columns are in (and under kOrdered, dQ's turn has come)
-    float dq[kTilesDq][4];
+    [[maybe_unused]] float dq[kTilesDq][4];  // (kDqApart: none)
     wgmma::fence();
+    if constexpr (!kDqApart) {
 #pragma unroll
-    for (int kc = 0; kc < kBlockN / 16; ++kc)
-      wgmma::mma_ss<T, kTilesDq, true, true>(dq, wgmma::advance(ds_desc, kc * 16 * kRowBytes),
-                                             wgmma::advance(dq_k_desc, kc * 16 * kDRowBytes), kc > 0);
-    wgmma::commit();
+      for (int kc = 0; kc < kBlockN / 16; ++kc)
+        wgmma::mma_ss<T, kTilesDq, true, true>(dq, wgmma::advance(ds_desc, kc * 16 * kRowBytes),
+                                               wgmma::advance(dq_k_desc, kc * 16 * kDRowBytes), kc > 0);
+      wgmma::commit();
+    }
     if constexpr (Traits::kSplit) {
       const uint64_t pt_desc = wgmma::sw128_desc(smem_address(p_s), 16, kSwizzleAtom);
       const uint64_t dst_desc = wgmma::sw128_desc(ds_addr, 16, kSwizzleAtom);
@@ -333,10 +337,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       for (int kc = 0; kc < kBlockM / 16; ++kc) wgmma::mma_rs_tb<T, kTilesD>(dk, dst[kc], wgmma::advance(q_mn, kc * 16 * kDRowBytes));
     }
     wgmma::commit();
-    wgmma::wait<1>();  // dQ's group is done; dV's and dK's run on
-    wgmma::pin(dq);
-    add_dq_rows<kPadded, kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
-                                   Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
+    if constexpr (!kDqApart) {
+      wgmma::wait<1>();  // dQ's group is done; dV's and dK's run on
+      wgmma::pin(dq);
+      add_dq_rows<kPadded, kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
+                                     Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
+    }
     wgmma::wait<0>();
     wgmma::pin(dk);
     wgmma::pin(dv);

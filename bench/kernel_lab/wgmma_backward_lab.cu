@@ -97,7 +97,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   const void* base = reinterpret_cast<const void*>(wgmma_backward::flash_wgmma_backward_kernel<T16, D, false, false, false, false>);
   auto exp_of = [](int knob) -> const void* {
     switch (knob) {
-#define RA_LAB_KNOB(K) case K: return reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, K>);
+#define RA_LAB_KNOB(K) case K: return reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, false, K>);
       RA_LAB_KNOBS
 #undef RA_LAB_KNOB
     }

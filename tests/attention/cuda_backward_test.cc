@@ -118,6 +118,18 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, d, dv, dtype, opt, seed++}, FlashKernel::kWgmma});
     }
+  // The wgmma backward's dQ apart (exact D = 192 / 256 on positions: the key-block kernel's dK / dV beside the
+  // query-block kernel's dQ): many query blocks of 128 rows and key tiles of 64 with partial last ones, S > T
+  // and S < T (causal rows that see no key: zero gradient), GQA, B = 2, both dtypes.
+  const Shape apart_shapes[] = {{1, 700, 1100, 4, 2, 192}, {2, 333, 600, 4, 1, 256}, {1, 517, 300, 8, 4, 256},
+                                {1, 389, 389, 2, 2, 192}};
+  for (const Options& opt : wgmma_option_sets())
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      const Shape& sh = apart_shapes[seed % std::size(apart_shapes)];
+      const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
+                       FlashKernel::kWgmma});
+    }
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},
@@ -252,7 +264,8 @@ TEST(BackwardInto, TheCallersViewsMatchTheReference) {
 }
 
 // --deterministic: the gradients are the same bits on every run (flash_attn2 on wgmma: each block of query
-// rows takes its dQ adds from the key blocks in a fixed order; on mma.sync the key blocks in rounds, dQ of
+// rows takes its dQ adds from the key blocks in a fixed order, or at exact D = 192 / 256 from the query-block
+// kernel alone; on mma.sync the key blocks in rounds, dQ of
 // each block of a round into a slice of its own, summed in order; cudnn: its deterministic algorithm) and
 // still match the f64 reference. Shapes of more key blocks than a round holds; every instance of the
 // wgmma kernel; the extras with a bias of full shape (dBias has one writer per element).
@@ -276,6 +289,9 @@ TEST(DeterministicBackward, SameBitsOnEveryRun) {
     cases.push_back({"flash_attn2", kernel, {1, 700, 1100, 2, 1, 256, 256, DType::kBF16, extras, 962}});
     cases.push_back({"flash_attn2", kernel, {1, 900, 1300, 4, 2, 192, 128, DType::kBF16, causal, 964}});
     cases.push_back({"flash_attn2", kernel, {1, 1100, 1700, 4, 2, 96, 96, DType::kBF16, causal, 968}});
+    // Exact 192 / 256 on positions: dQ by the query-block kernel (one writer per element).
+    cases.push_back({"flash_attn2", kernel, {1, 900, 1300, 4, 2, 192, 192, DType::kBF16, causal_window, 969}});
+    cases.push_back({"flash_attn2", kernel, {2, 700, 600, 2, 1, 256, 256, DType::kF16, causal, 970}});
     // Packed documents (the walk skips query blocks); a soft cap with a window over 37 key blocks (the
     // ordered kernel's writer masks span two words).
     cases.push_back({"flash_attn2", kernel, {2, 1000, 1000, 4, 2, 128, 128, DType::kBF16, documents, 966}});

@@ -320,6 +320,14 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   RingBackwardCase wide = gpu(SequenceLayout::kZigzag, opts[6], DType::kBF16, 150, 150, 4, 2, "flash_attn2");
   wide.head_dim = wide.v_head_dim = 256;  // the mma.sync kernel's split of 16 keys over two warps, every option
   cases.push_back(wide);
+  // Exact 192 / 256 on positions (Hopper): dQ by the query-block kernel, the ring's steps on two streams (B = 1)
+  // adding into one dQ accumulator, zigzag causal and contiguous with a window.
+  RingBackwardCase apart = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 300, 300, 4, 2, "flash_attn2");
+  apart.head_dim = apart.v_head_dim = 256, apart.batch = 1;
+  cases.push_back(apart);
+  apart.layout = SequenceLayout::kContiguous, apart.options = opts[2], apart.dtype = DType::kF16;
+  apart.head_dim = apart.v_head_dim = 192;
+  cases.push_back(apart);
   RingBackwardCase mla = gpu(SequenceLayout::kZigzag, opts[6], DType::kBF16, 120, 120, 4, 2, "flash_attn2");
   mla.head_dim = 192, mla.v_head_dim = 128;  // between the instances, Dv != D (the ring carries Dv columns)
   cases.push_back(mla);
