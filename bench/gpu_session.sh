@@ -32,7 +32,8 @@
 # `ring_streams_ab` (GPU tests over both transports, the ring CLI's --backward, then the same rows against the variants);
 # `ring_priority` (the same tests, the forward ring's too, the backward's faults, then one GPU's and the ring's rows);
 # `head_dims_backward` (GPU tests, then the flash backward at FlashAttention-2's head dims against the variants, beside
-# PyTorch's SDPA backward); `dq_adds_ab` (the other kernels that add dQ, against the variants); `ring_sizes` (the GPU
+# PyTorch's SDPA backward); `dq_adds_ab` (the other kernels that add dQ, against the variants); `dq_apart_ab` (GPU
+# tests, then D = 192 / 256 with dQ by its own kernel, default and --deterministic, against the variants, and PyTorch's); `ring_sizes` (the GPU
 # ring's tests at 3 and 4 ranks, then `cudnn` steps on 2 GPUs at T = 131072 interleaved with PyTorch
 # context_parallel's cuDNN backward); `cudnn_streams_ab` (the ring's cudnn steps on
 # two streams: its tests, then the ring against the variants, one GPU's cudnn rows and context_parallel's); several as
@@ -820,6 +821,24 @@ if has head_dims_backward; then  # issue 20: the wgmma backward's instances of 9
   rounds=${rounds:-1} for_each_build head_dim_rows
   python3 bench/torch_backward.py $(for s in $shapes; do IFS=x read -r h d dv <<< "$s"; [ $d = $dv ] && echo ${h}x$d || echo $s; done) 2>&1 |
     tee "$out/torch_backward.txt"
+fi
+if has dq_apart_ab; then  # issue 20: dQ by a query-block kernel of its own at D = 192 / 256: GPU tests, then the
+  # backward there, default and --deterministic, this build against the variants, interleaved, then PyTorch's SDPA
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  shapes=${shapes:-"16x192 16x256"}
+  apart_rows() {
+    local shape flags h d
+    for flags in "" "--causal" "--deterministic" "--deterministic --causal"; do
+      for shape in $shapes; do
+        IFS=x read -r h d <<< "$shape"
+        echo -n "H=$h D=$d $flags: " | tee -a "$out/bench.txt"
+        bin=$1 heads=$h head_dim=$d bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 $flags | tr '\n' ' '
+        echo | tee -a "$out/bench.txt"
+      done
+    done
+  }
+  for_each_build apart_rows
+  python3 bench/torch_backward.py $shapes 2>&1 | tee "$out/torch_backward.txt"
 fi
 if has dq_adds_ab; then  # issue 20: dQ's atomics while dV and dK form, a quad's 64 bytes of one row per atomic: the
   # kernels sharing add_dq_rows beyond the default instances (mma.sync, the extras, documents) against the variants
