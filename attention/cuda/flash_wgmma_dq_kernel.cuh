@@ -36,6 +36,21 @@ struct DqKernelTraits {
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory on an sm_90 SM");
 };
 
+// S = Q K^T or dP = dO V^T of a warpgroup's 64 rows (from `rows`, slabs kBlockM rows apart) against a tile's
+// kBlockN keys: both operands K-major, a k-step 32 bytes into a slab; one commit group. (A function: the
+// kernel written with lambdas and an early return spilled more at D = 256; this gives the same PTX as the
+// loops written out.)
+template <typename T, int D>
+__device__ __forceinline__ void rows_by_keys(float (&out)[8][4], uint32_t rows, uint32_t keys) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t slab = kk / 4, step = (kk % 4) * 32;
+    wgmma::mma_ss<T, 8>(out, wgmma::sw128_desc(rows + slab * kBlockM * kRowBytes + step, 16, kSwizzleAtom),
+                        wgmma::sw128_desc(keys + slab * kBlockN * kRowBytes + step, 16, kSwizzleAtom), kk > 0);
+  }
+  wgmma::commit();
+}
+
 // Expects head_dim == value_dim == D, positions-only options (causal, window; no segment ids, soft cap,
 // bias, mask or dropout). Adds dQ (times the scale) into g.dq, one atomic add per element.
 template <typename T, int D>
@@ -122,21 +137,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const Flash
     const uint32_t v_tile = smem_address(v_s + (Traits::kOneVBuffer ? 0 : i % 2) * kBlockN * D);
     float s[8][4], dp[8][4];
     wgmma::fence();
-    // S = Q K^T and dP = dO V^T for this warpgroup's 64 rows: both operands K-major, a k-step 32 bytes into a slab.
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t slab = kk / 4, step = (kk % 4) * 32;
-      wgmma::mma_ss<T, 8>(s, wgmma::sw128_desc(q_rows + slab * kBlockM * kRowBytes + step, 16, kSwizzleAtom),
-                          wgmma::sw128_desc(k_tile + slab * kBlockN * kRowBytes + step, 16, kSwizzleAtom), kk > 0);
-    }
-    wgmma::commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t slab = kk / 4, step = (kk % 4) * 32;
-      wgmma::mma_ss<T, 8>(dp, wgmma::sw128_desc(do_rows + slab * kBlockM * kRowBytes + step, 16, kSwizzleAtom),
-                          wgmma::sw128_desc(v_tile + slab * kBlockN * kRowBytes + step, 16, kSwizzleAtom), kk > 0);
-    }
-    wgmma::commit();
+    rows_by_keys<T, D>(s, q_rows, k_tile);
+    rows_by_keys<T, D>(dp, do_rows, v_tile);
     int64_t k_lo, k_hi;
     tile_key_range<kBlockN>(a, tile, lane, k_lo, k_hi);
     const BlockKind kind = classify_block(group_q_lo, group_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);

@@ -118,18 +118,6 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, d, dv, dtype, opt, seed++}, FlashKernel::kWgmma});
     }
-  // The wgmma backward's dQ apart (exact D = 192 / 256 on positions: the key-block kernel's dK / dV beside the
-  // query-block kernel's dQ): many query blocks of 128 rows and key tiles of 64 with partial last ones, S > T
-  // and S < T (causal rows that see no key: zero gradient), GQA, B = 2, both dtypes.
-  const Shape apart_shapes[] = {{1, 700, 1100, 4, 2, 192}, {2, 333, 600, 4, 1, 256}, {1, 517, 300, 8, 4, 256},
-                                {1, 389, 389, 2, 2, 192}};
-  for (const Options& opt : wgmma_option_sets())
-    for (int repeat = 0; repeat < 2; ++repeat) {
-      const Shape& sh = apart_shapes[seed % std::size(apart_shapes)];
-      const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
-      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
-                       FlashKernel::kWgmma});
-    }
 #if RA_HAVE_CUDNN
   // cudnn: causal with S >= T, sinks (their gradient comes from LSE and delta), GQA, D 64 / 128.
   const Shape cudnn_shapes[] = {{2, 77, 77, 4, 4, 64}, {1, 131, 203, 8, 4, 128}, {1, 300, 517, 4, 1, 64},
@@ -145,6 +133,18 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   // cudnn with v_head_dim != head_dim (MLA's 192 / 128 and others), each option it expresses.
   for (const ProblemSpec& spec : cudnn_head_dim_cases(seed)) cases.push_back({"cudnn", spec});
 #endif
+  // The wgmma backward's dQ apart (exact D = 192 / 256 on positions: the key-block kernel's dK / dV beside the
+  // query-block kernel's dQ): many query blocks of 128 rows and key tiles of 64 with partial last ones, S > T
+  // and S < T (causal rows that see no key: zero gradient), GQA, B = 2, both dtypes.
+  const Shape apart_shapes[] = {{1, 700, 1100, 4, 2, 192}, {2, 333, 600, 4, 1, 256}, {1, 517, 300, 8, 4, 256},
+                                {1, 389, 389, 2, 2, 192}};
+  for (const Options& opt : wgmma_option_sets())
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      const Shape& sh = apart_shapes[seed % std::size(apart_shapes)];
+      const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
+                       FlashKernel::kWgmma});
+    }
   return cases;
 }
 
