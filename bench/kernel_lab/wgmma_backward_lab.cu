@@ -2,7 +2,9 @@
 // against an experimental copy (exp_kernel.cuh, one instance per compile-time knob) on synthetic inputs (B = 1,
 // random Q, K, V, dO, LSE near its true value, positions 0..T-1), interleaved, median of `iters` after 2 warm-up
 // calls, and checks each knob's gradients against the committed kernel's (largest difference).
-// RA_LAB_CLUSTER=N launches the experimental kernel as clusters of N consecutive key blocks.
+// RA_LAB_CLUSTER=N launches the experimental kernel as clusters of N consecutive key blocks. RA_LAB_DQ_APART=1 (D = 192,
+// 256): both the committed and the experimental kernel as the library's dQ-apart path runs them (kDqApart: dK and dV
+// only), each followed by the committed query-block dQ kernel.
 // Usage: wgmma_backward_lab D H T causal iters knob...
 #include <cuda_runtime.h>
 
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "attention/cuda/flash_wgmma_backward_kernel.cuh"
+#include "attention/cuda/flash_wgmma_dq_kernel.cuh"
 #include "runtime/cuda_device.h"
 #include "exp_kernel.cuh"
 #ifndef RA_LAB_KNOBS
@@ -94,10 +97,20 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
 
   using Base = wgmma_backward::WgmmaBackwardTraits<T16, D>;
   using Exp = exp_backward::WgmmaBackwardTraits<T16, D>;
-  const void* base = reinterpret_cast<const void*>(wgmma_backward::flash_wgmma_backward_kernel<T16, D, false, false, false, false>);
-  auto exp_of = [](int knob) -> const void* {
+  const bool apart = std::getenv("RA_LAB_DQ_APART") && std::atoi(std::getenv("RA_LAB_DQ_APART")) != 0;
+  if (apart && D != 192 && D != 256) {
+    std::printf("RA_LAB_DQ_APART: D = 192 or 256 (the library's dQ-apart head dims)\n");
+    std::exit(2);
+  }
+  const void* base = apart ? reinterpret_cast<const void*>(
+                                 wgmma_backward::flash_wgmma_backward_kernel<T16, D, false, false, false, false, false, true>)
+                           : reinterpret_cast<const void*>(wgmma_backward::flash_wgmma_backward_kernel<T16, D, false, false, false, false>);
+  auto exp_of = [apart](int knob) -> const void* {
     switch (knob) {
-#define RA_LAB_KNOB(K) case K: return reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, false, K>);
+#define RA_LAB_KNOB(K)                                                                                        \
+  case K:                                                                                                     \
+    return apart ? reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, true, K>) \
+                 : reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, false, K>);
       RA_LAB_KNOBS
 #undef RA_LAB_KNOB
     }
@@ -120,6 +133,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
     g.dq_writer_words = knob;
     if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster); else launch<Base>(base, g, s);
+    if (apart) launch_flash_wgmma_dq<T16>(g, s);
   };
   once(false, 0);
   RA_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -136,6 +150,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
       g.dq_writer_words = knob;
       RA_CUDA_CHECK(cudaEventRecord(e0, s));
       if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster); else launch<Base>(base, g, s);
+      if (apart) launch_flash_wgmma_dq<T16>(g, s);
       RA_CUDA_CHECK(cudaEventRecord(e1, s));
       RA_CUDA_CHECK(cudaEventSynchronize(e1));
       float t;
