@@ -5,6 +5,7 @@
 // Both skip the query blocks that share no segment with a key block (segment_ranges.h).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "attention/backward.h"
@@ -39,6 +40,9 @@ struct FlashBackwardArgs {
   const int* dq_writers_after = nullptr;
   int dq_writer_words = 0;
   int q_blocks = 0;
+  // The wgmma kernels' TMA maps of q and d_o (tensor_map.h; their launchers set them), read from the
+  // kernel's parameters (__grid_constant__).
+  CUtensorMap q_map{}, do_map{};
 };
 
 // Throws naming the tensor and what the kernel needs (f16 / bf16, head dims as check_flash_head_dims, dO in q's dtype,

@@ -7,8 +7,9 @@
 // memory, and dK / dV stay in registers for the whole walk. dS^T goes to shared memory once for
 // dQ = dS K, of which each warpgroup forms 64 x 64 (both operands MN-major) before dV and dK, added to
 // the f32 accumulator with 16-byte atomics while the tensor cores form those (the atomics bound the
-// kernel; staging dQ for the TMA unit's bulk reductions measured no faster). The next
-// step's Q, dO, LSE and delta load while this one computes. At D = 256 dK and dV of 64 keys x 256 do not
+// kernel; staging dQ for the TMA unit's bulk reductions measured no faster, per row or as tiles). The next
+// step's Q and dO load by TMA (one thread starts them; 1.03-1.14x the per-thread copies, which cost this
+// register-bound kernel its spills), its LSE and delta by plain loads, while this one computes. At D = 256 dK and dV of 64 keys x 256 do not
 // fit a warpgroup's registers: both warpgroups share 64 keys, each forms S^T / dP^T for half of the query
 // block and owns half of D of dK, dV and dQ, and P^T joins dS^T in shared memory, from where dV and dK
 // take their A operand. D = 32, 96 and 192 have instances of their own (FlashAttention-2's head dims), their
@@ -32,8 +33,8 @@ template <typename T, int D, bool kPadded, bool kSegments, bool kSoftCap, bool k
 void launch_instance(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   using Traits = WgmmaBackwardTraits<T, D, kExtras>;
   auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded>;
-  launch_flash_backward(reinterpret_cast<const void*>(kernel), g, Traits::kBlockN, kThreads, Traits::kSmemBytes,
-                        dq_slices, stream);
+  launch_flash_backward(reinterpret_cast<const void*>(kernel), with_step_maps<T, Traits>(g), Traits::kBlockN, kThreads,
+                        Traits::kSmemBytes, dq_slices, stream);
 }
 
 template <typename T, int D, bool kPadded>

@@ -23,8 +23,8 @@ void launch_dq_apart(FlashBackwardArgs g, cudaStream_t stream) {
   g.first_key_block = 0;
   g.dq_slice_size = 0;
   auto key_kernel = wgmma_backward::flash_wgmma_backward_kernel<T, D, false, false, false, false, false, true>;
-  launch_flash_backward(reinterpret_cast<const void*>(key_kernel), g, KeyTraits::kBlockN, wgmma_backward::kThreads,
-                        KeyTraits::kSmemBytes, nullptr, stream);
+  launch_flash_backward(reinterpret_cast<const void*>(key_kernel), wgmma_backward::with_step_maps<T, KeyTraits>(g),
+                        KeyTraits::kBlockN, wgmma_backward::kThreads, KeyTraits::kSmemBytes, nullptr, stream);
   launch_flash_wgmma_dq<T>(g, stream);
 }
 

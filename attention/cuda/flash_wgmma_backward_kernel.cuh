@@ -3,9 +3,14 @@
 // (flash_wgmma_backward_ordered.cu) compile as two translation units, in parallel.
 #pragma once
 
-#include "attention/cuda/flash_cuda.h"
+#include <type_traits>
+
 #include "attention/cuda/flash_backward_rows.cuh"
+#include "attention/cuda/flash_cuda.h"
+#include "attention/cuda/tensor_map.h"
+#include "attention/cuda/tma.cuh"
 #include "attention/cuda/wgmma.cuh"
+#include "runtime/error.h"
 
 namespace ra::wgmma_backward {
 
@@ -52,6 +57,24 @@ struct WgmmaBackwardTraits {
   static_assert(kSmemBytes <= 227 * 1024, "one block's shared memory on an sm_90 SM");
 };
 
+// g with the TMA maps of q and d_o that an instance with these traits loads its steps by: boxes of kBlockM
+// rows x one slab of columns, swizzled as the slabs (the flash kernels' checks guarantee 16-byte rows).
+template <typename T, typename Traits>
+FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
+  using Slabs = typename Traits::DSlabs;
+  constexpr TileElement kElement = std::is_same_v<T, __nv_bfloat16> ? TileElement::kBF16 : TileElement::kF16;
+  const CudaAttentionArgs& a = g.a;
+  FlashBackwardArgs with = g;
+  const bool mapped = encode_row_tiles(with.q_map, a.q, kElement, a.batch, a.q_len, a.q_heads, a.head_dim, Traits::kBlockM,
+                                       Slabs::kCols, int(Slabs::kRowBytes)) &&
+                      encode_row_tiles(with.do_map, g.d_o, kElement, a.batch, a.q_len, a.q_heads, a.value_dim,
+                                       Traits::kBlockM, Slabs::kCols, int(Slabs::kRowBytes));
+  RA_CHECK(mapped, "the wgmma flash_attn2 backward cannot describe q or do to the TMA unit (rows of 16-byte multiples "
+           "at a 16-byte aligned address expected; q strides ", a.q.stride[0], ", ", a.q.stride[1], ", ", a.q.stride[2],
+           ", do strides ", g.d_o.stride[0], ", ", g.d_o.stride[1], ", ", g.d_o.stride[2], ")");
+  return with;
+}
+
 // kSegments: an instance that reads segment ids (skipping query blocks, comparing ids in masked steps);
 // the other compiles without them, as it did before (this kernel spills at any extra live value).
 // kSoftCap: an instance with a soft cap (never with segment ids): P from the capped logits, and dS times
@@ -64,7 +87,7 @@ struct WgmmaBackwardTraits {
 // kDqApart: dK and dV only; flash_wgmma_dq_kernel.cuh forms dQ (flash_wgmma_backward_dq.cu).
 template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false,
           bool kDqApart = false>
-__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const FlashBackwardArgs g) {
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const __grid_constant__ FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = WgmmaBackwardTraits<T, D, kExtras>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
@@ -93,7 +116,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   const int key0 = Traits::kSplit ? 0 : group * 64, key_row = key0 + (warp % 4) * 16 + lane / 4;
   const int q_col0 = Traits::kSplit ? group * kTilesM * 8 : 0, d_col0 = Traits::kSplit ? group * kTilesD * 8 : 0;
   auto key_slabs = [](int r, int c) { return DSlabs::template offset<kBlockN>(r, c); };
-  auto query_slabs = [](int r, int c) { return DSlabs::template offset<kBlockM>(r, c); };
 
   load_rows<T, D, kBlockN, kThreads, kPadded>(k_s, a.k, b, kh, n0, a.kv_len, a.head_dim, tid, key_slabs);
   load_rows<T, D, kBlockN, kThreads, kPadded>(v_s, a.v, b, kh, n0, a.kv_len, a.value_dim, tid, key_slabs);
@@ -114,11 +136,25 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   const bool soft_cap = kSoftCap || (kExtras && a.soft_cap > 0.0f);
   const float scale_log2 = soft_cap ? 1.0f : a.scale * kLog2e;
 
+  // A step's Q and dO come by TMA (g.q_map, g.do_map: with_step_maps), started by one thread, each buffer's
+  // landing counted by its mbarrier: per-thread copies cost this register-bound kernel 1.08-1.16x (the lab).
+  __shared__ alignas(8) uint64_t step_landed[2];
+  uint32_t step_phases = 0;  // bit i: the parity of buffer i's next landing
+  if (tid == 0) {
+    tma::init_barrier(&step_landed[0], 1);
+    tma::init_barrier(&step_landed[1], 1);
+    tma::fence_barrier_init();
+  }
   auto load_step = [&](int buffer, int h, int m0) {
-    load_rows<T, D, kBlockM, kThreads, kPadded>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, a.head_dim,
-                                                tid, query_slabs);
-    load_rows<T, D, kBlockM, kThreads, kPadded>(do_buffers + buffer * kBlockM * D, g.d_o, b, h, m0, a.q_len,
-                                                a.value_dim, tid, query_slabs);
+    if (tid == 0) {
+      tma::arrive_expect_bytes(&step_landed[buffer], uint32_t(2 * kBlockM * D * sizeof(T)));
+#pragma unroll
+      for (int slab = 0; slab < D / DSlabs::kCols; ++slab) {
+        const int offset = buffer * kBlockM * D + slab * kBlockM * DSlabs::kCols;
+        tma::load_4d(q_buffers + offset, &g.q_map, slab * DSlabs::kCols, m0, h, b, &step_landed[buffer]);
+        tma::load_4d(do_buffers + offset, &g.do_map, slab * DSlabs::kCols, m0, h, b, &step_landed[buffer]);
+      }
+    }
     load_step_segments<kBlockM, kSegments>(a, segment_buffers[buffer], b, m0, tid);
   };
   // A step's LSE and delta, read into registers when its loads start and stored when the step before
@@ -169,8 +205,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       copy_commit();
     };
     copy_wait_all();
-    wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    wgmma::fence_shared_writes();  // cp.async (K, V) wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();  // this step's tiles and stats are in; the last step's products are done with the other buffers and dS^T
+    tma::wait_phase(&step_landed[buffer], (step_phases >> buffer) & 1u);  // this step's Q and dO
+    step_phases ^= 1u << buffer;
     if constexpr (kOrdered) {  // the last step's dQ adds are all issued: its turn passes on
       if (tid == 0 && passed.counter) pass_dq_turn(passed);
     }

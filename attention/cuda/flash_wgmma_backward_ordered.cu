@@ -82,7 +82,8 @@ void launch_ordered(FlashBackwardArgs g, Tensor* scratch, cudaStream_t stream) {
   g.first_key_block = 0;
   g.dq_slice_size = 0;
   auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded, true>;
-  launch_flash_backward(reinterpret_cast<const void*>(kernel), g, kBlockN, kThreads, Traits::kSmemBytes, nullptr, stream);
+  launch_flash_backward(reinterpret_cast<const void*>(kernel), with_step_maps<T, Traits>(g), kBlockN, kThreads,
+                        Traits::kSmemBytes, nullptr, stream);
 }
 
 // Only the instances flash_wgmma_backward_orders_dq sends here: at 128 columns the extras one alone.

@@ -14,4 +14,4 @@ list=""
 for k in $knobs; do list="$list RA_LAB_KNOB($k)"; done
 nvcc -O3 -DNDEBUG -DRA_HAVE_CUDA=1 -DRA_LAB_D128 --generate-code=arch=compute_90a,code=sm_90a -std=c++20 \
   --expt-relaxed-constexpr -I"$root" -I"$root/include" -I"$dir" "-DRA_LAB_KNOBS=$list" -Xptxas -v \
-  -o "$dir/wgmma_backward_lab" "$root/bench/kernel_lab/wgmma_backward_lab.cu" "$root/runtime/error.cc" 2>&1 | grep -E "error|spill|C75" || true
+  -o "$dir/wgmma_backward_lab" "$root/bench/kernel_lab/wgmma_backward_lab.cu" "$root/runtime/error.cc" "$root/attention/cuda/tensor_map.cc" 2>&1 | grep -E "error|spill|C75" || true

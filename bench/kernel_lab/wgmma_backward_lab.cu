@@ -94,6 +94,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   a.causal = causal;
   g.d_o = view(d_o);
   g.lse = lse, g.delta = delta, g.dq = dq, g.dk_direct = dk, g.dv_direct = dv;
+  g = wgmma_backward::with_step_maps<T16, wgmma_backward::WgmmaBackwardTraits<T16, D>>(g);  // both kernels' TMA maps
 
   using Base = wgmma_backward::WgmmaBackwardTraits<T16, D>;
   using Exp = exp_backward::WgmmaBackwardTraits<T16, D>;

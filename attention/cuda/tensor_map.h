@@ -1,0 +1,22 @@
+// Tensor maps for the TMA loads of the Hopper kernels (tma.cuh): how the copy engine finds a tile of a
+// (batch, rows, heads, columns) view in global memory and lays it out in shared memory.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "attention/cuda/cuda_inputs.h"
+
+namespace ra {
+
+enum class TileElement { kBF16, kF16, kF32 };
+
+// A map of `view` (last stride 1) as boxes of box_rows rows x box_cols columns of one (batch, head),
+// swizzled in rows of swizzle_bytes (64 or 128, as wgmma's operand tiles; a box's row of columns must
+// fill one); columns past `cols` and rows past `rows` load as zeros and are never stored. False (map
+// untouched) where TMA cannot address the view: its address or a stride not a multiple of 16 bytes.
+bool encode_row_tiles(CUtensorMap& map, const DeviceView4& view, TileElement element, int64_t batch, int64_t rows,
+                      int64_t heads, int64_t cols, int box_rows, int box_cols, int swizzle_bytes);
+
+}  // namespace ra

@@ -1,0 +1,50 @@
+// Hopper's tensor memory accelerator (TMA) for tiles loaded every step: one thread starts a tile's copy
+// from global to shared memory, the copy engine swizzles it as wgmma reads it, and the block waits on an
+// mbarrier that counts the bytes landed. The per-thread copies it replaces (cp.async, 16 bytes a thread)
+// took registers and issue slots from a kernel bound by both.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "attention/cuda/flash_tile.cuh"
+
+namespace ra::tma {
+
+using flash::smem_address;
+
+__device__ __forceinline__ void init_barrier(uint64_t* bar, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals));
+}
+// The barriers' initialisation made visible to the copy engine before its first completion.
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// One arrival that also expects `bytes` more to land before the phase completes.
+__device__ __forceinline__ void arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// The box at coordinates (c0 innermost .. c3) of `map` into shared memory at dst, completing on bar.
+// Coordinates past the tensor's dims land as zeros.
+__device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(
+          smem_address(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_address(bar))
+      : "memory");
+}
+
+}  // namespace ra::tma
