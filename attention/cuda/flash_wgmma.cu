@@ -1,15 +1,20 @@
 // FlashAttention forward on Hopper's warpgroup MMA. A block of two warpgroups owns 128 query rows of
 // one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys (64 at head_dim 256, for shared
-// memory) stream through double-buffered shared memory (cp.async by all 256 threads). Per tile each warpgroup issues S = Q K^T as wgmma with
+// memory) stream through double-buffered shared memory (a single call's by TMA, the carry's by cp.async). Per tile each
+// warpgroup issues S = Q K^T as wgmma with
 // both operands in shared memory and O += P V for the previous tile with P straight from registers
 // (the accumulator layout of S is wgmma's register layout of A) and V read transposed from shared
 // memory, then runs the online softmax of S while the tensor cores work on P V. Masking and the tile
 // schedule are the mma.sync kernel's (flash_tile.cuh); the body is compiled for sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
 
+#include <type_traits>
+
 #include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
+#include "attention/cuda/tensor_map.h"
+#include "attention/cuda/tma.cuh"
 #include "attention/cuda/wgmma.cuh"
 #include "runtime/cuda_device.h"
 
@@ -27,6 +32,13 @@ template <int D>
 constexpr int kBlockNFor = D > 128 ? 64 : 128;
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
+
+// The TMA maps of k and v (tensor_map.h) that the kernel loads its K / V tiles by: boxes of a tile's keys
+// x 64 columns, 128-byte swizzled as the slabs. A kernel parameter of their own, so that the other kernels
+// taking CudaAttentionArgs keep their parameters.
+struct KvMaps {
+  CUtensorMap k, v;
+};
 
 template <typename T, int D, int kRows, bool kPadded>
 __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
@@ -51,7 +63,8 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // and drops probabilities (flash_wgmma_has_extras; always with kSegments, never after a carry writer).
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded>
-__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a,
+                                                                   const __grid_constant__ KvMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
@@ -107,8 +120,29 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   int first, last;
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   const int tiles = last - first + 1;  // <= 0: none
-  if (tiles > 0) load_slabs<T, D, kBlockN, kPadded>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, a.head_dim, tid);
-  copy_commit();
+  // A single call's K and V tiles come by TMA, started by one thread, each buffer's landing counted by its
+  // mbarrier: the per-thread copies cost this register-bound kernel 1.11-1.35x. The carry's instances keep
+  // them: with TMA they ended in launch failures in the carry tests (bench/RESULTS.md, not yet understood).
+  constexpr bool kTmaTiles = kMode == CarryMode::kDirect;
+  __shared__ alignas(8) uint64_t k_landed[2], v_landed[2];
+  uint32_t k_phases = 0, v_phases = 0;  // bit j: the parity of buffer j's next landing
+  constexpr uint32_t kTileBytes = uint32_t(kBlockN * D * sizeof(T));
+  auto load_tile = [&](T* buffer, const CUtensorMap* map, int tile, uint64_t* landed) {
+    tma::arrive_expect_bytes(landed, kTileBytes);
+#pragma unroll
+    for (int slab = 0; slab < D / 64; ++slab)
+      tma::load_4d(buffer + slab * kBlockN * 64, map, slab * 64, tile * kBlockN, kh, b, landed);
+  };
+  if constexpr (kTmaTiles) {
+    if (tid == 0) {
+      for (int j = 0; j < 2; ++j) tma::init_barrier(&k_landed[j], 1), tma::init_barrier(&v_landed[j], 1);
+      tma::fence_barrier_init();
+      if (tiles > 0) load_tile(k_smem, &maps.k, first, &k_landed[0]);
+    }
+  } else {
+    if (tiles > 0) load_slabs<T, D, kBlockN, kPadded>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, a.head_dim, tid);
+    copy_commit();
+  }
 
   // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
   const uint32_t q_rows = smem_address(q_smem) + group * 64 * kRowBytes;
@@ -117,14 +151,29 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     const int tile = first + i;
     copy_wait_all();
     wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();               // K_i and V_{i-1} visible to all; step i - 1's products are done
-    if (i + 1 < tiles)
-      load_slabs<T, D, kBlockN, kPadded>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN,
-                                         a.kv_len, a.head_dim, tid);
-    if (i < tiles)
-      load_slabs<T, D, kBlockN, kPadded>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len,
-                                         a.value_dim, tid);
-    copy_commit();
+    __syncthreads();               // step i - 1's products are done with the buffers loaded next
+    if constexpr (kTmaTiles) {
+      if (tid == 0) {
+        if (i + 1 < tiles) load_tile(k_smem + ((i + 1) % 2) * kBlockN * D, &maps.k, tile + 1, &k_landed[(i + 1) % 2]);
+        if (i < tiles) load_tile(v_smem + (i % 2) * kBlockN * D, &maps.v, tile, &v_landed[i % 2]);
+      }
+      if (i < tiles) {  // K_i
+        tma::wait_phase(&k_landed[i % 2], (k_phases >> (i % 2)) & 1u);
+        k_phases ^= 1u << (i % 2);
+      }
+      if (i > 0) {  // V_{i-1}
+        tma::wait_phase(&v_landed[(i - 1) % 2], (v_phases >> ((i - 1) % 2)) & 1u);
+        v_phases ^= 1u << ((i - 1) % 2);
+      }
+    } else {  // K_i and V_{i-1} are in (copy_wait_all, the barrier)
+      if (i + 1 < tiles)
+        load_slabs<T, D, kBlockN, kPadded>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN,
+                                           a.kv_len, a.head_dim, tid);
+      if (i < tiles)
+        load_slabs<T, D, kBlockN, kPadded>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len,
+                                           a.value_dim, tid);
+      copy_commit();
+    }
     // Read now, used by this step's softmax: the load lands while the tensor cores work.
     if (kSegments && a.kv_segment_ranges && i < tiles)
       tile_seg = segment_range(a.kv_segment_ranges, a.kv_len, b, tile * kBlockN, kBlockN);
@@ -274,7 +323,15 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   overlap.val.programmaticStreamSerializationAllowed = a.after_carry_writer && !extras ? 1 : 0;
   config.attrs = &overlap;
   config.numAttrs = 1;
-  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a));
+  KvMaps maps{};  // read by the single call's instances (kDirect) only
+  constexpr TileElement kElement = std::is_same_v<T, __nv_bfloat16> ? TileElement::kBF16 : TileElement::kF16;
+  const bool mapped =
+      !a.o_direct ||
+      (encode_row_tiles(maps.k, a.k, kElement, a.batch, a.kv_len, a.kv_heads, a.head_dim, kBlockNFor<D>, 64, 128) &&
+       encode_row_tiles(maps.v, a.v, kElement, a.batch, a.kv_len, a.kv_heads, a.value_dim, kBlockNFor<D>, 64, 128));
+  RA_CHECK(mapped, "the wgmma flash_attn2 kernel cannot describe k or v to the TMA unit (rows of 16-byte multiples at a "
+           "16-byte aligned address expected; k strides ", a.k.stride[0], ", ", a.k.stride[1], ", ", a.k.stride[2], ")");
+  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, maps));
 }
 
 }  // namespace
