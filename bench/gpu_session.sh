@@ -36,8 +36,9 @@
 # tests, then D = 192 / 256 with dQ by its own kernel, default and --deterministic, against the variants, and PyTorch's); `ring_sizes` (the GPU
 # ring's tests at 3 and 4 ranks, then `cudnn` steps on 2 GPUs at T = 131072 interleaved with PyTorch
 # context_parallel's cuDNN backward); `cudnn_streams_ab` (the ring's cudnn steps on
-# two streams: its tests, then the ring against the variants, one GPU's cudnn rows and context_parallel's); several as
-# a comma list. Logs go to $OUT.
+# two streams: its tests, then the ring against the variants, one GPU's cudnn rows and context_parallel's); `tma_ab` (GPU
+# tests, then the wgmma kernels with TMA tile loads, forward and backward, against the variants, and PyTorch's SDPA);
+# `share_rows` (one GPU's backward and the ring of 2's, no tests); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -895,4 +896,29 @@ if has cudnn_streams_ab; then  # issue 21: the ring backward's cudnn steps on a 
   done
   torchrun --nproc-per-node 2 bench/torch_context_parallel.py --seqs 131072 --backends cudnn --iters 3 2>&1 |
     tee -a "$out/context_parallel.txt" | grep "^context"
+fi
+if has tma_ab; then  # issues 20 / 21: the wgmma kernels' Q / dO (backward) and K / V (forward) tiles by TMA: GPU tests, then
+  # `bench --backward` (forward, backward rows) at H x D, T = 32768, this build against the variants, interleaved,
+  # then PyTorch's SDPA backward and forward on the same shapes
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  shapes=${shapes:-"32x128 64x64 16x256 16x192 32x96"}
+  tma_rows() {
+    local shape causal h d
+    for causal in "" "--causal"; do
+      for shape in $shapes; do
+        IFS=x read -r h d <<< "$shape"
+        echo -n "H=$h D=$d $causal: " | tee -a "$out/bench.txt"
+        bin=$1 heads=$h head_dim=$d bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 $causal | tr '\n' ' '
+        echo | tee -a "$out/bench.txt"
+      done
+    done
+  }
+  for_each_build tma_rows
+  python3 bench/torch_backward.py $shapes 2>&1 | tee "$out/torch_backward.txt"
+  python3 bench/torch_backward.py --forward $shapes 2>&1 | tee "$out/torch_forward.txt"
+fi
+if has share_rows; then  # issue 21: one GPU's backward and the ring of 2's at 8192 and 16384 tokens per GPU, no tests
+  variants=none for_each_build single_and_ring_rows
+  echo "# spans of this build" | tee -a "$out/bench.txt"
+  bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
 fi
