@@ -8,8 +8,6 @@
 // schedule are the mma.sync kernel's (flash_tile.cuh); the body is compiled for sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
 
-#include <type_traits>
-
 #include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
@@ -324,13 +322,10 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   config.attrs = &overlap;
   config.numAttrs = 1;
   KvMaps maps{};  // read by the single call's instances (kDirect) only
-  constexpr TileElement kElement = std::is_same_v<T, __nv_bfloat16> ? TileElement::kBF16 : TileElement::kF16;
-  const bool mapped =
-      !a.o_direct ||
-      (encode_row_tiles(maps.k, a.k, kElement, a.batch, a.kv_len, a.kv_heads, a.head_dim, kBlockNFor<D>, 64, 128) &&
-       encode_row_tiles(maps.v, a.v, kElement, a.batch, a.kv_len, a.kv_heads, a.value_dim, kBlockNFor<D>, 64, 128));
-  RA_CHECK(mapped, "the wgmma flash_attn2 kernel cannot describe k or v to the TMA unit (rows of 16-byte multiples at a "
-           "16-byte aligned address expected; k strides ", a.k.stride[0], ", ", a.k.stride[1], ", ", a.k.stride[2], ")");
+  if (a.o_direct) {
+    maps.k = row_tiles_of("k", a.k, tile_element_of<T>(), a.batch, a.kv_len, a.kv_heads, a.head_dim, kBlockNFor<D>, 64, 128);
+    maps.v = row_tiles_of("v", a.v, tile_element_of<T>(), a.batch, a.kv_len, a.kv_heads, a.value_dim, kBlockNFor<D>, 64, 128);
+  }
   RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, maps));
 }
 

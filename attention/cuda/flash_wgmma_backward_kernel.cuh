@@ -3,14 +3,11 @@
 // (flash_wgmma_backward_ordered.cu) compile as two translation units, in parallel.
 #pragma once
 
-#include <type_traits>
-
 #include "attention/cuda/flash_backward_rows.cuh"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/tensor_map.h"
 #include "attention/cuda/tma.cuh"
 #include "attention/cuda/wgmma.cuh"
-#include "runtime/error.h"
 
 namespace ra::wgmma_backward {
 
@@ -62,16 +59,12 @@ struct WgmmaBackwardTraits {
 template <typename T, typename Traits>
 FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
   using Slabs = typename Traits::DSlabs;
-  constexpr TileElement kElement = std::is_same_v<T, __nv_bfloat16> ? TileElement::kBF16 : TileElement::kF16;
   const CudaAttentionArgs& a = g.a;
   FlashBackwardArgs with = g;
-  const bool mapped = encode_row_tiles(with.q_map, a.q, kElement, a.batch, a.q_len, a.q_heads, a.head_dim, Traits::kBlockM,
-                                       Slabs::kCols, int(Slabs::kRowBytes)) &&
-                      encode_row_tiles(with.do_map, g.d_o, kElement, a.batch, a.q_len, a.q_heads, a.value_dim,
-                                       Traits::kBlockM, Slabs::kCols, int(Slabs::kRowBytes));
-  RA_CHECK(mapped, "the wgmma flash_attn2 backward cannot describe q or do to the TMA unit (rows of 16-byte multiples "
-           "at a 16-byte aligned address expected; q strides ", a.q.stride[0], ", ", a.q.stride[1], ", ", a.q.stride[2],
-           ", do strides ", g.d_o.stride[0], ", ", g.d_o.stride[1], ", ", g.d_o.stride[2], ")");
+  with.q_map = row_tiles_of("q", a.q, tile_element_of<T>(), a.batch, a.q_len, a.q_heads, a.head_dim, Traits::kBlockM,
+                            Slabs::kCols, int(Slabs::kRowBytes));
+  with.do_map = row_tiles_of("do", g.d_o, tile_element_of<T>(), a.batch, a.q_len, a.q_heads, a.value_dim,
+                             Traits::kBlockM, Slabs::kCols, int(Slabs::kRowBytes));
   return with;
 }
 

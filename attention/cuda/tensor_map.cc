@@ -53,4 +53,14 @@ bool encode_row_tiles(CUtensorMap& map, const DeviceView4& view, TileElement ele
   return true;
 }
 
+CUtensorMap row_tiles_of(const char* tensor, const DeviceView4& view, TileElement element, int64_t batch, int64_t rows,
+                         int64_t heads, int64_t cols, int box_rows, int box_cols, int swizzle_bytes) {
+  CUtensorMap map{};
+  RA_CHECK(encode_row_tiles(map, view, element, batch, rows, heads, cols, box_rows, box_cols, swizzle_bytes),
+           "the wgmma flash_attn2 kernels cannot describe ", tensor, " to the TMA unit (rows of 16-byte multiples at a "
+           "16-byte aligned address expected; ", tensor, " strides ", view.stride[0], ", ", view.stride[1], ", ",
+           view.stride[2], ", ", view.stride[3], ")");
+  return map;
+}
+
 }  // namespace ra

@@ -32,6 +32,9 @@ TEST(TensorMap, MapsWhatTmaCanAddressAndRefusesTheRest) {
   DeviceView4 strided_columns = view;
   strided_columns.stride[3] = 2;
   EXPECT_FALSE(encode_row_tiles(map, strided_columns, TileElement::kBF16, B, T, H, D, 64, 64, 128));
+  // The kernels' launchers take the throwing form, which names the tensor.
+  EXPECT_NO_THROW(row_tiles_of("q", view, TileElement::kBF16, B, T, H, D, 64, 64, 128));
+  EXPECT_THROW(row_tiles_of("do", rows_off, TileElement::kBF16, B, T, H, D, 64, 64, 128), Error);
 
   // A box whose row of columns is not one swizzle row is a caller's mistake: refused loudly.
   EXPECT_THROW(encode_row_tiles(map, view, TileElement::kBF16, B, T, H, D, 64, 32, 128), Error);
