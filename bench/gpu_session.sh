@@ -1,6 +1,6 @@
 #!/bin/bash
 # What one device-machine call runs (see ../shared/device/README.md), from the repository root, after
-# `bash .device/on-device.sh`. Stages: `check` (GPU unit tests, ring on 2 GPUs, CLI round trip) and
+# `bash .device/on-device.sh`. Stages: `check` (the build's SASS checked for wgmma a warp may issue diverged, GPU unit tests, ring on 2 GPUs, CLI round trip) and
 # `bench` (the tables of bench/RESULTS.md), `ring`, `cudnn`, `faults`, `ctas` (the ring at 8192 tokens
 # per GPU under NCCL's CTA counts and chunk sizes), `kernels` (the mma.sync and wgmma flash kernels side by side),
 # `causal` (the causal rows only), `priority` (the ring with its NCCL stream at high and at default
@@ -38,7 +38,8 @@
 # context_parallel's cuDNN backward); `cudnn_streams_ab` (the ring's cudnn steps on
 # two streams: its tests, then the ring against the variants, one GPU's cudnn rows and context_parallel's); `tma_ab` (GPU
 # tests, then the wgmma kernels with TMA tile loads, forward and backward, against the variants, and PyTorch's SDPA);
-# `share_rows` (one GPU's backward and the ring of 2's, no tests); several as a comma list. Logs go to $OUT.
+# `share_rows` (one GPU's backward and the ring of 2's, no tests); `carry_tma_ab` (GPU tests, then the ring of 2's
+# forward and backward, its steps' forward by TMA, against the variants, and one GPU's rows); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -50,6 +51,9 @@ bin=$build/bin/ringattn
 has() { [[ ",$stage," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | head -n "$gpus"
 if has check; then
+  # wgmma a warp may issue diverged (an illegal instruction at run time) in the build's SASS
+  python3 bench/check_wgmma_convergence.py $(ls $build/lib/libra_core.so $build/attention/libra_attention.a 2>/dev/null | head -n 1) |
+    tee "$out/wgmma_convergence.txt" | tail -n 3
   $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 25
   for n in 2 $( [ "$gpus" -ge 4 ] && echo 4 ); do
     mpirun -np $n $build/tests/ring_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_cuda_$n.log" | tail -n 15
@@ -825,7 +829,8 @@ if has head_dims_backward; then  # issue 20: the wgmma backward's instances of 9
 fi
 if has dq_apart_ab; then  # issue 20: dQ by a query-block kernel of its own at D = 192 / 256: GPU tests, then the
   # backward there, default and --deterministic, this build against the variants, interleaved, then PyTorch's SDPA
-  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  # (no_tests=1: the rows only, after a call that tested this build)
+  [ -n "${no_tests:-}" ] || $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
   shapes=${shapes:-"16x192 16x256"}
   apart_rows() {
     local shape flags h d
@@ -899,8 +904,8 @@ if has cudnn_streams_ab; then  # issue 21: the ring backward's cudnn steps on a 
 fi
 if has tma_ab; then  # issues 20 / 21: the wgmma kernels' Q / dO (backward) and K / V (forward) tiles by TMA: GPU tests, then
   # `bench --backward` (forward, backward rows) at H x D, T = 32768, this build against the variants, interleaved,
-  # then PyTorch's SDPA backward and forward on the same shapes
-  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  # then PyTorch's SDPA backward and forward on the same shapes (no_tests=1: no tests; no_torch_forward=1: its backward only)
+  [ -n "${no_tests:-}" ] || $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
   shapes=${shapes:-"32x128 64x64 16x256 16x192 32x96"}
   tma_rows() {
     local shape causal h d
@@ -915,10 +920,30 @@ if has tma_ab; then  # issues 20 / 21: the wgmma kernels' Q / dO (backward) and 
   }
   for_each_build tma_rows
   python3 bench/torch_backward.py $shapes 2>&1 | tee "$out/torch_backward.txt"
-  python3 bench/torch_backward.py --forward $shapes 2>&1 | tee "$out/torch_forward.txt"
+  [ -n "${no_torch_forward:-}" ] || python3 bench/torch_backward.py --forward $shapes 2>&1 | tee "$out/torch_forward.txt"
 fi
 if has share_rows; then  # issue 21: one GPU's backward and the ring of 2's at 8192 and 16384 tokens per GPU, no tests
   variants=none for_each_build single_and_ring_rows
   echo "# spans of this build" | tee -a "$out/bench.txt"
   bench 2 --backward --impl ring --local-impl flash_attn2 --seq 16384 --iters 10 --causal --layout zigzag --step-times
+fi
+if has carry_tma_ab; then  # issue 21: the forward's carry instances (the ring's steps) load K / V by TMA: GPU tests (the
+  # ring over both transports on 2 GPUs), then the ring of 2's forward and backward rows, this build against the
+  # variants, interleaved, then one GPU's rows at the same global T (no_tests=1: no tests)
+  if [ -z "${no_tests:-}" ]; then
+    $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+    ring_tests_both_transports
+  fi
+  carry_rows() {
+    local t causal
+    for t in ${ring_seqs:-16384 32768 131072}; do
+      for causal in "" "--causal --layout zigzag"; do
+        bin=$1 bench 2 --backward --impl ring --local-impl flash_attn2 --seq $t --iters 6 $causal
+      done
+    done
+  }
+  for_each_build carry_rows
+  for t in ${ring_seqs:-16384 32768 131072}; do
+    for causal in "" "--causal"; do bench 1 --backward --impl flash_attn2 --seq $t --iters 6 $causal; done
+  done
 fi

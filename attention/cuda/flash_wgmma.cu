@@ -1,11 +1,11 @@
 // FlashAttention forward on Hopper's warpgroup MMA. A block of two warpgroups owns 128 query rows of
 // one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys (64 at head_dim 256, for shared
-// memory) stream through double-buffered shared memory (a single call's by TMA, the carry's by cp.async). Per tile each
-// warpgroup issues S = Q K^T as wgmma with
-// both operands in shared memory and O += P V for the previous tile with P straight from registers
-// (the accumulator layout of S is wgmma's register layout of A) and V read transposed from shared
-// memory, then runs the online softmax of S while the tensor cores work on P V. Masking and the tile
-// schedule are the mma.sync kernel's (flash_tile.cuh); the body is compiled for sm_90a only.
+// memory) stream through double-buffered shared memory, loaded by TMA. Per tile each warpgroup issues
+// S = Q K^T as wgmma with both operands in shared memory and O += P V for the previous tile with P
+// straight from registers (the accumulator layout of S is wgmma's register layout of A) and V read
+// transposed from shared memory, then runs the online softmax of S while the tensor cores work on P V.
+// Masking and the tile schedule are the mma.sync kernel's (flash_tile.cuh); the body is compiled for
+// sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
 
 #include "attention/cuda/dispatch.cuh"
@@ -30,13 +30,6 @@ template <int D>
 constexpr int kBlockNFor = D > 128 ? 64 : 128;
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
-
-// The TMA maps of k and v (tensor_map.h) that the kernel loads its K / V tiles by: boxes of a tile's keys
-// x 64 columns, 128-byte swizzled as the slabs. A kernel parameter of their own, so that the other kernels
-// taking CudaAttentionArgs keep their parameters.
-struct KvMaps {
-  CUtensorMap k, v;
-};
 
 template <typename T, int D, int kRows, bool kPadded>
 __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b, int head, int row0, int rows_total,
@@ -118,60 +111,33 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   int first, last;
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   const int tiles = last - first + 1;  // <= 0: none
-  // A single call's K and V tiles come by TMA, started by one thread, each buffer's landing counted by its
-  // mbarrier: the per-thread copies cost this register-bound kernel 1.11-1.35x. The carry's instances keep
-  // them: with TMA they ended in launch failures in the carry tests (bench/RESULTS.md, not yet understood).
-  constexpr bool kTmaTiles = kMode == CarryMode::kDirect;
+  // K and V tiles come by TMA, started by one thread, each buffer's landing counted by its mbarrier: the
+  // per-thread copies cost this register-bound kernel 1.11-1.35x.
   __shared__ alignas(8) uint64_t k_landed[2], v_landed[2];
-  uint32_t k_phases = 0, v_phases = 0;  // bit j: the parity of buffer j's next landing
-  constexpr uint32_t kTileBytes = uint32_t(kBlockN * D * sizeof(T));
+  tma::Landings k_in{k_landed}, v_in{v_landed};
   auto load_tile = [&](T* buffer, const CUtensorMap* map, int tile, uint64_t* landed) {
-    tma::arrive_expect_bytes(landed, kTileBytes);
-#pragma unroll
-    for (int slab = 0; slab < D / 64; ++slab)
-      tma::load_4d(buffer + slab * kBlockN * 64, map, slab * 64, tile * kBlockN, kh, b, landed);
+    tma::load_row_tile<kBlockN, D>(buffer, map, tile * kBlockN, kh, b, landed);
   };
-  if constexpr (kTmaTiles) {
-    if (tid == 0) {
-      for (int j = 0; j < 2; ++j) tma::init_barrier(&k_landed[j], 1), tma::init_barrier(&v_landed[j], 1);
-      tma::fence_barrier_init();
-      if (tiles > 0) load_tile(k_smem, &maps.k, first, &k_landed[0]);
-    }
-  } else {
-    if (tiles > 0) load_slabs<T, D, kBlockN, kPadded>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, a.head_dim, tid);
-    copy_commit();
-  }
+  wgmma::by_thread_zero(tid, [&] {
+    for (int j = 0; j < 2; ++j) tma::init_barrier(&k_landed[j], 1), tma::init_barrier(&v_landed[j], 1);
+    tma::fence_barrier_init();
+    if (tiles > 0) load_tile(k_smem, &maps.k, first, &k_landed[0]);
+  });
 
   // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
   const uint32_t q_rows = smem_address(q_smem) + group * 64 * kRowBytes;
   // Step i: wait for K_i and V_{i-1}, start loading K_{i+1} and V_i into the other buffers.
   auto begin_step = [&](int i) {
     const int tile = first + i;
-    copy_wait_all();
-    wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    copy_wait_all();               // Q (step 0)
+    wgmma::fence_shared_writes();  // cp.async wrote Q through the generic proxy; wgmma reads through the async one
     __syncthreads();               // step i - 1's products are done with the buffers loaded next
-    if constexpr (kTmaTiles) {
-      if (tid == 0) {
-        if (i + 1 < tiles) load_tile(k_smem + ((i + 1) % 2) * kBlockN * D, &maps.k, tile + 1, &k_landed[(i + 1) % 2]);
-        if (i < tiles) load_tile(v_smem + (i % 2) * kBlockN * D, &maps.v, tile, &v_landed[i % 2]);
-      }
-      if (i < tiles) {  // K_i
-        tma::wait_phase(&k_landed[i % 2], (k_phases >> (i % 2)) & 1u);
-        k_phases ^= 1u << (i % 2);
-      }
-      if (i > 0) {  // V_{i-1}
-        tma::wait_phase(&v_landed[(i - 1) % 2], (v_phases >> ((i - 1) % 2)) & 1u);
-        v_phases ^= 1u << ((i - 1) % 2);
-      }
-    } else {  // K_i and V_{i-1} are in (copy_wait_all, the barrier)
-      if (i + 1 < tiles)
-        load_slabs<T, D, kBlockN, kPadded>(k_smem + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN,
-                                           a.kv_len, a.head_dim, tid);
-      if (i < tiles)
-        load_slabs<T, D, kBlockN, kPadded>(v_smem + (i % 2) * kBlockN * D, a.v, b, kh, tile * kBlockN, a.kv_len,
-                                           a.value_dim, tid);
-      copy_commit();
+    if (tid == 0) {  // (a plain branch per step: see wgmma::by_thread_zero)
+      if (i + 1 < tiles) load_tile(k_smem + ((i + 1) % 2) * kBlockN * D, &maps.k, tile + 1, &k_landed[(i + 1) % 2]);
+      if (i < tiles) load_tile(v_smem + (i % 2) * kBlockN * D, &maps.v, tile, &v_landed[i % 2]);
     }
+    if (i < tiles) k_in.wait(i % 2);    // K_i
+    if (i > 0) v_in.wait((i - 1) % 2);  // V_{i-1}
     // Read now, used by this step's softmax: the load lands while the tensor cores work.
     if (kSegments && a.kv_segment_ranges && i < tiles)
       tile_seg = segment_range(a.kv_segment_ranges, a.kv_len, b, tile * kBlockN, kBlockN);
@@ -321,12 +287,7 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   overlap.val.programmaticStreamSerializationAllowed = a.after_carry_writer && !extras ? 1 : 0;
   config.attrs = &overlap;
   config.numAttrs = 1;
-  KvMaps maps{};  // read by the single call's instances (kDirect) only
-  if (a.o_direct) {
-    maps.k = row_tiles_of("k", a.k, tile_element_of<T>(), a.batch, a.kv_len, a.kv_heads, a.head_dim, kBlockNFor<D>, 64, 128);
-    maps.v = row_tiles_of("v", a.v, tile_element_of<T>(), a.batch, a.kv_len, a.kv_heads, a.value_dim, kBlockNFor<D>, 64, 128);
-  }
-  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, maps));
+  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, key_tiles_of<T>(a, kBlockNFor<D>)));
 }
 
 }  // namespace

@@ -132,14 +132,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   // A step's Q and dO come by TMA (g.q_map, g.do_map: with_step_maps), started by one thread, each buffer's
   // landing counted by its mbarrier: per-thread copies cost this register-bound kernel 1.08-1.16x (the lab).
   __shared__ alignas(8) uint64_t step_landed[2];
-  uint32_t step_phases = 0;  // bit i: the parity of buffer i's next landing
-  if (tid == 0) {
+  tma::Landings step_in{step_landed};
+  wgmma::by_thread_zero(tid, [&] {
     tma::init_barrier(&step_landed[0], 1);
     tma::init_barrier(&step_landed[1], 1);
     tma::fence_barrier_init();
-  }
+  });
   auto load_step = [&](int buffer, int h, int m0) {
-    if (tid == 0) {
+    if (tid == 0) {  // (a plain branch per step: see wgmma::by_thread_zero)
       tma::arrive_expect_bytes(&step_landed[buffer], uint32_t(2 * kBlockM * D * sizeof(T)));
 #pragma unroll
       for (int slab = 0; slab < D / DSlabs::kCols; ++slab) {
@@ -200,8 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     copy_wait_all();
     wgmma::fence_shared_writes();  // cp.async (K, V) wrote through the generic proxy; wgmma reads through the async one
     __syncthreads();  // this step's tiles and stats are in; the last step's products are done with the other buffers and dS^T
-    tma::wait_phase(&step_landed[buffer], (step_phases >> buffer) & 1u);  // this step's Q and dO
-    step_phases ^= 1u << buffer;
+    step_in.wait(buffer);  // this step's Q and dO
     if constexpr (kOrdered) {  // the last step's dQ adds are all issued: its turn passes on
       if (tid == 0 && passed.counter) pass_dq_turn(passed);
     }

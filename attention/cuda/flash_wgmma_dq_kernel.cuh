@@ -5,13 +5,15 @@
 // from LSE in registers and adds dS K into dQ held in registers (dS as the A operand straight from them, K
 // read MN-major, as the forward's P V). Three products instead of the key-block kernel's one for dQ, but
 // one add per element per call instead of one per key block. The key-block kernel runs beside it with
-// kDqApart (dK and dV only).
+// kDqApart (dK and dV only). K and V tiles come by TMA, as the forward's.
 #pragma once
 
 #include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_backward_rows.cuh"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
+#include "attention/cuda/tensor_map.h"
+#include "attention/cuda/tma.cuh"
 #include "attention/cuda/wgmma.cuh"
 #include "runtime/cuda_device.h"
 
@@ -54,7 +56,8 @@ __device__ __forceinline__ void rows_by_keys(float (&out)[8][4], uint32_t rows, 
 // Expects head_dim == value_dim == D, positions-only options (causal, window; no segment ids, soft cap,
 // bias, mask or dropout). Adds dQ (times the scale) into g.dq, one atomic add per element.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const FlashBackwardArgs g) {
+__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const FlashBackwardArgs g,
+                                                                      const __grid_constant__ KvMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = DqKernelTraits<D>;
   const CudaAttentionArgs& a = g.a;
@@ -70,7 +73,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const Flash
   const int m_block = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int m0 = m_block * kBlockM, h = blockIdx.y, b = blockIdx.z, kh = h / (a.q_heads / a.kv_heads);
   auto query_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockM>(r, c); };
-  auto key_slabs = [](int r, int c) { return wgmma::slab_offset<kBlockN>(r, c); };
   load_rows<T, D, kBlockM, kThreads, false>(q_s, a.q, b, h, m0, a.q_len, a.head_dim, tid, query_slabs);
   load_rows<T, D, kBlockM, kThreads, false>(do_s, g.d_o, b, h, m0, a.q_len, a.value_dim, tid, query_slabs);
   copy_commit();
@@ -105,11 +107,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const Flash
   const int tiles = last - first + 1;  // <= 0: none (dQ adds nothing)
   // (Loops written out rather than in lambdas, and no early return: written so, the D = 256 instance spilled
   // more and ran 1.24x slower in the kernel lab.)
-  if (tiles > 0) {
-    load_rows<T, D, kBlockN, kThreads, false>(k_s, a.k, b, kh, first * kBlockN, a.kv_len, a.head_dim, tid, key_slabs);
-    load_rows<T, D, kBlockN, kThreads, false>(v_s, a.v, b, kh, first * kBlockN, a.kv_len, a.value_dim, tid, key_slabs);
-  }
-  copy_commit();
+  // K and V tiles by TMA, started by one thread, each buffer's landing counted by its mbarrier.
+  __shared__ alignas(8) uint64_t k_landed[2], v_landed[2];
+  tma::Landings k_in{k_landed}, v_in{v_landed};
+  wgmma::by_thread_zero(tid, [&] {
+    for (int j = 0; j < 2; ++j) tma::init_barrier(&k_landed[j], 1), tma::init_barrier(&v_landed[j], 1);
+    tma::fence_barrier_init();
+    if (tiles > 0) {
+      tma::load_row_tile<kBlockN, D>(k_s, &maps.k, first * kBlockN, kh, b, &k_landed[0]);
+      tma::load_row_tile<kBlockN, D>(v_s, &maps.v, first * kBlockN, kh, b, &v_landed[0]);
+    }
+  });
 
   float dq_low[Traits::kTilesLow][4], dq_high[Traits::kTilesHigh][4];
 #pragma unroll
@@ -120,19 +128,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const Flash
   const uint32_t q_rows = smem_address(q_s) + group * 64 * kRowBytes;  // this warpgroup's 64 rows
   const uint32_t do_rows = smem_address(do_s) + group * 64 * kRowBytes;
 
+  copy_wait_all();
+  wgmma::fence_shared_writes();  // cp.async wrote Q and dO through the generic proxy; wgmma reads through the async one
   for (int i = 0; i < tiles; ++i) {
     const int tile = first + i;
-    copy_wait_all();
-    wgmma::fence_shared_writes();  // cp.async wrote through the generic proxy; wgmma reads through the async one
-    __syncthreads();               // K_i and V_i are in; step i - 1's products are done with the other buffers
-    if (i + 1 < tiles) {
-      load_rows<T, D, kBlockN, kThreads, false>(k_s + ((i + 1) % 2) * kBlockN * D, a.k, b, kh, (tile + 1) * kBlockN,
-                                                a.kv_len, a.head_dim, tid, key_slabs);
+    __syncthreads();  // (Q and dO are in;) step i - 1's products are done with the other buffers
+    if (tid == 0 && i + 1 < tiles) {  // (a plain branch per step: see wgmma::by_thread_zero)
+      tma::load_row_tile<kBlockN, D>(k_s + ((i + 1) % 2) * kBlockN * D, &maps.k, (tile + 1) * kBlockN, kh, b,
+                                     &k_landed[(i + 1) % 2]);
       if constexpr (!Traits::kOneVBuffer)
-        load_rows<T, D, kBlockN, kThreads, false>(v_s + ((i + 1) % 2) * kBlockN * D, a.v, b, kh, (tile + 1) * kBlockN,
-                                                  a.kv_len, a.value_dim, tid, key_slabs);
+        tma::load_row_tile<kBlockN, D>(v_s + ((i + 1) % 2) * kBlockN * D, &maps.v, (tile + 1) * kBlockN, kh, b,
+                                       &v_landed[(i + 1) % 2]);
     }
-    copy_commit();
+    k_in.wait(i % 2);                            // K_i
+    v_in.wait(Traits::kOneVBuffer ? 0 : i % 2);  // V_i
     const uint32_t k_tile = smem_address(k_s + (i % 2) * kBlockN * D);
     const uint32_t v_tile = smem_address(v_s + (Traits::kOneVBuffer ? 0 : i % 2) * kBlockN * D);
     float s[8][4], dp[8][4];
@@ -166,10 +175,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const Flash
     wgmma::pin(dp);
     if constexpr (Traits::kOneVBuffer) {
       __syncthreads();  // both warpgroups are done with V_i: its buffer takes V_{i+1}
-      if (i + 1 < tiles)
-        load_rows<T, D, kBlockN, kThreads, false>(v_s, a.v, b, kh, (tile + 1) * kBlockN, a.kv_len, a.value_dim, tid,
-                                                  key_slabs);
-      copy_commit();
+      if (tid == 0 && i + 1 < tiles)
+        tma::load_row_tile<kBlockN, D>(v_s, &maps.v, (tile + 1) * kBlockN, kh, b, &v_landed[0]);
     }
     uint32_t ds[kBlockN / 16][4];
 #pragma unroll
@@ -192,7 +199,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const Flash
     wgmma::pin(dq_high);
     wgmma::pin(ds);
   }
-  copy_wait_all();
   // dQ times the scale into the accumulator, by 8-byte atomics: the only add to these rows in this call, but
   // another call on another stream may add there (the ring's). add_dq_rows' 16-byte form ran 4% slower here.
 #pragma unroll
@@ -227,7 +233,7 @@ void launch_flash_wgmma_dq(const FlashBackwardArgs& g, cudaStream_t stream) {
     RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
     const dim3 grid(unsigned((g.a.q_len + wgmma_dq::kBlockM - 1) / wgmma_dq::kBlockM), unsigned(g.a.q_heads),
                     unsigned(g.a.batch));
-    kernel<<<grid, wgmma_dq::kThreads, Traits::kSmemBytes, stream>>>(g);
+    kernel<<<grid, wgmma_dq::kThreads, Traits::kSmemBytes, stream>>>(g, key_tiles_of<T>(g.a, wgmma_dq::kBlockN));
     RA_CUDA_CHECK(cudaGetLastError());
   });
 }

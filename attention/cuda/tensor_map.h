@@ -32,4 +32,16 @@ bool encode_row_tiles(CUtensorMap& map, const DeviceView4& view, TileElement ele
 CUtensorMap row_tiles_of(const char* tensor, const DeviceView4& view, TileElement element, int64_t batch, int64_t rows,
                          int64_t heads, int64_t cols, int box_rows, int box_cols, int swizzle_bytes);
 
+// The maps of a call's k and v that a kernel loads its key tiles by: boxes of box_rows keys x 64 columns,
+// 128-byte swizzled as wgmma's slabs. A kernel parameter of their own (`const __grid_constant__`: TMA reads
+// a map in parameter space) beside the kernel's arguments, which other kernels share.
+struct KvMaps {
+  CUtensorMap k, v;
+};
+template <typename T>
+KvMaps key_tiles_of(const CudaAttentionArgs& a, int box_rows) {
+  return {row_tiles_of("k", a.k, tile_element_of<T>(), a.batch, a.kv_len, a.kv_heads, a.head_dim, box_rows, 64, 128),
+          row_tiles_of("v", a.v, tile_element_of<T>(), a.batch, a.kv_len, a.kv_heads, a.value_dim, box_rows, 64, 128)};
+}
+
 }  // namespace ra

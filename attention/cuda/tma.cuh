@@ -47,4 +47,24 @@ __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, int c
       : "memory");
 }
 
+// A tile of kRows rows x D columns (from row0, of one head and batch of `map`) into shared memory at dst as
+// D / 64 slabs of kRows x 64 (the 128-byte swizzle's layout), one box a slab, its bytes expected on bar.
+template <int kRows, int D, typename T>
+__device__ __forceinline__ void load_row_tile(T* dst, const CUtensorMap* map, int row0, int head, int batch, uint64_t* bar) {
+  arrive_expect_bytes(bar, uint32_t(kRows * D * sizeof(T)));
+#pragma unroll
+  for (int slab = 0; slab < D / 64; ++slab) load_4d(dst + slab * kRows * 64, map, slab * 64, row0, head, batch, bar);
+}
+
+// The landings of up to 32 buffers, each counted by its mbarrier (landed[j]): wait(j) waits for buffer j's
+// next one. Each thread keeps the parities it waits for (bit j: buffer j's next).
+struct Landings {
+  uint64_t* landed;
+  uint32_t parities = 0;
+  __device__ __forceinline__ void wait(int j) {
+    wait_phase(&landed[j], (parities >> j) & 1u);
+    parities ^= 1u << j;
+  }
+};
+
 }  // namespace ra::tma

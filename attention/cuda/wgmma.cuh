@@ -74,6 +74,18 @@ __device__ __forceinline__ void wait() {
 // Shared memory written through the generic proxy (cp.async, st.shared) made visible to wgmma.
 __device__ __forceinline__ void fence_shared_writes() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// `work` (initialising mbarriers, starting the first TMA copies) by thread 0 alone, then its warp
+// reconverged. Without the explicit reconvergence ptxas may keep thread 0 apart from the rest of warp 0
+// until the kernel's end, and wgmma, which a warp must issue converged, then stops the kernel with an
+// illegal instruction: the forward's carry instances did (bench/RESULTS.md). Thread 0's work inside a step
+// stays a plain branch, which ptxas reconverges where it ends: the extra warp barrier cost the forward
+// 3-5% at D = 192 / 256. bench/check_wgmma_convergence.py checks a build for wgmma a warp may issue diverged.
+template <typename Work>
+__device__ __forceinline__ void by_thread_zero(int tid, Work&& work) {
+  if (tid == 0) work();
+  __syncwarp();
+}
+
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma wait or fence, and
 // keeps A registers alive (not reused) until the wgmma reading them has been waited for.
 template <int NT>
