@@ -1,0 +1,110 @@
+"""bench/check_wgmma_convergence.py on SASS excerpts shaped as cuobjdump prints them (no GPU, no cuobjdump):
+the forward's carry instance that failed (thread 0's block reconverging only at the kernel's end) is named,
+and the forms the committed kernels use are not (reconverged blocks, an mbarrier's retry branch, a branch on
+a kernel parameter)."""
+import importlib.util
+import pathlib
+
+spec = importlib.util.spec_from_file_location(
+    "check_wgmma_convergence", pathlib.Path(__file__).resolve().parents[2] / "bench" / "check_wgmma_convergence.py")
+checker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(checker)
+
+
+def listing(name, body):
+    """A cuobjdump -sass function of `body`'s instructions, one per line, at addresses 0x10 apart."""
+    lines = [f"\t\tFunction : {name}"]
+    for i, text in enumerate(body.strip().splitlines()):
+        lines.append(f"        /*{16 * i:04x}*/                   {text.strip()} ;  /* 0x0000000000007945 */")
+        lines.append("                                                 /* 0x000fe20003800000 */")
+    return "\n".join(lines)
+
+
+def diverged(body):
+    [(_, instructions)] = checker.kernels(listing("kernel", body))
+    return checker.diverged_wgmma(instructions)
+
+
+# Thread 0 initialises the mbarriers and starts the first load; its bracket closes after the last wgmma
+# (addresses: BSSY at 0x10 names 0x90, the BSYNC).
+THREAD_ZERO_APART = """
+S2R R10, SR_TID.X
+BSSY B0, 0x90
+ISETP.NE.AND P0, PT, R10, RZ, PT
+@P0 BRA 0x60
+SYNCS.EXCH.64 URZ, [UR9], UR10
+UTMALDG.4D [UR8], [UR18]
+BAR.SYNC.DEFER_BLOCKING 0x0
+WARPGROUP.ARRIVE
+HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT
+BSYNC B0
+EXIT
+"""
+
+# The same block reconverged where it ends (BSSY at 0x10 names 0x60).
+THREAD_ZERO_RECONVERGED = """
+S2R R10, SR_TID.X
+BSSY B0, 0x60
+ISETP.NE.AND P0, PT, R10, RZ, PT
+@P0 BRA 0x60
+SYNCS.EXCH.64 URZ, [UR9], UR10
+UTMALDG.4D [UR8], [UR18]
+BSYNC B0
+WARPSYNC.ALL
+BAR.SYNC.DEFER_BLOCKING 0x0
+WARPGROUP.ARRIVE
+HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT
+EXIT
+"""
+
+# A step's wait on its mbarrier, the retry out of line, inside the bracket of the step loop.
+PHASE_WAIT = """
+S2R R10, SR_TID.X
+BSSY B0, 0x90
+LEA R17, R10, UR8, 0x3
+SHF.L.U32 R12, R12, 0x1f, RZ
+SYNCS.PHASECHK.TRANS64.TRYWAIT P2, [R17+URZ], R12
+@!P2 BRA 0xa0
+WARPGROUP.ARRIVE
+HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT
+WARPGROUP.DEPBAR.LE gsb0, 0x0
+BSYNC B0
+EXIT
+"""
+
+# A branch on a kernel parameter (the soft cap's `> 0`), alike for every thread.
+PARAMETER_BRANCH = """
+S2R R10, SR_TID.X
+LDC R16, c[0x0][0x418]
+BSSY B0, 0x90
+FSETP.GT.AND P2, PT, R16, RZ, PT
+@!P2 BRA 0x60
+MUFU.RCP R248, R16
+WARPGROUP.ARRIVE
+HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT
+WARPGROUP.DEPBAR.LE gsb0, 0x0
+BSYNC B0
+EXIT
+"""
+
+
+def test_names_thread_zero_kept_apart_until_after_wgmma():
+    assert diverged(THREAD_ZERO_APART) == [(0x30, 0x90, 1)]
+
+
+def test_passes_a_block_reconverged_before_wgmma():
+    assert diverged(THREAD_ZERO_RECONVERGED) == []
+
+
+def test_passes_an_mbarrier_wait_and_a_parameter_branch():
+    assert diverged(PHASE_WAIT) == []
+    assert diverged(PARAMETER_BRANCH) == []
+
+
+def test_a_register_overwritten_from_a_constant_is_alike_again():
+    # R10 held the thread's index, then a parameter: the branch on it is alike for the warp.
+    body = PARAMETER_BRANCH.replace("LDC R16, c[0x0][0x418]", "LDC R10, c[0x0][0x418]").replace("R16, RZ", "R10, RZ")
+    assert diverged(body) == []
+    # Left derived from the thread's index, it is not.
+    body = PARAMETER_BRANCH.replace("R16, RZ, PT", "R10, RZ, PT")
+    assert diverged(body) == [(0x40, 0x90, 1)]
