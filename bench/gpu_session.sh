@@ -88,6 +88,24 @@ ring_tests_both_transports() {  # the GPU ring's forward and backward tests on 2
     done
   done
 }
+unit_tests() {  # cuda_attention_test, unless no_tests=1 (a call after one that tested this build)
+  [ -n "${no_tests:-}" ] || $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+}
+# One GPU's `bench --backward` (forward and backward rows) with binary $1 at T = 32768 for each shape of $shapes
+# (H x D, or H x D x Dv), under each flag set after $1: a line per row.
+rows_by_shape() {
+  local rows_bin=$1 flags shape h d dv
+  shift
+  for flags in "$@"; do
+    for shape in $shapes; do
+      IFS=x read -r h d dv <<< "$shape"
+      echo -n "H=$h D=$d ${dv:+Dv=$dv }$flags: " | tee -a "$out/bench.txt"
+      bin=$rows_bin heads=$h head_dim=$d bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 ${dv:+--v-head-dim $dv} \
+        $flags | tr '\n' ' '
+      echo | tee -a "$out/bench.txt"
+    done
+  done
+}
 # Calls the function $1 with this build's ringattn and then each variant (build/variants/ringattn_*, or
 # the ones matching $variants; unpacked from variants.tar.xz when it came along), $rounds rounds (2), each run
 # under a header line: the builds interleave, so drift between them shows as a difference of rounds.
@@ -810,19 +828,9 @@ fi
 if has head_dims_backward; then  # issue 20: the wgmma backward's instances of 96 and 192 columns: GPU tests, then the
   # backward at FlashAttention-2's head dims (H x D x Dv, T = 32768), this build against the variants (a variant script
   # may run another pack's ringattn), interleaved, then PyTorch's SDPA backward on the same shapes
-  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  unit_tests
   shapes=${shapes:-"32x96x96 32x80x80 16x160x160 16x192x192 16x192x128 32x128x128"}
-  head_dim_rows() {
-    local shape causal h d dv
-    for causal in "" "--causal"; do
-      for shape in $shapes; do
-        IFS=x read -r h d dv <<< "$shape"
-        echo -n "H=$h D=$d Dv=$dv $causal: " | tee -a "$out/bench.txt"
-        bin=$1 heads=$h head_dim=$d bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 --v-head-dim $dv $causal |
-          tr '\n' ' '; echo | tee -a "$out/bench.txt"
-      done
-    done
-  }
+  head_dim_rows() { rows_by_shape "$1" "" "--causal"; }
   rounds=${rounds:-1} for_each_build head_dim_rows
   python3 bench/torch_backward.py $(for s in $shapes; do IFS=x read -r h d dv <<< "$s"; [ $d = $dv ] && echo ${h}x$d || echo $s; done) 2>&1 |
     tee "$out/torch_backward.txt"
@@ -830,19 +838,9 @@ fi
 if has dq_apart_ab; then  # issue 20: dQ by a query-block kernel of its own at D = 192 / 256: GPU tests, then the
   # backward there, default and --deterministic, this build against the variants, interleaved, then PyTorch's SDPA
   # (no_tests=1: the rows only, after a call that tested this build)
-  [ -n "${no_tests:-}" ] || $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  unit_tests
   shapes=${shapes:-"16x192 16x256"}
-  apart_rows() {
-    local shape flags h d
-    for flags in "" "--causal" "--deterministic" "--deterministic --causal"; do
-      for shape in $shapes; do
-        IFS=x read -r h d <<< "$shape"
-        echo -n "H=$h D=$d $flags: " | tee -a "$out/bench.txt"
-        bin=$1 heads=$h head_dim=$d bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 $flags | tr '\n' ' '
-        echo | tee -a "$out/bench.txt"
-      done
-    done
-  }
+  apart_rows() { rows_by_shape "$1" "" "--causal" "--deterministic" "--deterministic --causal"; }
   for_each_build apart_rows
   python3 bench/torch_backward.py $shapes 2>&1 | tee "$out/torch_backward.txt"
 fi
@@ -905,19 +903,9 @@ fi
 if has tma_ab; then  # issues 20 / 21: the wgmma kernels' Q / dO (backward) and K / V (forward) tiles by TMA: GPU tests, then
   # `bench --backward` (forward, backward rows) at H x D, T = 32768, this build against the variants, interleaved,
   # then PyTorch's SDPA backward and forward on the same shapes (no_tests=1: no tests; no_torch_forward=1: its backward only)
-  [ -n "${no_tests:-}" ] || $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  unit_tests
   shapes=${shapes:-"32x128 64x64 16x256 16x192 32x96"}
-  tma_rows() {
-    local shape causal h d
-    for causal in "" "--causal"; do
-      for shape in $shapes; do
-        IFS=x read -r h d <<< "$shape"
-        echo -n "H=$h D=$d $causal: " | tee -a "$out/bench.txt"
-        bin=$1 heads=$h head_dim=$d bench 1 --backward --impl flash_attn2 --seq 32768 --iters 6 $causal | tr '\n' ' '
-        echo | tee -a "$out/bench.txt"
-      done
-    done
-  }
+  tma_rows() { rows_by_shape "$1" "" "--causal"; }
   for_each_build tma_rows
   python3 bench/torch_backward.py $shapes 2>&1 | tee "$out/torch_backward.txt"
   [ -n "${no_torch_forward:-}" ] || python3 bench/torch_backward.py --forward $shapes 2>&1 | tee "$out/torch_forward.txt"
@@ -930,10 +918,8 @@ fi
 if has carry_tma_ab; then  # issue 21: the forward's carry instances (the ring's steps) load K / V by TMA: GPU tests (the
   # ring over both transports on 2 GPUs), then the ring of 2's forward and backward rows, this build against the
   # variants, interleaved, then one GPU's rows at the same global T (no_tests=1: no tests)
-  if [ -z "${no_tests:-}" ]; then
-    $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
-    ring_tests_both_transports
-  fi
+  unit_tests
+  [ -n "${no_tests:-}" ] || ring_tests_both_transports
   carry_rows() {
     local t causal
     for t in ${ring_seqs:-16384 32768 131072}; do
