@@ -39,7 +39,9 @@
 # two streams: its tests, then the ring against the variants, one GPU's cudnn rows and context_parallel's); `tma_ab` (GPU
 # tests, then the wgmma kernels with TMA tile loads, forward and backward, against the variants, and PyTorch's SDPA);
 # `share_rows` (one GPU's backward and the ring of 2's, no tests); `carry_tma_ab` (GPU tests, then the ring of 2's
-# forward and backward, its steps' forward by TMA, against the variants, and one GPU's rows); several as a comma list. Logs go to $OUT.
+# forward and backward, its steps' forward by TMA, against the variants, and one GPU's rows); `readme_tables` (the README's
+# performance tables: one GPU's and the ring of 2's forward and backward, PyTorch's SDPA and context_parallel beside them, made
+# into tables by bench/readme_tables.py); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -932,4 +934,32 @@ if has carry_tma_ab; then  # issue 21: the forward's carry instances (the ring's
   for t in ${ring_seqs:-16384 32768 131072}; do
     for causal in "" "--causal"; do bench 1 --backward --impl flash_attn2 --seq $t --iters 6 $causal; done
   done
+fi
+if has readme_tables; then  # the README's performance tables in one call on 2 GPUs; bench/readme_tables.py reads
+  # $out/readme_tables.txt (each of our rows after its label) and PyTorch's lines beside it into those tables
+  tables_rows() {  # label (one_gpu or ring : local kernel : HxD), then bench's arguments
+    local label=$1; shift
+    bench "$@" | sed "s/^/$label /" >> "$out/readme_tables.txt"
+  }
+  for t in 16384 32768; do
+    for causal in "" "--causal"; do
+      for local in cudnn flash_attn2; do
+        tables_rows "one_gpu:$local:32x128" 1 --backward --impl $local --seq $t --iters 10 $causal
+        tables_rows "ring:$local:32x128" 2 --backward --impl ring --local-impl $local --seq $t --iters 10 $causal ${causal:+--layout zigzag}
+      done
+    done
+  done
+  timeout 240 python3 -m torch.distributed.run --nproc-per-node 2 bench/torch_context_parallel.py --seqs 16384 32768 2>&1 |
+    grep "^context_parallel_" | tee -a "$out/readme_tables.txt"
+  shapes="32x128 64x64 16x192 16x256"
+  for shape in ${shapes#32x128 }; do  # T = 32768 at H = 32, D = 128 ran above
+    IFS=x read -r h d <<< "$shape"
+    for causal in "" "--causal"; do
+      for impl in cudnn flash_attn2; do
+        heads=$h head_dim=$d tables_rows "one_gpu:$impl:$shape" 1 --backward --impl $impl --seq 32768 --iters 10 $causal
+      done
+    done
+  done
+  for pass in "" "--forward"; do python3 bench/torch_backward.py $pass $shapes 2>&1 | grep "^torch_" | tee -a "$out/readme_tables.txt"; done
+  python3 bench/readme_tables.py "$out/readme_tables.txt" | tee "$out/readme_tables.md"
 fi
