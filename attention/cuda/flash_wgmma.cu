@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     tma::load_row_tile<kBlockN, D>(buffer, map, tile * kBlockN, kh, b, landed);
   };
   wgmma::by_thread_zero(tid, [&] {
-    for (int j = 0; j < 2; ++j) tma::init_barrier(&k_landed[j], 1), tma::init_barrier(&v_landed[j], 1);
+    k_in.init(2), v_in.init(2);
     tma::fence_barrier_init();
     if (tiles > 0) load_tile(k_smem, &maps.k, first, &k_landed[0]);
   });

@@ -134,19 +134,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   __shared__ alignas(8) uint64_t step_landed[2];
   tma::Landings step_in{step_landed};
   wgmma::by_thread_zero(tid, [&] {
-    tma::init_barrier(&step_landed[0], 1);
-    tma::init_barrier(&step_landed[1], 1);
+    step_in.init(2);
     tma::fence_barrier_init();
   });
   auto load_step = [&](int buffer, int h, int m0) {
     if (tid == 0) {  // (a plain branch per step: see wgmma::by_thread_zero)
-      tma::arrive_expect_bytes(&step_landed[buffer], uint32_t(2 * kBlockM * D * sizeof(T)));
-#pragma unroll
-      for (int slab = 0; slab < D / DSlabs::kCols; ++slab) {
-        const int offset = buffer * kBlockM * D + slab * kBlockM * DSlabs::kCols;
-        tma::load_4d(q_buffers + offset, &g.q_map, slab * DSlabs::kCols, m0, h, b, &step_landed[buffer]);
-        tma::load_4d(do_buffers + offset, &g.do_map, slab * DSlabs::kCols, m0, h, b, &step_landed[buffer]);
-      }
+      tma::arrive_expect_bytes(&step_landed[buffer], uint32_t(2 * kBlockM * D * sizeof(T)));  // Q's and dO's
+      tma::load_row_slabs<kBlockM, D, DSlabs::kCols>(q_buffers + buffer * kBlockM * D, &g.q_map, m0, h, b, &step_landed[buffer]);
+      tma::load_row_slabs<kBlockM, D, DSlabs::kCols>(do_buffers + buffer * kBlockM * D, &g.do_map, m0, h, b, &step_landed[buffer]);
     }
     load_step_segments<kBlockM, kSegments>(a, segment_buffers[buffer], b, m0, tid);
   };

@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const Flash
   __shared__ alignas(8) uint64_t k_landed[2], v_landed[2];
   tma::Landings k_in{k_landed}, v_in{v_landed};
   wgmma::by_thread_zero(tid, [&] {
-    for (int j = 0; j < 2; ++j) tma::init_barrier(&k_landed[j], 1), tma::init_barrier(&v_landed[j], 1);
+    k_in.init(2), v_in.init(2);
     tma::fence_barrier_init();
     if (tiles > 0) {
       tma::load_row_tile<kBlockN, D>(k_s, &maps.k, first * kBlockN, kh, b, &k_landed[0]);

@@ -48,12 +48,19 @@ __device__ __forceinline__ void load_4d(void* dst, const CUtensorMap* map, int c
 }
 
 // A tile of kRows rows x D columns (from row0, of one head and batch of `map`) into shared memory at dst as
-// D / 64 slabs of kRows x 64 (the 128-byte swizzle's layout), one box a slab, its bytes expected on bar.
+// D / kCols slabs of kRows x kCols (a swizzle's layout), one box a slab, completing on bar. The caller
+// arrives on bar expecting the bytes (once for all the tiles that land on it).
+template <int kRows, int D, int kCols = 64, typename T>
+__device__ __forceinline__ void load_row_slabs(T* dst, const CUtensorMap* map, int row0, int head, int batch, uint64_t* bar) {
+#pragma unroll
+  for (int slab = 0; slab < D / kCols; ++slab) load_4d(dst + slab * kRows * kCols, map, slab * kCols, row0, head, batch, bar);
+}
+
+// load_row_slabs of 128-byte slabs, the only tile to land on bar: its bytes expected first.
 template <int kRows, int D, typename T>
 __device__ __forceinline__ void load_row_tile(T* dst, const CUtensorMap* map, int row0, int head, int batch, uint64_t* bar) {
   arrive_expect_bytes(bar, uint32_t(kRows * D * sizeof(T)));
-#pragma unroll
-  for (int slab = 0; slab < D / 64; ++slab) load_4d(dst + slab * kRows * 64, map, slab * 64, row0, head, batch, bar);
+  load_row_slabs<kRows, D>(dst, map, row0, head, batch, bar);
 }
 
 // The landings of up to 32 buffers, each counted by its mbarrier (landed[j]): wait(j) waits for buffer j's
@@ -61,6 +68,11 @@ __device__ __forceinline__ void load_row_tile(T* dst, const CUtensorMap* map, in
 struct Landings {
   uint64_t* landed;
   uint32_t parities = 0;
+  // By one thread before the first load: each of the first `buffers` barriers completes a phase on the
+  // loading thread's one arrival and its bytes. (fence_barrier_init follows, once for all of them.)
+  __device__ __forceinline__ void init(int buffers) const {
+    for (int j = 0; j < buffers; ++j) init_barrier(&landed[j], 1);
+  }
   __device__ __forceinline__ void wait(int j) {
     wait_phase(&landed[j], (parities >> j) & 1u);
     parities ^= 1u << j;
