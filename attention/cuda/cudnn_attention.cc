@@ -2,13 +2,10 @@
 // implementation, as the seeds register it. cuDNN returns each block's output and softmax
 // statistics (natural-log LSE); the block is folded into the f32 carry, so the ring can use it.
 //
-// A call is cut into sub-blocks along runs of consecutive positions (a zigzag shard is two runs);
-// each (query run, key run) pair is skipped, computed without a mask, or computed with cuDNN's
-// causal mask where its diagonal is one cuDNN can express (top-left or bottom-right aligned; other
-// diagonals are cut into parts that are). What cuDNN cannot express here (bias, mask, segment ids, soft
-// cap, our deterministic dropout, sliding windows) is refused by name, pointing at flash_attn2. The
-// backward runs cuDNN's fused SDPA backward on the same blocks, adding each block's gradients into the
-// f32 accumulators.
+// A call is cut into cuDNN calls by cudnn_blocks (runs of consecutive positions, causal diagonals cuDNN can
+// express). What cuDNN cannot express here (bias, mask, segment ids, soft cap, our deterministic dropout,
+// sliding windows) is refused by name, pointing at flash_attn2. The backward runs cuDNN's fused SDPA
+// backward on the same blocks, adding each block's gradients into the f32 accumulators.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
@@ -18,6 +15,7 @@
 #include "attention/block_kind.h"
 #include "attention/cuda/backward_cuda.h"
 #include "attention/cuda/carry_cuda.h"
+#include "attention/cuda/cudnn_blocks.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/registry.h"
 #include "runtime/cuda_device.h"
@@ -34,7 +32,8 @@ namespace fe = cudnn_frontend;
     if (ra_status_ != CUDNN_STATUS_SUCCESS) RA_FAIL(#call, " failed: ", cudnnGetErrorString(ra_status_)); \
   } while (0)
 
-enum class MaskMode : int { kNone, kCausalTopLeft, kCausalBottomRight };
+using MaskMode = CudnnMask;
+using Run = PositionRun;
 
 // An SDPA graph with 16-bit inputs and outputs (bf16 or f16) and f32 inside.
 std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
@@ -50,19 +49,6 @@ std::shared_ptr<fe::graph::Tensor_attributes> graph_tensor(fe::graph::Graph& gra
   return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid)
                           .set_dim({t.dim(0), t.dim(2), t.dim(1), t.dim(3)})
                           .set_stride({t.stride(0), t.stride(2), t.stride(1), 1}));
-}
-
-struct Run {
-  int64_t index, length, first_position;  // rows [index, index + length) hold positions first_position + i
-};
-
-std::vector<Run> consecutive_runs(const int64_t* positions, int64_t count) {
-  std::vector<Run> runs;
-  for (int64_t i = 0; i < count; ++i) {
-    if (!runs.empty() && positions[i] == runs.back().first_position + runs.back().length) ++runs.back().length;
-    else runs.push_back({i, 1, positions[i]});
-  }
-  return runs;
 }
 
 // One built cuDNN graph per shape (B, T, S, H, Hkv, D, Dv), dtype, mask and strides.
@@ -111,9 +97,19 @@ class CudnnAttention final : public CudaAttentionImpl {
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
     const TensorView stats = checked_stats(in, grad);
-    for_each_block(in, pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) {
-      run_backward_block(in, grad, stats, qr, kr, mask, p, &acc, nullptr);
-    });
+    // A call's bf16 dQ, dK, dV and cuDNN's workspace (an f32 dQ) live in this stream's scratch, which keeps
+    // its largest size: whole blocks of 1M tokens on 2 GPUs took 20 GiB a stream (two with the ring's second
+    // stream) and ran out of memory. Calls of at most about 1 GiB of query rows' dQ and workspace and 1 GiB
+    // of key rows' dK and dV instead; every chunk's gradients add into the accumulators as a block's do.
+    const int64_t elem = int64_t(dtype_size(in.q.dtype()));
+    const int64_t q_row_bytes = in.q.dim(0) * in.q.dim(2) * in.q.dim(3) * (elem + 4);
+    const int64_t k_row_bytes = in.k.dim(0) * in.k.dim(2) * (in.k.dim(3) + in.v.dim(3)) * elem;
+    constexpr int64_t kChunkBytes = int64_t(1) << 30;
+    for_each_block(
+        in, pos, p,
+        [&](const Run& qr, const Run& kr, MaskMode mask) { run_backward_block(in, grad, stats, qr, kr, mask, p, &acc, nullptr); },
+        std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, q_row_bytes)),
+        std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, k_row_bytes)));
   }
 
   // One block covering the whole call (dense positions): cuDNN writes dq, dk, dv in q's dtype itself,
@@ -134,10 +130,11 @@ class CudnnAttention final : public CudaAttentionImpl {
   }
 
  private:
-  // Calls fn(query run, key run, mask) for each pair of runs of consecutive positions that is not
-  // skipped, or for the parts of it that carry a causal mask cuDNN can express.
+  // Calls fn(query run, key run, mask) for each cuDNN call of the pairs of runs of consecutive positions
+  // (cudnn_blocks), each of at most max_q_rows x max_k_rows (0: no limit).
   template <typename Fn>
-  void for_each_block(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p, Fn&& fn) const {
+  void for_each_block(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p, Fn&& fn,
+                      int64_t max_q_rows = 0, int64_t max_k_rows = 0) const {
     RA_CHECK(pos.q_host != nullptr && pos.k_host != nullptr, "cudnn attention needs the token positions on the host");
     RA_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
     const int64_t T = in.q.dim(1), S = in.k.dim(1);
@@ -145,33 +142,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     RA_CHECK(q_runs.size() <= 8 && k_runs.size() <= 8, "cudnn attention runs on blocks of consecutive positions; "
              "these rows form ", q_runs.size(), " x ", k_runs.size(), " runs (the striped layout?): use --layout "
              "contiguous or zigzag, or --impl flash_attn2");
-    for (const Run& qr : q_runs)
-      for (const Run& kr : k_runs) each_expressible_part(qr, kr, p, fn);
-  }
-
-  // Calls fn for the parts of one (query run, key run) pair with a mask cuDNN can express. A causal
-  // diagonal it cannot (the ring's half blocks: queries that start before the keys, or keys that start
-  // before the queries on a block that is not bottom-right aligned) is cut into what it can: queries
-  // before the first key see none of it and drop out, keys before the first query are seen by every
-  // query (one unmasked part), and what is left has its diagonal at the top left.
-  template <typename Fn>
-  static void each_expressible_part(Run qr, Run kr, const AttentionParams& p, Fn&& fn) {
-    const BlockKind kind = classify_block(qr.first_position, qr.first_position + qr.length - 1, kr.first_position,
-                                          kr.first_position + kr.length - 1, p.causal, p.window_left, p.window_right);
-    if (kind == BlockKind::kSkip) return;
-    if (kind == BlockKind::kFull) return fn(qr, kr, MaskMode::kNone);
-    // Causal only (windows were refused): key k_lo + j visible from query q_lo + i when j <= i + (q_lo - k_lo).
-    const int64_t offset = qr.first_position - kr.first_position;
-    if (offset == 0) return fn(qr, kr, MaskMode::kCausalTopLeft);
-    if (offset > 0 && offset == kr.length - qr.length) return fn(qr, kr, MaskMode::kCausalBottomRight);
-    if (offset < 0) return each_expressible_part(tail(qr, -offset), kr, p, fn);
-    fn(qr, head(kr, offset), MaskMode::kNone);
-    each_expressible_part(qr, tail(kr, offset), p, fn);
-  }
-  static Run head(const Run& r, int64_t n) { return {r.index, std::min(n, r.length), r.first_position}; }
-  static Run tail(const Run& r, int64_t n) {
-    const int64_t drop = std::min(n, r.length);
-    return {r.index + drop, r.length - drop, r.first_position + drop};
+    for (const CudnnBlock& block : cudnn_blocks(q_runs, k_runs, p, max_q_rows, max_k_rows)) fn(block.q, block.k, block.mask);
   }
 
   // O and dO as cuDNN needs them, and its stats: cuDNN recomputes P = exp(S - stats), so a row that
@@ -339,7 +310,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     Tensor& scratch = buffers().scratch;
     if (scratch.view().nbytes() < bytes) {
       RA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
-      scratch = Tensor(DType::kU8, {int64_t(bytes)}, MemoryKind::kCuda);
+      reserve_scratch(scratch, bytes, MemoryKind::kCuda, "cudnn's block outputs and workspace");
     }
     return scratch.data<char>();
   }
