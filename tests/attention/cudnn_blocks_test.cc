@@ -48,8 +48,12 @@ TEST(CudnnBlocks, EveryVisiblePairInExactlyOneCallWithinTheChunkLimits) {
     for (const CudnnBlock& b : cudnn_blocks(q_runs, k_runs, p, max_q, max_k)) {
       ASSERT_GT(b.q.length, 0);
       ASSERT_GT(b.k.length, 0);
-      if (max_q > 0) ASSERT_LE(b.q.length, max_q) << "trial " << trial;
-      if (max_k > 0) ASSERT_LE(b.k.length, max_k) << "trial " << trial;
+      if (max_q > 0) {
+        ASSERT_LE(b.q.length, max_q) << "trial " << trial;
+      }
+      if (max_k > 0) {
+        ASSERT_LE(b.k.length, max_k) << "trial " << trial;
+      }
       for (int64_t i = 0; i < b.q.length; ++i)
         for (int64_t j = 0; j < b.k.length; ++j) {
           const int64_t qi = b.q.index + i, kj = b.k.index + j;
