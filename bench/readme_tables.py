@@ -9,7 +9,6 @@ Usage: python3 bench/readme_tables.py readme_tables.txt
 """
 import re
 import sys
-from collections import defaultdict
 
 # (who, T, H, D, causal, pass) -> TFLOP/s; who: "one_gpu:cudnn", "ring:flash_attn2", "torch_cudnn", ...
 rates = {}
@@ -17,7 +16,8 @@ refused = set()  # (who, H, D): a labelled line that is no row, the kernel's ref
 
 
 def read(lines):
-    rates.clear(), refused.clear()
+    rates.clear()
+    refused.clear()
     for line in lines:
         fields = line.split()
         if not fields:
@@ -69,9 +69,11 @@ def one_gpu_table(pass_):
                     {(h, d) for (_, h, d) in refused}, key=lambda shape: shape[1])
     rows = [("`cudnn` (ours)", "one_gpu:cudnn"), ("PyTorch SDPA cuDNN", "torch_cudnn"),
             ("`flash_attn2` (ours)", "one_gpu:flash_attn2"), ("PyTorch SDPA FlashAttention-2", "torch_flash2")]
-    out = [f"| {pass_}, one GPU, T=32768 | " + " | ".join(f"H={h} D={d}" for h, d in shapes) + " |", "|---" * (len(shapes) + 1) + "|"]
+    out = [f"| {pass_}, one GPU, T=32768 | " + " | ".join(f"H={h} D={d}" for h, d in shapes) + " |",
+           "|---" * (len(shapes) + 1) + "|"]
     for name, who in rows:
-        out.append(f"| {name} | " + " | ".join(cell(who, 32768, h, d, pass_) for h, d in shapes) + " |")
+        cells = [cell(who, 32768, h, d, pass_) for h, d in shapes]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 

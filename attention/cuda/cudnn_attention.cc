@@ -32,9 +32,6 @@ namespace fe = cudnn_frontend;
     if (ra_status_ != CUDNN_STATUS_SUCCESS) RA_FAIL(#call, " failed: ", cudnnGetErrorString(ra_status_)); \
   } while (0)
 
-using MaskMode = CudnnMask;
-using Run = PositionRun;
-
 // An SDPA graph with 16-bit inputs and outputs (bf16 or f16) and f32 inside.
 std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
   auto graph = std::make_shared<fe::graph::Graph>();
@@ -86,7 +83,9 @@ class CudnnAttention final : public CudaAttentionImpl {
   void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                          Carry& carry) const override {
     check_supported(in, p);
-    for_each_block(in, pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) { run_block(in, qr, kr, mask, p, carry); });
+    for_each_block(in, pos, p, [&](const PositionRun& qr, const PositionRun& kr, CudnnMask mask) {
+      run_block(in, qr, kr, mask, p, carry);
+    });
   }
 
   bool has_backward() const override { return true; }
@@ -105,25 +104,26 @@ class CudnnAttention final : public CudaAttentionImpl {
     const int64_t q_row_bytes = in.q.dim(0) * in.q.dim(2) * in.q.dim(3) * (elem + 4);
     const int64_t k_row_bytes = in.k.dim(0) * in.k.dim(2) * (in.k.dim(3) + in.v.dim(3)) * elem;
     constexpr int64_t kChunkBytes = int64_t(1) << 30;
-    for_each_block(
-        in, pos, p,
-        [&](const Run& qr, const Run& kr, MaskMode mask) { run_backward_block(in, grad, stats, qr, kr, mask, p, &acc, nullptr); },
-        std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, q_row_bytes)),
-        std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, k_row_bytes)));
+    const int64_t max_q_rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, q_row_bytes));
+    const int64_t max_k_rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, k_row_bytes));
+    auto backward_block = [&](const PositionRun& qr, const PositionRun& kr, CudnnMask mask) {
+      run_backward_block(in, grad, stats, qr, kr, mask, p, &acc, nullptr);
+    };
+    for_each_block(in, pos, p, backward_block, max_q_rows, max_k_rows);
   }
 
   // One block covering the whole call (dense positions): cuDNN writes dq, dk, dv in q's dtype itself,
   // with no f32 accumulators and no delta of ours (cuDNN computes it from O).
   bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& p,
                      const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
-    const std::vector<Run> q_runs = consecutive_runs(pos.q.data(), int64_t(pos.q.size()));
-    const std::vector<Run> k_runs = consecutive_runs(pos.k.data(), int64_t(pos.k.size()));
+    const std::vector<PositionRun> q_runs = consecutive_runs(pos.q.data(), int64_t(pos.q.size()));
+    const std::vector<PositionRun> k_runs = consecutive_runs(pos.k.data(), int64_t(pos.k.size()));
     if (q_runs.size() != 1 || k_runs.size() != 1) return false;
     check_supported(in, p);
     const TensorView stats = checked_stats(in, grad);
     const GradViews direct = gradients_in_q_dtype(in, out, into);
     const DevicePositions device_pos = positions_.upload(pos, stream_);
-    for_each_block(in, device_pos, p, [&](const Run& qr, const Run& kr, MaskMode mask) {
+    for_each_block(in, device_pos, p, [&](const PositionRun& qr, const PositionRun& kr, CudnnMask mask) {
       run_backward_block(in, grad, stats, qr, kr, mask, p, nullptr, &direct);
     });
     return true;
@@ -138,11 +138,12 @@ class CudnnAttention final : public CudaAttentionImpl {
     RA_CHECK(pos.q_host != nullptr && pos.k_host != nullptr, "cudnn attention needs the token positions on the host");
     RA_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
     const int64_t T = in.q.dim(1), S = in.k.dim(1);
-    const std::vector<Run> q_runs = consecutive_runs(pos.q_host, T), k_runs = consecutive_runs(pos.k_host, S);
+    const std::vector<PositionRun> q_runs = consecutive_runs(pos.q_host, T), k_runs = consecutive_runs(pos.k_host, S);
     RA_CHECK(q_runs.size() <= 8 && k_runs.size() <= 8, "cudnn attention runs on blocks of consecutive positions; "
              "these rows form ", q_runs.size(), " x ", k_runs.size(), " runs (the striped layout?): use --layout "
              "contiguous or zigzag, or --impl flash_attn2");
-    for (const CudnnBlock& block : cudnn_blocks(q_runs, k_runs, p, max_q_rows, max_k_rows)) fn(block.q, block.k, block.mask);
+    for (const CudnnBlock& block : cudnn_blocks(q_runs, k_runs, p, max_q_rows, max_k_rows))
+      fn(block.q, block.k, block.mask);
   }
 
   // O and dO as cuDNN needs them, and its stats: cuDNN recomputes P = exp(S - stats), so a row that
@@ -159,9 +160,9 @@ class CudnnAttention final : public CudaAttentionImpl {
   // One (query run, key run) block of the backward: cuDNN's dQ, dK, dV in the input dtype, added into
   // the f32 accumulators at the runs' rows (acc), or written straight into `direct` (one block only;
   // contiguous views in q's dtype).
-  void run_backward_block(const AttentionInputs& in, const BackwardInputs& grad, const TensorView& stats, const Run& qr,
-                          const Run& kr, MaskMode mask, const AttentionParams& p, const GradViews* acc,
-                          const GradViews* direct) const {
+  void run_backward_block(const AttentionInputs& in, const BackwardInputs& grad, const TensorView& stats,
+                          const PositionRun& qr, const PositionRun& kr, CudnnMask mask, const AttentionParams& p,
+                          const GradViews* acc, const GradViews* direct) const {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length), o = narrow(grad.o, 1, qr.index, qr.length);
     const TensorView d_o = narrow(grad.d_o, 1, qr.index, qr.length);
     const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
@@ -218,7 +219,7 @@ class CudnnAttention final : public CudaAttentionImpl {
   // cuDNN's SDPA backward graph for these views; stats is (B, H, T) with T the run's rows (packed).
   std::shared_ptr<fe::graph::Graph> make_backward_graph(const TensorView& q, const TensorView& k, const TensorView& v,
                                                         const TensorView& o, const TensorView& d_o, int64_t T,
-                                                        MaskMode mask, float scale, bool deterministic,
+                                                        CudnnMask mask, float scale, bool deterministic,
                                                         fe::error_t& status) const {
     auto graph = new_graph(q.dtype());
     auto tensor = [&](const char* name, int64_t uid, const TensorView& t) { return graph_tensor(*graph, name, uid, t); };
@@ -229,8 +230,8 @@ class CudnnAttention final : public CudaAttentionImpl {
                                    .set_dim({B, H, Tq, 1}).set_stride({H * T, T, 1, 1})
                                    .set_data_type(fe::DataType_t::FLOAT));
     auto options = fe::graph::SDPA_backward_attributes().set_name("ringattn_block_backward").set_attn_scale(scale);
-    if (mask == MaskMode::kCausalTopLeft) options.set_causal_mask(true);
-    if (mask == MaskMode::kCausalBottomRight) options.set_causal_mask_bottom_right(true);
+    if (mask == CudnnMask::kCausalTopLeft) options.set_causal_mask(true);
+    if (mask == CudnnMask::kCausalBottomRight) options.set_causal_mask_bottom_right(true);
     options.set_deterministic_algorithm(deterministic);  // dQ without atomics (--deterministic)
     auto [dQ, dK, dV] = graph->sdpa_backward(Q, K, V, O, dO, stats, options);
     dQ->set_output(true).set_uid(kDQ).set_dim({B, H, Tq, D}).set_stride({Tq * H * D, D, H * D, 1});
@@ -240,8 +241,8 @@ class CudnnAttention final : public CudaAttentionImpl {
     return graph;
   }
 
-  void run_block(const AttentionInputs& in, const Run& qr, const Run& kr, MaskMode mask, const AttentionParams& p,
-                 Carry& carry) const {
+  void run_block(const AttentionInputs& in, const PositionRun& qr, const PositionRun& kr, CudnnMask mask,
+                 const AttentionParams& p, Carry& carry) const {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length);
     const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
     const int64_t B = q.dim(0), Tq = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3), Sk = k.dim(1), Hkv = k.dim(2);
@@ -273,12 +274,12 @@ class CudnnAttention final : public CudaAttentionImpl {
     const TensorView probe_qk(nullptr, dt, {1, 128, 1, D}, MemoryKind::kCuda);
     const TensorView probe_v(nullptr, dt, {1, 128, 1, Dv}, MemoryKind::kCuda);
     fe::error_t status;
-    make_graph(probe_qk, probe_qk, probe_v, MaskMode::kCausalBottomRight, 1.0f, status);
+    make_graph(probe_qk, probe_qk, probe_v, CudnnMask::kCausalBottomRight, 1.0f, status);
     return head_dim_refusals_.emplace(key, status.is_good() ? "" : status.get_message()).first->second;
   }
 
   fe::graph::Graph& graph_for(const GraphKey& key, const TensorView& q, const TensorView& k, const TensorView& v,
-                              MaskMode mask, float scale) const {
+                              CudnnMask mask, float scale) const {
     auto it = graphs_.find(key);
     if (it != graphs_.end()) return *it->second;
     fe::error_t status;
@@ -291,13 +292,13 @@ class CudnnAttention final : public CudaAttentionImpl {
 
   // cuDNN's SDPA graph for these views (their shapes and strides; data is bound at execution).
   std::shared_ptr<fe::graph::Graph> make_graph(const TensorView& q, const TensorView& k, const TensorView& v,
-                                               MaskMode mask, float scale, fe::error_t& status) const {
+                                               CudnnMask mask, float scale, fe::error_t& status) const {
     auto graph = new_graph(q.dtype());
     auto tensor = [&](const char* name, int64_t uid, const TensorView& t) { return graph_tensor(*graph, name, uid, t); };
     auto Q = tensor("Q", kQ, q), K = tensor("K", kK, k), V = tensor("V", kV, v);
     auto options = fe::graph::SDPA_attributes().set_name("ringattn_block").set_generate_stats(true).set_attn_scale(scale);
-    if (mask == MaskMode::kCausalTopLeft) options.set_causal_mask(true);
-    if (mask == MaskMode::kCausalBottomRight) options.set_causal_mask_bottom_right(true);
+    if (mask == CudnnMask::kCausalTopLeft) options.set_causal_mask(true);
+    if (mask == CudnnMask::kCausalBottomRight) options.set_causal_mask_bottom_right(true);
     auto [O, stats] = graph->sdpa(Q, K, V, options);
     const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), Dv = v.dim(3);
     O->set_output(true).set_uid(kO).set_dim({B, H, T, Dv}).set_stride({T * H * Dv, Dv, H * Dv, 1});
