@@ -41,7 +41,8 @@
 # `share_rows` (one GPU's backward and the ring of 2's, no tests); `carry_tma_ab` (GPU tests, then the ring of 2's
 # forward and backward, its steps' forward by TMA, against the variants, and one GPU's rows); `readme_tables` (the README's
 # performance tables: one GPU's and the ring of 2's forward and backward, PyTorch's SDPA and context_parallel beside them, made
-# into tables by bench/readme_tables.py); several as a comma list. Logs go to $OUT.
+# into tables by bench/readme_tables.py); `million` (1M tokens causal, forward and backward, on 2 GPUs with each local kernel);
+# several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -962,4 +963,11 @@ if has readme_tables; then  # the README's performance tables in one call on 2 G
   done
   for pass in "" "--forward"; do python3 bench/torch_backward.py $pass $shapes 2>&1 | grep "^torch_" | tee -a "$out/readme_tables.txt"; done
   python3 bench/readme_tables.py "$out/readme_tables.txt" | tee "$out/readme_tables.md"
+fi
+if has million; then  # issue 21: forward + backward of 1M tokens causal on 2 GPUs, each local kernel (time, TFLOP/s, memory)
+  for local in cudnn flash_attn2; do
+    echo "# $local steps" | tee -a "$out/million.txt"
+    timeout 250 mpirun -np 2 $bin bench --backward --backend cuda --impl ring --local-impl $local --batch 1 --heads 32 \
+      --head-dim 128 --dtype bf16 --seq 1048576 --causal --layout zigzag --warmup 0 --iters 1 2>&1 | tee -a "$out/million.txt"
+  done
 fi
