@@ -65,6 +65,14 @@ TensorView::TensorView(void* data, DType dtype, Shape shape, std::array<int64_t,
 // No elements: contiguous whatever the strides (PyTorch's empty tensors count a zero dimension as 1 in them).
 bool TensorView::is_contiguous() const { return shape_.numel() == 0 || strides_ == contiguous_strides(shape_); }
 
+namespace {
+// What an allocation failure names: "a bf16 tensor of shape (1, 4096, 32, 128)", "an f32 tensor ...".
+std::string tensor_description(DType dtype, const Shape& shape) {
+  const std::string name(dtype_name(dtype));
+  return (name[0] == 'f' ? "an " : "a ") + name + " tensor of shape " + shape.str();
+}
+}  // namespace
+
 void Tensor::Release::operator()(void* p) const {
   if (temporary)
     release_temporary_bytes(p, memory, cuda_stream);
@@ -74,7 +82,7 @@ void Tensor::Release::operator()(void* p) const {
 
 Tensor::Tensor(DType dtype, Shape shape, MemoryKind memory) {
   const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
-  void* p = allocate_bytes(bytes, memory, shape.str().c_str());
+  void* p = allocate_bytes(bytes, memory, tensor_description(dtype, shape).c_str());
   storage_ = std::unique_ptr<void, Release>(p, Release(memory, /*from_cache=*/false, nullptr));
   fill_zero_bytes(p, bytes, memory);
   view_ = TensorView(p, dtype, shape, memory);
@@ -83,7 +91,7 @@ Tensor::Tensor(DType dtype, Shape shape, MemoryKind memory) {
 Tensor Tensor::temporary(DType dtype, Shape shape, MemoryKind memory, void* cuda_stream) {
   const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
   Tensor t;
-  void* p = allocate_temporary_bytes(bytes, memory, cuda_stream, shape.str().c_str());
+  void* p = allocate_temporary_bytes(bytes, memory, cuda_stream, tensor_description(dtype, shape).c_str());
   t.storage_ = std::unique_ptr<void, Release>(p, Release(memory, /*from_cache=*/true, cuda_stream));
   fill_zero_temporary_bytes(p, bytes, memory, cuda_stream);
   t.view_ = TensorView(p, dtype, shape, memory);

@@ -410,6 +410,7 @@ TEST(CudaMemory, OutOfMemoryNamesBytesAskedAndFree) {
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("out of device memory"), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("4398046511104 bytes"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("an f32 tensor of shape (1099511627776)"), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("are free"), std::string::npos) << e.message();
   }
   // The device is still usable afterwards.

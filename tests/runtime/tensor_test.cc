@@ -49,5 +49,16 @@ TEST(Tensor, HostTemporariesAreZeroedAndLeaveTheDeviceCacheEmpty) {
   release_device_cache();
 }
 
+// An allocation that fails names what it was for: the tensor's dtype and shape, and the bytes asked.
+TEST(Tensor, FailedAllocationNamesDtypeShapeAndBytes) {
+  try {
+    Tensor huge(DType::kF32, {int64_t(1) << 60}, MemoryKind::kHost);
+    FAIL() << "a host allocation of 4 EiB succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("an f32 tensor of shape (1152921504606846976)"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("4611686018427387904 bytes"), std::string::npos) << e.message();
+  }
+}
+
 }  // namespace
 }  // namespace ra
