@@ -12,7 +12,6 @@
 #include <map>
 #include <tuple>
 
-#include "attention/block_kind.h"
 #include "attention/cuda/backward_cuda.h"
 #include "attention/cuda/carry_cuda.h"
 #include "attention/cuda/cudnn_blocks.h"
