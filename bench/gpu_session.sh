@@ -91,6 +91,14 @@ ring_tests_both_transports() {  # the GPU ring's forward and backward tests on 2
     done
   done
 }
+million_tokens() {  # forward + backward of 1M tokens causal on 2 GPUs (time, TFLOP/s, memory), each local kernel named
+  local kernel
+  for kernel in "$@"; do
+    echo "# $kernel steps" | tee -a "$out/million.txt"
+    timeout 300 mpirun -np 2 $bin bench --backward --backend cuda --impl ring --local-impl $kernel --batch 1 --heads 32 \
+      --head-dim 128 --dtype bf16 --seq 1048576 --causal --layout zigzag --warmup 0 --iters 1 2>&1 | tee -a "$out/million.txt"
+  done
+}
 unit_tests() {  # cuda_attention_test, unless no_tests=1 (a call after one that tested this build)
   [ -n "${no_tests:-}" ] || $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
 }
@@ -598,8 +606,7 @@ if has two_gpus; then  # issues 21 / 22: speed per GPU on 2 GPUs (a GPU per rank
     [ $round = 1 ] && bench 2 --backward --impl ring --seq 32768 --iters 10 --causal --layout zigzag
   done
   nvidia-smi --query-gpu=memory.used --format=csv
-  timeout 300 mpirun -np 2 $bin bench --backward --backend cuda --impl ring --local-impl cudnn --batch 1 --heads 32 \
-    --head-dim 128 --dtype bf16 --seq 1048576 --causal --layout zigzag --warmup 0 --iters 1 2>&1 | tee -a "$out/million.txt"
+  million_tokens cudnn
 fi
 if has two_gpus_tests; then  # issues 21 / 22: correctness on 2 GPUs, both transports
   ring_tests_both_transports
@@ -964,10 +971,6 @@ if has readme_tables; then  # the README's performance tables in one call on 2 G
   for pass in "" "--forward"; do python3 bench/torch_backward.py $pass $shapes 2>&1 | grep "^torch_" | tee -a "$out/readme_tables.txt"; done
   python3 bench/readme_tables.py "$out/readme_tables.txt" | tee "$out/readme_tables.md"
 fi
-if has million; then  # issue 21: forward + backward of 1M tokens causal on 2 GPUs, each local kernel (time, TFLOP/s, memory)
-  for local in cudnn flash_attn2; do
-    echo "# $local steps" | tee -a "$out/million.txt"
-    timeout 250 mpirun -np 2 $bin bench --backward --backend cuda --impl ring --local-impl $local --batch 1 --heads 32 \
-      --head-dim 128 --dtype bf16 --seq 1048576 --causal --layout zigzag --warmup 0 --iters 1 2>&1 | tee -a "$out/million.txt"
-  done
+if has million; then  # issue 21: forward + backward of 1M tokens causal on 2 GPUs, each local kernel
+  million_tokens cudnn flash_attn2
 fi

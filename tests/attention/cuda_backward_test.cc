@@ -414,12 +414,6 @@ TEST(CudnnBackward, ChunkedLongBlocksMatchOneDirectCall) {
   AttentionInputs in;
   in.q = q.view(), in.k = k.view(), in.v = v.view();
   const TokenPositions pos = TokenPositions::dense(T, T);
-  auto host_floats = [](const Tensor& t) {
-    const Tensor host = to_memory(t, MemoryKind::kHost);
-    std::vector<float> out(size_t(host.view().numel()));
-    convert_to_f32(host.data<char>(), host.view().dtype(), out.data(), out.size());
-    return out;
-  };
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "non-causal");
     AttentionParams params;
@@ -433,7 +427,7 @@ TEST(CudnnBackward, ChunkedLongBlocksMatchOneDirectCall) {
     RA_CUDA_CHECK(cudaDeviceSynchronize());
     for (auto [chunked, whole, name] : {std::tuple{&acc.dq, &direct.dq, "dq"}, std::tuple{&acc.dk, &direct.dk, "dk"},
                                         std::tuple{&acc.dv, &direct.dv, "dv"}}) {
-      const std::vector<float> got = host_floats(*chunked), want = host_floats(*whole);
+      const std::vector<float> got = as_f32(chunked->view()), want = as_f32(whole->view());
       ASSERT_EQ(got.size(), want.size()) << name;
       double max_error = 0, max_want = 0;
       for (size_t i = 0; i < got.size(); ++i) {

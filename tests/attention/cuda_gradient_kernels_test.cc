@@ -13,6 +13,7 @@
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
 #include "runtime/random.h"
+#include "tests/support/problem.h"
 
 namespace ra::test {
 namespace {
@@ -20,12 +21,6 @@ namespace {
 struct RowsCase {
   int64_t b, l, h, x, offset;  // from is (b, l, h, x); into has l + offset + 2 rows, from's land at `offset`
 };
-
-std::vector<float> as_f32(const TensorView& t) {
-  const Tensor host = to_memory(t, MemoryKind::kHost);
-  const Tensor f32 = f32_copy(host.view());
-  return std::vector<float>(f32.data<float>(), f32.data<float>() + f32.numel());
-}
 
 TEST(CudaGradientKernels, AddRowsMatchesTheHostBitForBit) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";

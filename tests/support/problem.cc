@@ -1,6 +1,8 @@
 // Random problems and comparisons against the f64 reference.
 #include "tests/support/problem.h"
 
+#include "attention/validate.h"
+#include "runtime/memory.h"
 #include "runtime/random.h"
 
 #include <algorithm>
@@ -100,6 +102,12 @@ double max_abs_value(const TensorView& v) {
   double m = 0;
   for (int64_t i = 0; i < v.numel(); ++i) m = std::max(m, double(std::fabs(load_as_f32(v.data(), v.dtype(), size_t(i)))));
   return m;
+}
+
+std::vector<float> as_f32(const TensorView& t) {
+  const Tensor host = to_memory(t, MemoryKind::kHost);
+  const Tensor f32 = f32_copy(host.view());
+  return std::vector<float>(f32.data<float>(), f32.data<float>() + f32.numel());
 }
 
 

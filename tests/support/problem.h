@@ -58,6 +58,9 @@ class Problem {
 // max |v| over the value tensor (outputs are convex combinations of value rows).
 double max_abs_value(const TensorView& v);
 
+// A tensor's values (host or device, any float dtype) as f32 on the host.
+std::vector<float> as_f32(const TensorView& t);
+
 // compare() and Comparison: attention/compare.h (shared with `ringattn verify`).
 
 
