@@ -971,6 +971,24 @@ if has readme_tables; then  # the README's performance tables in one call on 2 G
   for pass in "" "--forward"; do python3 bench/torch_backward.py $pass $shapes 2>&1 | grep "^torch_" | tee -a "$out/readme_tables.txt"; done
   python3 bench/readme_tables.py "$out/readme_tables.txt" | tee "$out/readme_tables.md"
 fi
+if has cudnn_ring_ab; then  # issue 21: the ring's cudnn steps with the own block half beside the steps and half after
+  # them (over the last hop), and their dK / dV partials written over, unzeroed: the cudnn GPU tests, the ring's over both
+  # transports, the ring of this build against the variants (variants/ringattn_cudnn_*) interleaved, one GPU's cudnn
+  # rows, then this build's spans
+  $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter='CudnnBackward.*:*udnn*' 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 3
+  for tr in copy-engines nccl; do
+    timeout 200 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --transport=$tr --gtest_brief=1 \
+      --gtest_filter='*udnn*' 2>&1 | tee "$out/ring_backward_mpi_test_$tr.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 3
+  done
+  steps_impl=cudnn for_each_build ring_backward_rows
+  for t in 16384 32768; do
+    for causal in "--causal" ""; do bench 1 --backward --impl cudnn --seq $t --iters 10 $causal; done
+  done
+  for causal in "--causal --layout zigzag" ""; do
+    mpirun -np 2 $bin bench --backward --backend cuda --impl ring --local-impl cudnn --batch 1 --heads 32 --head-dim 128 \
+      --dtype bf16 --warmup 2 --iters 6 --seq 16384 --step-times $causal 2>&1 | tee -a "$out/spans.txt" | grep -v "^#"
+  done
+fi
 if has million; then  # issue 21: forward + backward of 1M tokens causal on 2 GPUs, each local kernel
   million_tokens cudnn flash_attn2
 fi

@@ -55,14 +55,20 @@ __global__ void convert_kernel(const float* in, void* out, DType dtype, int64_t 
   if (i < n) store_from_f32(out, i, dtype, in[i]);
 }
 
+// How the row kernels put a value into the f32 rows: added, added by atomics (other streams may add into the
+// same rows meanwhile), or written over (rows nothing was added to yet: no read).
+enum class RowsOp : int { kAdd, kAtomicAdd, kWrite };
+
 __global__ void add_rows_kernel(float* into, DeviceStrides4 is, const void* from, DType dtype, int64_t L, int64_t H,
-                                int64_t X, int64_t n, bool atomic) {
+                                int64_t X, int64_t n, RowsOp op) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t x = i % X, h = (i / X) % H, l = (i / (X * H)) % L, b = i / (X * H * L);
   float* to = into + b * is.s[0] + l * is.s[1] + h * is.s[2] + x * is.s[3];
-  if (atomic) atomicAdd(to, load_as_f32(from, i, dtype));
-  else *to += load_as_f32(from, i, dtype);
+  const float value = load_as_f32(from, i, dtype);
+  if (op == RowsOp::kAtomicAdd) atomicAdd(to, value);
+  else if (op == RowsOp::kAdd) *to += value;
+  else *to = value;
 }
 
 // Four consecutive elements as f32, and back: the vectorised kernels below move 16-byte (f32) or
@@ -103,15 +109,17 @@ __global__ void convert_quad_kernel(const float* in, T* out, int64_t quads) {
 }
 
 // into's rows (b, l, h) are X contiguous floats at strides that are multiples of 4; from is contiguous.
-// kAtomic: other kernels may add into the same rows meanwhile (16-byte atomics from sm_90, else 4-byte).
-template <typename T, typename Index, bool kAtomic>
+// kAtomicAdd: 16-byte atomics from sm_90, else 4-byte.
+template <typename T, typename Index, RowsOp kOp>
 __global__ void add_rows_quad_kernel(float* into, DeviceStrides4 is, const T* from, Index L, Index H, Index X4,
                                      Index quads) {
   for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < quads; i += Index(gridDim.x) * blockDim.x) {
     const Index x4 = i % X4, row = i / X4, h = row % H, l = (row / H) % L, b = row / (H * L);
     float* to = into + int64_t(b) * is.s[0] + int64_t(l) * is.s[1] + int64_t(h) * is.s[2] + 4 * int64_t(x4);
     const float4 d = Quad<T>::load(from + 4 * int64_t(i));
-    if constexpr (kAtomic) {
+    if constexpr (kOp == RowsOp::kWrite) {
+      Quad<float>::store(to, d);
+    } else if constexpr (kOp == RowsOp::kAtomicAdd) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       atomicAdd(reinterpret_cast<float4*>(to), d);
 #else
@@ -207,22 +215,20 @@ void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t 
 
 namespace {
 
-template <typename T, bool kAtomic>
+template <typename T, RowsOp kOp>
 void add_rows_quads(const TensorView& into, const TensorView& from, cudaStream_t stream) {
   const int64_t L = from.dim(1), H = from.dim(2), X4 = from.dim(3) / 4, quads = from.numel() / 4;
   const unsigned blocks = grid_for(quads, 256);
   float* to = into.data_as<float>();
   const T* add = from.data_as<T>();
   if (quads < (int64_t(1) << 31))  // 32-bit index arithmetic where it fits: the divisions are most of the work
-    add_rows_quad_kernel<T, int32_t, kAtomic><<<blocks, 256, 0, stream>>>(to, strides_of(into), add, int32_t(L),
-                                                                          int32_t(H), int32_t(X4), int32_t(quads));
+    add_rows_quad_kernel<T, int32_t, kOp><<<blocks, 256, 0, stream>>>(to, strides_of(into), add, int32_t(L),
+                                                                      int32_t(H), int32_t(X4), int32_t(quads));
   else
-    add_rows_quad_kernel<T, int64_t, kAtomic><<<blocks, 256, 0, stream>>>(to, strides_of(into), add, L, H, X4, quads);
+    add_rows_quad_kernel<T, int64_t, kOp><<<blocks, 256, 0, stream>>>(to, strides_of(into), add, L, H, X4, quads);
 }
 
-}  // namespace
-
-void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream, bool atomic) {
+void put_rows(const TensorView& into, const TensorView& from, cudaStream_t stream, RowsOp op) {
   const int64_t n = from.numel();
   if (n == 0) return;
   bool quads = false;
@@ -230,13 +236,33 @@ void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t 
       into.stride(2) % 4 == 0 && aligned(into.data(), 16) && aligned(from.data(), 4 * dtype_size(from.dtype())))
     quads = with_quad_type(from.dtype(), [&](auto* f) {
       using T = std::remove_pointer_t<decltype(f)>;
-      if (atomic) add_rows_quads<T, true>(into, from, stream);
-      else add_rows_quads<T, false>(into, from, stream);
+      if (op == RowsOp::kAtomicAdd) add_rows_quads<T, RowsOp::kAtomicAdd>(into, from, stream);
+      else if (op == RowsOp::kAdd) add_rows_quads<T, RowsOp::kAdd>(into, from, stream);
+      else add_rows_quads<T, RowsOp::kWrite>(into, from, stream);
     });
   if (!quads)
     add_rows_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(into.data_as<float>(), strides_of(into), from.data(),
-                                                            from.dtype(), from.dim(1), from.dim(2), from.dim(3), n, atomic);
+                                                            from.dtype(), from.dim(1), from.dim(2), from.dim(3), n, op);
   RA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream, bool atomic) {
+  put_rows(into, from, stream, atomic ? RowsOp::kAtomicAdd : RowsOp::kAdd);
+}
+
+void write_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream) {
+  put_rows(into, from, stream, RowsOp::kWrite);
+}
+
+void zero_rows_cuda(const TensorView& into, cudaStream_t stream) {
+  const int64_t B = into.dim(0), L = into.dim(1), H = into.dim(2), X = into.dim(3);
+  if (into.numel() == 0) return;
+  RA_CHECK(into.dtype() == DType::kF32 && into.stride(3) == 1 && into.stride(2) == X && into.stride(1) == H * X,
+           "zero_rows_cuda takes f32 rows of H x X contiguous floats; got shape ", into.shape().str());
+  RA_CUDA_CHECK(cudaMemset2DAsync(into.data(), size_t(into.stride(0)) * sizeof(float), 0,
+                                  size_t(L * H * X) * sizeof(float), size_t(B), stream));
 }
 
 void add_convert_cuda(const TensorView& sum, const TensorView& addend, const TensorView& out, cudaStream_t stream) {

@@ -19,6 +19,10 @@ void convert_f32_cuda(const TensorView& in, const TensorView& out, cudaStream_t 
 // into (f32, strided: rows of a larger accumulator) += from (any float dtype, contiguous), both
 // (B, L, H, X); atomic: by atomics, where kernels on other streams may add into the same rows meanwhile.
 void add_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream, bool atomic = false);
+// into <- from, as add_rows_cuda writes but without reading into (rows nothing was added to yet).
+void write_rows_cuda(const TensorView& into, const TensorView& from, cudaStream_t stream);
+// into (f32, (B, L, H, X), rows of H x X contiguous floats) <- 0.
+void zero_rows_cuda(const TensorView& into, cudaStream_t stream);
 
 // out (any float dtype) <- sum (f32) + addend (any float dtype), all contiguous with one element count, in
 // one pass where they are in aligned rows of 4 (else sum is added into, then converted: sum changes).

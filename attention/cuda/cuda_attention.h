@@ -42,6 +42,13 @@ class CudaAttentionImpl : public AttentionImpl {
   // and add dQ by atomics in no fixed order): the GPU ring's backward then overlaps one launch's last wave
   // with the next's first.
   virtual bool independent_backward_calls(const AttentionParams& params) const { return false; }
+  // Whether a call already running gives way to one queued later on a stream of higher priority (its
+  // blocks are short, so the other stream's take the SMs as they free): the GPU ring's backward then
+  // runs its own block whole beside the other ranks' blocks and still sees those finish first.
+  virtual bool backward_yields_to_priority() const { return true; }
+  // Whether accumulate_backward_device honours GradViews::kv_unset (writes every row of dk and dv): the GPU
+  // ring then leaves its step's dK / dV partial unzeroed, and the call reads no accumulator it writes first.
+  virtual bool writes_unset_kv() const { return false; }
 
   // The positions of a call on the device: uploaded here; the ring adds every rank's keys.
   virtual DevicePositions device_positions(const TokenPositions& pos) const { return positions_.upload(pos, stream_); }

@@ -8,6 +8,7 @@
 // backward on the same blocks, adding each block's gradients into the f32 accumulators.
 #include <cudnn_frontend.h>
 
+#include <cstdlib>
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -92,6 +93,9 @@ class CudnnAttention final : public CudaAttentionImpl {
   // Each stream has buffers of its own (buffers()), and dQ's rows are added by atomics: the GPU ring's
   // backward runs its own block and the other ranks' blocks on two streams at once.
   bool independent_backward_calls(const AttentionParams& p) const override { return !p.deterministic; }
+  // cuDNN's backward holds its SMs to the end: beside another call it shares the GPU with it, whatever the
+  // streams' priorities (2 H100, bench/RESULTS.md: the other rank's block ended last, its last hop alone).
+  bool backward_yields_to_priority() const override { return std::getenv("RA_EXP_CUDNN_OWN_WHOLE") != nullptr; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
     const TensorView stats = checked_stats(in, grad);
@@ -105,11 +109,22 @@ class CudnnAttention final : public CudaAttentionImpl {
     constexpr int64_t kChunkBytes = int64_t(1) << 30;
     const int64_t max_q_rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, q_row_bytes));
     const int64_t max_k_rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, k_row_bytes));
-    auto backward_block = [&](const PositionRun& qr, const PositionRun& kr, CudnnMask mask) {
-      run_backward_block(in, grad, stats, qr, kr, mask, p, &acc, nullptr);
-    };
-    for_each_block(in, pos, p, backward_block, max_q_rows, max_k_rows);
+    const std::vector<CudnnBlock> blocks = blocks_of(in, pos, p, max_q_rows, max_k_rows);
+    // kv_unset: each block writes the key rows it is the first to cover and adds into the rest; rows no
+    // block covers are zeroed (no zeroed accumulator read back: 8 of the 14 bytes an element cost).
+    KeyRowWrites writes;
+    if (acc.kv_unset) {
+      writes = key_row_writes(blocks, in.k.dim(1));
+      for (const RowSpan& s : writes.uncovered) {
+        zero_rows_cuda(narrow(acc.dk, 1, s.index, s.length), stream_);
+        zero_rows_cuda(narrow(acc.dv, 1, s.index, s.length), stream_);
+      }
+    }
+    for (size_t i = 0; i < blocks.size(); ++i)
+      run_backward_block(in, grad, stats, blocks[i].q, blocks[i].k, blocks[i].mask, p, &acc, nullptr,
+                         acc.kv_unset ? &writes.per_block[i] : nullptr);
   }
+  bool writes_unset_kv() const override { return std::getenv("RA_EXP_CUDNN_ADD_KV") == nullptr; }
 
   // One block covering the whole call (dense positions): cuDNN writes dq, dk, dv in q's dtype itself,
   // with no f32 accumulators and no delta of ours (cuDNN computes it from O).
@@ -132,8 +147,12 @@ class CudnnAttention final : public CudaAttentionImpl {
   // Calls fn(query run, key run, mask) for each cuDNN call of the pairs of runs of consecutive positions
   // (cudnn_blocks), each of at most max_q_rows x max_k_rows (0: no limit).
   template <typename Fn>
-  void for_each_block(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p, Fn&& fn,
-                      int64_t max_q_rows = 0, int64_t max_k_rows = 0) const {
+  void for_each_block(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p, Fn&& fn) const {
+    for (const CudnnBlock& block : blocks_of(in, pos, p)) fn(block.q, block.k, block.mask);
+  }
+  // The cuDNN calls of the call (cudnn_blocks), with the handle on this stream.
+  std::vector<CudnnBlock> blocks_of(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
+                                    int64_t max_q_rows = 0, int64_t max_k_rows = 0) const {
     RA_CHECK(pos.q_host != nullptr && pos.k_host != nullptr, "cudnn attention needs the token positions on the host");
     RA_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
     const int64_t T = in.q.dim(1), S = in.k.dim(1);
@@ -141,8 +160,7 @@ class CudnnAttention final : public CudaAttentionImpl {
     RA_CHECK(q_runs.size() <= 8 && k_runs.size() <= 8, "cudnn attention runs on blocks of consecutive positions; "
              "these rows form ", q_runs.size(), " x ", k_runs.size(), " runs (the striped layout?): use --layout "
              "contiguous or zigzag, or --impl flash_attn2");
-    for (const CudnnBlock& block : cudnn_blocks(q_runs, k_runs, p, max_q_rows, max_k_rows))
-      fn(block.q, block.k, block.mask);
+    return cudnn_blocks(q_runs, k_runs, p, max_q_rows, max_k_rows);
   }
 
   // O and dO as cuDNN needs them, and its stats: cuDNN recomputes P = exp(S - stats), so a row that
@@ -159,9 +177,11 @@ class CudnnAttention final : public CudaAttentionImpl {
   // One (query run, key run) block of the backward: cuDNN's dQ, dK, dV in the input dtype, added into
   // the f32 accumulators at the runs' rows (acc), or written straight into `direct` (one block only;
   // contiguous views in q's dtype).
+  // key_spans (under GradViews::kv_unset): which of the key run's rows this block writes first (key_row_writes).
   void run_backward_block(const AttentionInputs& in, const BackwardInputs& grad, const TensorView& stats,
                           const PositionRun& qr, const PositionRun& kr, CudnnMask mask, const AttentionParams& p,
-                          const GradViews* acc, const GradViews* direct) const {
+                          const GradViews* acc, const GradViews* direct,
+                          const std::vector<RowSpan>* key_spans = nullptr) const {
     const TensorView q = narrow(in.q, 1, qr.index, qr.length), o = narrow(grad.o, 1, qr.index, qr.length);
     const TensorView d_o = narrow(grad.d_o, 1, qr.index, qr.length);
     const TensorView k = narrow(in.k, 1, kr.index, kr.length), v = narrow(in.v, 1, kr.index, kr.length);
@@ -211,8 +231,23 @@ class CudnnAttention final : public CudaAttentionImpl {
     if (direct) return;
     add_rows_cuda(narrow(acc->dq, 1, qr.index, qr.length), TensorView(dq, q.dtype(), {B, Tq, H, D}, MemoryKind::kCuda), stream_,
                   independent_backward_calls(p));
-    add_rows_cuda(narrow(acc->dk, 1, kr.index, kr.length), TensorView(dk, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), stream_);
-    add_rows_cuda(narrow(acc->dv, 1, kr.index, kr.length), TensorView(dv, q.dtype(), {B, Sk, Hkv, Dv}, MemoryKind::kCuda), stream_);
+    put_key_rows(acc->dk, TensorView(dk, q.dtype(), {B, Sk, Hkv, D}, MemoryKind::kCuda), kr, key_spans);
+    put_key_rows(acc->dv, TensorView(dv, q.dtype(), {B, Sk, Hkv, Dv}, MemoryKind::kCuda), kr, key_spans);
+  }
+
+  // A block's dK or dV (from: (B, rows of kr, Hkv, X), contiguous) into the accumulator's rows of kr: added,
+  // or written where key_spans says the block is the first to cover them.
+  void put_key_rows(const TensorView& into, const TensorView& from, const PositionRun& kr,
+                    const std::vector<RowSpan>* key_spans) const {
+    if (!key_spans) return add_rows_cuda(narrow(into, 1, kr.index, kr.length), from, stream_);
+    const bool whole = key_spans->size() == 1;  // else a span's rows are contiguous in `from` one batch at a time
+    for (const RowSpan& s : *key_spans)
+      for (int64_t b = 0; b < (whole ? 1 : from.dim(0)); ++b) {
+        TensorView to = narrow(into, 1, s.index, s.length), part = narrow(from, 1, s.index - kr.index, s.length);
+        if (!whole) to = narrow(to, 0, b, 1), part = narrow(part, 0, b, 1);
+        if (s.first) write_rows_cuda(to, part, stream_);
+        else add_rows_cuda(to, part, stream_);
+      }
   }
 
   // cuDNN's SDPA backward graph for these views; stats is (B, H, T) with T the run's rows (packed).

@@ -65,4 +65,38 @@ std::vector<CudnnBlock> cudnn_blocks(const std::vector<PositionRun>& q_runs, con
   return out;
 }
 
+KeyRowWrites key_row_writes(const std::vector<CudnnBlock>& blocks, int64_t rows) {
+  KeyRowWrites out;
+  std::vector<std::pair<int64_t, int64_t>> covered;  // [begin, end), sorted and disjoint
+  for (const CudnnBlock& b : blocks) {
+    std::vector<RowSpan> spans;
+    const int64_t begin = b.k.index, end = b.k.index + b.k.length;
+    int64_t at = begin;
+    for (const auto& [c0, c1] : covered) {
+      if (c1 <= at || c0 >= end) continue;
+      if (c0 > at) spans.push_back({at, c0 - at, true});
+      const int64_t stop = std::min(c1, end);
+      spans.push_back({std::max(c0, at), stop - std::max(c0, at), false});
+      at = stop;
+    }
+    if (at < end) spans.push_back({at, end - at, true});
+    out.per_block.push_back(std::move(spans));
+    covered.emplace_back(begin, end);
+    std::sort(covered.begin(), covered.end());
+    std::vector<std::pair<int64_t, int64_t>> merged;
+    for (const auto& c : covered) {
+      if (!merged.empty() && c.first <= merged.back().second) merged.back().second = std::max(merged.back().second, c.second);
+      else merged.push_back(c);
+    }
+    covered = std::move(merged);
+  }
+  int64_t at = 0;
+  for (const auto& [c0, c1] : covered) {
+    if (c0 > at) out.uncovered.push_back({at, c0 - at, true});
+    at = std::max(at, c1);
+  }
+  if (at < rows) out.uncovered.push_back({at, rows - at, true});
+  return out;
+}
+
 }  // namespace ra

@@ -31,4 +31,17 @@ std::vector<PositionRun> consecutive_runs(const int64_t* positions, int64_t coun
 std::vector<CudnnBlock> cudnn_blocks(const std::vector<PositionRun>& q_runs, const std::vector<PositionRun>& k_runs,
                                      const AttentionParams& p, int64_t max_q_rows = 0, int64_t max_k_rows = 0);
 
+// Where a caller lets the calls write its dK / dV rows instead of adding to them (GradViews::kv_unset): each
+// call's key rows cut into spans it is the first to cover (written) and spans an earlier call covered (added),
+// and the rows no call covers (zeroed). Spans count key rows of the call's view (index as in PositionRun).
+struct RowSpan {
+  int64_t index, length;
+  bool first;  // no earlier call covers these rows
+};
+struct KeyRowWrites {
+  std::vector<std::vector<RowSpan>> per_block;  // per block of the list, in order, its key rows in order
+  std::vector<RowSpan> uncovered;               // rows of [0, rows) no block covers
+};
+KeyRowWrites key_row_writes(const std::vector<CudnnBlock>& blocks, int64_t rows);
+
 }  // namespace ra

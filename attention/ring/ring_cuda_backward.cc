@@ -208,9 +208,13 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     state_.steps_stream = std::make_unique<CudaStream>(StreamPriority::kAboveNormal);
   const cudaStream_t steps = two_streams ? state_.steps_stream->get() : stream_;
   StreamsJoined joined(steps, stream_);
-  // This rank's part of those keys' dK/dV (and its dQ) added into `dk`/`dv`, queued on `on`.
+  // Where the local kernel writes every row of dk / dv on request (GradViews::kv_unset), the partials it
+  // starts are not zeroed first, nor read back.
+  const bool writes_kv = local_->writes_unset_kv();
+  // This rank's part of those keys' dK/dV (and its dQ) added into `dk`/`dv` (written over where `unset`, which
+  // only a local kernel that writes_kv is asked), queued on `on`.
   auto compute = [&](const AttentionInputs& block, int src, int64_t first, int64_t count, const TensorView& dk,
-                     const TensorView& dv, cudaStream_t on) {
+                     const TensorView& dv, cudaStream_t on, bool unset) {
     const LocalStream local_on(*local_, on, stream_);
     const std::vector<int64_t>& k_host = schedule_.keys(src);
     AttentionInputs part = block;
@@ -219,26 +223,34 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     if (block.kv_segment_ids.defined()) part.kv_segment_ids = narrow(block.kv_segment_ids, 1, first, count);
     const DevicePositions part_pos{pos.q, pos.k + schedule_.key_offset(src) + first, pos.total_keys, pos.keys_sorted,
                                    schedule_.query_positions().data(), k_host.data() + first, pos.queries_sorted};
-    local_->accumulate_backward_device(part, part_pos, local_params, grad, GradViews{acc.dq, dk, dv, dbias});
+    GradViews views{acc.dq, dk, dv, dbias};
+    views.kv_unset = unset && writes_kv;
+    local_->accumulate_backward_device(part, part_pos, local_params, grad, views);
   };
   if (n == 1) {
     if (skipped(rank, 0, in.k.dim(1))) ++stats_.skipped;
-    else compute(in, rank, 0, in.k.dim(1), acc.dk, acc.dv, stream_);
+    else compute(in, rank, 0, in.k.dim(1), acc.dk, acc.dv, stream_, false);
     ++stats_.steps;
   }
   // This rank's own block adds to its own dK / dV, which never travel: on one stream half of its keys
   // while its K/V leave for the first exchange, the other half while the last accumulator comes home, so
-  // that neither transfer waits alone; with two streams all of it from step 0 (above). Straight into the
-  // caller's accumulators where the rows are contiguous there (B = 1), else through the zeroed partial.
-  const int64_t own_rows = in.k.dim(1), own_first = two_streams ? own_rows : own_rows / 2;
+  // that neither transfer waits alone; with two streams all of it from step 0 (above) where the local
+  // kernel's calls give way to the steps' higher priority, else half then and half once the last step
+  // is done (a kernel that holds its SMs shares them with the steps, which would end with the own block
+  // and leave the last hop alone). Straight into the caller's accumulators where the rows are contiguous
+  // there (B = 1), else through the zeroed partial.
+  const bool own_whole = two_streams && local_->backward_yields_to_priority();
+  const int64_t own_rows = in.k.dim(1), own_first = own_whole ? own_rows : own_rows / 2;
+  // (Its rows of the caller's accumulators are written over only where they are this call's own, zeroed:
+  // backward_into's, `out`; accumulate_backward_device adds into what the caller holds.)
   auto own_keys = [&](int64_t first, int64_t count) {
     const TensorView dk = narrow(acc.dk, 1, first, count), dv = narrow(acc.dv, 1, first, count);
-    if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv, stream_);
+    if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv, stream_, out != nullptr);
     char* part = partial_.data<char>();
-    RA_CUDA_CHECK(cudaMemsetAsync(part, 0, part_layout.payload(), stream_));
+    if (!writes_kv) RA_CUDA_CHECK(cudaMemsetAsync(part, 0, part_layout.payload(), stream_));
     const TensorView pk = part_layout.dk_view(part, count, MemoryKind::kCuda);
     const TensorView pv = part_layout.dv_view(part, count, MemoryKind::kCuda);
-    compute(in, rank, first, count, pk, pv, stream_);
+    compute(in, rank, first, count, pk, pv, stream_, true);
     add_rows_cuda(dk, pk, stream_);
     add_rows_cuda(dv, pv, stream_);
   };
@@ -270,18 +282,19 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
       } else {
         char* target = step == 1 && f32_wire ? slot[sending] : partial_.data<char>();
         const int id = span(steps, "step ", step, ": rank ", src, "'s block");
-        if (target != slot[sending]) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), steps));
+        if (target != slot[sending] && !writes_kv) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), steps));
         compute(kv.block(step, src), src, 0, rows, part_layout.dk_view(target, rows, MemoryKind::kCuda),
-                part_layout.dv_view(target, rows, MemoryKind::kCuda), steps);
+                part_layout.dv_view(target, rows, MemoryKind::kCuda), steps, true);
         end_span(id, steps);
       }
     }
     // One shift: the held K/V block (but at the last step) and the accumulator finished at the previous step.
     std::vector<DeviceRingChannel::Piece> pieces;
     if (step + 1 < n) pieces = kv.outgoing(step);
-    // The first accumulator starts at zero, zeroed beside step 0's compute: step 1's compute waits for
-    // the K/V block that arrives after it on this stream.
-    if (step == 0) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, channel_stream));
+    // The first accumulator starts at zero, zeroed beside step 0's compute (step 1's compute waits for
+    // the K/V block that arrives after it on this stream), unless step 1's compute writes all of it.
+    const bool step1_writes_slot = writes_kv && f32_wire && !skipped(schedule_.source(1), 0, schedule_.rows(schedule_.source(1)));
+    if (step == 0 && !step1_writes_slot) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, channel_stream));
     if (step >= 2) {
       seal_sending(schedule_.source(step - 1));
       pieces.push_back({slot[sending], slot_offset[arriving], bytes});
@@ -336,7 +349,10 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     if (const std::optional<size_t> at = corrupted_byte(fault, rank, n, payload))
       flip_byte_cuda(slot[arriving], *at, channel_stream);  // the fault tests' hook for accumulators
     check_arrival(n - 1);
-    if (own_first < own_rows) own_part(own_first, own_rows - own_first);
+    if (own_first < own_rows) {
+      if (two_streams) RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_done.get(), 0));
+      own_part(own_first, own_rows - own_first);
+    }
     pending->wait(ctx_.step_timeout);
     take_arrival(n - 1, stream_);
     if (!out) {  // else added as the gradients are written, once every arrival has been checked (below)

@@ -3,6 +3,7 @@
 // counts the kernels' rounding of P and dS to the input dtype before their products. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -389,6 +390,49 @@ TEST(CudnnBackward, KeyPartsOfAnyDiagonalSumToTheReference) {
       EXPECT_EQ(cmp.wrong, 0) << name << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance
                               << ")";
     }
+  }
+}
+
+// Where the caller lets cudnn write dK / dV over (GradViews::kv_unset: the GPU ring's unzeroed partials), the
+// rows a call covers first are written, later calls' added, rows no query sees zeroed: the gradients over NaN
+// garbage equal those added into zeros, bit for bit. The shard's calls cut a key run into spans (at B = 2 a
+// span's rows go one batch at a time), and one key run no query sees.
+TEST(CudnnBackward, UnsetKeyRowsWrittenOverEqualAddsIntoZeros) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Options causal;
+  causal.causal = true;
+  const ProblemSpec spec{2, 70, 80, 4, 2, 64, 64, DType::kBF16, causal, 991};
+  DeviceGradProblem setup(spec, spec.seed);
+  auto& [problem, host_in, dev, d_o, d_o_device] = setup;
+  auto positions = [](std::initializer_list<std::pair<int64_t, int64_t>> runs) {
+    std::vector<int64_t> out;
+    for (const auto& [first, end] : runs)
+      for (int64_t p = first; p < end; ++p) out.push_back(p);
+    return out;
+  };
+  TokenPositions pos;
+  pos.q = positions({{70, 100}, {120, 160}});
+  pos.k = positions({{40, 80}, {150, 170}, {200, 220}});  // the last run: after every query
+  pos.total_keys = 220;
+  auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
+  const AttentionOutput out = impl->forward(dev.inputs, problem.params(), pos);
+  const Tensor delta = compute_delta(out.o, d_o_device, impl->cuda_stream());
+  const BackwardInputs grad{out.lse, d_o_device, delta, out.o};
+  GradAccumulators added = GradAccumulators::zeros(dev.inputs, MemoryKind::kCuda);
+  impl->accumulate_backward(dev.inputs, pos, problem.params(), grad, added.views());
+  GradAccumulators written = GradAccumulators::zeros(dev.inputs, MemoryKind::kCuda);
+  for (const Tensor* t : {&written.dk, &written.dv})
+    RA_CUDA_CHECK(cudaMemset(const_cast<void*>(t->view().data()), 0xff, t->view().nbytes()));  // f32 NaN
+  GradViews views = written.views();
+  views.kv_unset = true;
+  impl->accumulate_backward(dev.inputs, pos, problem.params(), grad, views);
+  RA_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto [a, b, name] : {std::tuple{&added.dq, &written.dq, "dq"}, std::tuple{&added.dk, &written.dk, "dk"},
+                            std::tuple{&added.dv, &written.dv, "dv"}}) {
+    const std::vector<float> want = as_f32(a->view()), got = as_f32(b->view());
+    ASSERT_EQ(got.size(), want.size()) << name;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << name << " differs";
+    EXPECT_GT(*std::max_element(want.begin(), want.end()), 0.0f) << name;
   }
 }
 

@@ -82,5 +82,41 @@ TEST(CudnnBlocks, ChunksAreNearEqualAndAsFewAsTheLimitAllows) {
   EXPECT_EQ(cudnn_blocks(q, k, AttentionParams{}).size(), 1u);  // no limit: the pair whole
 }
 
+// key_row_writes: on the calls of random shards, every key row is written by exactly one span marked first
+// (its first call's) or zeroed as uncovered, and every later call's span over it adds.
+TEST(CudnnBlocks, EveryKeyRowWrittenOnceByItsFirstCallOrZeroed) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 400; ++trial) {
+    const std::vector<int64_t> q_pos = shard_positions(rng, 90), k_pos = shard_positions(rng, 90);
+    AttentionParams p;
+    p.causal = trial % 3 != 0;
+    const int64_t max_q = trial % 2 ? 0 : 1 + int64_t(rng() % 40), max_k = trial % 4 < 2 ? 0 : 1 + int64_t(rng() % 40);
+    const std::vector<CudnnBlock> blocks =
+        cudnn_blocks(consecutive_runs(q_pos.data(), int64_t(q_pos.size())),
+                     consecutive_runs(k_pos.data(), int64_t(k_pos.size())), p, max_q, max_k);
+    const int64_t rows = int64_t(k_pos.size());
+    const KeyRowWrites writes = key_row_writes(blocks, rows);
+    ASSERT_EQ(writes.per_block.size(), blocks.size());
+    std::vector<int> written(size_t(rows), 0), seen(size_t(rows), 0);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      int64_t at = blocks[i].k.index;  // the spans tile the block's key rows in order
+      for (const RowSpan& s : writes.per_block[i]) {
+        ASSERT_EQ(s.index, at) << "trial " << trial;
+        ASSERT_GT(s.length, 0);
+        for (int64_t r = s.index; r < s.index + s.length; ++r) {
+          ASSERT_EQ(s.first, seen[size_t(r)] == 0) << "trial " << trial << ", row " << r;
+          written[size_t(r)] += s.first;
+          ++seen[size_t(r)];
+        }
+        at += s.length;
+      }
+      ASSERT_EQ(at, blocks[i].k.index + blocks[i].k.length);
+    }
+    for (const RowSpan& s : writes.uncovered)
+      for (int64_t r = s.index; r < s.index + s.length; ++r) ++written[size_t(r)];
+    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(written[size_t(r)], 1) << "trial " << trial << ", row " << r;
+  }
+}
+
 }  // namespace
 }  // namespace ra::test

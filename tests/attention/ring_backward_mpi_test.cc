@@ -339,6 +339,19 @@ std::vector<RingBackwardCase> ring_backward_cases() {
     c.batch = 1;
     cases.push_back(c);
   }
+  // cudnn's steps write their dK / dV partials over, unzeroed (GradViews::kv_unset): uneven shards (a window's
+  // rows past the block's), S != T with GQA, the bf16 wire (step 1 through the partial), B = 1 and 2.
+  for (int64_t batch : {1, 2}) {
+    RingBackwardCase c = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 203, 203, 4, 2, "cudnn");
+    c.batch = batch;
+    cases.push_back(c);
+    c = gpu(SequenceLayout::kContiguous, opts[1], DType::kF16, 101, 203, 8, 2, "cudnn");
+    c.batch = batch;
+    cases.push_back(c);
+    c = gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 150, 150, 4, 2, "cudnn");
+    c.gradient_wire = DType::kBF16, c.batch = batch;
+    cases.push_back(c);
+  }
   RingBackwardCase narrow_dims = gpu(SequenceLayout::kStriped, opts[1], DType::kF16, 111, 111, 4, 4, "flash_attn2");
   narrow_dims.head_dim = narrow_dims.v_head_dim = 80;
   cases.push_back(narrow_dims);
