@@ -172,7 +172,9 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   const bool accumulators_returned = into == nullptr && f32_gradients;
   GradAccumulators acc = accumulators_returned ? GradAccumulators::zeros(in, in.q.memory())
                                                : GradAccumulators::temporary(in, in.q.memory(), stream);
-  accumulate_backward(in, pos, params, grad, acc.views());
+  GradViews views = acc.views();
+  views.kv_unset = true;  // fresh zeros: a kernel may write dk / dv over instead of reading them back
+  accumulate_backward(in, pos, params, grad, views);
   Gradients g;
   if (into != nullptr) {
     convert_gradient(acc.dq, into->dq, stream);

@@ -25,8 +25,9 @@ struct BackwardInputs {
 // (dbias, undefined without a bias). The caller owns them: the ring carries dk / dv between ranks.
 struct GradViews {
   TensorView dq, dk, dv, dbias;
-  // dk and dv hold nothing yet: the call writes each of their rows (zero where no query sees its key) rather
-  // than adding to them. Set only for implementations that say they honour it (CudaAttentionImpl::writes_unset_kv).
+  // dk and dv hold nothing the caller keeps (zeros, or anything): an implementation that honours it
+  // (CudaAttentionImpl::writes_unset_kv) writes each of their rows (zero where no query sees its key) rather
+  // than adding to them; the others add as always, so only zeroed views may carry it to those.
   bool kv_unset = false;
 };
 

@@ -229,7 +229,7 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
   };
   if (n == 1) {
     if (skipped(rank, 0, in.k.dim(1))) ++stats_.skipped;
-    else compute(in, rank, 0, in.k.dim(1), acc.dk, acc.dv, stream_, false);
+    else compute(in, rank, 0, in.k.dim(1), acc.dk, acc.dv, stream_, acc.kv_unset);
     ++stats_.steps;
   }
   // This rank's own block adds to its own dK / dV, which never travel: on one stream half of its keys
@@ -241,11 +241,12 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
   // there (B = 1), else through the zeroed partial.
   const bool own_whole = two_streams && local_->backward_yields_to_priority();
   const int64_t own_rows = in.k.dim(1), own_first = own_whole ? own_rows : own_rows / 2;
-  // (Its rows of the caller's accumulators are written over only where they are this call's own, zeroed:
-  // backward_into's, `out`; accumulate_backward_device adds into what the caller holds.)
+  // (Its rows of the caller's accumulators are written over only where they hold nothing to keep: backward_into's
+  // own, `out`, or the caller's under kv_unset; else added into.)
+  const bool own_unset = out != nullptr || acc.kv_unset;
   auto own_keys = [&](int64_t first, int64_t count) {
     const TensorView dk = narrow(acc.dk, 1, first, count), dv = narrow(acc.dv, 1, first, count);
-    if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv, stream_, out != nullptr);
+    if (dk.is_contiguous() && dv.is_contiguous()) return compute(in, rank, first, count, dk, dv, stream_, own_unset);
     char* part = partial_.data<char>();
     if (!writes_kv) RA_CUDA_CHECK(cudaMemsetAsync(part, 0, part_layout.payload(), stream_));
     const TensorView pk = part_layout.dk_view(part, count, MemoryKind::kCuda);
