@@ -8,7 +8,6 @@
 // backward on the same blocks, adding each block's gradients into the f32 accumulators.
 #include <cudnn_frontend.h>
 
-#include <cstdlib>
 #include <algorithm>
 #include <map>
 #include <tuple>
@@ -95,7 +94,7 @@ class CudnnAttention final : public CudaAttentionImpl {
   bool independent_backward_calls(const AttentionParams& p) const override { return !p.deterministic; }
   // cuDNN's backward holds its SMs to the end: beside another call it shares the GPU with it, whatever the
   // streams' priorities (2 H100, bench/RESULTS.md: the other rank's block ended last, its last hop alone).
-  bool backward_yields_to_priority() const override { return std::getenv("RA_EXP_CUDNN_OWN_WHOLE") != nullptr; }
+  bool backward_yields_to_priority() const override { return false; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& p,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
     const TensorView stats = checked_stats(in, grad);
@@ -124,7 +123,7 @@ class CudnnAttention final : public CudaAttentionImpl {
       run_backward_block(in, grad, stats, blocks[i].q, blocks[i].k, blocks[i].mask, p, &acc, nullptr,
                          acc.kv_unset ? &writes.per_block[i] : nullptr);
   }
-  bool writes_unset_kv() const override { return std::getenv("RA_EXP_CUDNN_ADD_KV") == nullptr; }
+  bool writes_unset_kv() const override { return true; }
 
   // One block covering the whole call (dense positions): cuDNN writes dq, dk, dv in q's dtype itself,
   // with no f32 accumulators and no delta of ours (cuDNN computes it from O).

@@ -5,7 +5,8 @@
 // (with the own block first, the last hop of a whole accumulator did: 1.8 ms of a 29.6 ms call on 2 H200,
 // bench/RESULTS.md). With two streams (two_streams below) the own block runs whole from step 0 and the other
 // ranks' blocks beside it at a higher priority: they end first, and the last hop travels while the own block still
-// computes. At step s >= 1 a rank computes its part of the held block's dK/dV into a zeroed partial while that
+// computes; a local kernel whose calls hold their SMs (cudnn) runs half the own block beside them and half after
+// them, over the last hop. At step s >= 1 a rank computes its part of the held block's dK/dV into a zeroed partial while that
 // block's accumulator (what the ranks before it added) is in flight to it, in the same shift as the next K/V
 // block; once both are done it checks the accumulator's checksum, adds the partial in and reseals it, and the next
 // shift passes it on. After the last step each accumulator is one hop from its owner. dK / dV's sums run in a
