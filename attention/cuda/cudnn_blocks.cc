@@ -85,8 +85,8 @@ KeyRowWrites key_row_writes(const std::vector<CudnnBlock>& blocks, int64_t rows)
     std::sort(covered.begin(), covered.end());
     std::vector<std::pair<int64_t, int64_t>> merged;
     for (const auto& c : covered) {
-      if (!merged.empty() && c.first <= merged.back().second) merged.back().second = std::max(merged.back().second, c.second);
-      else merged.push_back(c);
+      if (merged.empty() || c.first > merged.back().second) merged.push_back(c);
+      else merged.back().second = std::max(merged.back().second, c.second);
     }
     covered = std::move(merged);
   }

@@ -5,12 +5,13 @@
 // (with the own block first, the last hop of a whole accumulator did: 1.8 ms of a 29.6 ms call on 2 H200,
 // bench/RESULTS.md). With two streams (two_streams below) the own block runs whole from step 0 and the other
 // ranks' blocks beside it at a higher priority: they end first, and the last hop travels while the own block still
-// computes; a local kernel whose calls hold their SMs (cudnn) runs half the own block beside them and half after
-// them, over the last hop. At step s >= 1 a rank computes its part of the held block's dK/dV into a zeroed partial while that
-// block's accumulator (what the ranks before it added) is in flight to it, in the same shift as the next K/V
-// block; once both are done it checks the accumulator's checksum, adds the partial in and reseals it, and the next
-// shift passes it on. After the last step each accumulator is one hop from its owner. dK / dV's sums run in a
-// fixed order: a given ring size and layout give the same bits on every run (dQ's too under --deterministic).
+// computes; where the local kernel's calls hold their SMs (cudnn), half the own block runs beside them and half
+// after them, over the last hop. At step s >= 1 a rank computes its part of the held block's dK/dV into a partial
+// (zeroed first, unless the local kernel writes it over) while that block's accumulator (what the ranks before it
+// added) is in flight to it, in the same shift as the next K/V block; once both are done it checks the
+// accumulator's checksum, adds the partial in and reseals it, and the next shift passes it on. After the last
+// step each accumulator is one hop from its owner. dK / dV's sums run in a fixed order: a given ring size and
+// layout give the same bits on every run (dQ's too under --deterministic).
 #include <algorithm>
 
 #include "attention/backward.h"
@@ -265,6 +266,10 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     own_keys(first, count);
     end_span(id, stream_);
   };
+  // Step 1 computes straight into the first accumulator on an f32 wire; a local kernel that writes it over
+  // leaves nothing to zero there.
+  const bool step1_writes_slot =
+      n > 1 && writes_kv && f32_wire && !skipped(schedule_.source(1), 0, schedule_.rows(schedule_.source(1)));
   // Step s >= 1 computes the block of rank src(s) and adds to its accumulator, which the ranks after
   // that block's owner start (step 1: into [sending], zeroed, as nobody has added before) and pass
   // on one step behind the K/V block: what arrives at step s >= 2 is finished there and sent at s + 1.
@@ -284,7 +289,8 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
       } else {
         char* target = step == 1 && f32_wire ? slot[sending] : partial_.data<char>();
         const int id = span(steps, "step ", step, ": rank ", src, "'s block");
-        if (target != slot[sending] && !writes_kv) RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), steps));
+        if (target != slot[sending] && !writes_kv)
+          RA_CUDA_CHECK(cudaMemsetAsync(target, 0, part_layout.payload(), steps));
         compute(kv.block(step, src), src, 0, rows, part_layout.dk_view(target, rows, MemoryKind::kCuda),
                 part_layout.dv_view(target, rows, MemoryKind::kCuda), steps, true);
         end_span(id, steps);
@@ -295,7 +301,6 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     if (step + 1 < n) pieces = kv.outgoing(step);
     // The first accumulator starts at zero, zeroed beside step 0's compute (step 1's compute waits for
     // the K/V block that arrives after it on this stream), unless step 1's compute writes all of it.
-    const bool step1_writes_slot = writes_kv && f32_wire && !skipped(schedule_.source(1), 0, schedule_.rows(schedule_.source(1)));
     if (step == 0 && !step1_writes_slot) RA_CUDA_CHECK(cudaMemsetAsync(slot[sending], 0, payload, channel_stream));
     if (step >= 2) {
       seal_sending(schedule_.source(step - 1));
