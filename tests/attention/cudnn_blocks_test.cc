@@ -35,17 +35,35 @@ std::vector<int64_t> shard_positions(std::mt19937& rng, int64_t total) {
   return out;
 }
 
+// A call of the trial's kind: two random shards, causal two trials in three, chunk limits on or off.
+struct RandomCall {
+  std::vector<int64_t> q_pos, k_pos;
+  AttentionParams p;
+  int64_t max_q, max_k;
+  std::vector<CudnnBlock> blocks() const {
+    return cudnn_blocks(consecutive_runs(q_pos.data(), int64_t(q_pos.size())),
+                        consecutive_runs(k_pos.data(), int64_t(k_pos.size())), p, max_q, max_k);
+  }
+};
+RandomCall random_call(std::mt19937& rng, int trial) {
+  RandomCall c;
+  c.q_pos = shard_positions(rng, 90), c.k_pos = shard_positions(rng, 90);
+  c.p.causal = trial % 3 != 0;
+  c.max_q = trial % 2 ? 0 : 1 + int64_t(rng() % 40);
+  c.max_k = trial % 4 < 2 ? 0 : 1 + int64_t(rng() % 40);
+  return c;
+}
+
 TEST(CudnnBlocks, EveryVisiblePairInExactlyOneCallWithinTheChunkLimits) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 400; ++trial) {
-    const std::vector<int64_t> q_pos = shard_positions(rng, 90), k_pos = shard_positions(rng, 90);
-    AttentionParams p;
-    p.causal = trial % 3 != 0;
-    const int64_t max_q = trial % 2 ? 0 : 1 + int64_t(rng() % 40), max_k = trial % 4 < 2 ? 0 : 1 + int64_t(rng() % 40);
-    const auto q_runs = consecutive_runs(q_pos.data(), int64_t(q_pos.size()));
-    const auto k_runs = consecutive_runs(k_pos.data(), int64_t(k_pos.size()));
+    const RandomCall call = random_call(rng, trial);
+    const std::vector<int64_t>& q_pos = call.q_pos;
+    const std::vector<int64_t>& k_pos = call.k_pos;
+    const AttentionParams& p = call.p;
+    const int64_t max_q = call.max_q, max_k = call.max_k;
     std::vector<int> covered(q_pos.size() * k_pos.size(), 0);
-    for (const CudnnBlock& b : cudnn_blocks(q_runs, k_runs, p, max_q, max_k)) {
+    for (const CudnnBlock& b : call.blocks()) {
       ASSERT_GT(b.q.length, 0);
       ASSERT_GT(b.k.length, 0);
       if (max_q > 0) {
@@ -87,14 +105,9 @@ TEST(CudnnBlocks, ChunksAreNearEqualAndAsFewAsTheLimitAllows) {
 TEST(CudnnBlocks, EveryKeyRowWrittenOnceByItsFirstCallOrZeroed) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 400; ++trial) {
-    const std::vector<int64_t> q_pos = shard_positions(rng, 90), k_pos = shard_positions(rng, 90);
-    AttentionParams p;
-    p.causal = trial % 3 != 0;
-    const int64_t max_q = trial % 2 ? 0 : 1 + int64_t(rng() % 40), max_k = trial % 4 < 2 ? 0 : 1 + int64_t(rng() % 40);
-    const std::vector<CudnnBlock> blocks =
-        cudnn_blocks(consecutive_runs(q_pos.data(), int64_t(q_pos.size())),
-                     consecutive_runs(k_pos.data(), int64_t(k_pos.size())), p, max_q, max_k);
-    const int64_t rows = int64_t(k_pos.size());
+    const RandomCall call = random_call(rng, trial);
+    const std::vector<CudnnBlock> blocks = call.blocks();
+    const int64_t rows = int64_t(call.k_pos.size());
     const KeyRowWrites writes = key_row_writes(blocks, rows);
     ASSERT_EQ(writes.per_block.size(), blocks.size());
     std::vector<int> written(size_t(rows), 0), seen(size_t(rows), 0);
