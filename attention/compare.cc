@@ -32,10 +32,16 @@ Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOu
   return c;
 }
 
-GradientComparison compare_gradient(const TensorView& got, const std::vector<double>& ref, DType rounded_operands) {
+GradientComparison compare_gradient(const TensorView& got, const std::vector<double>& ref, DType rounded_operands,
+                                    const std::vector<double>* terms) {
   GradientComparison c;
   for (double r : ref) c.max_abs_reference = std::max(c.max_abs_reference, std::fabs(r));
-  c.tolerance = gradient_tolerance(got.dtype(), c.max_abs_reference, rounded_operands);
+  const bool with_terms = terms != nullptr && terms->size() == ref.size();
+  if (with_terms)
+    for (double t : *terms) c.max_terms = std::max(c.max_terms, t);
+  const double tolerance = gradient_tolerance(got.dtype(), c.max_abs_reference, rounded_operands);
+  const double per_term = with_terms ? cancellation_tolerance(rounded_operands) : 0.0;
+  c.tolerance = tolerance + per_term * c.max_terms;  // the largest element's
   if (got.numel() != int64_t(ref.size())) {
     c.wrong = std::max<int64_t>(1, int64_t(ref.size()));
     return c;
@@ -45,7 +51,7 @@ GradientComparison compare_gradient(const TensorView& got, const std::vector<dou
     if (!std::isfinite(x)) ++c.nan;
     const double e = std::fabs(x - ref[size_t(i)]);
     c.max_abs_error = std::max(c.max_abs_error, std::isnan(e) ? INFINITY : e);
-    if (!(e <= c.tolerance)) ++c.wrong;
+    if (!(e <= tolerance + (with_terms ? per_term * (*terms)[size_t(i)] : 0.0))) ++c.wrong;
   }
   return c;
 }

@@ -21,12 +21,13 @@ Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOu
                    double lse_tolerance);
 
 // A gradient (contiguous host tensor, any float dtype) against the f64 reference's, with the tolerance
-// of attention/tolerance.h for its dtype (rounded_operands: the dtype a kernel rounds P / dS to).
+// of attention/tolerance.h for its dtype (rounded_operands: the dtype a kernel rounds P / dS to; terms:
+// the reference's sums of |terms| for these elements, where it gives them).
 struct GradientComparison {
-  double max_abs_error = 0, max_abs_reference = 0, tolerance = 0;
+  double max_abs_error = 0, max_abs_reference = 0, max_terms = 0, tolerance = 0;
   int64_t wrong = 0, nan = 0;
 };
 GradientComparison compare_gradient(const TensorView& got, const std::vector<double>& ref,
-                                    DType rounded_operands = DType::kF32);
+                                    DType rounded_operands = DType::kF32, const std::vector<double>* terms = nullptr);
 
 }  // namespace ra

@@ -29,7 +29,8 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
   if (plan.sp_size > 1) {  // this rank's queries gave every key a part of dK / dV: sum them, keep its rows
     Communicator& sequence = job.sequence_axis();
     const std::vector<int64_t> rows = layout_indices(plan.layout, plan.kv_len, plan.sp_size, plan.sp_index);
-    for (auto [full, width] : {std::pair{&ref.dk, plan.head_dim}, std::pair{&ref.dv, plan.v_head_dim}}) {
+    for (auto [full, width] : {std::pair{&ref.dk, plan.head_dim}, std::pair{&ref.dv, plan.v_head_dim},
+                               std::pair{&ref.dk_terms, plan.head_dim}, std::pair{&ref.dv_terms, plan.v_head_dim}}) {
       sequence.all_reduce(full->data(), full->size(), ReduceOp::kSum);
       const int64_t row_width = plan.hkv_count * width, batch = int64_t(full->size()) / (plan.kv_len * row_width);
       std::vector<double> mine;
@@ -49,12 +50,15 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
     GradientComparison c;
     bool given = true;  // dbias and dsinks only where the input has a bias / sinks
   };
-  Result results[5] = {{"dq", compare_gradient(dq, ref.dq, rounded)}, {"dk", compare_gradient(dk, ref.dk, rounded)},
-                       {"dv", compare_gradient(dv, ref.dv, rounded)}, {"dbias", {}, dbias.defined()},
+  Result results[5] = {{"dq", compare_gradient(dq, ref.dq, rounded, &ref.dq_terms)},
+                       {"dk", compare_gradient(dk, ref.dk, rounded, &ref.dk_terms)},
+                       {"dv", compare_gradient(dv, ref.dv, rounded, &ref.dv_terms)},
+                       {"dbias", {}, dbias.defined()},
                        {"dsinks", {}, local.sinks.defined()}};
   if (dbias.defined()) {  // the file holds the sums over the ranks that share a broadcast part of the bias
-    sum_shared_bias_gradient(ref.dbias, in_file.info(plan.names.bias).shape, job, {"dp", "tp", "sp"});
-    results[3].c = compare_gradient(dbias, ref.dbias, rounded);
+    for (std::vector<double>* sums : {&ref.dbias, &ref.dbias_terms})
+      sum_shared_bias_gradient(*sums, in_file.info(plan.names.bias).shape, job, {"dp", "tp", "sp"});
+    results[3].c = compare_gradient(dbias, ref.dbias, rounded, &ref.dbias_terms);
   }
   if (results[4].given) {  // over every query row: this rank's part of the sum, summed over the batch and sequence ranks
     RA_CHECK(dsinks.defined(), "output '", out_file.path(), "' has no dataset 'dsinks': the input has sinks (was it "

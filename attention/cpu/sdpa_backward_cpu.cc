@@ -30,6 +30,10 @@ struct BackwardBuffers {
   std::array<int64_t, kMaxRank> dbias_strides{};
   FixedUnits units{};                         // fixed-point sums only: each output's unit
   std::atomic<bool>* out_of_range = nullptr;  // fixed-point sums only: set when a term exceeds its range
+  // The oracle only (kTerms): each output's sum of |terms| (shaped as dq, dk, dv, dbias), and per row
+  // sum |dO * O|, delta's.
+  double *dq_terms = nullptr, *dk_terms = nullptr, *dv_terms = nullptr, *dbias_terms = nullptr;
+  const double* delta_terms = nullptr;
 };
 
 // sum += term: as is for floating-point sums; for fixed point, rounded to `unit` on its own.
@@ -41,7 +45,7 @@ inline void add_term(Fixed& sum, double term, double unit, std::atomic<bool>* ou
   if (!fixed_add(sum, term, unit)) out_of_range->store(true, std::memory_order_relaxed);
 }
 
-template <typename Acc, typename LseT, typename Sum, typename LogitT>
+template <bool kTerms = false, typename Acc, typename LseT, typename Sum, typename LogitT>
 void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const AttentionParams& p,
                         const BackwardBuffers<Acc, LseT, Sum, LogitT>& buf) {
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
@@ -53,6 +57,7 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
   for (int64_t b = 0; b < B; ++b)
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       std::vector<Sum> dq_row(static_cast<size_t>(D));
+      std::vector<double> dq_terms_row(kTerms ? size_t(D) : 0);
       for (int64_t h = kh * group; h < (kh + 1) * group; ++h)
         for (int64_t t = 0; t < T; ++t) {
           const int64_t r = (b * Hq + h) * T + t;
@@ -61,6 +66,7 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
           const LogitT* q = in.q.data_as<LogitT>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
           const LogitT* d_o = buf.d_o + ((b * T + t) * Hq + h) * Dv;
           std::fill(dq_row.begin(), dq_row.end(), Sum(0));
+          std::fill(dq_terms_row.begin(), dq_terms_row.end(), 0.0);
           for (int64_t j = 0; j < S; ++j) {
             const Acc s = pair_logit<LogitT>(in, pos, p, logit_scale, q, b, h, kh, t, j);
             if (s == -INFINITY) continue;
@@ -72,14 +78,26 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
             const LogitT* v = in.v.data_as<LogitT>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
             Sum* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
             Acc dp = 0;
+            double dp_terms = 0;
             for (int64_t d = 0; d < Dv; ++d) {
               dp += Acc(d_o[d]) * Acc(v[d]);
               add_term(dv[d], prob * weight * Acc(d_o[d]), buf.units.dv, buf.out_of_range);
+              if constexpr (kTerms) {
+                dp_terms += std::fabs(double(d_o[d]) * double(v[d]));
+                buf.dv_terms[((b * S + j) * Hkv + kh) * Dv + d] += std::fabs(double(prob * weight * Acc(d_o[d])));
+              }
             }
             const Acc ds = prob * (dp * weight - delta);  // d loss / d logit
+            // |dS|'s terms: P (|dP| weight + |delta|), each of dP and delta from its own sum of |products|.
+            [[maybe_unused]] const double ds_terms =
+                kTerms ? double(prob) * (dp_terms * std::fabs(double(weight)) + buf.delta_terms[r]) : 0.0;
             const int64_t bias_at = b * buf.dbias_strides[0] + h * buf.dbias_strides[1] + t * buf.dbias_strides[2] +
                                     kpos * buf.dbias_strides[3];
             if (buf.dbias != nullptr) {
+              if constexpr (kTerms) {
+#pragma omp atomic
+                buf.dbias_terms[bias_at] += ds_terms;
+              }
               if constexpr (std::is_same_v<Sum, Fixed>) {  // no atomic add on 128 bits
 #pragma omp critical(ra_fixed_dbias)
                 add_term(buf.dbias[bias_at], ds, buf.units.dbias, buf.out_of_range);
@@ -89,6 +107,7 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
               }
             }
             Acc dx = ds * scale;  // through the soft cap: d(cap tanh(x / cap)) / dx = 1 - tanh^2
+            [[maybe_unused]] double dx_terms = ds_terms * double(scale);
             if (cap > 0) {
               const Acc capped = in.bias.defined() ? s - Acc(in.bias.data_as<LogitT>()[b * in.bias.stride(0) +
                                                                                      h * in.bias.stride(1) +
@@ -97,6 +116,7 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
                                                    : s;
               const Acc th = capped / cap;
               dx *= Acc(1) - th * th;
+              dx_terms *= std::fabs(double(Acc(1) - th * th));
             }
             const LogitT* k = in.k.data_as<LogitT>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
             Sum* dk = buf.dk + ((b * S + j) * Hkv + kh) * D;
@@ -104,9 +124,18 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
               add_term(dq_row[size_t(d)], dx * Acc(k[d]), buf.units.dq, buf.out_of_range);
               add_term(dk[d], dx * Acc(q[d]), buf.units.dk, buf.out_of_range);
             }
+            if constexpr (kTerms) {
+              double* dk_terms = buf.dk_terms + ((b * S + j) * Hkv + kh) * D;
+              for (int64_t d = 0; d < D; ++d) {
+                dq_terms_row[size_t(d)] += dx_terms * std::fabs(double(k[d]));
+                dk_terms[d] += dx_terms * std::fabs(double(q[d]));
+              }
+            }
           }
           Sum* dq = buf.dq + ((b * T + t) * Hq + h) * D;
           for (int64_t d = 0; d < D; ++d) dq[d] += dq_row[size_t(d)];
+          if constexpr (kTerms)
+            for (int64_t d = 0; d < D; ++d) buf.dq_terms[((b * T + t) * Hq + h) * D + d] += dq_terms_row[size_t(d)];
         }
     }
 }
@@ -129,7 +158,7 @@ void sdpa_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPosi
                              acc.dq.data_as<float>(), acc.dk.data_as<float>(),  acc.dv.data_as<float>(),
                              acc.dbias.data_as<float>()};
   if (in_raw.bias.defined()) buf.dbias_strides = dbias_strides(acc.dbias, in_raw, pos);
-  sdpa_backward_rows<float>(in, pos, p, buf);
+  sdpa_backward_rows(in, pos, p, buf);
 }
 
 bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPositions& pos, const AttentionParams& p,
@@ -155,26 +184,38 @@ ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_ra
   const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3);
   ReferenceGradients g;
   g.forward = reference_attention_f64(in_raw, p, pos);
-  std::vector<double> delta(size_t(B * Hq * T));
+  std::vector<double> delta(size_t(B * Hq * T)), delta_terms(delta.size());
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < Hq; ++h) {
         const int64_t row = ((b * T + t) * Hq + h) * Dv;
-        double sum = 0;
-        for (int64_t d = 0; d < Dv; ++d) sum += g.forward.o[size_t(row + d)] * d_o.data<double>()[row + d];
+        double sum = 0, terms = 0;
+        for (int64_t d = 0; d < Dv; ++d) {
+          const double product = g.forward.o[size_t(row + d)] * d_o.data<double>()[row + d];
+          sum += product;
+          terms += std::fabs(product);
+        }
         delta[size_t((b * Hq + h) * T + t)] = sum;
+        delta_terms[size_t((b * Hq + h) * T + t)] = terms;
       }
   g.dq.assign(size_t(B * T * Hq * D), 0.0);
   g.dk.assign(size_t(B * S * Hkv * D), 0.0);
   g.dv.assign(size_t(B * S * Hkv * Dv), 0.0);
+  g.dq_terms.assign(g.dq.size(), 0.0);
+  g.dk_terms.assign(g.dk.size(), 0.0);
+  g.dv_terms.assign(g.dv.size(), 0.0);
   BackwardBuffers<double> buf{d_o.data<double>(), g.forward.lse.data(), delta.data(), g.dq.data(), g.dk.data(),
                               g.dv.data(),       nullptr};
+  buf.dq_terms = g.dq_terms.data(), buf.dk_terms = g.dk_terms.data(), buf.dv_terms = g.dv_terms.data();
+  buf.delta_terms = delta_terms.data();
   if (in_raw.bias.defined()) {
     g.dbias.assign(size_t(in_raw.bias.numel()), 0.0);
+    g.dbias_terms.assign(g.dbias.size(), 0.0);
     buf.dbias = g.dbias.data();
+    buf.dbias_terms = g.dbias_terms.data();
     buf.dbias_strides = dbias_strides(TensorView(buf.dbias, DType::kF64, in_raw.bias.shape()), in_raw, pos);
   }
-  sdpa_backward_rows<double>(in, pos, p, buf);
+  sdpa_backward_rows<true>(in, pos, p, buf);
   if (in.sinks.defined()) {
     g.dsinks.assign(size_t(Hq), 0.0);
     for (int64_t h = 0; h < Hq; ++h) {

@@ -4,12 +4,14 @@
 // oracle on randomised shapes, block splitting, closed forms and bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <tuple>
 
+#include "attention/compare.h"
 #include "attention/cpu/flash_cpu.h"
 #include "attention/online_softmax.h"
 #include "attention/registry.h"
@@ -191,6 +193,54 @@ void expect_gradient(const TensorView& got, const std::vector<double>& want, con
   EXPECT_EQ(c.nan, 0) << name;
   EXPECT_EQ(c.wrong, 0) << name << ": max |error| " << c.max_abs_error << " (tolerance " << c.tolerance
                         << ", max |reference| " << c.max_abs_reference << ")";
+}
+
+// Gradients that are zero by cancellation (one key: P = 1; a constant V: dP = delta; a constant K: dQ sums dS,
+// which sums to zero) come from terms of the inputs' size, which f32 rounds to about 1e-7 where a tolerance scaled
+// by the zero result allowed 1e-7 (`verify` failed such f32 files): compare_gradient weighs each element by the
+// oracle's sum of |terms|, which bounds it; the CPU kernels pass, and an element off by twice its allowance fails.
+TEST(GradientTolerance, CancellingGradientsPassByTheirTermsAndErrorsStillFail) {
+  struct Case {
+    const char* name;
+    int64_t t, s;
+    bool constant_v, constant_k;
+  };
+  auto constant_rows = [](Tensor& t) {  // every key row a copy of the first
+    float* p = t.data<float>();
+    const int64_t row = t.view().dim(2) * t.view().dim(3);
+    for (int64_t j = 1; j < t.view().dim(1); ++j) std::copy(p, p + row, p + j * row);
+  };
+  for (const Case& c : {Case{"one key", 16, 1, false, false}, Case{"constant V", 40, 40, true, false},
+                        Case{"constant K", 40, 40, false, true}}) {
+    SCOPED_TRACE(c.name);
+    const ProblemSpec spec{1, c.t, c.s, 4, 2, 32, 24, DType::kF32, Options{}, 17};
+    Problem problem(spec);
+    if (c.constant_v) constant_rows(problem.v);
+    if (c.constant_k) constant_rows(problem.k);
+    const AttentionInputs in = problem.inputs();
+    const Tensor d_o = random_d_o(spec, DType::kF32);
+    const ReferenceGradients ref =
+        reference_attention_backward_f64(in, problem.params(), TokenPositions::dense(c.t, c.s), d_o);
+    for (const char* name : {"sdpa", "flash_attn2"}) {
+      const Gradients g = AttentionRegistry::builtin().create(name, Backend::kCpu)->backward(in, problem.params(), d_o);
+      for (auto [got, want, terms, what] : {std::tuple{&g.dq, &ref.dq, &ref.dq_terms, "dq"},
+                                            std::tuple{&g.dk, &ref.dk, &ref.dk_terms, "dk"},
+                                            std::tuple{&g.dv, &ref.dv, &ref.dv_terms, "dv"}}) {
+        SCOPED_TRACE(std::string(name) + " " + what);
+        ASSERT_EQ(terms->size(), want->size());
+        for (size_t i = 0; i < want->size(); ++i) ASSERT_GE((*terms)[i], std::fabs((*want)[i]) * (1 - 1e-12));
+        const GradientComparison fine = compare_gradient(got->view(), *want, DType::kF32, terms);
+        EXPECT_EQ(fine.wrong, 0) << "max |error| " << fine.max_abs_error << ", tolerance " << fine.tolerance;
+        const size_t at = size_t(std::max_element(terms->begin(), terms->end()) - terms->begin());
+        Tensor changed(DType::kF32, got->shape(), MemoryKind::kHost);
+        std::memcpy(changed.data<float>(), got->data<float>(), size_t(got->view().nbytes()));
+        const double allowed = gradient_tolerance(DType::kF32, fine.max_abs_reference) +
+                               cancellation_tolerance() * (*terms)[at];
+        changed.data<float>()[at] = float((*want)[at] + 2 * allowed);
+        EXPECT_EQ(compare_gradient(changed.view(), *want, DType::kF32, terms).wrong, 1);
+      }
+    }
+  }
 }
 
 class BackwardVsReference : public testing::TestWithParam<GradCase> {};

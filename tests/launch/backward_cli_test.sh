@@ -45,6 +45,37 @@ expect "dp=2 run --backward" 0 "backward" "$mpiexec" --oversubscribe -np 2 "$ra"
   --mesh dp=2 --backward --quiet
 expect "dp=2 verify" 0 "dk vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np 2 "$ra" verify \
   --input f32.h5 --output dp2.h5 --mesh dp=2
+# Gradients zero by cancellation (one key; a constant V; a constant K), f32: verify weighs them by the rounding of
+# their terms, not of the zero they sum to (it failed such files); on 1 and 3 ranks, and a changed dk still fails.
+$python - <<'PY'
+import h5py, numpy as np
+rng = np.random.default_rng(5)
+def write(name, t, s, constant_v=False, constant_k=False):
+    q, k, v = rng.standard_normal((1, t, 4, 32)), rng.standard_normal((1, s, 2, 32)), rng.standard_normal((1, s, 2, 24))
+    if constant_v: v[:] = v[:, :1]
+    if constant_k: k[:] = k[:, :1]
+    with h5py.File(name, "w") as f:
+        for n, a in (("q", q), ("k", k), ("v", v), ("do", rng.standard_normal((1, t, 4, 24)))):
+            f[n] = a.astype(np.float32)
+write("one-key.h5", 16, 1)
+write("constant-v.h5", 40, 40, constant_v=True)
+write("constant-k.h5", 40, 40, constant_k=True)
+PY
+for input in one-key constant-v constant-k; do
+  for n in 1 3; do
+    expect "run --backward $input, $n ranks" 0 "backward" "$mpiexec" --oversubscribe -np $n "$ra" run --input $input.h5 \
+      --output $input-$n.h5 --backward --quiet
+    expect "verify $input, $n ranks (terms that cancel)" 0 "dk vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe \
+      -np $n "$ra" verify --input $input.h5 --output $input-$n.h5
+  done
+done
+$python - <<'PY'
+import h5py
+with h5py.File("one-key-1.h5", "r+") as f:
+    f["dk"][0, 0, 1, 3] += 0.01
+PY
+expect "verify catches a changed dk of zero" 1 "dk vs f64 reference.*#wrong 1  FAILED" "$ra" verify --input one-key.h5 \
+  --output one-key-1.h5
 # A wrong gradient fails verify.
 $python - <<'PY'
 import h5py
