@@ -63,8 +63,8 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
   if (results[4].given) {  // over every query row: this rank's part of the sum, summed over the batch and sequence ranks
     RA_CHECK(dsinks.defined(), "output '", out_file.path(), "' has no dataset 'dsinks': the input has sinks (was it "
              "written by run --backward with them?)");
-    sum_over_mesh_axes(ref.dsinks, job, {"dp", "sp"});
-    results[4].c = compare_gradient(dsinks, ref.dsinks, rounded);
+    for (std::vector<double>* sums : {&ref.dsinks, &ref.dsinks_terms}) sum_over_mesh_axes(*sums, job, {"dp", "sp"});
+    results[4].c = compare_gradient(dsinks, ref.dsinks, rounded, &ref.dsinks_terms);
     if (plan.sp_index != 0 || plan.b_offset != 0)  // the dp and sp ranks of these heads hold the same values: count once
       results[4].c.wrong = results[4].c.nan = 0;
   }

@@ -218,13 +218,16 @@ ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_ra
   sdpa_backward_rows<true>(in, pos, p, buf);
   if (in.sinks.defined()) {
     g.dsinks.assign(size_t(Hq), 0.0);
+    g.dsinks_terms.assign(size_t(Hq), 0.0);
     for (int64_t h = 0; h < Hq; ++h) {
       const double sink = in.sinks.data_as<double>()[h * in.sinks.stride(0)];
       for (int64_t b = 0; b < B; ++b)
         for (int64_t t = 0; t < T; ++t) {
           const int64_t r = (b * Hq + h) * T + t;
           const double lse = g.forward.lse[size_t(r)];
-          if (lse != -INFINITY) g.dsinks[size_t(h)] -= std::exp(sink - lse) * delta[size_t(r)];
+          if (lse == -INFINITY) continue;
+          g.dsinks[size_t(h)] -= std::exp(sink - lse) * delta[size_t(r)];
+          g.dsinks_terms[size_t(h)] += std::exp(sink - lse) * delta_terms[size_t(r)];
         }
     }
   }

@@ -32,7 +32,7 @@ struct ReferenceGradients {
   std::vector<double> dsinks;      // (Hq); empty without sinks
   // Each gradient element's sum of |terms|: what f32 arithmetic rounds, however far the terms cancel (a
   // softmax over one key, a constant V or K give dQ = dK = 0 exactly, from terms of the inputs' size).
-  std::vector<double> dq_terms, dk_terms, dv_terms, dbias_terms;
+  std::vector<double> dq_terms, dk_terms, dv_terms, dbias_terms, dsinks_terms;
 };
 ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in, const AttentionParams& params,
                                                     const TokenPositions& pos, const TensorView& d_o);
