@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention/attention_impl.h"
 #include "attention/tolerance.h"
 
 namespace ra {
@@ -33,13 +34,16 @@ Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOu
 }
 
 GradientComparison compare_gradient(const TensorView& got, const std::vector<double>& ref, DType rounded_operands,
-                                    const std::vector<double>* terms) {
+                                    const std::vector<double>* terms, double logit_rounding) {
   GradientComparison c;
   for (double r : ref) c.max_abs_reference = std::max(c.max_abs_reference, std::fabs(r));
   const bool with_terms = terms != nullptr && terms->size() == ref.size();
   if (with_terms)
     for (double t : *terms) c.max_terms = std::max(c.max_terms, t);
-  const double tolerance = gradient_tolerance(got.dtype(), c.max_abs_reference, rounded_operands);
+  // A logit's rounding moves P by that much relative, and the gradients with it (where terms cancel, P = 1 or
+  // dP = delta hold whatever the logits: the terms' part covers those).
+  const double tolerance = gradient_tolerance(got.dtype(), c.max_abs_reference, rounded_operands) +
+                           4.0 * logit_rounding * c.max_abs_reference;
   const double per_term = with_terms ? cancellation_tolerance(rounded_operands) : 0.0;
   c.tolerance = tolerance + per_term * c.max_terms;  // the largest element's
   if (got.numel() != int64_t(ref.size())) {
@@ -54,6 +58,44 @@ GradientComparison compare_gradient(const TensorView& got, const std::vector<dou
     if (!(e <= tolerance + (with_terms ? per_term * (*terms)[size_t(i)] : 0.0))) ++c.wrong;
   }
   return c;
+}
+
+namespace {
+
+// The largest Euclidean norm of t's rows over its last dimension (any float dtype, any strides, rank 4).
+double max_row_norm(const TensorView& t) {
+  double best = 0;
+  for (int64_t a = 0; a < t.dim(0); ++a)
+    for (int64_t b = 0; b < t.dim(1); ++b)
+      for (int64_t c = 0; c < t.dim(2); ++c) {
+        double sum = 0;
+        for (int64_t d = 0; d < t.dim(3); ++d) {
+          const int64_t at = a * t.stride(0) + b * t.stride(1) + c * t.stride(2) + d * t.stride(3);
+          const double x = load_as_f32(t.data(), t.dtype(), size_t(at));
+          sum += x * x;
+        }
+        best = std::max(best, std::sqrt(sum));
+      }
+  return best;
+}
+
+}  // namespace
+
+double logit_rounding(const AttentionInputs& in, const AttentionParams& params) {
+  const int64_t D = in.q.dim(3);
+  double largest = effective_scale(params, D) * max_row_norm(in.q) * max_row_norm(in.k);
+  double max_bias = 0;
+  if (in.bias.defined()) {
+    const TensorView& bias = in.bias;
+    for (int64_t a = 0; a < bias.dim(0); ++a)
+      for (int64_t b = 0; b < bias.dim(1); ++b)
+        for (int64_t c = 0; c < bias.dim(2); ++c)
+          for (int64_t d = 0; d < bias.dim(3); ++d) {
+            const int64_t at = a * bias.stride(0) + b * bias.stride(1) + c * bias.stride(2) + d * bias.stride(3);
+            max_bias = std::max(max_bias, double(std::fabs(load_as_f32(bias.data(), bias.dtype(), size_t(at)))));
+          }
+  }
+  return 2.0 * std::sqrt(double(D)) * dtype_unit_roundoff(DType::kF32) * (largest + max_bias);
 }
 
 }  // namespace ra

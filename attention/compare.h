@@ -28,6 +28,14 @@ struct GradientComparison {
   int64_t wrong = 0, nan = 0;
 };
 GradientComparison compare_gradient(const TensorView& got, const std::vector<double>& ref,
-                                    DType rounded_operands = DType::kF32, const std::vector<double>* terms = nullptr);
+                                    DType rounded_operands = DType::kF32, const std::vector<double>* terms = nullptr,
+                                    double logit_rounding = 0.0);
+
+// How far f32 may round a logit of these (host) inputs: scale |q| |k| over the largest rows (Cauchy-Schwarz: at
+// least the sum of |q_d k_d| a kernel rounds) plus the largest |bias|, times 2 sqrt(D) f32 units (a dot product's
+// rounding, with margin). Large logits (unnormalised activations) move P, and with it O, LSE and the gradients, by
+// that much relative, however exact the kernel: tolerances add it (LSE: itself; O: 2 max|V| times it; a gradient:
+// 4 times it, times its largest value). Near zero for unit-scale inputs.
+double logit_rounding(const AttentionInputs& in, const AttentionParams& params);
 
 }  // namespace ra

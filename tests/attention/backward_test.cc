@@ -243,6 +243,39 @@ TEST(GradientTolerance, CancellingGradientsPassByTheirTermsAndErrorsStillFail) {
   }
 }
 
+// Logits of about 1e4 (activations 30x a unit normal's): f32 rounds each by about 1e-3, which moves O, LSE and the
+// gradients of any f32 kernel; logit_rounding allows for it, and is negligible for unit-scale inputs.
+TEST(GradientTolerance, LargeLogitsPassByTheirRoundingWhichUnitInputsDoNotNeed) {
+  const ProblemSpec spec{1, 48, 48, 4, 2, 64, 64, DType::kF32, Options{}, 23};
+  Problem problem(spec);
+  const double unit_rounding = logit_rounding(problem.inputs(), problem.params());
+  EXPECT_LT(unit_rounding, 5e-5);
+  for (Tensor* t : {&problem.q, &problem.k})
+    for (int64_t i = 0; i < t->view().numel(); ++i) t->data<float>()[i] *= 30.0f;
+  const AttentionInputs in = problem.inputs();
+  const double rounding = logit_rounding(in, problem.params());
+  EXPECT_GT(rounding, 100 * unit_rounding);
+  const Tensor d_o = random_d_o(spec, DType::kF32);
+  const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+  const ReferenceGradients ref = reference_attention_backward_f64(in, problem.params(), pos, d_o);
+  const double max_v = max_abs_value(in.v);
+  for (const char* name : {"sdpa", "flash_attn2"}) {
+    SCOPED_TRACE(name);
+    auto impl = AttentionRegistry::builtin().create(name, Backend::kCpu);
+    const AttentionOutput out = impl->forward(in, problem.params(), pos);
+    const Comparison fwd = compare(out.o, out.lse, ref.forward, output_tolerance(DType::kF32, max_v) + 2 * max_v * rounding,
+                                   kLseTolerance + rounding);
+    EXPECT_EQ(fwd.wrong, 0) << "o " << fwd.max_abs_error << ", lse " << fwd.max_lse_error;
+    const Gradients g = impl->backward(in, problem.params(), d_o);
+    for (auto [got, want, terms, what] : {std::tuple{&g.dq, &ref.dq, &ref.dq_terms, "dq"},
+                                          std::tuple{&g.dk, &ref.dk, &ref.dk_terms, "dk"},
+                                          std::tuple{&g.dv, &ref.dv, &ref.dv_terms, "dv"}}) {
+      const GradientComparison c = compare_gradient(got->view(), *want, DType::kF32, terms, rounding);
+      EXPECT_EQ(c.wrong, 0) << what << ": max |error| " << c.max_abs_error << ", tolerance " << c.tolerance;
+    }
+  }
+}
+
 class BackwardVsReference : public testing::TestWithParam<GradCase> {};
 
 TEST_P(BackwardVsReference, MatchesF64Gradients) {
