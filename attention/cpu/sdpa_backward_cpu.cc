@@ -177,7 +177,8 @@ bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPo
 }
 
 ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_raw, const AttentionParams& p,
-                                                    const TokenPositions& pos, const TensorView& d_o_raw) {
+                                                    const TokenPositions& pos, const TensorView& d_o_raw,
+                                                    bool with_terms) {
   const F64Inputs in = as_f64_inputs(in_raw, pos);
   const Tensor d_o = f64_copy(d_o_raw);
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
@@ -201,24 +202,29 @@ ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_ra
   g.dq.assign(size_t(B * T * Hq * D), 0.0);
   g.dk.assign(size_t(B * S * Hkv * D), 0.0);
   g.dv.assign(size_t(B * S * Hkv * Dv), 0.0);
-  g.dq_terms.assign(g.dq.size(), 0.0);
-  g.dk_terms.assign(g.dk.size(), 0.0);
-  g.dv_terms.assign(g.dv.size(), 0.0);
   BackwardBuffers<double> buf{d_o.data<double>(), g.forward.lse.data(), delta.data(), g.dq.data(), g.dk.data(),
                               g.dv.data(),       nullptr};
-  buf.dq_terms = g.dq_terms.data(), buf.dk_terms = g.dk_terms.data(), buf.dv_terms = g.dv_terms.data();
-  buf.delta_terms = delta_terms.data();
+  if (with_terms) {
+    g.dq_terms.assign(g.dq.size(), 0.0);
+    g.dk_terms.assign(g.dk.size(), 0.0);
+    g.dv_terms.assign(g.dv.size(), 0.0);
+    buf.dq_terms = g.dq_terms.data(), buf.dk_terms = g.dk_terms.data(), buf.dv_terms = g.dv_terms.data();
+    buf.delta_terms = delta_terms.data();
+  }
   if (in_raw.bias.defined()) {
     g.dbias.assign(size_t(in_raw.bias.numel()), 0.0);
-    g.dbias_terms.assign(g.dbias.size(), 0.0);
     buf.dbias = g.dbias.data();
-    buf.dbias_terms = g.dbias_terms.data();
     buf.dbias_strides = dbias_strides(TensorView(buf.dbias, DType::kF64, in_raw.bias.shape()), in_raw, pos);
+    if (with_terms) {
+      g.dbias_terms.assign(g.dbias.size(), 0.0);
+      buf.dbias_terms = g.dbias_terms.data();
+    }
   }
-  sdpa_backward_rows<true>(in, pos, p, buf);
+  if (with_terms) sdpa_backward_rows<true>(in, pos, p, buf);
+  else sdpa_backward_rows<false>(in, pos, p, buf);
   if (in.sinks.defined()) {
     g.dsinks.assign(size_t(Hq), 0.0);
-    g.dsinks_terms.assign(size_t(Hq), 0.0);
+    if (with_terms) g.dsinks_terms.assign(size_t(Hq), 0.0);
     for (int64_t h = 0; h < Hq; ++h) {
       const double sink = in.sinks.data_as<double>()[h * in.sinks.stride(0)];
       for (int64_t b = 0; b < B; ++b)
@@ -227,7 +233,7 @@ ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_ra
           const double lse = g.forward.lse[size_t(r)];
           if (lse == -INFINITY) continue;
           g.dsinks[size_t(h)] -= std::exp(sink - lse) * delta[size_t(r)];
-          g.dsinks_terms[size_t(h)] += std::exp(sink - lse) * delta_terms[size_t(r)];
+          if (with_terms) g.dsinks_terms[size_t(h)] += std::exp(sink - lse) * delta_terms[size_t(r)];
         }
     }
   }

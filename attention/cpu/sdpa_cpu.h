@@ -34,7 +34,9 @@ struct ReferenceGradients {
   // softmax over one key, a constant V or K give dQ = dK = 0 exactly, from terms of the inputs' size).
   std::vector<double> dq_terms, dk_terms, dv_terms, dbias_terms, dsinks_terms;
 };
+// with_terms: also the *_terms sums (for comparisons; the f64 route for users leaves them out).
 ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in, const AttentionParams& params,
-                                                    const TokenPositions& pos, const TensorView& d_o);
+                                                    const TokenPositions& pos, const TensorView& d_o,
+                                                    bool with_terms = true);
 
 }  // namespace ra

@@ -81,7 +81,7 @@ nb::object attention_backward_f64(const AttentionInputs& in, const AttentionPara
   ReferenceGradients r;
   {
     nb::gil_scoped_release released;
-    r = reference_attention_backward_f64(in, params, pos, d_o);
+    r = reference_attention_backward_f64(in, params, pos, d_o, /*with_terms=*/false);
   }
   if (into) {
     write_into(r.dq, into->dq, "dq", in.q.shape(), in.q);
