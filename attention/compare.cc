@@ -5,6 +5,7 @@
 
 #include "attention/attention_impl.h"
 #include "attention/tolerance.h"
+#include "attention/validate.h"
 
 namespace ra {
 
@@ -62,20 +63,17 @@ GradientComparison compare_gradient(const TensorView& got, const std::vector<dou
 
 namespace {
 
-// The largest Euclidean norm of t's rows over its last dimension (any float dtype, any strides, rank 4).
+// The largest Euclidean norm of t's rows over its last dimension (any float dtype, any strides).
 double max_row_norm(const TensorView& t) {
+  const Tensor values = f32_copy(t);
+  const float* x = values.data<float>();
+  const int64_t width = t.dim(t.rank() - 1);
   double best = 0;
-  for (int64_t a = 0; a < t.dim(0); ++a)
-    for (int64_t b = 0; b < t.dim(1); ++b)
-      for (int64_t c = 0; c < t.dim(2); ++c) {
-        double sum = 0;
-        for (int64_t d = 0; d < t.dim(3); ++d) {
-          const int64_t at = a * t.stride(0) + b * t.stride(1) + c * t.stride(2) + d * t.stride(3);
-          const double x = load_as_f32(t.data(), t.dtype(), size_t(at));
-          sum += x * x;
-        }
-        best = std::max(best, std::sqrt(sum));
-      }
+  for (int64_t row = 0; row * width < values.numel(); ++row) {
+    double sum = 0;
+    for (int64_t d = 0; d < width; ++d) sum += double(x[row * width + d]) * x[row * width + d];
+    best = std::max(best, std::sqrt(sum));
+  }
   return best;
 }
 
@@ -83,17 +81,11 @@ double max_row_norm(const TensorView& t) {
 
 double logit_rounding(const AttentionInputs& in, const AttentionParams& params) {
   const int64_t D = in.q.dim(3);
-  double largest = effective_scale(params, D) * max_row_norm(in.q) * max_row_norm(in.k);
+  const double largest = effective_scale(params, D) * max_row_norm(in.q) * max_row_norm(in.k);
   double max_bias = 0;
   if (in.bias.defined()) {
-    const TensorView& bias = in.bias;
-    for (int64_t a = 0; a < bias.dim(0); ++a)
-      for (int64_t b = 0; b < bias.dim(1); ++b)
-        for (int64_t c = 0; c < bias.dim(2); ++c)
-          for (int64_t d = 0; d < bias.dim(3); ++d) {
-            const int64_t at = a * bias.stride(0) + b * bias.stride(1) + c * bias.stride(2) + d * bias.stride(3);
-            max_bias = std::max(max_bias, double(std::fabs(load_as_f32(bias.data(), bias.dtype(), size_t(at)))));
-          }
+    const Tensor bias = f32_copy(in.bias);
+    for (int64_t i = 0; i < bias.numel(); ++i) max_bias = std::max(max_bias, double(std::fabs(bias.data<float>()[i])));
   }
   return 2.0 * std::sqrt(double(D)) * dtype_unit_roundoff(DType::kF32) * (largest + max_bias);
 }

@@ -77,6 +77,7 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
             const Acc weight = dropout_weight(p, keep_scale, Acc(1), b, h, pos.q[size_t(t)], kpos);
             const LogitT* v = in.v.data_as<LogitT>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
             Sum* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
+            [[maybe_unused]] double* dv_terms = kTerms ? buf.dv_terms + (dv - buf.dv) : nullptr;
             Acc dp = 0;
             double dp_terms = 0;
             for (int64_t d = 0; d < Dv; ++d) {
@@ -84,7 +85,7 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
               add_term(dv[d], prob * weight * Acc(d_o[d]), buf.units.dv, buf.out_of_range);
               if constexpr (kTerms) {
                 dp_terms += std::fabs(double(d_o[d]) * double(v[d]));
-                buf.dv_terms[((b * S + j) * Hkv + kh) * Dv + d] += std::fabs(double(prob * weight * Acc(d_o[d])));
+                dv_terms[d] += std::fabs(double(prob * weight * Acc(d_o[d])));
               }
             }
             const Acc ds = prob * (dp * weight - delta);  // d loss / d logit
@@ -125,7 +126,7 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
               add_term(dk[d], dx * Acc(q[d]), buf.units.dk, buf.out_of_range);
             }
             if constexpr (kTerms) {
-              double* dk_terms = buf.dk_terms + ((b * S + j) * Hkv + kh) * D;
+              double* dk_terms = buf.dk_terms + (dk - buf.dk);
               for (int64_t d = 0; d < D; ++d) {
                 dq_terms_row[size_t(d)] += dx_terms * std::fabs(double(k[d]));
                 dk_terms[d] += dx_terms * std::fabs(double(q[d]));
@@ -135,7 +136,7 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
           Sum* dq = buf.dq + ((b * T + t) * Hq + h) * D;
           for (int64_t d = 0; d < D; ++d) dq[d] += dq_row[size_t(d)];
           if constexpr (kTerms)
-            for (int64_t d = 0; d < D; ++d) buf.dq_terms[((b * T + t) * Hq + h) * D + d] += dq_terms_row[size_t(d)];
+            for (int64_t d = 0; d < D; ++d) buf.dq_terms[(dq - buf.dq) + d] += dq_terms_row[size_t(d)];
         }
     }
 }
