@@ -86,7 +86,7 @@ namespace {
 // Whether the bias (B|1, H|1, T|1, S) broadcasts the dimension the mesh axis splits (dp: 0, tp: 1, sp: 2).
 bool bias_broadcasts_over(const char* axis, const Shape& bias_shape) {
   const int dim = std::string_view(axis) == "dp" ? 0 : std::string_view(axis) == "tp" ? 1 : 2;
-  return bias_shape[dim] == 1;
+  return pairwise_shape(bias_shape)[dim] == 1;
 }
 
 }  // namespace

@@ -74,15 +74,19 @@ int64_t run_rows(const std::vector<IndexRun>& runs) {
   return n;
 }
 
-// mask / bias: (B|1, H|1, T|1, S|1) with rows by the query runs; size-1 dims are read whole.
-// mask / bias: rank 4, each dimension 1 or the full size.
+// mask / bias: rank 1-4, broadcast as numpy does (missing leading dimensions are 1), each dimension 1 or
+// the full size; rows are read by the query runs, size-1 dimensions whole.
 DatasetInfo check_pairwise(const H5File& f, const std::string& name, const ShardPlan& p) {
   DatasetInfo info = f.info(name);
-  RA_CHECK(info.shape.rank == 4, where(f, name), " has rank ", info.shape.rank, ", expected 4 (batch, heads, q_len, kv_len)");
+  RA_CHECK(info.shape.rank >= 1 && info.shape.rank <= 4, where(f, name), " has rank ", info.shape.rank,
+           " (shape ", info.shape.str(), "), expected 1 to 4, broadcast to (batch, heads, q_len, kv_len)");
+  const Shape shape = pairwise_shape(info.shape);
   const int64_t full[4] = {p.batch, p.q_heads, p.q_len, p.kv_len};
-  for (int d = 0; d < 4; ++d)
-    RA_CHECK(info.shape[d] == 1 || info.shape[d] == full[d], where(f, name), " dimension ", d, " is ", info.shape[d],
-             ", expected 1 or ", full[d], " to broadcast to (B, Hq, T, S)");
+  const int leading = 4 - info.shape.rank;
+  for (int d = leading; d < 4; ++d)
+    RA_CHECK(shape[d] == 1 || shape[d] == full[d], where(f, name), " has shape ", info.shape.str(), ": dimension ",
+             d - leading, " is ", shape[d], ", expected 1 or ", full[d], " to broadcast to (B, Hq, T, S) = (", full[0],
+             ", ", full[1], ", ", full[2], ", ", full[3], ")");
   return info;
 }
 
@@ -102,17 +106,29 @@ Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<Inde
 
 }  // namespace
 
-Selection select_pairwise(const ShardPlan& p, const Shape& shape) {
+Shape pairwise_shape(const Shape& file_shape) {
+  Shape shape{1, 1, 1, 1};
+  for (int d = 0; d < file_shape.rank; ++d) shape[4 - file_shape.rank + d] = file_shape[d];
+  return shape;
+}
+
+Selection select_pairwise(const ShardPlan& p, const Shape& file_shape) {
+  const Shape shape = pairwise_shape(file_shape);
   const bool b1 = shape[0] == 1, h1 = shape[1] == 1;
+  const auto file_dims = [&](std::vector<int64_t> four) {  // the leading broadcast dims are not in the file
+    four.erase(four.begin(), four.begin() + (4 - file_shape.rank));
+    return four;
+  };
   Selection sel;
   for (const IndexRun& r : pairwise_runs(p, shape))
-    sel.push_back({{b1 ? 0 : p.b_offset, h1 ? 0 : p.hq_offset, r.start, 0},
-                   {b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, r.count, shape[3]},
-                   {1, 1, r.stride, 1}});
+    sel.push_back({file_dims({b1 ? 0 : p.b_offset, h1 ? 0 : p.hq_offset, r.start, 0}),
+                   file_dims({b1 ? 1 : p.b_count, h1 ? 1 : p.hq_count, r.count, shape[3]}),
+                   file_dims({1, 1, r.stride, 1})});
   return sel;
 }
 
-Shape pairwise_local_shape(const ShardPlan& p, const Shape& shape) {
+Shape pairwise_local_shape(const ShardPlan& p, const Shape& file_shape) {
+  const Shape shape = pairwise_shape(file_shape);
   return {shape[0] == 1 ? 1 : p.b_count, shape[1] == 1 ? 1 : p.hq_count, run_rows(pairwise_runs(p, shape)), shape[3]};
 }
 
@@ -189,7 +205,7 @@ std::vector<MemoryNeed> local_input_bytes(const ShardPlan& p, const H5File& f, b
   add(p.names.v, {p.b_count, rows_kv, p.hkv_count, p.v_head_dim}, p.dtype);
   for (auto [name, dtype] : {std::pair{&p.names.mask, DType::kU8}, std::pair{&p.names.bias, DType::kF32}}) {
     if (!f.has(*name)) continue;
-    const Shape s = f.info(*name).shape;
+    const Shape s = pairwise_shape(f.info(*name).shape);
     add(*name, {s[0] == 1 ? 1 : p.b_count, s[1] == 1 ? 1 : p.hq_count, s[2] == 1 ? 1 : rows_q, s[3]}, dtype);
   }
   if (f.has(p.names.sinks)) add(p.names.sinks, {p.hq_count}, DType::kF32);

@@ -58,13 +58,16 @@ LocalTensors read_local(const H5File& file, const ShardPlan& plan, bool whole_kv
 // dbias in the bias's shape and dsinks (this rank's heads of (Hq)), each summed over the ranks that share it.
 struct GradientSlices {
   TensorView dq, dk, dv, dbias;
-  Shape bias_shape;  // the input bias's (B|1, H|1, T|1, S): dbias takes it, each rank writing its part
+  Shape bias_shape;  // the input bias's, as in the file (rank 1-4): dbias takes it, each rank writing its part
   TensorView dsinks;
 };
 
-// This rank's part of a (B|1, H|1, T|1, S) mask, bias or dbias dataset, and its local shape.
-Selection select_pairwise(const ShardPlan& p, const Shape& shape);
-Shape pairwise_local_shape(const ShardPlan& p, const Shape& shape);
+// A mask, bias or dbias dataset's shape as (B|1, H|1, T|1, S|1): numpy's broadcast, missing leading
+// dimensions taken as 1 (a (T, S) mask holds every batch and head).
+Shape pairwise_shape(const Shape& file_shape);
+// This rank's part of such a dataset (a selection in the file's own rank), and its local (rank 4) shape.
+Selection select_pairwise(const ShardPlan& p, const Shape& file_shape);
+Shape pairwise_local_shape(const ShardPlan& p, const Shape& file_shape);
 
 // Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices (and the gradients, when given) collectively to
 // `path` through a temporary name, renamed by rank 0 after every rank has closed the file. Refuses an

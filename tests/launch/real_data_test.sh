@@ -171,6 +171,39 @@ check progress-lines 0 "ring step 2 of 2" -- mpi 2 "$ra" run --input in.h5 --out
 if mpi 2 "$ra" run --input in.h5 --output p.h5 --causal --overwrite --quiet 2>&1 | grep -q "ring step"; then
   fails=$((fails+1)); echo "FAIL quiet still prints progress"
 else passes=$((passes+1)); echo "ok   quiet"; fi
+# 14. A mask or bias of fewer than 4 dimensions broadcasts as numpy's does (PyTorch's (T, S) attn_mask, a (S,)
+# key-padding mask): the same results as its 4-dimensional form, dbias written in the file's shape, verified.
+$python - <<'PY'
+import h5py, numpy as np
+r = np.random.default_rng(5)
+f32 = lambda *s: r.standard_normal(s).astype(np.float32)
+q, k, v, do = f32(2, 45, 4, 16), f32(2, 37, 2, 16), f32(2, 37, 2, 16), f32(2, 45, 4, 16)
+for name, key, value in [("m2", "mask", r.random((45, 37)) > 0.3), ("m1", "mask", r.random(37) > 0.3),
+                         ("b2", "bias", f32(45, 37)), ("b1", "bias", f32(37)), ("b3", "bias", f32(4, 1, 37))]:
+    for suffix, data in (("", value), ("_4d", value.reshape((1,) * (4 - value.ndim) + value.shape))):
+        with h5py.File(f"{name}{suffix}.h5", "w") as f:
+            f["q"], f["k"], f["v"], f["do"], f[key] = q, k, v, do, data
+with h5py.File("b2_bad.h5", "w") as f:
+    f["q"], f["k"], f["v"], f["bias"] = q, k, v, f32(45, 3)
+PY
+for name in m2 m1 b2 b1 b3; do
+  check "broadcast-$name" 0 "ringattn run: ring" -- mpi 3 "$ra" run --input $name.h5 --output ${name}_out.h5 --causal --backward
+  check "broadcast-$name-4d" 0 "ringattn run: ring" -- mpi 3 "$ra" run --input ${name}_4d.h5 --output ${name}_4d_out.h5 --causal --backward
+  check "broadcast-$name-verify" 0 "#wrong 0  OK" -- mpi 3 "$ra" verify --input $name.h5 --output ${name}_out.h5 --causal
+  if $python - "$name" <<'PY'
+import sys, h5py, numpy as np
+name = sys.argv[1]
+with h5py.File(f"{name}.h5") as i, h5py.File(f"{name}_out.h5") as a, h5py.File(f"{name}_4d_out.h5") as b:
+    for key in ("o", "lse", "dq", "dk", "dv"):
+        assert np.array_equal(a[key][...], b[key][...]), key
+    if "dbias" in b:
+        assert a["dbias"].shape == i["bias"].shape, (a["dbias"].shape, i["bias"].shape)
+        assert np.array_equal(a["dbias"][...], b["dbias"][...].reshape(a["dbias"].shape)), "dbias"
+PY
+  then passes=$((passes+1)); echo "ok   broadcast-$name-equals-4d"; else fails=$((fails+1)); echo "FAIL broadcast-$name-equals-4d"; fi
+done
+check broadcast-bad-dim 2 "dataset 'bias' of 'b2_bad.h5' has shape (45, 3): dimension 1 is 3, expected 1 or 37" -r 2 -- \
+  mpi 2 "$ra" run --input b2_bad.h5 --output x.h5
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
