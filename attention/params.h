@@ -21,6 +21,11 @@ struct AttentionParams {
   float logits_soft_cap = 0.0f; // 0: off; else logits = cap * tanh(logits / cap), before bias
   float dropout_prob = 0.0f;    // on the attention probabilities, deterministic in (seed, b, h, q, k)
   uint64_t dropout_seed = 0;
+  // Where this call's batch and query heads start in the whole tensors (a mesh's dp / tp ranks, or a caller's
+  // own sharding, hold a slice): dropout keys its decisions by global batch and head, as by global positions,
+  // so a slice drops what the whole would and two slices never share a mask.
+  int64_t batch_offset = 0;
+  int64_t head_offset = 0;
   int64_t block_q = 64;         // chunk sizes of `blockwise` (the seeds' query_chunk_size / key_chunk_size)
   int64_t block_k = 64;
   // CUDA flash_attn2 only (the ring's too); any other implementation refuses a forced kernel

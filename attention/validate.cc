@@ -241,6 +241,7 @@ std::string AttentionParams::describe() const {
   std::ostringstream out;
   out << "scale=" << softmax_scale << " causal=" << causal << " window=(" << window_left << "," << window_right
       << ") softcap=" << logits_soft_cap << " dropout=" << dropout_prob << " seed=" << dropout_seed;
+  if (batch_offset || head_offset) out << " batch_offset=" << batch_offset << " head_offset=" << head_offset;
   if (flash_kernel != FlashKernel::kAuto) out << " flash_kernel=" << flash_kernel_name(flash_kernel);
   if (deterministic) out << " deterministic=1";
   return out.str();

@@ -140,7 +140,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   add_dataset_options(desc, datasets);
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]", &datasets)) return kOk;
-  const AttentionParams params = to_params(opts);
+  const AttentionParams whole_params = to_params(opts);  // the output's attribute: every rank writes the same
   positive(io_timeout_s, "io-timeout");
   RA_CHECK(backward || (!f32_gradients && do_dataset == "do" && grad_wire == "f32"), "--f32-gradients, "
            "--do-dataset and --grad-wire apply to the backward pass: add --backward");
@@ -163,6 +163,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   H5File file(input, H5File::Mode::kRead, job.world.comm());
   check_named_datasets(datasets, file);
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts), datasets.names);
+  const AttentionParams params = on_slice(whole_params, plan);
   if (backward) {  // every rank decides alike, before any exchange
     RA_CHECK(job.sequence_axis().size() == 1 || opts.impl == "ring", "--backward with --impl ", opts.impl, " on the mesh ",
              job.shape.str(), ": a sequence split over ", job.sequence_axis().size(), " ranks needs --impl ring");
@@ -255,7 +256,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   else check_output_invariants(in, params, out.o, out.lse, job.sequence_axis());
   const std::map<std::string, std::string> attributes{
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
-      {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", params.describe()},
+      {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", whole_params.describe()},
       {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
   GradientSlices gradient_slices{grads.dq, grads.dk, grads.dv, grads.dbias, Shape{}, grads.dsinks};
   // dsinks sums over every query row: over the batch's dp ranks here (the ring summed its sequence axis).

@@ -106,6 +106,12 @@ Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<Inde
 
 }  // namespace
 
+AttentionParams on_slice(AttentionParams params, const ShardPlan& plan) {
+  params.batch_offset = plan.b_offset;
+  params.head_offset = plan.hq_offset;
+  return params;
+}
+
 Shape pairwise_shape(const Shape& file_shape) {
   Shape shape{1, 1, 1, 1};
   for (int d = 0; d < file_shape.rank; ++d) shape[4 - file_shape.rank + d] = file_shape[d];

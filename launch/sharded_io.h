@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention/inputs.h"
+#include "attention/params.h"
 #include "launch/memory_budget.h"
 #include "mesh/mesh_shape.h"
 #include "mesh/sequence_layout.h"
@@ -61,6 +62,10 @@ struct GradientSlices {
   Shape bias_shape;  // the input bias's, as in the file (rank 1-4): dbias takes it, each rank writing its part
   TensorView dsinks;
 };
+
+// The call's params on this rank's slice of batch and heads: dropout keyed by their global indices, so
+// that every mesh drops what one rank would.
+AttentionParams on_slice(AttentionParams params, const ShardPlan& plan);
 
 // A mask, bias or dbias dataset's shape as (B|1, H|1, T|1, S|1): numpy's broadcast, missing leading
 // dimensions taken as 1 (a (T, S) mask holds every batch and head).

@@ -99,13 +99,13 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]",
              &datasets))
     return kOk;
-  const AttentionParams params = to_params(opts);
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   H5File in_file(input, H5File::Mode::kRead, job.world.comm());
   H5File out_file(output, H5File::Mode::kRead, job.world.comm());
   check_named_datasets(datasets, in_file);
   ShardPlan plan = plan_shards(in_file, job.shape, rank, chosen_layout(opts), datasets.names);
+  const AttentionParams params = on_slice(to_params(opts), plan);
   check_host_memory(local_input_bytes(plan, in_file, /*whole_kv=*/true), input, job.world.comm());
   LocalTensors local = read_local(in_file, plan, /*whole_kv=*/true);
   Tensor o, lse;

@@ -69,6 +69,8 @@ FlashCpuParams kernel_params(const F32Inputs& in, const TokenPositions& pos, con
   }
   p.dropout_prob = params.dropout_prob;
   p.dropout_seed = params.dropout_seed;
+  p.batch_offset = params.batch_offset;
+  p.head_offset = params.head_offset;
   return p;
 }
 

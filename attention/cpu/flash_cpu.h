@@ -37,6 +37,7 @@ struct FlashCpuParams {
   int64_t q_seg_stride[2], k_seg_stride[2];
   float dropout_prob;
   uint64_t dropout_seed;
+  int64_t batch_offset, head_offset;  // dropout's global batch and head of index 0 (AttentionParams)
   float* carry_num;  // (B, Hq, T, Dv)
   float* carry_den;  // (B, Hq, T)
   float* carry_max;  // (B, Hq, T)

@@ -56,6 +56,8 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
   a.soft_cap = p.logits_soft_cap;
   a.dropout_prob = p.dropout_prob;
   a.dropout_seed = p.dropout_seed;
+  a.batch_offset = p.batch_offset;
+  a.head_offset = p.head_offset;
   a.causal = p.causal;
   a.flash_kernel = p.flash_kernel;
   a.window_left = p.window_left;

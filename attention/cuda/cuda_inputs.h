@@ -49,6 +49,7 @@ struct CudaAttentionArgs {
   int batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
   float scale = 1.0f, soft_cap = 0.0f, dropout_prob = 0.0f;
   uint64_t dropout_seed = 0;
+  int64_t batch_offset = 0, head_offset = 0;  // dropout's global batch and head of index 0 (AttentionParams)
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   FlashKernel flash_kernel = FlashKernel::kAuto;  // which flash_attn2 kernels run (AttentionParams)

@@ -31,6 +31,8 @@ CallOptions options_from(const nb::dict& options) {
       else if (name == "scale") o.scale = nb::cast<float>(value);
       else if (name == "dropout") o.dropout = nb::cast<float>(value);
       else if (name == "dropout_seed") o.dropout_seed = nb::cast<uint64_t>(value);
+      else if (name == "batch_offset") o.batch_offset = nb::cast<int64_t>(value);
+      else if (name == "head_offset") o.head_offset = nb::cast<int64_t>(value);
       else if (name == "flash_kernel") o.flash_kernel = parse_flash_kernel(nb::cast<std::string>(value), "flash_kernel");
       else if (name == "deterministic") o.deterministic = nb::cast<bool>(value);
       else if (name == "sinks") o.sinks = array();
@@ -39,7 +41,7 @@ CallOptions options_from(const nb::dict& options) {
       else if (name == "segment_ids") o.segment_ids = array();
       else if (name == "kv_segment_ids") o.kv_segment_ids = array();
       else RA_FAIL("unknown option '", name, "' (known: causal, window, softcap, scale, dropout, dropout_seed, "
-                   "flash_kernel, deterministic, sinks, bias, mask, segment_ids, kv_segment_ids)");
+                   "batch_offset, head_offset, flash_kernel, deterministic, sinks, bias, mask, segment_ids, kv_segment_ids)");
     } catch (const nb::cast_error&) {
       RA_FAIL("option ", name, " has type ", nb::cast<std::string>(nb::handle(value.type()).attr("__name__")), ": expected ",
               name == "window" ? "a (left, right) pair of ints" : name == "causal" || name == "deterministic" ? "a bool"
@@ -52,6 +54,8 @@ CallOptions options_from(const nb::dict& options) {
 AttentionParams params_of(const CallOptions& o) {
   RA_CHECK(o.dropout >= 0 && o.dropout < 1, "dropout is ", o.dropout, ", expected a probability in [0, 1)");
   RA_CHECK(o.softcap >= 0, "softcap is ", o.softcap, ", expected 0 (off) or a positive cap");
+  RA_CHECK(o.batch_offset >= 0 && o.head_offset >= 0, "batch_offset ", o.batch_offset, " and head_offset ", o.head_offset,
+           ": expected the global index (>= 0) of this call's first batch entry and query head");
   AttentionParams p;
   p.causal = o.causal;
   if (o.window) p.window_left = o.window->first, p.window_right = o.window->second;
@@ -59,6 +63,8 @@ AttentionParams params_of(const CallOptions& o) {
   p.softmax_scale = o.scale;
   p.dropout_prob = o.dropout;
   p.dropout_seed = o.dropout_seed;
+  p.batch_offset = o.batch_offset;
+  p.head_offset = o.head_offset;
   p.flash_kernel = o.flash_kernel;
   p.deterministic = o.deterministic;
   return p;

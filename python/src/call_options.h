@@ -21,12 +21,15 @@ struct CallOptions {
   std::optional<std::pair<int64_t, int64_t>> window;  // (left, right); -1: unbounded on that side
   float softcap = 0, scale = 0, dropout = 0;
   uint64_t dropout_seed = 0;
+  // The global index of this call's first batch entry and query head, where the caller shards them
+  // (data / tensor parallel): dropout keys its decisions by global indices (AttentionParams).
+  int64_t batch_offset = 0, head_offset = 0;
   FlashKernel flash_kernel = FlashKernel::kAuto;  // "auto" | "mma_sync" | "wgmma" (CUDA flash_attn2)
   bool deterministic = false;  // the backward's sums in a fixed order (AttentionParams::deterministic)
   OptionalArray sinks, bias, mask, segment_ids, kv_segment_ids;
 };
 
-// The keyword options of a Python call (a dict: causal, window, softcap, scale, dropout, dropout_seed,
+// The keyword options of a Python call (a dict: causal, window, softcap, scale, dropout, dropout_seed, batch_offset, head_offset,
 // flash_kernel, deterministic, sinks, bias, mask, segment_ids, kv_segment_ids); an unknown name is an error listing the
 // known ones.
 CallOptions options_from(const nb::dict& options);

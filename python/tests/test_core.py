@@ -174,6 +174,24 @@ def test_masks_and_biases_may_drop_leading_ones_as_numpy_broadcasts():
         assert grads[3].shape == bias.shape and np.array_equal(grads[3], grads4[3][0])
         assert all(np.array_equal(a, b) for a, b in zip(grads[:3], grads4[:3]))
 
+def test_dropout_on_a_slice_of_batch_and_heads_with_its_offsets_drops_what_the_whole_does():
+    """batch_offset / head_offset: a data- or tensor-parallel rank's slice keys dropout by global indices."""
+    q, k, v, do, _ = problem(12, B=3, T=21, S=25, H=4, Hkv=2)
+    options = {"dropout": 0.3, "dropout_seed": 9, "causal": True}
+    for impl in IMPLS:
+        o, lse = ringattn.attention(q, k, v, impl=impl, return_lse=True, **options)
+        grads = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, **options)
+        part = lambda x, heads: np.ascontiguousarray(x[1:, :, heads])  # batches 1-2, the second kv group
+        qs, ks, vs, dos = part(q, slice(2, 4)), part(k, slice(1, 2)), part(v, slice(1, 2)), part(do, slice(2, 4))
+        for offsets, same in (({"batch_offset": 1, "head_offset": 2}, True), ({}, False)):
+            os_, lses = ringattn.attention(qs, ks, vs, impl=impl, return_lse=True, **options, **offsets)
+            gs = ringattn.attention_backward(qs, ks, vs, os_, lses, dos, impl=impl, **options, **offsets)
+            close = [np.allclose(got, want, atol=1e-5) for got, want in
+                     ((os_, part(o, slice(2, 4))), (lses, lse[1:, 2:4]), (gs[0], part(grads[0], slice(2, 4))),
+                      (gs[1], part(grads[1], slice(1, 2))), (gs[2], part(grads[2], slice(1, 2))))]
+            assert all(close) if same else not close[0], (impl, offsets, close)  # (lse ignores dropout)
+
+
 def test_strided_views_without_copies():
     # (B, H, T, D) arrays viewed as (B, T, H, D): the core reads them through their strides.
     q, k, v, do, _ = problem(11)

@@ -15,6 +15,7 @@
 #include "attention/cpu/flash_cpu.h"
 #include "attention/online_softmax.h"
 #include "attention/registry.h"
+#include "attention/validate.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
 #include "tests/support/problem.h"
@@ -354,6 +355,67 @@ TEST_P(BackwardBlocks, SplittingKeysIntoBlocksEqualsOneBlock) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackwardBlocks, testing::Values("sdpa", "flash_attn2", "blockwise"));
+
+// Dropout keys its decisions by global batch and head (AttentionParams::batch_offset / head_offset): a call on
+// a slice of the batch and heads, as a mesh's dp / tp rank makes, gives that slice of the whole call's O, LSE
+// and gradients; the same slice without its offsets drops other pairs (the mesh's runs were wrong so).
+class DropoutSlice : public testing::TestWithParam<std::string> {};
+
+TEST_P(DropoutSlice, ASliceOfBatchAndHeadsDropsWhatTheWholeDoes) {
+  Options options;
+  options.causal = options.dropout = options.sinks = options.bias = true;
+  const ProblemSpec spec{3, 29, 37, 6, 3, 16, 24, DType::kF32, options, 11};
+  Problem problem(spec);
+  auto impl = AttentionRegistry::builtin().create(GetParam(), Backend::kCpu);
+  const AttentionInputs whole_in = problem.inputs();
+  const Tensor d_o = random_d_o(spec, DType::kF32);
+  const AttentionOutput whole = impl->forward(whole_in, problem.params());
+  const Gradients whole_grads = impl->backward(whole_in, problem.params(), d_o, &whole, true);
+  const int64_t b0 = 1, batches = 2, kv_head0 = 1, kv_heads = 2, group = spec.q_heads / spec.kv_heads;
+  const int64_t h0 = kv_head0 * group, heads = kv_heads * group;
+  // A contiguous copy of rows [start, start + length) of `dims` (batch dim first, heads dim second; -1: none).
+  auto slice = [&](const TensorView& t, int batch_dim, int head_dim, int64_t head_start, int64_t head_count) {
+    TensorView part = t;
+    if (batch_dim >= 0 && t.dim(batch_dim) > 1) part = narrow(part, batch_dim, b0, batches);
+    if (head_dim >= 0 && t.dim(head_dim) > 1) part = narrow(part, head_dim, head_start, head_count);
+    return f32_copy(part);
+  };
+  const Tensor q = slice(whole_in.q, 0, 2, h0, heads), k = slice(whole_in.k, 0, 2, kv_head0, kv_heads);
+  const Tensor v = slice(whole_in.v, 0, 2, kv_head0, kv_heads), bias = slice(whole_in.bias, 0, 1, h0, heads);
+  const Tensor sinks = slice(whole_in.sinks, -1, 0, h0, heads), part_do = slice(d_o, 0, 2, h0, heads);
+  AttentionInputs in = whole_in;
+  in.q = q, in.k = k, in.v = v, in.bias = bias, in.sinks = sinks;
+  // (dsinks and dbias sum over every batch entry, so a batch slice has its own: not compared.)
+  const char* names[] = {"o", "lse", "dq", "dk", "dv"};
+  const Tensor expected[] = {slice(whole.o, 0, 2, h0, heads),           slice(whole.lse, 0, 1, h0, heads),
+                             slice(whole_grads.dq, 0, 2, h0, heads),    slice(whole_grads.dk, 0, 2, kv_head0, kv_heads),
+                             slice(whole_grads.dv, 0, 2, kv_head0, kv_heads)};
+  for (bool offsets : {true, false}) {
+    SCOPED_TRACE(offsets ? "with the slice's offsets" : "without them");
+    AttentionParams params = problem.params();
+    if (offsets) params.batch_offset = b0, params.head_offset = h0;
+    const AttentionOutput out = impl->forward(in, params);
+    const Gradients grads = impl->backward(in, params, part_do, &out, true);
+    const TensorView got[] = {out.o, out.lse, grads.dq, grads.dk, grads.dv};
+    double worst = 0;
+    for (size_t i = 0; i < std::size(expected); ++i) {
+      ASSERT_EQ(got[i].numel(), expected[i].numel()) << names[i];
+      const std::vector<float> values = as_f32(got[i]);
+      double error = 0;
+      for (int64_t j = 0; j < expected[i].numel(); ++j)
+        error = std::max(error, double(std::fabs(values[size_t(j)] - expected[i].data<float>()[j])));
+      if (offsets) {
+        EXPECT_LT(error, 1e-5) << names[i];
+      }
+      worst = std::max(worst, error);
+    }
+    if (!offsets) {
+      EXPECT_GT(worst, 1e-2) << "the slice without its offsets should drop other pairs";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, DropoutSlice, testing::Values("sdpa", "flash_attn2", "blockwise"));
 
 // Closed forms: dO = 0 gives zero gradients exactly; constant V rows make every dP equal delta, so
 // dQ = dK = 0 and dV = P^T dO.

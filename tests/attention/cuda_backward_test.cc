@@ -25,6 +25,7 @@ struct CudaGradCase {
   std::string impl;
   ProblemSpec spec;
   FlashKernel kernel = FlashKernel::kAuto;  // flash_attn2 only
+  bool slice_offsets = false;  // the call as a slice of bigger tensors: dropout keyed by global batch and head
 };
 
 std::vector<CudaGradCase> cuda_grad_cases() {
@@ -146,6 +147,16 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
                        FlashKernel::kWgmma});
     }
+  // Dropout keyed by a slice's global batch and head (AttentionParams::batch_offset / head_offset, as a mesh's
+  // dp / tp ranks call it): the same decisions as the host's reference, on sdpa and each flash kernel.
+  Options dropout;
+  dropout.dropout = dropout.causal = true;
+  for (const Shape& sh : {wgmma_shapes[2], wgmma_shapes[5]}) {
+    const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+    cases.push_back({"sdpa", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, dropout, seed++}, FlashKernel::kAuto, true});
+    for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, dropout, seed++}, kernel, true});
+  }
   return cases;
 }
 
@@ -176,6 +187,7 @@ TEST_P(CudaBackwardVsReference, MatchesF64Gradients) {
   DeviceGradProblem setup(c.spec, c.spec.seed * 31 + 7);
   auto& [problem, host_in, device_in, d_o, d_o_device] = setup;
   problem.params().flash_kernel = c.kernel;
+  if (c.slice_offsets) problem.params().batch_offset = 3, problem.params().head_offset = 5;
   auto impl = AttentionRegistry::builtin().create(c.impl, Backend::kCuda);
   ASSERT_TRUE(impl->has_backward());
   Gradients g;
@@ -208,7 +220,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_g
   const std::string dv = s.v_head_dim == s.head_dim ? "" : "_Dv" + std::to_string(s.v_head_dim);
   return c.impl + kernel + "_" + std::string(dtype_name(s.dtype)) + "_" + s.options.name() + segment_ids_suffix(s.segment_ids) +
          "_T" + std::to_string(s.q_len) + "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + dv + "_G" +
-         std::to_string(s.q_heads / s.kv_heads);
+         std::to_string(s.q_heads / s.kv_heads) + (c.slice_offsets ? "_slice_offsets" : "");
 });
 
 // forward_into and backward into the caller's views in q's dtype (a framework's tensors, as the Python

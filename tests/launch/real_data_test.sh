@@ -204,6 +204,15 @@ PY
 done
 check broadcast-bad-dim 2 "dataset 'bias' of 'b2_bad.h5' has shape (45, 3): dimension 1 is 3, expected 1 or 37" -r 2 -- \
   mpi 2 "$ra" run --input b2_bad.h5 --output x.h5
+# 15. Dropout on a mesh: each dp / tp rank keys its decisions by global batch and head (they used local
+# indices, so the mesh dropped other pairs than one rank and `verify` failed every dataset).
+"$ra" generate --output drop.h5 --batch 2 --seq 40 --heads 4 --kv-heads 2 --head-dim 16 --with-grad >/dev/null
+for mesh in dp=2,sp=2 tp=2,sp=2; do
+  check "dropout-mesh-$mesh" 0 "ringattn run: ring" -- mpi 4 "$ra" run --input drop.h5 --output drop_$mesh.h5 --dropout 0.3 \
+    --mesh $mesh --backward
+  check "dropout-mesh-$mesh-verify" 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input drop.h5 \
+    --output drop_$mesh.h5 --dropout 0.3
+done
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
