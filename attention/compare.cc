@@ -35,7 +35,8 @@ Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOu
 }
 
 GradientComparison compare_gradient(const TensorView& got, const std::vector<double>& ref, DType rounded_operands,
-                                    const std::vector<double>* terms, double logit_rounding) {
+                                    const std::vector<double>* terms, double logit_rounding,
+                                    double partial_sum_rounding) {
   GradientComparison c;
   for (double r : ref) c.max_abs_reference = std::max(c.max_abs_reference, std::fabs(r));
   const bool with_terms = terms != nullptr && terms->size() == ref.size();
@@ -45,7 +46,7 @@ GradientComparison compare_gradient(const TensorView& got, const std::vector<dou
   // dP = delta hold whatever the logits: the terms' part covers those).
   const double tolerance = gradient_tolerance(got.dtype(), c.max_abs_reference, rounded_operands) +
                            4.0 * logit_rounding * c.max_abs_reference;
-  const double per_term = with_terms ? cancellation_tolerance(rounded_operands) : 0.0;
+  const double per_term = with_terms ? cancellation_tolerance(rounded_operands) + partial_sum_rounding : 0.0;
   c.tolerance = tolerance + per_term * c.max_terms;  // the largest element's
   if (got.numel() != int64_t(ref.size())) {
     c.wrong = std::max<int64_t>(1, int64_t(ref.size()));

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <string_view>
 #include <utility>
 
 #include "attention/invariants.h"
@@ -254,10 +255,14 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   progress("checking and writing the outputs");
   if (nonfinite_inputs) report_nonfinite_outputs(out, job);
   else check_output_invariants(in, params, out.o, out.lse, job.sequence_axis());
-  const std::map<std::string, std::string> attributes{
+  std::map<std::string, std::string> attributes{
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", whole_params.describe()},
       {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
+  if (backward && impl->name() == std::string_view("ring")) {  // what verify allows the bf16 wire's roundings
+    attributes["grad_wire"] = dtype_name(gradient_wire);
+    attributes["sequence_ranks"] = std::to_string(job.sequence_axis().size());
+  }
   GradientSlices gradient_slices{grads.dq, grads.dk, grads.dv, grads.dbias, Shape{}, grads.dsinks};
   // dsinks sums over every query row: over the batch's dp ranks here (the ring summed its sequence axis).
   if (grads.dsinks.defined()) sum_over_mesh_axes(grads.dsinks, job, {"dp"});

@@ -45,14 +45,21 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
   // The GPU kernels round P and dS to the input dtype before their products; the CPU ones keep f32.
   const bool on_gpu = out_file.string_attribute("backend") == "cuda";
   const DType rounded = on_gpu ? plan.dtype : DType::kF32;
+  // run --grad-wire bf16: each hop rounded the dK / dV partial sums to bf16, at most once a rank (as asked).
+  const bool bf16_wire = out_file.string_attribute("grad_wire") == dtype_name(DType::kBF16);
+  const std::string ranks = out_file.string_attribute("sequence_ranks");
+  const double wire_rounding = bf16_wire && !ranks.empty() ? std::stod(ranks) * dtype_unit_roundoff(DType::kBF16) : 0.0;
+  if (bf16_wire && job.world.rank() == 0)
+    std::printf("ringattn verify: dk and dv went over a bf16 wire (run --grad-wire bf16): %.3g of their terms allowed\n",
+                wire_rounding);
   struct Result {
     const char* name;
     GradientComparison c;
     bool given = true;  // dbias and dsinks only where the input has a bias / sinks
   };
   Result results[5] = {{"dq", compare_gradient(dq, ref.dq, rounded, &ref.dq_terms, logit_rounding)},
-                       {"dk", compare_gradient(dk, ref.dk, rounded, &ref.dk_terms, logit_rounding)},
-                       {"dv", compare_gradient(dv, ref.dv, rounded, &ref.dv_terms, logit_rounding)},
+                       {"dk", compare_gradient(dk, ref.dk, rounded, &ref.dk_terms, logit_rounding, wire_rounding)},
+                       {"dv", compare_gradient(dv, ref.dv, rounded, &ref.dv_terms, logit_rounding, wire_rounding)},
                        {"dbias", {}, dbias.defined()},
                        {"dsinks", {}, local.sinks.defined()}};
   if (dbias.defined()) {  // the file holds the sums over the ranks that share a broadcast part of the bias

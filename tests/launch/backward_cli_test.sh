@@ -203,6 +203,18 @@ expect "--grad-wire f16 refused" 2 "--grad-wire 'f16': expected f32 or bf16" "$r
 expect "bench --grad-wire without --backward" 2 "--grad-wire applies to --backward" "$ra" bench --seq 16 --heads 2 \
   --head-dim 16 --grad-wire bf16
 no_output "grad-wire refusals leave no output" x.h5
+# An f32 file over the bf16 wire: verify allows the hops' bf16 roundings (the run's grad_wire and sequence_ranks
+# attributes) and says so; without that allowance the same gradients fail f32's tolerance.
+"$ra" generate --output wire32.h5 --batch 1 --seq 97 --kv-seq 61 --heads 4 --kv-heads 2 --head-dim 16 --with-grad \
+  --with-sinks >/dev/null
+expect "f32 over the bf16 wire: run" 0 "backward" "$mpiexec" --oversubscribe -np 4 "$ra" run --input wire32.h5 \
+  --output wire32-out.h5 --causal --backward --grad-wire bf16 --quiet
+expect "f32 over the bf16 wire: verify allows it" 0 "went over a bf16 wire" "$mpiexec" --oversubscribe -np 4 "$ra" verify \
+  --input wire32.h5 --output wire32-out.h5 --causal
+if $python -c "import h5py; h5py.File('wire32-out.h5', 'a').attrs.__delitem__('grad_wire')" 2>/dev/null; then
+  expect "f32 over the bf16 wire: f32's tolerance fails it" 1 "dk vs f64 reference.*FAILED" "$mpiexec" --oversubscribe \
+    -np 4 "$ra" verify --input wire32.h5 --output wire32-out.h5 --causal
+fi
 expect "bench --backward --step-times off the GPU ring" 2 "--step-times with --backward times the ring on GPUs" \
   "$mpiexec" --oversubscribe -np 2 "$ra" bench --backward --seq 16 --heads 2 --head-dim 16 --iters 1 --step-times
 expect "bench --backward --json refused" 2 "--json applies to the forward bench" "$ra" bench --backward --seq 16 \
