@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "attention/attention_impl.h"
 #include "runtime/error.h"
 
 namespace ra::cli {
@@ -59,6 +60,16 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o,
 int64_t positive(int64_t value, const char* option) {
   RA_CHECK(value > 0, "--", option, " is ", value, ", expected a positive integer");
   return value;
+}
+
+std::string attention_semantics(const AttentionParams& p, int64_t head_dim) {
+  char text[256];
+  std::snprintf(text, sizeof text, "--scale %.9g%s --window %lld,%lld --softcap %.9g --dropout %.9g",
+                double(effective_scale(p, head_dim)), p.causal ? " --causal" : "", static_cast<long long>(p.window_left),
+                static_cast<long long>(p.window_right), double(p.logits_soft_cap), double(p.dropout_prob));
+  std::string out = text;
+  if (p.dropout_prob > 0) out += " --dropout-seed " + std::to_string(p.dropout_seed);
+  return out;
 }
 
 AttentionParams to_params(const AttentionOptions& o) {

@@ -42,6 +42,9 @@ struct DatasetOptions {
 void add_dataset_options(po::options_description& desc, DatasetOptions& opts);
 void check_named_datasets(const DatasetOptions& opts, const H5File& file);
 AttentionParams to_params(const AttentionOptions& opts);
+// What the options make of attention's result (effective scale, causal, window, soft cap, dropout and its
+// seed), not how it is computed: run records it, verify refuses other options by it.
+std::string attention_semantics(const AttentionParams& params, int64_t head_dim);
 SequenceLayout chosen_layout(const AttentionOptions& opts);  // zigzag when causal, else contiguous
 std::string mesh_text(const AttentionOptions& opts, int world_size);  // default: all ranks on sp
 

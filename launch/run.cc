@@ -258,7 +258,8 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   std::map<std::string, std::string> attributes{
       {"impl", std::string(impl->name())}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", whole_params.describe()},
-      {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))}};
+      {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))},
+      {"attention", attention_semantics(whole_params, plan.head_dim)}};
   if (backward && impl->name() == std::string_view("ring")) {  // what verify allows the bf16 wire's roundings
     attributes["grad_wire"] = dtype_name(gradient_wire);
     attributes["sequence_ranks"] = std::to_string(job.sequence_axis().size());

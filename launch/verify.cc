@@ -114,6 +114,11 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   ShardPlan plan = plan_shards(in_file, job.shape, rank, chosen_layout(opts), datasets.names);
   const AttentionParams params = on_slice(to_params(opts), plan);
   check_host_memory(local_input_bytes(plan, in_file, /*whole_kv=*/true), input, job.world.comm());
+  // Other options than run's would fail every element, as if the kernels were wrong: say so instead.
+  const std::string recorded = out_file.string_attribute("attention");
+  const std::string asked = attention_semantics(params, plan.head_dim);
+  RA_CHECK(recorded.empty() || recorded == asked, "output '", output, "' was written by run with the options ", recorded,
+           " but verify was given ", asked, ": give verify the attention options run had");
   LocalTensors local = read_local(in_file, plan, /*whole_kv=*/true);
   Tensor o, lse;
   read_outputs(out_file, plan, o, lse);

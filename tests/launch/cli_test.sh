@@ -40,7 +40,8 @@ check bench-ring-cpu 0 "ring      cpu      2" -- mpi 2 "$ra" bench --impl ring -
 check bench-v-head-dim 0 "ring      cpu      2 .* 32/24 " -- mpi 2 "$ra" bench --impl ring --seq 96 --heads 2 --head-dim 32 --v-head-dim 24 --iters 1
 check bench-v-head-dim-zero 2 "--v-head-dim is -8, expected a positive integer" -- "$ra" bench --seq 16 --heads 2 --head-dim 16 --v-head-dim -8
 check bench-json 0 '"impl": "ring"' -- bash -c "\"$ra\" bench --seq 64 --heads 2 --head-dim 16 --iters 1 --json $dir/b.json >/dev/null && cat $dir/b.json"
-check verify-wrong-options 1 "FAILED" -- "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5"
+# verify given other options than run had: refused naming both (every element would fail, as if the kernels were wrong).
+check verify-other-options-refused 2 "was written by run with the options --scale 0.125 --causal .* but verify was given --scale 0.125 --window" -- "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5"
 check refuses-existing-output 2 "exists; refusing to replace it" -- "$ra" run --input "$dir/in.h5" --output "$dir/out.h5"
 check negative-heads 2 "--heads is -1, expected a positive integer" -- "$ra" generate --output "$dir/x.h5" --seq 8 --heads -1 --head-dim 8
 check malformed-window 2 "--window '5' is not L,R" -- "$ra" run --input "$dir/in.h5" --output "$dir/x.h5" --window 5
