@@ -71,6 +71,26 @@ if has check; then
     mpirun -np 4 $bin verify --mesh dp=2,sp=2 --input $d/in2.h5 --output $d/out2.h5 --causal; echo "cli dp=2,sp=2 exit $?"
   fi
 fi
+if has mesh_dropout; then  # dropout keyed by global batch / head on dp and tp meshes of GPUs; verify of the bf16 wire
+  python3 bench/check_wgmma_convergence.py $(ls $build/lib/libra_core.so $build/attention/libra_attention.a 2>/dev/null | head -n 1) |
+    tee "$out/wgmma_convergence.txt" | tail -n 3
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  $build/tests/cuda_attention_test --gtest_filter='*slice_offsets*' 2>&1 | grep -E "^\[ +(OK|FAILED) " | tee "$out/slice_offsets.log"
+  mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_backward_cuda_2.log" | tail -n 4
+  d=$(mktemp -d)
+  $bin generate --output $d/in.h5 --batch 2 --seq 777 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad >/dev/null
+  for mesh in dp=2 tp=2; do
+    for kernel in wgmma mma_sync; do
+      mpirun -np 2 $bin run --backend cuda --impl flash_attn2 --mesh $mesh --flash-kernel $kernel --input $d/in.h5 \
+        --output $d/$mesh-$kernel.h5 --causal --dropout 0.2 --backward --quiet &&
+      mpirun -np 2 $bin verify --input $d/in.h5 --output $d/$mesh-$kernel.h5 --causal --dropout 0.2 | tail -n 4
+      echo "dropout on $mesh ($kernel) exit $?"
+    done
+  done
+  mpirun -np 2 $bin run --backend cuda --input $d/in.h5 --output $d/wire.h5 --causal --backward --grad-wire bf16 --quiet &&
+    mpirun -np 2 $bin verify --input $d/in.h5 --output $d/wire.h5 --causal | tail -n 3; echo "bf16 wire verify exit $?"
+  $bin verify --input $d/in.h5 --output $d/wire.h5 2>&1 | head -n 1; echo "verify without --causal exit $?"
+fi
 if has faults; then
   bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
 fi
