@@ -42,7 +42,8 @@
 # forward and backward, its steps' forward by TMA, against the variants, and one GPU's rows); `readme_tables` (the README's
 # performance tables: one GPU's and the ring of 2's forward and backward, PyTorch's SDPA and context_parallel beside them, made
 # into tables by bench/readme_tables.py); `million` (1M tokens causal, forward and backward, on 2 GPUs with each local kernel);
-# several as a comma list. Logs go to $OUT.
+# `mesh_dropout` (dropout on dp / tp meshes of GPUs, the bf16 wire's verify); `cli_sweep` (random CLI round trips with
+# --backend cuda, tests/launch/cli_sweep.py); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -90,6 +91,10 @@ if has mesh_dropout; then  # dropout keyed by global batch / head on dp and tp m
   mpirun -np 2 $bin run --backend cuda --input $d/in.h5 --output $d/wire.h5 --causal --backward --grad-wire bf16 --quiet &&
     mpirun -np 2 $bin verify --input $d/in.h5 --output $d/wire.h5 --causal | tail -n 3; echo "bf16 wire verify exit $?"
   $bin verify --input $d/in.h5 --output $d/wire.h5 2>&1 | head -n 1; echo "verify without --causal exit $?"
+fi
+if has cli_sweep; then  # random generate -> run --backward -> verify round trips on the GPUs (tests/launch/cli_sweep.py)
+  python3 tests/launch/cli_sweep.py $bin mpirun --backend cuda --count ${sweep_count:-40} --seed ${sweep_seed:-1} 2>&1 |
+    tee "$out/cli_sweep_cuda.log" | grep -vE "^verified" | tail -n 40
 fi
 if has faults; then
   bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"
