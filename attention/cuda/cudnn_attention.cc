@@ -70,10 +70,13 @@ class CudnnAttention final : public CudaAttentionImpl {
     RA_CHECK(refusal.empty(), "q dimension 3 (head_dim) is ", D, " and v dimension 3 (v_head_dim) is ", Dv,
              ": the installed cuDNN (", cudnnGetVersion(), ") does not run it on this GPU at ", dtype_name(dt), " (",
              refusal, "); use flash_attn2 or sdpa");
-    const char* unsupported = in.bias.defined() ? "a bias" : in.mask.defined() ? "a mask" : in.q_segment_ids.defined()
-                              ? "segment ids" : p.logits_soft_cap > 0 ? "a logits soft cap" : p.dropout_prob > 0
-                              ? "ringattn's deterministic dropout" : p.has_window() ? "a sliding window" : nullptr;
-    RA_CHECK(unsupported == nullptr, "cudnn attention cannot express ", unsupported,
+    // Every option it lacks, named at once (a user who drops one should not meet the next).
+    std::string unsupported;
+    for (auto [given, what] : {std::pair{in.bias.defined(), "a bias"}, {in.mask.defined(), "a mask"},
+                               {in.q_segment_ids.defined(), "segment ids"}, {p.logits_soft_cap > 0, "a logits soft cap"},
+                               {p.dropout_prob > 0, "ringattn's deterministic dropout"}, {p.has_window(), "a sliding window"}})
+      if (given) unsupported += (unsupported.empty() ? "" : ", ") + std::string(what);
+    RA_CHECK(unsupported.empty(), "cudnn attention cannot express ", unsupported,
              " here; use --impl flash_attn2 (cuda), which supports every option");
     for (auto [t, name] : {std::pair{&in.q, "q"}, std::pair{&in.k, "k"}, std::pair{&in.v, "v"}})
       RA_CHECK(t->stride(3) == 1, name, " must have a contiguous last dimension for cudnn attention");

@@ -399,6 +399,16 @@ TEST(Cudnn, OptionsItCannotExpressNameFlashAttn2) {
     EXPECT_NE(e.message().find("cannot express a bias"), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("flash_attn2"), std::string::npos) << e.message();
   }
+  // Every option it lacks, named at once.
+  Problem many(ProblemSpec{1, 64, 64, 2, 2, 64, 64, DType::kBF16, Options{true, true, true, false, true, true}, 6});
+  const InputsCopy many_dev = copy_inputs(many.inputs(), MemoryKind::kCuda);
+  try {
+    impl->forward(many_dev.inputs, many.params());
+    FAIL() << "a bias, a mask, a soft cap and a window were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("cannot express a bias, a mask, a logits soft cap, a sliding window here"), std::string::npos)
+        << e.message();
+  }
 }
 #endif
 
