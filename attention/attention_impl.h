@@ -14,6 +14,7 @@
 #include "attention/carry.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
+#include "attention/validate.h"
 
 namespace ra {
 

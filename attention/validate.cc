@@ -85,10 +85,12 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
   check_dim(in.v, "v", 2, "kv_heads", Hkv, "(k's kv_heads)");
   RA_CHECK(Hkv > 0 && Hq % Hkv == 0, "q dimension 2 (q_heads) is ", Hq,
            ", expected a multiple of k dimension 2 (kv_heads) = ", Hkv, " for GQA/MQA");
-  RA_CHECK(D >= 1 && D <= max_head_dim, "q dimension 3 (head_dim) is ", D,
-           ": unsupported head dim, expected 1 to ", max_head_dim);
-  RA_CHECK(Dv >= 1 && Dv <= max_head_dim, "v dimension 3 (v_head_dim) is ", Dv,
-           ": unsupported head dim, expected 1 to ", max_head_dim);
+  // (sdpa takes any head dim: say so where this implementation stops.)
+  const char* elsewhere = max_head_dim < kAnyHeadDim ? " here; sdpa takes any (--impl sdpa, or --local-impl sdpa in the ring)" : "";
+  RA_CHECK(D >= 1 && D <= max_head_dim, "q dimension 3 (head_dim) is ", D, ": unsupported head dim, expected 1 to ",
+           max_head_dim, elsewhere);
+  RA_CHECK(Dv >= 1 && Dv <= max_head_dim, "v dimension 3 (v_head_dim) is ", Dv, ": unsupported head dim, expected 1 to ",
+           max_head_dim, elsewhere);
   for (const auto* t : {&in.q, &in.k, &in.v})
     RA_CHECK(t->memory() == MemoryKind::kHost || t->memory() == in.q.memory(), "q, k and v must share a memory kind");
   RA_CHECK(int64_t(pos.q.size()) == T, "query positions: ", pos.q.size(), " given, expected q_len = ", T);

@@ -7,6 +7,10 @@
 
 namespace ra {
 
+// The head dim of implementations whose loops take any (sdpa, blockwise): bounded only so that sizes stay
+// far from overflow.
+inline constexpr int64_t kAnyHeadDim = int64_t(1) << 20;
+
 // `max_head_dim`: the largest D / Dv the implementation supports. `f64`: the inputs of the f64 reference
 // (q, k, v may be f64 too, bias and sinks f32 or f64); the kernels take f32, f16 and bf16.
 void validate_attention(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,

@@ -14,6 +14,7 @@ class SdpaCpu final : public AttentionImpl {
  public:
   explicit SdpaCpu(Backend backend) : backend_(backend) {}
   std::string_view name() const override { return "sdpa"; }
+  int64_t max_head_dim() const override { return kAnyHeadDim; }
   Backend backend() const override { return backend_; }
   void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                   Carry& carry) const override {
@@ -54,6 +55,7 @@ class BlockwiseCpu final : public AttentionImpl {
  public:
   explicit BlockwiseCpu(Backend backend) : backend_(backend) {}
   std::string_view name() const override { return "blockwise"; }
+  int64_t max_head_dim() const override { return kAnyHeadDim; }
   Backend backend() const override { return backend_; }
   void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                   Carry& carry) const override {

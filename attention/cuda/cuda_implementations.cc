@@ -127,6 +127,7 @@ class FlashCuda final : public CudaAttentionImpl {
 class SdpaCuda final : public CudaAttentionImpl {
  public:
   std::string_view name() const override { return "sdpa"; }
+  int64_t max_head_dim() const override { return kAnyHeadDim; }
   void accumulate_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                          Carry& carry) const override {
     runner_.accumulate(in, make_cuda_args(in, pos, params, carry), stream_);

@@ -417,6 +417,31 @@ TEST_P(DropoutSlice, ASliceOfBatchAndHeadsDropsWhatTheWholeDoes) {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, DropoutSlice, testing::Values("sdpa", "flash_attn2", "blockwise"));
 
+// sdpa and blockwise take any head dim (flash_attn2 stops at 256 and says so): D = 300, Dv = 264 against f64.
+TEST(AnyHeadDim, SdpaAndBlockwiseRunHeadDimsPast256) {
+  Options options;
+  options.causal = options.sinks = true;
+  const ProblemSpec spec{1, 19, 23, 4, 2, 300, 264, DType::kF32, options, 21};
+  Problem problem(spec);
+  const AttentionInputs in = problem.inputs();
+  const Tensor d_o = random_d_o(spec, DType::kF32);
+  const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+  const ReferenceOutput ref_out = reference_attention_f64(in, problem.params(), pos);
+  const ReferenceGradients ref = reference_attention_backward_f64(in, problem.params(), pos, d_o);
+  for (const char* name : {"sdpa", "blockwise"}) {
+    SCOPED_TRACE(name);
+    auto impl = AttentionRegistry::builtin().create(name, Backend::kCpu);
+    const AttentionOutput out = impl->forward(in, problem.params(), pos);
+    const Comparison cmp =
+        compare(out.o, out.lse, ref_out, output_tolerance(DType::kF32, max_abs_value(in.v)), kLseTolerance);
+    EXPECT_EQ(cmp.wrong, 0) << "o " << cmp.max_abs_error << ", lse " << cmp.max_lse_error;
+    const Gradients g = impl->backward(in, problem.params(), d_o);
+    expect_gradient(g.dq, ref.dq, "dq");
+    expect_gradient(g.dk, ref.dk, "dk");
+    expect_gradient(g.dv, ref.dv, "dv");
+  }
+}
+
 // Closed forms: dO = 0 gives zero gradients exactly; constant V rows make every dP equal delta, so
 // dQ = dK = 0 and dV = P^T dO.
 TEST(BackwardClosedForm, ZeroUpstreamGradientGivesZeroGradients) {

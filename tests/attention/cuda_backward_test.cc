@@ -147,6 +147,10 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
                        FlashKernel::kWgmma});
     }
+  // sdpa past flash_attn2's 256 columns (any head dim): D = 300, Dv = 264.
+  Options causal_sinks;
+  causal_sinks.causal = causal_sinks.sinks = true;
+  cases.push_back({"sdpa", ProblemSpec{1, 77, 93, 4, 2, 300, 264, DType::kBF16, causal_sinks, seed++}});
   // Dropout keyed by a slice's global batch and head (AttentionParams::batch_offset / head_offset, as a mesh's
   // dp / tp ranks call it): the same decisions as the host's reference, on sdpa and each flash kernel.
   Options dropout;
