@@ -43,7 +43,7 @@
 # performance tables: one GPU's and the ring of 2's forward and backward, PyTorch's SDPA and context_parallel beside them, made
 # into tables by bench/readme_tables.py); `million` (1M tokens causal, forward and backward, on 2 GPUs with each local kernel);
 # `mesh_dropout` (dropout on dp / tp meshes of GPUs, the bf16 wire's verify); `cli_sweep` (random CLI round trips with
-# --backend cuda, tests/launch/cli_sweep.py); several as a comma list. Logs go to $OUT.
+# --backend cuda, tests/launch/cli_sweep.py); `any_head_dim` (sdpa past 256 columns on GPUs); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -95,6 +95,15 @@ fi
 if has cli_sweep; then  # random generate -> run --backward -> verify round trips on the GPUs (tests/launch/cli_sweep.py)
   python3 tests/launch/cli_sweep.py $bin mpirun --backend cuda --count ${sweep_count:-40} --seed ${sweep_seed:-1} 2>&1 |
     tee "$out/cli_sweep_cuda.log" | grep -vE "^verified" | tail -n 40
+fi
+if has any_head_dim; then  # sdpa past 256 columns on the GPU, alone and as the ring's steps; cudnn's refusals
+  $build/tests/cuda_attention_test --gtest_filter='*OptionsItCannotExpress*:*sdpa*D300*' 2>&1 | grep -E "^\[ +(OK|FAILED) "
+  d=$(mktemp -d)
+  $bin generate --output $d/wide.h5 --batch 1 --seq 333 --kv-seq 301 --heads 4 --kv-heads 2 --head-dim 300 --v-head-dim 264 \
+    --dtype bf16 --with-grad --with-sinks >/dev/null
+  mpirun -np 2 $bin run --backend cuda --local-impl sdpa --input $d/wide.h5 --output $d/wide-out.h5 --causal --backward --quiet &&
+    $bin verify --input $d/wide.h5 --output $d/wide-out.h5 --causal | tail -n 4; echo "ring of sdpa at D 300 exit $?"
+  mpirun -np 2 $bin run --backend cuda --input $d/wide.h5 --output $d/x.h5 --causal 2>&1 | head -n 1
 fi
 if has faults; then
   bash tests/launch/fault_test.sh $bin mpirun cuda 2>&1 | tee "$out/fault_cuda.log" | grep -E "^(ok|FAIL|skip)|passed"

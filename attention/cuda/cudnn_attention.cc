@@ -71,11 +71,14 @@ class CudnnAttention final : public CudaAttentionImpl {
              ": the installed cuDNN (", cudnnGetVersion(), ") does not run it on this GPU at ", dtype_name(dt), " (",
              refusal, "); use flash_attn2 or sdpa");
     // Every option it lacks, named at once (a user who drops one should not meet the next).
-    std::string unsupported;
+    std::vector<std::string> lacking;
     for (auto [given, what] : {std::pair{in.bias.defined(), "a bias"}, {in.mask.defined(), "a mask"},
                                {in.q_segment_ids.defined(), "segment ids"}, {p.logits_soft_cap > 0, "a logits soft cap"},
                                {p.dropout_prob > 0, "ringattn's deterministic dropout"}, {p.has_window(), "a sliding window"}})
-      if (given) unsupported += (unsupported.empty() ? "" : ", ") + std::string(what);
+      if (given) lacking.push_back(what);
+    std::string unsupported;
+    for (size_t i = 0; i < lacking.size(); ++i)
+      unsupported += (i == 0 ? "" : i + 1 == lacking.size() ? " and " : ", ") + lacking[i];
     RA_CHECK(unsupported.empty(), "cudnn attention cannot express ", unsupported,
              " here; use --impl flash_attn2 (cuda), which supports every option");
     for (auto [t, name] : {std::pair{&in.q, "q"}, std::pair{&in.k, "k"}, std::pair{&in.v, "v"}})

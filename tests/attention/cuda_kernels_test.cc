@@ -406,7 +406,7 @@ TEST(Cudnn, OptionsItCannotExpressNameFlashAttn2) {
     impl->forward(many_dev.inputs, many.params());
     FAIL() << "a bias, a mask, a soft cap and a window were accepted";
   } catch (const Error& e) {
-    EXPECT_NE(e.message().find("cannot express a bias, a mask, a logits soft cap, a sliding window here"), std::string::npos)
+    EXPECT_NE(e.message().find("cannot express a bias, a mask, a logits soft cap and a sliding window here"), std::string::npos)
         << e.message();
   }
 }
