@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "attention/cuda/backward_cuda.h"
 #include "attention/cuda/carry_cuda.h"
