@@ -135,9 +135,6 @@ class AttentionImpl::OneCallAtATime {
   bool owner_ = false;
 };
 
-// The effective softmax scale: params' value, or 1/sqrt(head_dim) when it is 0.
-float effective_scale(const AttentionParams& params, int64_t head_dim);
-
 // Throws, naming the implementation, when params force a flash kernel that `impl` does not run: a choice
 // never ignored silently. The single-call entry points (forward, forward_into, backward) check it.
 void check_flash_kernel_choice(const AttentionImpl& impl, const AttentionParams& params);

@@ -41,4 +41,7 @@ struct AttentionParams {
   std::string describe() const;  // one line, for logs and output attributes
 };
 
+// The effective softmax scale: params' value, or 1/sqrt(head_dim) when it is 0.
+float effective_scale(const AttentionParams& params, int64_t head_dim);
+
 }  // namespace ra

@@ -2,7 +2,6 @@
 #include "attention/registry.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "attention/validate.h"
 #include "runtime/error.h"
@@ -23,10 +22,6 @@ Backend parse_backend(std::string_view name) {
   if (name == "cuda" || name == "gpu") return Backend::kCuda;
   if (name == "native") return Backend::kNative;
   RA_FAIL("backend '", name, "' is unknown: expected cpu, cuda or native");
-}
-
-float effective_scale(const AttentionParams& params, int64_t head_dim) {
-  return params.softmax_scale > 0.0f ? params.softmax_scale : 1.0f / std::sqrt(float(head_dim));
 }
 
 AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const AttentionParams& params) const {

@@ -239,6 +239,10 @@ std::vector<int32_t> segment_ids_from_cu_seqlens(const std::vector<int64_t>& cu)
   return ids;
 }
 
+float effective_scale(const AttentionParams& params, int64_t head_dim) {
+  return params.softmax_scale > 0.0f ? params.softmax_scale : 1.0f / std::sqrt(float(head_dim));
+}
+
 std::string AttentionParams::describe() const {
   std::ostringstream out;
   out << "scale=" << softmax_scale << " causal=" << causal << " window=(" << window_left << "," << window_right

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "attention/attention_impl.h"
+#include "attention/params.h"
 #include "runtime/error.h"
 
 namespace ra::cli {
