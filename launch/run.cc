@@ -25,9 +25,13 @@ namespace ra::cli {
 namespace {
 
 // NaN / Inf in the inputs: counted on every rank, summed, reported per dataset; an error unless
-// --allow-nonfinite. Returns the total.
-int64_t check_finite_inputs(const LocalTensors& local, const DatasetNames& names, const std::string& input, bool allow,
-                            Job& job) {
+// --allow-nonfinite. Returns the total. A part several ranks hold is counted by the first of them.
+int64_t check_finite_inputs(const LocalTensors& local, const ShardPlan& plan, const H5File& file,
+                            const std::string& input, bool allow, Job& job) {
+  const DatasetNames& names = plan.names;
+  const bool counts_here[] = {true, true, true,
+                              !local.bias.defined() || first_holder_of_pairwise(plan, file.info(names.bias).shape),
+                              first_holder_of_heads(plan)};
   const std::pair<const Tensor*, const std::string*> datasets[] = {{&local.q, &names.q},
                                                                     {&local.k, &names.k},
                                                                     {&local.v, &names.v},
@@ -35,13 +39,13 @@ int64_t check_finite_inputs(const LocalTensors& local, const DatasetNames& names
                                                                     {&local.sinks, &names.sinks}};
   constexpr int kCount = 5;
   int64_t counts[kCount], all = 0;
-  for (int i = 0; i < kCount; ++i) counts[i] = count_nonfinite(datasets[i].first->view());
+  for (int i = 0; i < kCount; ++i) counts[i] = counts_here[i] ? count_nonfinite(datasets[i].first->view()) : 0;
   job.world.all_reduce(counts, kCount, ReduceOp::kSum);
   for (int i = 0; i < kCount; ++i) {
     if (counts[i] == 0) continue;
     all += counts[i];
     RA_CHECK(allow, "input '", input, "' dataset '", *datasets[i].second, "' holds ", counts[i],
-             " NaN or Inf values (summed over the ranks' slices); pass --allow-nonfinite to run anyway");
+             " NaN or Inf values; pass --allow-nonfinite to run anyway");
     if (job.world.rank() == 0)
       std::fprintf(stderr, "ringattn run: warning: dataset '%s' holds %ld NaN or Inf values (--allow-nonfinite)\n",
                    datasets[i].second->c_str(), long(counts[i]));
@@ -215,7 +219,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   seconds[0] = lap();
   const AttentionInputs in = local.inputs();
   validate_attention(in, params, pos, impl->max_head_dim());  // before the first exchange
-  const bool nonfinite_inputs = check_finite_inputs(local, datasets.names, input, opts.allow_nonfinite, job) > 0;
+  const bool nonfinite_inputs = check_finite_inputs(local, plan, file, input, opts.allow_nonfinite, job) > 0;
   job.world.barrier();
 
   // The cuda backend copies the slices to the device, and O and LSE back to the same kind of host

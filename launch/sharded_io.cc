@@ -118,6 +118,13 @@ Shape pairwise_shape(const Shape& file_shape) {
   return shape;
 }
 
+bool first_holder_of_pairwise(const ShardPlan& p, const Shape& file_shape) {
+  const Shape shape = pairwise_shape(file_shape);
+  return (shape[0] > 1 || p.b_offset == 0) && (shape[1] > 1 || p.hq_offset == 0) && (shape[2] > 1 || p.sp_index == 0);
+}
+
+bool first_holder_of_heads(const ShardPlan& p) { return p.b_offset == 0 && p.sp_index == 0; }
+
 Selection select_pairwise(const ShardPlan& p, const Shape& file_shape) {
   const Shape shape = pairwise_shape(file_shape);
   const bool b1 = shape[0] == 1, h1 = shape[1] == 1;

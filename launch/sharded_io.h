@@ -70,6 +70,11 @@ AttentionParams on_slice(AttentionParams params, const ShardPlan& plan);
 // A mask, bias or dbias dataset's shape as (B|1, H|1, T|1, S|1): numpy's broadcast, missing leading
 // dimensions taken as 1 (a (T, S) mask holds every batch and head).
 Shape pairwise_shape(const Shape& file_shape);
+// Whether this rank is the first of those holding the same part of a mask / bias (its broadcast dimensions
+// over the ranks that split them) or of the sinks (every batch and sequence rank of its heads): the one that
+// counts it, so that counts summed over the ranks are the file's.
+bool first_holder_of_pairwise(const ShardPlan& plan, const Shape& file_shape);
+bool first_holder_of_heads(const ShardPlan& plan);
 // This rank's part of such a dataset (a selection in the file's own rank), and its local (rank 4) shape.
 Selection select_pairwise(const ShardPlan& p, const Shape& file_shape);
 Shape pairwise_local_shape(const ShardPlan& p, const Shape& file_shape);

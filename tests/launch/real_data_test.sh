@@ -213,6 +213,27 @@ for mesh in dp=2,sp=2 tp=2,sp=2; do
   check "dropout-mesh-$mesh-verify" 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input drop.h5 \
     --output drop_$mesh.h5 --dropout 0.3
 done
+# 16. NaN / Inf counted once where several ranks hold the same part (sinks on every sequence rank, a bias's
+# broadcast dimensions): the message gives the file's count (it summed every rank's copy).
+$python - <<'PY'
+import h5py, numpy as np
+r = np.random.default_rng(6)
+f32 = lambda *s: r.standard_normal(s).astype(np.float32)
+sinks, bias = f32(4), f32(40, 40)
+sinks[1], bias[7, 3] = np.inf, np.nan
+with h5py.File("inf_sinks.h5", "w") as f:
+    f["q"], f["k"], f["v"], f["sinks"] = f32(2, 40, 4, 16), f32(2, 40, 2, 16), f32(2, 40, 2, 16), sinks
+with h5py.File("nan_bias.h5", "w") as f:
+    f["q"], f["k"], f["v"], f["bias"] = f32(2, 40, 4, 16), f32(2, 40, 2, 16), f32(2, 40, 2, 16), bias
+PY
+check nonfinite-sinks-counted-once 2 "dataset 'sinks' holds 1 NaN or Inf values;" -r 3 -- mpi 3 "$ra" run --input inf_sinks.h5 --output x.h5
+check nonfinite-bias-counted-once 2 "dataset 'bias' holds 1 NaN or Inf values;" -r 4 -- mpi 4 "$ra" run --input nan_bias.h5 --output x.h5 \
+  --mesh dp=2,sp=2
+# dbias of a bias every sequence rank shares (an (S) bias): one changed element is one wrong element, not one a rank.
+if $python -c "import h5py; f = h5py.File('b1_out.h5', 'a'); f['dbias'][5] += 1.0"; then
+  check verify-dbias-wrong-counted-once 1 "dbias vs f64 reference: .*#wrong 1  FAILED" -- mpi 3 "$ra" verify --input b1.h5 \
+    --output b1_out.h5 --causal
+fi
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
