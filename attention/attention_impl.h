@@ -14,7 +14,6 @@
 #include "attention/carry.h"
 #include "attention/inputs.h"
 #include "attention/params.h"
-#include "attention/validate.h"
 
 namespace ra {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "attention/attention_impl.h"
+#include "attention/params.h"
 #include "attention/tolerance.h"
 #include "attention/validate.h"
 

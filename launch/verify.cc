@@ -63,10 +63,11 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
                        {"dbias", {}, dbias.defined()},
                        {"dsinks", {}, local.sinks.defined()}};
   if (dbias.defined()) {  // the file holds the sums over the ranks that share a broadcast part of the bias
+    const Shape bias_shape = in_file.info(plan.names.bias).shape;
     for (std::vector<double>* sums : {&ref.dbias, &ref.dbias_terms})
-      sum_shared_bias_gradient(*sums, in_file.info(plan.names.bias).shape, job, {"dp", "tp", "sp"});
+      sum_shared_bias_gradient(*sums, bias_shape, job, {"dp", "tp", "sp"});
     results[3].c = compare_gradient(dbias, ref.dbias, rounded, &ref.dbias_terms, logit_rounding);
-    if (!first_holder_of_pairwise(plan, in_file.info(plan.names.bias).shape))  // its other holders' elements: count once
+    if (!first_holder_of_pairwise(plan, bias_shape))  // its other holders' elements: count once
       results[3].c.wrong = results[3].c.nan = 0;
   }
   if (results[4].given) {  // over every query row: this rank's part of the sum, summed over the batch and sequence ranks

@@ -4,6 +4,7 @@
 #include "attention/cpu/flash_cpu.h"
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
+#include "attention/validate.h"
 #include "runtime/error.h"
 #include "attention/cpu/sdpa_cpu.h"
 

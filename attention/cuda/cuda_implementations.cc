@@ -7,6 +7,7 @@
 #include "attention/ring/ring_cuda.h"
 #include "attention/cuda/sdpa_cuda.h"
 #include "attention/registry.h"
+#include "attention/validate.h"
 #include "runtime/error.h"
 
 #include <utility>
