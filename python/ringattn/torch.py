@@ -14,7 +14,8 @@ float64 tensors (CPU, impl="sdpa") run the f64 reference forward and backward, l
 torch.autograd.gradcheck needs. Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend;
 leading 1s may be dropped, as a (T, S) mask),
-segment_ids (B, T) int32 and kv_segment_ids (B, S), dropout, dropout_seed; flash_kernel ("auto",
+segment_ids (B, T) int32 and kv_segment_ids (B, S), dropout, dropout_seed, batch_offset / head_offset (a slice of
+the batch or heads, as a data- or tensor-parallel rank holds: dropout keyed by the global indices); flash_kernel ("auto",
 "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run, refused by any other implementation).
 """
 
@@ -57,10 +58,11 @@ def _plain(x: Tensor) -> Tensor:
 
 
 def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap, scale,
-             dropout, dropout_seed, flash_kernel, deterministic=False):
+             dropout, dropout_seed, batch_offset, head_offset, flash_kernel, deterministic=False):
     """The core's option dict from the ops' flat arguments (the custom-op schema takes no dicts)."""
     options = {"causal": causal, "softcap": softcap, "scale": scale, "dropout": dropout, "dropout_seed": dropout_seed,
-               "flash_kernel": flash_kernel, "deterministic": deterministic}
+               "batch_offset": batch_offset, "head_offset": head_offset, "flash_kernel": flash_kernel,
+               "deterministic": deterministic}
     if (window_left, window_right) != (-1, -1):
         options["window"] = (window_left, window_right)
     for name, tensor in (("sinks", sinks), ("bias", bias), ("mask", mask), ("segment_ids", segment_ids),
@@ -174,10 +176,10 @@ def _handle_of(comm, group, timeout, device: torch.device) -> int:
 def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias: Optional[Tensor],
                        mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
                        causal: bool, window_left: int, window_right: int, softcap: float, scale: float,
-                       dropout: float, dropout_seed: int, flash_kernel: str, deterministic: bool,
-                       impl: str) -> tuple[Tensor, Tensor]:
+                       dropout: float, dropout_seed: int, batch_offset: int, head_offset: int, flash_kernel: str,
+                       deterministic: bool, impl: str) -> tuple[Tensor, Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, flash_kernel, deterministic)
+                       scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel, deterministic)
     return _core.attention(_plain(q), _plain(k), _plain(v), impl, options, True, _outputs(q, v), _stream_of(q), q)
 
 
@@ -185,10 +187,10 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, sinks: Optional[Tensor],
                         bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
                         kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
-                        softcap: float, scale: float, dropout: float, dropout_seed: int, flash_kernel: str,
-                        deterministic: bool, impl: str) -> list[Tensor]:
+                        softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
+                        flash_kernel: str, deterministic: bool, impl: str) -> list[Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, flash_kernel, deterministic)
+                       scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel, deterministic)
     grads = _core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do), impl,
                                      options, False, _gradient_outputs(q, k, v), _stream_of(q), q)
     return list(grads)
@@ -198,11 +200,11 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
 def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias: Optional[Tensor],
                   mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
                   causal: bool, window_left: int, window_right: int, softcap: float, scale: float, dropout: float,
-                  dropout_seed: int, flash_kernel: str, comm: int, layout: str, global_q_len: Optional[int],
-                  global_kv_len: Optional[int], local_impl: str, timeout: float, deterministic: bool,
-                  grad_wire: str) -> tuple[Tensor, Tensor]:
+                  dropout_seed: int, batch_offset: int, head_offset: int, flash_kernel: str, comm: int, layout: str,
+                  global_q_len: Optional[int], global_kv_len: Optional[int], local_impl: str, timeout: float,
+                  deterministic: bool, grad_wire: str) -> tuple[Tensor, Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, flash_kernel)
+                       scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel)
     return _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
                                 global_kv_len, local_impl, timeout, deterministic, grad_wire, options, True, _outputs(q, v),
                                 _stream_of(q), q)
@@ -212,11 +214,12 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias
 def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, sinks: Optional[Tensor],
                    bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
                    kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
-                   softcap: float, scale: float, dropout: float, dropout_seed: int, flash_kernel: str, comm: int, layout: str,
+                   softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
+                   flash_kernel: str, comm: int, layout: str,
                    global_q_len: Optional[int], global_kv_len: Optional[int], local_impl: str,
                    timeout: float, deterministic: bool, grad_wire: str) -> list[Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, flash_kernel)
+                       scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel)
     grads = _core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
                                           _communicators[comm], layout, global_q_len, global_kv_len, local_impl,
                                           timeout, deterministic, grad_wire, options, False,
@@ -287,12 +290,13 @@ for _op in (_attention_backward, _ring_backward):  # create_graph=True works unt
 
 
 def _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
-                 dropout_seed, flash_kernel):
+                 dropout_seed, batch_offset, head_offset, flash_kernel):
     """The ops' flat option arguments (masks and biases are (B, H, T, S) in both layouts)."""
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     bias, mask = _four_dims(bias), _four_dims(mask)  # views: dbias flows back in the bias's own shape
     return (sinks, bias, mask, segment_ids, kv_segment_ids, bool(causal), left, right,
-            float(softcap or 0.0), float(scale or 0.0), float(dropout), int(dropout_seed), str(flash_kernel))
+            float(softcap or 0.0), float(scale or 0.0), float(dropout), int(dropout_seed), int(batch_offset),
+            int(head_offset), str(flash_kernel))
 
 
 def _to_bthd(x, layout_bhtd):
@@ -300,8 +304,8 @@ def _to_bthd(x, layout_bhtd):
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, sinks=None, bias=None, mask=None,
-              segment_ids=None, kv_segment_ids=None, dropout=0.0, dropout_seed=0, impl="flash_attn2",
-              flash_kernel="auto", deterministic=False, layout_bhtd=False, return_lse=False):
+              segment_ids=None, kv_segment_ids=None, dropout=0.0, dropout_seed=0, batch_offset=0, head_offset=0,
+              impl="flash_attn2", flash_kernel="auto", deterministic=False, layout_bhtd=False, return_lse=False):
     """Attention of q over k and v on this process, differentiable: o, or (o, lse) with return_lse=True.
 
     impl: "flash_attn2", "sdpa" or "blockwise" on CPU tensors; "flash_attn2", "sdpa" or "cudnn" on CUDA
@@ -310,7 +314,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     order, slower); CPU backwards do anyway.
     """
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
-                        dropout_seed, flash_kernel)
+                        dropout_seed, batch_offset, head_offset, flash_kernel)
     o, lse = _attention_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
                                 bool(deterministic), impl)
     o = _to_bthd(o, layout_bhtd)
@@ -319,7 +323,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
 
 def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_len=None, global_kv_len=None, causal=False, window=None,
                    softcap=None, scale=None, sinks=None, bias=None, mask=None, segment_ids=None, kv_segment_ids=None,
-                   dropout=0.0, dropout_seed=0, local_impl="flash_attn2", flash_kernel="auto", timeout=60.0,
+                   dropout=0.0, dropout_seed=0, batch_offset=0, head_offset=0, local_impl="flash_attn2", flash_kernel="auto",
+                   timeout=60.0,
                    deterministic=False,
                    grad_wire="f32", layout_bhtd=False, return_lse=False):
     """Ring attention of this rank's shard over every rank of `comm`, differentiable.
@@ -338,7 +343,7 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     CUDA tensors the same bits on every run for this number of ranks and layout (dQ summed in a fixed order).
     """
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
-                        dropout_seed, flash_kernel)
+                        dropout_seed, batch_offset, head_offset, flash_kernel)
     o, lse = _ring_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
                            _handle_of(comm, group, float(timeout), q.device), layout, global_q_len, global_kv_len, local_impl, float(timeout),
                            bool(deterministic), str(grad_wire))

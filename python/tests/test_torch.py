@@ -179,7 +179,7 @@ def test_gradcheck_in_f32_with_wide_steps():
 
 def test_opcheck_of_the_registrations():
     q, k, v, _ = tensors(6, T=9, S=9)
-    args = (q, k, v, None, None, None, None, None, True, -1, -1, 0.0, 0.0, 0.0, 0, "auto", False, "flash_attn2")
+    args = (q, k, v, None, None, None, None, None, True, -1, -1, 0.0, 0.0, 0.0, 0, 0, 0, "auto", False, "flash_attn2")
     torch.library.opcheck(torch.ops.ringattn.attention_forward.default, args)
 
 
@@ -274,6 +274,23 @@ def test_dropout_backward_uses_the_forwards_mask():
         close(got, torch.from_numpy(want), 0.0)
     no_dropout = rt.attention(q, k, v)
     assert float((o - no_dropout).detach().abs().max()) > 1e-3  # dropout did act
+
+
+def test_dropout_on_a_slice_of_batch_and_heads_with_its_offsets_drops_what_the_whole_does():
+    # A data- or tensor-parallel rank's slice (batches 1.., the second kv group) keys dropout by global indices.
+    q, k, v, do = tensors(45, B=3, T=21, S=25)
+    options = dict(dropout=0.3, dropout_seed=9, causal=True)
+    whole = rt.attention(q, k, v, **options)
+    whole.backward(do)
+    part = lambda x, heads: x.detach()[1:, :, heads].clone().requires_grad_()  # noqa: E731
+    for offsets, same in ((dict(batch_offset=1, head_offset=2), True), ({}, False)):
+        qs, ks, vs = part(q, slice(2, 4)), part(k, slice(1, 2)), part(v, slice(1, 2))
+        o = rt.attention(qs, ks, vs, **options, **offsets)
+        o.backward(do[1:, :, 2:4])
+        pairs = ((o, whole[1:, :, 2:4]), (qs.grad, q.grad[1:, :, 2:4]), (ks.grad, k.grad[1:, :, 1:2]),
+                 (vs.grad, v.grad[1:, :, 1:2]))
+        agree = [torch.allclose(got, want, atol=1e-5) for got, want in pairs]
+        assert all(agree) if same else not agree[0], (offsets, agree)
 
 
 def test_int64_segment_ids_are_taken_as_int32():

@@ -82,6 +82,26 @@ def test_ring_modes_through_autograd(modes, tol):
     check_ring_shards_equal_one_process({**RING, **modes}, "zigzag", True, shape=(2, 37, 4, 2, 16), tol=tol)
 
 
+def test_dropout_on_a_slice_of_batch_and_heads_through_the_ring():
+    """batch_offset / head_offset reach the ring's forward and backward: a rank's slice of batches and heads
+    (as a data- and tensor-parallel mesh gives it) drops what one process's whole tensors drop there."""
+    g = torch.Generator().manual_seed(13)
+    B, T, H, Hkv, D = 3, 41, 4, 2, 16
+    q, k, v = (torch.randn(B, T, h, D, generator=g) for h in (H, Hkv, Hkv))
+    do = torch.randn(B, T, H, D, generator=g)
+    options = dict(dropout=0.3, dropout_seed=5, causal=True)
+    whole = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = rt.attention(*whole, **options)
+    o.backward(do)
+    part = lambda x, heads: shard(x[1:, :, heads], "zigzag").contiguous()  # noqa: E731
+    mine = [part(x, heads).requires_grad_() for x, heads in ((q, slice(2, 4)), (k, slice(1, 2)), (v, slice(1, 2)))]
+    o_ring = rt.ring_attention(*mine, **RING, layout="zigzag", batch_offset=1, head_offset=2, **options)
+    o_ring.backward(part(do, slice(2, 4)))
+    close(o_ring, part(o.detach(), slice(2, 4)), 1e-5)
+    for got, want, heads in zip(mine, whole, (slice(2, 4), slice(1, 2), slice(1, 2))):
+        close(got.grad, part(want.grad, heads), 1e-5)
+
+
 def test_torch_compile_traces_the_ring():
     g = torch.Generator().manual_seed(12)
     q, k, v = (shard(torch.randn(1, 40, 2, 8, generator=g), "zigzag").requires_grad_() for _ in range(3))
