@@ -61,6 +61,12 @@ void sum_shared_bias_gradient(std::vector<double>& dbias, const Shape& bias_shap
 void sum_over_mesh_axes(Tensor& t, const Job& job, std::initializer_list<const char*> axes);
 void sum_over_mesh_axes(std::vector<double>& values, const Job& job, std::initializer_list<const char*> axes);
 
+struct ShardPlan;
+// dK / dV (host f32 tensors, or f64 values) summed over the tp ranks that hold the same kv heads
+// (ShardPlan::kv_head_sharers > 1; else unchanged), in f64.
+void sum_shared_kv_heads(Tensor& t, const ShardPlan& plan, const Job& job);
+void sum_shared_kv_heads(std::vector<double>& values, const ShardPlan& plan, const Job& job);
+
 // The command line after the program name, for the agreement check.
 std::string args_text(int argc, char** argv);
 

@@ -1,10 +1,12 @@
 // Job setup shared by run, verify and bench.
+#include <algorithm>
 #include <cstdio>
 #include <string_view>
 #include <vector>
 
 #include "attention/registry.h"
 #include "launch/commands.h"
+#include "launch/sharded_io.h"
 #include "runtime/checksum.h"
 #include "runtime/error.h"
 
@@ -113,6 +115,26 @@ void sum_shared_bias_gradient(Tensor& dbias, const Shape& bias_shape, const Job&
                               std::initializer_list<const char*> axes) {
   for (const char* axis : axes)
     if (bias_broadcasts_over(axis, bias_shape)) sum_over_mesh_axes(dbias, job, {axis});
+}
+
+void sum_shared_kv_heads(std::vector<double>& values, const ShardPlan& plan, const Job& job) {
+  if (plan.kv_head_sharers == 1) return;
+  // Each rank's part in its kv head's slot of a buffer over every kv head, summed over the tp axis (whose
+  // ranks hold every kv head), then its slot's sums taken back.
+  const size_t n = values.size();
+  std::vector<double> slots(n * size_t(plan.kv_heads), 0.0);
+  std::copy(values.begin(), values.end(), slots.begin() + std::ptrdiff_t(n * size_t(plan.hkv_offset)));
+  job.host_axis("tp").all_reduce(slots.data(), slots.size(), ReduceOp::kSum);
+  std::copy_n(slots.begin() + std::ptrdiff_t(n * size_t(plan.hkv_offset)), n, values.begin());
+}
+
+void sum_shared_kv_heads(Tensor& t, const ShardPlan& plan, const Job& job) {
+  if (plan.kv_head_sharers == 1) return;
+  RA_CHECK(t.dtype() == DType::kF32 && t.view().is_contiguous(), "sum_shared_kv_heads takes contiguous f32 tensors");
+  float* data = t.data<float>();
+  std::vector<double> values(data, data + t.numel());
+  sum_shared_kv_heads(values, plan, job);
+  std::copy(values.begin(), values.end(), data);
 }
 
 void* Job::stream() const {

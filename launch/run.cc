@@ -244,13 +244,25 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     const Tensor d_o = read_upstream_gradient(file, plan, do_dataset, staging);
     const Tensor d_o_device = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();
     lap();
+    // Kv heads shared by tp ranks: their parts leave in f32, summed below before any rounding.
+    const bool shared_kv = plan.kv_head_sharers > 1;
     grads = backward_impl.backward(job.on_device ? staged.inputs : in, params, pos,
-                                   job.on_device ? d_o_device.view() : d_o.view(), nullptr, f32_gradients);
+                                   job.on_device ? d_o_device.view() : d_o.view(), nullptr, f32_gradients || shared_kv);
     job.synchronize();
     backward_seconds = lap();
     if (job.on_device)
       for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv, &grads.dbias, &grads.dsinks})
         if (t->defined()) *t = to_memory(*t, staging);
+    if (shared_kv) {
+      sum_shared_kv_heads(grads.dk, plan, job);
+      sum_shared_kv_heads(grads.dv, plan, job);
+      if (!f32_gradients)
+        for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv}) {
+          Tensor rounded(plan.dtype, t->shape(), staging);
+          convert_from_f32(t->data<float>(), rounded.view().data(), plan.dtype, size_t(t->numel()));
+          *t = std::move(rounded);
+        }
+    }
   }
   job.world.all_reduce(seconds, 4, ReduceOp::kMax);
   job.world.all_reduce(&backward_seconds, 1, ReduceOp::kMax);

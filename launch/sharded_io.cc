@@ -125,6 +125,8 @@ bool first_holder_of_pairwise(const ShardPlan& p, const Shape& file_shape) {
 
 bool first_holder_of_heads(const ShardPlan& p) { return p.b_offset == 0 && p.sp_index == 0; }
 
+bool first_holder_of_kv_heads(const ShardPlan& p) { return p.hq_offset % (p.q_heads / p.kv_heads) == 0; }
+
 Selection select_pairwise(const ShardPlan& p, const Shape& file_shape) {
   const Shape shape = pairwise_shape(file_shape);
   const bool b1 = shape[0] == 1, h1 = shape[1] == 1;
@@ -171,13 +173,23 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   auto spec_for = [&](const char* axis) { return mesh.has_axis(axis) ? std::vector<std::string>{axis} : std::vector<std::string>{}; };
   NamedSharding sharding(mesh, PartitionSpec{spec_for("dp"), {}, spec_for("tp"), {}});
   LocalSlice qs = sharding.local_slice(q.shape, rank, "q");
-  LocalSlice ks = sharding.local_slice(k.shape, rank, "k");
   p.b_offset = qs.offset[0];
   p.b_count = qs.extent[0];
   p.hq_offset = qs.offset[2];
   p.hq_count = qs.extent[2];
-  p.hkv_offset = ks.offset[2];
-  p.hkv_count = ks.extent[2];
+  const int64_t tp = mesh.has_axis("tp") ? mesh.axis_size("tp") : 1;
+  RA_CHECK(p.kv_heads % tp == 0 || tp % p.kv_heads == 0, where(f, names.k), " dimension 2 (kv_heads) is ", p.kv_heads,
+           ": over mesh axis 'tp' of size ", tp, " the kv heads must divide into ", tp,
+           " parts, or ", tp, " be a multiple of them (each kv head then held by the tp ranks of its query heads)");
+  if (p.kv_heads % tp == 0) {  // kv heads split over tp
+    LocalSlice ks = sharding.local_slice(k.shape, rank, "k");
+    p.hkv_offset = ks.offset[2];
+    p.hkv_count = ks.extent[2];
+  } else {  // more tp ranks than kv heads: each kv head held whole by the tp / Hkv ranks of its query heads
+    p.hkv_offset = p.hq_offset / (p.q_heads / p.kv_heads);
+    p.hkv_count = 1;
+    p.kv_head_sharers = int(tp / p.kv_heads);
+  }
   if (mesh.has_axis("sp")) {
     p.sp_size = mesh.axis_size("sp");
     p.sp_index = mesh.coords(rank)[size_t(mesh.axis_index("sp"))];

@@ -28,6 +28,9 @@ struct ShardPlan {
   int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, v_head_dim;
   DType dtype;
   int64_t b_offset, b_count, hq_offset, hq_count, hkv_offset, hkv_count;
+  // Where the tp axis has more ranks than kv heads (a multiple of them), each kv head is held whole by the
+  // tp / Hkv ranks of its query heads (as Megatron replicates them): their dK / dV parts sum to its gradient.
+  int kv_head_sharers = 1;
   int sp_size = 1, sp_index = 0;
   SequenceLayout layout = SequenceLayout::kContiguous;
   std::vector<IndexRun> q_runs, kv_runs;  // this rank's rows along T and S
@@ -75,6 +78,8 @@ Shape pairwise_shape(const Shape& file_shape);
 // counts it, so that counts summed over the ranks are the file's.
 bool first_holder_of_pairwise(const ShardPlan& plan, const Shape& file_shape);
 bool first_holder_of_heads(const ShardPlan& plan);
+// Whether this rank is the first of the tp ranks holding its kv heads (ShardPlan::kv_head_sharers).
+bool first_holder_of_kv_heads(const ShardPlan& plan);
 // This rank's part of such a dataset (a selection in the file's own rank), and its local (rank 4) shape.
 Selection select_pairwise(const ShardPlan& p, const Shape& file_shape);
 Shape pairwise_local_shape(const ShardPlan& p, const Shape& file_shape);

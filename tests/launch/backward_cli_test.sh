@@ -236,6 +236,41 @@ for mesh in dp=2,sp=2 tp=2,sp=2; do
   expect "ring $mesh verify" 0 "dk vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np 4 "$ra" verify \
     --input ring.h5 --output mesh-$mesh.h5 --mesh $mesh --causal
 done
+# More tp ranks than kv heads (MQA on tp=2, GQA 8:2 on tp=4): each kv head held by the tp ranks of its query
+# heads, its dK / dV the sum of theirs; equal to one rank's, and verified (a changed dk still caught); a tp
+# that neither divides the kv heads nor is a multiple of them is refused by name.
+"$ra" generate --output mqa.h5 --batch 2 --seq 39 --heads 4 --kv-heads 1 --head-dim 16 --with-grad --with-sinks \
+  --seed 8 >/dev/null
+"$ra" generate --output gqa.h5 --seq 41 --heads 8 --kv-heads 2 --head-dim 16 --dtype bf16 --with-grad --seed 9 >/dev/null
+expect "MQA on one rank" 0 "backward" "$ra" run --input mqa.h5 --output mqa-1.h5 --causal --dropout 0.2 --backward \
+  --f32-gradients --quiet
+for case in "mqa tp=2,sp=2" "mqa tp=4" "gqa tp=4" "gqa dp=1,tp=4"; do
+  set -- $case
+  expect "kv heads shared over $2 ($1) run --backward" 0 "backward" "$mpiexec" --oversubscribe -np 4 "$ra" run \
+    --input $1.h5 --output $1-$2.h5 --mesh $2 --causal --dropout 0.2 --backward --quiet
+  expect "kv heads shared over $2 ($1) verify" 0 "dv vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np 4 \
+    "$ra" verify --input $1.h5 --output $1-$2.h5 --mesh $2 --causal --dropout 0.2
+done
+expect "MQA on tp=2,sp=2 in f32" 0 "backward" "$mpiexec" --oversubscribe -np 4 \
+  "$ra" run --input mqa.h5 --output mqa-4f32.h5 --mesh tp=2,sp=2 --causal --dropout 0.2 --backward --f32-gradients \
+  --quiet --overwrite
+expect "MQA on tp=2,sp=2 in f32 equals one rank's" 0 "same within f32 rounding" $python - <<'PY'
+import h5py, numpy as np
+with h5py.File("mqa-1.h5") as a, h5py.File("mqa-4f32.h5") as b:
+    worst = max(float(np.abs(a[n][...] - b[n][...]).max() / np.abs(a[n][...]).max()) for n in ("dq", "dk", "dv", "dsinks"))
+print("relative difference %.2e: %s" % (worst, "same within f32 rounding" if worst < 1e-5 else "DIFFERENT"))
+PY
+$python - <<'PY'
+import h5py
+with h5py.File("gqa-tp=4.h5", "r+") as f:
+    f["dk"][0, 30, 1, 3] += 0.5
+PY
+expect "kv heads shared over tp: verify catches a changed dk once" 1 "dk vs f64 reference.*#wrong 1  FAILED" \
+  "$mpiexec" --oversubscribe -np 4 "$ra" verify --input gqa.h5 --output gqa-tp=4.h5 --mesh tp=4 --causal --dropout 0.2
+"$ra" generate --output kv4.h5 --seq 20 --heads 12 --kv-heads 4 --head-dim 8 --with-grad >/dev/null
+expect "tp=6 over 4 kv heads is refused by name" 2 "'kv4.h5' dimension 2 (kv_heads) is 4: over mesh axis 'tp' of size 6" \
+  "$mpiexec" --oversubscribe -np 6 "$ra" run --input kv4.h5 --output kv4-out.h5 --mesh tp=6
+no_output "tp=6 over 4 kv heads leaves no output" kv4-out.h5
 # dbias over ranks: each rank writes its rows, and where the bias is broadcast (here (1, 1, 1, S)) the
 # ranks sharing an entry write the sum of their parts (over sp by the ring, over dp / tp after it).
 expect "bias (1, Hq, T, S) on sp=2 run --backward" 0 "dbias" "$mpiexec" --oversubscribe -np 2 "$ra" run --input bf16.h5 \
