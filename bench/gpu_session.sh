@@ -43,7 +43,8 @@
 # performance tables: one GPU's and the ring of 2's forward and backward, PyTorch's SDPA and context_parallel beside them, made
 # into tables by bench/readme_tables.py); `million` (1M tokens causal, forward and backward, on 2 GPUs with each local kernel);
 # `mesh_dropout` (dropout on dp / tp meshes of GPUs, the bf16 wire's verify); `cli_sweep` (random CLI round trips with
-# --backend cuda, tests/launch/cli_sweep.py); `any_head_dim` (sdpa past 256 columns on GPUs); several as a comma list. Logs go to $OUT.
+# --backend cuda, tests/launch/cli_sweep.py); `any_head_dim` (sdpa past 256 columns on GPUs); `kv_heads_tp` (more tp ranks than
+# kv heads, 4 ranks on the GPUs, verified); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -95,6 +96,19 @@ fi
 if has cli_sweep; then  # random generate -> run --backward -> verify round trips on the GPUs (tests/launch/cli_sweep.py)
   python3 tests/launch/cli_sweep.py $bin mpirun --backend cuda --count ${sweep_count:-40} --seed ${sweep_seed:-1} 2>&1 |
     tee "$out/cli_sweep_cuda.log" | grep -vE "^verified" | tail -n 40
+fi
+if has kv_heads_tp; then  # more tp ranks than kv heads on the GPUs (4 ranks on the GPUs): run --backward, then verify
+  d=$(mktemp -d)
+  $bin generate --output $d/mqa.h5 --batch 2 --seq 301 --heads 4 --kv-heads 1 --head-dim 64 --dtype bf16 --with-grad \
+    --with-sinks >/dev/null
+  $bin generate --output $d/gqa.h5 --seq 257 --heads 8 --kv-heads 2 --head-dim 128 --dtype f16 --with-grad >/dev/null
+  for case in "mqa tp=2,sp=2" "mqa tp=4" "gqa tp=4" "gqa dp=1,tp=2,sp=2"; do
+    set -- $case
+    mpirun -np 4 --oversubscribe $bin run --backend cuda --input $d/$1.h5 --output $d/$1-$2.h5 --mesh $2 --causal --backward \
+      --quiet 2>&1 | tail -n 2 | tee -a "$out/kv_heads_tp.log"
+    mpirun -np 4 --oversubscribe $bin verify --input $d/$1.h5 --output $d/$1-$2.h5 --mesh $2 --causal 2>&1 | tail -n 6 |
+      sed "s/^/$1 $2: /" | tee -a "$out/kv_heads_tp.log"
+  done
 fi
 if has any_head_dim; then  # sdpa past 256 columns on the GPU, alone and as the ring's steps; cudnn's refusals
   $build/tests/cuda_attention_test --gtest_filter='*OptionsItCannotExpress*:*sdpa*D300*' 2>&1 | grep -E "^\[ +(OK|FAILED) "

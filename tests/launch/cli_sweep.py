@@ -53,7 +53,7 @@ def draw(rnd, backend):
         if rnd.random() < 0.5:
             run += ["--layout", rnd.choice(["contiguous", "zigzag", "striped"])]
         if ranks == 4 and rnd.random() < 0.3:
-            run += ["--mesh", rnd.choice(["dp=2,sp=2", "tp=2,sp=2"])]
+            run += ["--mesh", rnd.choice(["dp=2,sp=2", "tp=2,sp=2", "tp=4"])]
         if not on_gpu and rnd.random() < 0.15:
             run.append("--deterministic")
         if rnd.random() < 0.2:
