@@ -29,7 +29,7 @@ namespace {
 int64_t check_finite_inputs(const LocalTensors& local, const ShardPlan& plan, const H5File& file,
                             const std::string& input, bool allow, Job& job) {
   const DatasetNames& names = plan.names;
-  const bool counts_here[] = {true, true, true,
+  const bool counts_here[] = {true, first_holder_of_kv_heads(plan), first_holder_of_kv_heads(plan),
                               !local.bias.defined() || first_holder_of_pairwise(plan, file.info(names.bias).shape),
                               first_holder_of_heads(plan)};
   const std::pair<const Tensor*, const std::string*> datasets[] = {{&local.q, &names.q},

@@ -214,13 +214,17 @@ for mesh in dp=2,sp=2 tp=2,sp=2; do
     --output drop_$mesh.h5 --dropout 0.3
 done
 # 16. NaN / Inf counted once where several ranks hold the same part (sinks on every sequence rank, a bias's
-# broadcast dimensions): the message gives the file's count (it summed every rank's copy).
+# broadcast dimensions, a kv head the tp ranks share): the message gives the file's count (it summed every rank's copy).
 $python - <<'PY'
 import h5py, numpy as np
 r = np.random.default_rng(6)
 f32 = lambda *s: r.standard_normal(s).astype(np.float32)
 sinks, bias = f32(4), f32(40, 40)
 sinks[1], bias[7, 3] = np.inf, np.nan
+k = f32(2, 40, 1, 16)
+k[1, 5, 0, 2] = np.nan
+with h5py.File("nan_shared_k.h5", "w") as f:  # one kv head that the tp ranks share
+    f["q"], f["k"], f["v"] = f32(2, 40, 4, 16), k, f32(2, 40, 1, 16)
 with h5py.File("inf_sinks.h5", "w") as f:
     f["q"], f["k"], f["v"], f["sinks"] = f32(2, 40, 4, 16), f32(2, 40, 2, 16), f32(2, 40, 2, 16), sinks
 with h5py.File("nan_bias.h5", "w") as f:
@@ -229,6 +233,8 @@ PY
 check nonfinite-sinks-counted-once 2 "dataset 'sinks' holds 1 NaN or Inf values;" -r 3 -- mpi 3 "$ra" run --input inf_sinks.h5 --output x.h5
 check nonfinite-bias-counted-once 2 "dataset 'bias' holds 1 NaN or Inf values;" -r 4 -- mpi 4 "$ra" run --input nan_bias.h5 --output x.h5 \
   --mesh dp=2,sp=2
+check nonfinite-shared-kv-head-counted-once 2 "dataset 'k' holds 1 NaN or Inf values;" -r 4 -- mpi 4 "$ra" run \
+  --input nan_shared_k.h5 --output x.h5 --mesh tp=2,sp=2
 # dbias of a bias every sequence rank shares (an (S) bias): one changed element is one wrong element, not one a rank.
 if $python -c "import h5py; f = h5py.File('b1_out.h5', 'a'); f['dbias'][5] += 1.0"; then
   check verify-dbias-wrong-counted-once 1 "dbias vs f64 reference: .*#wrong 1  FAILED" -- mpi 3 "$ra" verify --input b1.h5 \
