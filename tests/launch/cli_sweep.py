@@ -44,7 +44,7 @@ def draw(rnd, backend):
         attention += ["--scale", "0.3"]
     if rnd.random() < 0.15:
         attention += ["--dropout", "0.2", "--dropout-seed", str(rnd.randint(0, 99))]
-    ranks = rnd.choice([1, 2, 3, 4] if not on_gpu else [1, 2, 2, 3])
+    ranks = rnd.choice([1, 2, 3, 4] if not on_gpu else [1, 2, 2, 3, 4])
     local = ["flash_attn2", "sdpa"] + (["cudnn"] if on_gpu else [])
     impl = rnd.choice(["ring", "ring"] + local + ([] if on_gpu else ["blockwise"])) if ranks == 1 else "ring"
     run = ["--impl", impl, "--backend", backend]
