@@ -90,17 +90,12 @@ void convert_gradient(const TensorView& acc, const TensorView& out, void* cuda_s
   convert_from_f32(acc.data_as<float>(), out.data(), out.dtype(), size_t(acc.numel()));
 }
 
-namespace {
-
-// A gradient in `dtype` from its f32 accumulator (the accumulator itself for f32).
-Tensor in_dtype(Tensor acc, DType dtype, void* cuda_stream) {
+Tensor gradient_in_dtype(Tensor acc, DType dtype, void* cuda_stream) {
   if (dtype == DType::kF32 || !acc.defined()) return acc;
   Tensor out(dtype, acc.shape(), acc.view().memory());
   convert_gradient(acc, out, cuda_stream);
   return out;
 }
-
-}  // namespace
 
 void AttentionImpl::accumulate_backward(const AttentionInputs&, const TokenPositions&, const AttentionParams&,
                                         const BackwardInputs&, const GradViews&) const {
@@ -182,9 +177,9 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
     convert_gradient(acc.dv, into->dv, stream);
   } else {
     const DType dtype = f32_gradients ? DType::kF32 : in.q.dtype();
-    g.dq = in_dtype(std::move(acc.dq), dtype, stream);
-    g.dk = in_dtype(std::move(acc.dk), dtype, stream);
-    g.dv = in_dtype(std::move(acc.dv), dtype, stream);
+    g.dq = gradient_in_dtype(std::move(acc.dq), dtype, stream);
+    g.dk = gradient_in_dtype(std::move(acc.dk), dtype, stream);
+    g.dv = gradient_in_dtype(std::move(acc.dv), dtype, stream);
   }
   g.dbias = std::move(acc.dbias);
   if (in.sinks.defined()) g.dsinks = sinks_gradient(in.sinks, lse, delta, stream);

@@ -58,6 +58,8 @@ Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const Tens
 
 // out (any float dtype, contiguous) <- the f32 accumulator `acc` (same shape), on acc's memory.
 void convert_gradient(const TensorView& acc, const TensorView& out, void* cuda_stream = nullptr);
+// A gradient in `dtype` from its f32 accumulator (the accumulator itself for f32), on acc's memory.
+Tensor gradient_in_dtype(Tensor acc, DType dtype, void* cuda_stream = nullptr);
 
 // Checks a caller-given output: `shape`, contiguous, in q's memory, f32 or (with q_dtype_or_f32) q's dtype.
 void check_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& q,

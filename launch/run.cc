@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "attention/backward.h"
 #include "attention/invariants.h"
 #include "attention/validate.h"
 #include "attention/registry.h"
@@ -257,11 +258,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
       sum_shared_kv_heads(grads.dk, plan, job);
       sum_shared_kv_heads(grads.dv, plan, job);
       if (!f32_gradients)
-        for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv}) {
-          Tensor rounded(plan.dtype, t->shape(), staging);
-          convert_from_f32(t->data<float>(), rounded.view().data(), plan.dtype, size_t(t->numel()));
-          *t = std::move(rounded);
-        }
+        for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv}) *t = gradient_in_dtype(std::move(*t), plan.dtype);
     }
   }
   job.world.all_reduce(seconds, 4, ReduceOp::kMax);
