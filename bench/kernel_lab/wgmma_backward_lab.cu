@@ -18,6 +18,9 @@
 #include "attention/cuda/flash_wgmma_dq_kernel.cuh"
 #include "runtime/cuda_device.h"
 #include "exp_kernel.cuh"
+#ifndef RA_LAB_EXP_THREADS  // exp_kernel.cuh may define each knob's threads per block (a warp-specialised knob's)
+#define RA_LAB_EXP_THREADS(knob, D) 256
+#endif
 #ifndef RA_LAB_KNOBS
 #define RA_LAB_KNOBS RA_LAB_KNOB(0)
 #endif
@@ -50,19 +53,19 @@ __global__ void fill_pos(int64_t* p, int n) {
 
 // cluster > 1: launched as clusters of that many consecutive key blocks (RA_LAB_CLUSTER, the experimental kernel only).
 template <typename Traits>
-void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsigned cluster = 1) {
+void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsigned cluster = 1, unsigned threads = 256) {
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
   const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
   void* args[] = {const_cast<FlashBackwardArgs*>(&g)};
   if (cluster <= 1) {
-    RA_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(256), args, Traits::kSmemBytes, s));
+    RA_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(threads), args, Traits::kSmemBytes, s));
     return;
   }
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = grid, config.blockDim = dim3(256), config.dynamicSmemBytes = Traits::kSmemBytes, config.stream = s;
+  config.gridDim = grid, config.blockDim = dim3(threads), config.dynamicSmemBytes = Traits::kSmemBytes, config.stream = s;
   config.attrs = attr, config.numAttrs = 1;
   RA_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
 }
@@ -118,6 +121,16 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     std::printf("knob %d not built\n", knob);
     std::exit(2);
   };
+  auto exp_threads = [](int knob) -> unsigned {
+    switch (knob) {
+#define RA_LAB_KNOB(K) \
+  case K:              \
+    return RA_LAB_EXP_THREADS(K, D);
+      RA_LAB_KNOBS
+#undef RA_LAB_KNOB
+    }
+    return 256;
+  };
   cudaStream_t s;
   RA_CUDA_CHECK(cudaStreamCreate(&s));
   cudaEvent_t e0, e1;
@@ -133,7 +146,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   auto once = [&](bool use_exp, int knob) {
     RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
     g.dq_writer_words = knob;
-    if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster); else launch<Base>(base, g, s);
+    if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob)); else launch<Base>(base, g, s);
     if (apart) launch_flash_wgmma_dq<T16>(g, s);
   };
   once(false, 0);
@@ -150,7 +163,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
       RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
       g.dq_writer_words = knob;
       RA_CUDA_CHECK(cudaEventRecord(e0, s));
-      if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster); else launch<Base>(base, g, s);
+      if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob)); else launch<Base>(base, g, s);
       if (apart) launch_flash_wgmma_dq<T16>(g, s);
       RA_CUDA_CHECK(cudaEventRecord(e1, s));
       RA_CUDA_CHECK(cudaEventSynchronize(e1));
