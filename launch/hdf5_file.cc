@@ -141,11 +141,15 @@ std::string why_open_failed(const std::string& path) {
   if (!std::filesystem::exists(path, ec)) return "it does not exist";
   if (std::filesystem::is_directory(path, ec)) return "it is a directory";
   if (::access(path.c_str(), R_OK) != 0) return "this user may not read it";
-  if (mentions(stack, "lock") || mentions(stack, "already open for write"))
+  // The lock's own words: "superblock" holds "lock" too, and a file that is not HDF5 (or is cut short) fails
+  // reading its superblock.
+  if (mentions(stack, "unable to lock") || mentions(stack, "lock request") || mentions(stack, "already open for write"))
     return "it is locked: another process holds it open for writing (an h5py File in 'w', 'a' or 'r+' mode?). "
            "Close it there first; if nothing is writing it any more, HDF5_USE_FILE_LOCKING=FALSE skips the lock "
            "(HDF5 says: " + stack + ")";
-  if (H5Fis_hdf5(path.c_str()) <= 0) return "it is not an HDF5 file (no HDF5 signature)";
+  if (H5Fis_hdf5(path.c_str()) == 0) return "it is not an HDF5 file (no HDF5 signature)";
+  if (mentions(stack, "truncated file"))
+    return "it is truncated: shorter than its HDF5 header says (a copy or download cut short?) (HDF5 says: " + stack + ")";
   return "HDF5 says: " + stack;
 }
 

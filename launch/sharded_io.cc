@@ -28,8 +28,15 @@ DatasetInfo required(const H5File& f, const std::string& name, int rank, const c
 void expect_dtype(const H5File& f, const std::string& name, const DatasetInfo& info, std::initializer_list<DType> allowed,
                   const char* expected) {
   const bool ok = info.supported && std::find(allowed.begin(), allowed.end(), info.dtype) != allowed.end();
+  // numpy has no bfloat16: its bits stored as 16-bit integers (torch's .view(torch.int16)) are the likely cause.
+  const bool bf16_bits = (info.type_name == "uint16" || info.type_name == "int16") &&
+                         std::find(allowed.begin(), allowed.end(), DType::kBF16) != allowed.end();
   RA_CHECK(ok, where(f, name), " holds ", info.type_name, ", expected ", expected,
-           " (ringattn never converts: write it as one of those, e.g. numpy's .astype)");
+           " (ringattn never converts: write it as one of those, e.g. numpy's .astype",
+           bf16_bits ? "; bfloat16 bits stored as integers? the README's \"HDF5 layout\" shows how h5py writes a "
+                       "bfloat16 dataset"
+                     : "",
+           ")");
 }
 
 // Zero-length dimensions leave nothing to attend: refused by name before any read.

@@ -51,6 +51,8 @@ for dim, shape in [("T", (1, 0, 4, 32)), ("B", (0, 8, 4, 32)), ("H", (1, 8, 0, 3
 mk("zero_S.h5", f32(1, 8, 4, 32), np.zeros((1, 0, 4, 32), np.float32), np.zeros((1, 0, 4, 32), np.float32))
 mk("i64seg.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), f32(1, 16, 4, 32), segment_ids=np.zeros((1, 16), np.int64))
 mk("i64q.h5", r.integers(0, 3, (1, 16, 4, 32)), f32(1, 16, 4, 32), f32(1, 16, 4, 32))
+bits = lambda *s: r.integers(0, 65535, s).astype(np.uint16)  # bfloat16 bits as numpy holds them
+mk("bits.h5", bits(1, 16, 4, 32), bits(1, 16, 2, 32), bits(1, 16, 2, 32))
 v = f32(1, 16, 4, 32); v[0, 3, 1, 5] = np.nan
 mk("nan_v.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), v)
 with h5py.File("lzf.h5", "w") as f:
@@ -143,8 +145,14 @@ $python -c "import h5py, time; f = h5py.File('locked.h5', 'w'); f['q'] = [1.0]; 
 for _ in $(seq 100); do [ -e locked.ready ] && break; sleep 0.1; done
 check locked-file 2 "it is locked: another process holds it open for writing" -- "$ra" run --input locked.h5 --output x.h5
 kill %1 2>/dev/null
+# Not HDF5, or cut short: said so, not taken for a lock ("superblock" holds "lock").
+echo "q,k,v" > text.h5
+check not-hdf5 2 "'text.h5' for reading: it is not an HDF5 file" -- "$ra" run --input text.h5 --output x.h5
+head -c 2000 in.h5 > cut.h5
+check truncated-file 2 "'cut.h5' for reading: it is truncated" -- "$ra" run --input cut.h5 --output x.h5
 # 10. Datatypes: what was found, what is expected.
 check int64-segment-ids 2 "dataset 'segment_ids' of 'i64seg.h5' holds int64, expected int32" -- "$ra" run --input i64seg.h5 --output x.h5
+check bf16-bits-as-uint16 2 "holds uint16, expected .*bfloat16 bits stored as integers?" -- "$ra" run --input bits.h5 --output x.h5
 check int64-q 2 "dataset 'q' of 'i64q.h5' holds int64, expected float32, float16 or bfloat16" -- "$ra" run --input i64q.h5 --output x.h5
 # 11. --io-timeout as --timeout.
 check io-timeout-zero 2 "--io-timeout is 0, expected a positive integer" -- "$ra" run --input in.h5 --output x.h5 --io-timeout 0
