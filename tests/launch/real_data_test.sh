@@ -53,6 +53,12 @@ mk("i64seg.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), f32(1, 16, 4, 32), segment
 mk("i64q.h5", r.integers(0, 3, (1, 16, 4, 32)), f32(1, 16, 4, 32), f32(1, 16, 4, 32))
 bits = lambda *s: r.integers(0, 65535, s).astype(np.uint16)  # bfloat16 bits as numpy holds them
 mk("bits.h5", bits(1, 16, 4, 32), bits(1, 16, 2, 32), bits(1, 16, 2, 32))
+with h5py.File("unwritten.h5", "w") as f:  # q created, never assigned: HDF5 would read zeros
+    f.create_dataset("q", shape=(1, 16, 4, 32), dtype=np.float32)
+    f["k"], f["v"] = f32(1, 16, 2, 32), f32(1, 16, 2, 32)
+with h5py.File("half_written.h5", "w") as f:  # half of q's chunks written (over MPI-IO the other half failed the read)
+    f.create_dataset("q", shape=(1, 16, 4, 32), dtype=np.float32, chunks=(1, 4, 4, 32))[:, :8] = f32(1, 8, 4, 32)
+    f["k"], f["v"] = f32(1, 16, 2, 32), f32(1, 16, 2, 32)
 v = f32(1, 16, 4, 32); v[0, 3, 1, 5] = np.nan
 mk("nan_v.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), v)
 with h5py.File("lzf.h5", "w") as f:
@@ -152,6 +158,9 @@ head -c 2000 in.h5 > cut.h5
 check truncated-file 2 "'cut.h5' for reading: it is truncated" -- "$ra" run --input cut.h5 --output x.h5
 # 10. Datatypes: what was found, what is expected.
 check int64-segment-ids 2 "dataset 'segment_ids' of 'i64seg.h5' holds int64, expected int32" -- "$ra" run --input i64seg.h5 --output x.h5
+check never-written 2 "dataset 'q' of 'unwritten.h5' was created but never written" -r 2 -- mpi 2 "$ra" run --input unwritten.h5 --output x.h5
+check partly-written 2 "dataset 'q' of 'half_written.h5' is only partly written: 2 of its 4 chunks" -r 2 -- mpi 2 "$ra" run --input half_written.h5 --output x.h5
+no_output partly-written-no-output x.h5
 check bf16-bits-as-uint16 2 "holds uint16, expected .*bfloat16 bits stored as integers?" -- "$ra" run --input bits.h5 --output x.h5
 check int64-q 2 "dataset 'q' of 'i64q.h5' holds int64, expected float32, float16 or bfloat16" -- "$ra" run --input i64q.h5 --output x.h5
 # 11. --io-timeout as --timeout.
