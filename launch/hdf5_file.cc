@@ -203,26 +203,34 @@ void check_virtual_sources(hid_t dcpl, const std::string& file, const std::strin
 }
 
 // A dataset created but never (or only partly) written holds no data where it was not written, and HDF5
-// reads its fill value there without an error (over MPI-IO a partly written one fails inside the read, on
+// reads its default fill value (0) there without an error (over MPI-IO a partly written one fails inside the read, on
 // the ranks whose slice meets the gap): refused before the read, on every rank, naming how much is missing.
-void check_written(hid_t ds, hid_t dcpl, hid_t space, const std::string& where) {
+// A fill value the writer chose (h5py's fillvalue=) is meant to be read there: such a dataset is let through,
+// and the answer is whether it has gaps (which this libhdf5 reads only without MPI-IO).
+bool check_written(hid_t ds, hid_t dcpl, hid_t space, const std::string& where) {
   const H5D_layout_t layout = H5Pget_layout(dcpl);
-  if (layout == H5D_VIRTUAL || layout == H5D_COMPACT || H5Sget_simple_extent_npoints(space) <= 0) return;
+  if (layout == H5D_VIRTUAL || layout == H5D_COMPACT || H5Sget_simple_extent_npoints(space) <= 0) return false;
   H5D_space_status_t status = H5D_SPACE_STATUS_ERROR;
-  if (H5Dget_space_status(ds, &status) < 0) return;
+  if (H5Dget_space_status(ds, &status) < 0 || status == H5D_SPACE_STATUS_ALLOCATED) return false;
+  H5D_fill_value_t fill = H5D_FILL_VALUE_ERROR;
+  if (H5Pfill_value_defined(dcpl, &fill) >= 0 && fill == H5D_FILL_VALUE_USER_DEFINED) return true;
   RA_CHECK(status != H5D_SPACE_STATUS_NOT_ALLOCATED, where,
            " was created but never written: the file holds no data for it, and HDF5 would read its fill value "
            "everywhere (h5py's create_dataset without data=, never assigned?)");
-  if (status != H5D_SPACE_STATUS_PART_ALLOCATED || layout != H5D_CHUNKED) return;
   const int rank = H5Sget_simple_extent_ndims(space);
   hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK];
   H5Sget_simple_extent_dims(space, dims, nullptr);
-  if (rank <= 0 || H5Pget_chunk(dcpl, rank, chunk) != rank) return;
   hsize_t total = 1, written = 0;
-  for (int d = 0; d < rank; ++d) total *= (dims[d] + chunk[d] - 1) / chunk[d];
-  if (H5Dget_num_chunks(ds, space, &written) < 0 || written >= total) return;
-  RA_FAIL(where, " is only partly written: ", total - written, " of its ", total,
-          " chunks were never written, where HDF5 would read its fill value (write the whole dataset)");
+  const bool counted = layout == H5D_CHUNKED && rank > 0 && H5Pget_chunk(dcpl, rank, chunk) == rank &&
+                       H5Dget_num_chunks(ds, space, &written) >= 0;
+  for (int d = 0; counted && d < rank; ++d) total *= (dims[d] + chunk[d] - 1) / chunk[d];
+  if (counted && written < total) {
+    RA_FAIL(where, " is only partly written: ", total - written, " of its ", total,
+            " chunks were never written, where HDF5 would read its default fill value 0 (write the whole dataset, or "
+            "give it the fill value meant for the rest: h5py's fillvalue=)");
+  }
+  RA_FAIL(where, " is only partly written: HDF5 would read its default fill value 0 where it was not (write the whole "
+          "dataset, or give it the fill value meant for the rest: h5py's fillvalue=)");
 }
 
 // An empty selection (a rank that holds no rows: fewer tokens than ranks) selects nothing, and still
@@ -360,15 +368,18 @@ Tensor H5File::read(const std::string& dataset, const Selection& selection, cons
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
   bool collective = collective_;
   Id dcpl(H5Dget_create_plist(ds), H5Pclose);
+  bool gaps = false;
   if (dcpl.valid()) {  // on every rank, whether or not its slice meets the gap; after the shapes' memory checks
     Id space(H5Dget_space(ds), H5Sclose);
-    check_written(ds, dcpl, space, where);
+    gaps = check_written(ds, dcpl, space, where);
   }
-  if (collective_ && dcpl.valid() && H5Pget_layout(dcpl) == H5D_VIRTUAL) {
-    // This libhdf5 reads virtual datasets only without MPI-IO: each rank reads its slice alone.
+  const bool virtual_layout = dcpl.valid() && H5Pget_layout(dcpl) == H5D_VIRTUAL;
+  if (collective_ && (virtual_layout || gaps)) {
+    // This libhdf5 reads virtual datasets, and chunked ones with chunks never written, only without MPI-IO
+    // (collectively they fail in MPI_File_set_view): each rank reads its slice alone.
     if (serial_file_ < 0) serial_file_ = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    RA_CHECK(serial_file_ >= 0, where, " is a virtual dataset, read without MPI-IO, but '", path_,
-             "' cannot be opened so: ", why_open_failed(path_));
+    RA_CHECK(serial_file_ >= 0, where, virtual_layout ? " is a virtual dataset" : " has chunks never written",
+             ", read without MPI-IO, but '", path_, "' cannot be opened so: ", why_open_failed(path_));
     ds = Id(H5Dopen2(hid_t(serial_file_), dataset.c_str(), H5P_DEFAULT), H5Dclose);
     collective = false;
   }
