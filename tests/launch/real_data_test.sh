@@ -56,6 +56,10 @@ mk("bits.h5", bits(1, 16, 4, 32), bits(1, 16, 2, 32), bits(1, 16, 2, 32))
 with h5py.File("unwritten.h5", "w") as f:  # q created, never assigned: HDF5 would read zeros
     f.create_dataset("q", shape=(1, 16, 4, 32), dtype=np.float32)
     f["k"], f["v"] = f32(1, 16, 2, 32), f32(1, 16, 2, 32)
+with h5py.File("filtered.h5", "w") as f:  # whole, compressed: HDF5 calls its storage partly allocated
+    f.create_dataset("q", data=f32(2, 67, 4, 16), compression="gzip", shuffle=True, fletcher32=True, chunks=(1, 16, 4, 16))
+    f.create_dataset("k", data=f32(2, 67, 4, 16), scaleoffset=3, chunks=(1, 16, 4, 16))
+    f.create_dataset("v", data=f32(2, 67, 4, 16), external=[("filtered_v.bin", 0, h5py.h5f.UNLIMITED)])
 with h5py.File("mask_fill.h5", "w") as f:  # a mask written in part over a fill value chosen for the rest: valid
     f["q"], f["k"], f["v"] = f32(1, 16, 4, 32), f32(1, 16, 2, 32), f32(1, 16, 2, 32)
     f.create_dataset("mask", shape=(16, 16), dtype=np.uint8, chunks=(4, 16), fillvalue=1)[:4] = 0
@@ -164,6 +168,8 @@ check int64-segment-ids 2 "dataset 'segment_ids' of 'i64seg.h5' holds int64, exp
 check never-written 2 "dataset 'q' of 'unwritten.h5' was created but never written" -r 2 -- mpi 2 "$ra" run --input unwritten.h5 --output x.h5
 check partly-written 2 "dataset 'q' of 'half_written.h5' is only partly written: 2 of its 4 chunks" -r 2 -- mpi 2 "$ra" run --input half_written.h5 --output x.h5
 no_output partly-written-no-output x.h5
+check filtered-whole-3-ranks 0 "ringattn run: ring" -- mpi 3 "$ra" run --input filtered.h5 --output filtered_out.h5 --causal
+check filtered-whole-verify 0 "#wrong 0  OK" -- mpi 3 "$ra" verify --input filtered.h5 --output filtered_out.h5 --causal
 check partly-written-chosen-fill 0 "ringattn run: ring" -- mpi 2 "$ra" run --input mask_fill.h5 --output mask_fill_out.h5
 check partly-written-chosen-fill-verify 0 "#wrong 0  OK" -- mpi 2 "$ra" verify --input mask_fill.h5 --output mask_fill_out.h5
 check bf16-bits-as-uint16 2 "holds uint16, expected .*bfloat16 bits stored as integers?" -- "$ra" run --input bits.h5 --output x.h5
