@@ -311,15 +311,20 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
   MPI_Barrier(comm);
 }
 
-void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse) {
+void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse, bool lse_optional) {
   DatasetInfo oi = required(f, "o", 4, "(batch, q_len, q_heads, v_head_dim)");
   const Shape expect{p.batch, p.q_len, p.q_heads, p.v_head_dim};
   RA_CHECK(oi.shape == expect, where(f, "o"), " has shape ", oi.shape.str(), ", expected ", expect.str());
-  DatasetInfo li = required(f, "lse", 3, "(batch, q_heads, q_len)");
-  RA_CHECK(li.shape == (Shape{p.batch, p.q_heads, p.q_len}), where(f, "lse"), " has shape ", li.shape.str(),
-           ", expected (", p.batch, ", ", p.q_heads, ", ", p.q_len, ")");
+  expect_dtype(f, "o", oi, {DType::kF32, DType::kF16, DType::kBF16}, "float32, float16 or bfloat16");
+  const bool with_lse = !lse_optional || f.has("lse");
+  if (with_lse) {
+    DatasetInfo li = required(f, "lse", 3, "(batch, q_heads, q_len)");
+    expect_dtype(f, "lse", li, {DType::kF32}, "float32 (natural log)");
+    RA_CHECK(li.shape == (Shape{p.batch, p.q_heads, p.q_len}), where(f, "lse"), " has shape ", li.shape.str(),
+             ", expected (", p.batch, ", ", p.q_heads, ", ", p.q_len, ")");
+  }
   o = f.read("o", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim), {p.b_count, p.local_q(), p.hq_count, p.v_head_dim});
-  lse = f.read("lse", select_lse(p), {p.b_count, p.hq_count, p.local_q()});
+  if (with_lse) lse = f.read("lse", select_lse(p), {p.b_count, p.hq_count, p.local_q()});
 }
 
 void check_upstream_gradient(const H5File& f, const ShardPlan& p, const std::string& name) {
@@ -347,6 +352,7 @@ void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk,
   for (const auto& [name, shape] : expected) {
     const DatasetInfo info = required(f, name, 4, "(batch, len, heads, dim)");
     RA_CHECK(info.shape == shape, where(f, name), " has shape ", info.shape.str(), ", expected ", shape.str());
+    expect_dtype(f, name, info, {DType::kF32, DType::kF16, DType::kBF16}, "float32, float16 or bfloat16");
   }
   dq = f.read("dq", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim),
               {p.b_count, p.local_q(), p.hq_count, p.head_dim});
@@ -356,12 +362,14 @@ void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk,
               {p.b_count, p.local_kv(), p.hkv_count, p.v_head_dim});
   if (f.has("dbias")) {
     const DatasetInfo info = check_pairwise(f, "dbias", p);
+    expect_dtype(f, "dbias", info, {DType::kF32}, "float32");
     dbias = f.read("dbias", select_pairwise(p, info.shape), pairwise_local_shape(p, info.shape));
   }
   if (f.has("dsinks")) {
     const DatasetInfo info = required(f, "dsinks", 1, "(q_heads)");
     RA_CHECK((info.shape == Shape{p.q_heads}), where(f, "dsinks"), " has shape ", info.shape.str(), ", expected (",
              p.q_heads, ")");
+    expect_dtype(f, "dsinks", info, {DType::kF32}, "float32");
     dsinks = f.read("dsinks", select_heads(p), {p.hq_count});
   }
 }

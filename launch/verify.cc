@@ -44,8 +44,9 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
   }
   // A kv head held by several tp ranks: its gradient sums their query heads' parts.
   for (std::vector<double>* part : {&ref.dk, &ref.dv, &ref.dk_terms, &ref.dv_terms}) sum_shared_kv_heads(*part, plan, job);
-  // The GPU kernels round P and dS to the input dtype before their products; the CPU ones keep f32.
-  const bool on_gpu = out_file.string_attribute("backend") == "cuda";
+  // The GPU kernels round P and dS to the input dtype before their products; the CPU ones keep f32. Another
+  // library's outputs (no manifest) are allowed the GPU kernels' rounding.
+  const bool on_gpu = out_file.string_attribute("backend") == "cuda" || out_file.string_attribute("manifest").empty();
   const DType rounded = on_gpu ? plan.dtype : DType::kF32;
   // run --grad-wire bf16: each hop rounded the dK / dV partial sums to bf16, at most once a rank (as asked).
   const bool bf16_wire = out_file.string_attribute("grad_wire") == dtype_name(DType::kBF16);
@@ -127,10 +128,20 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(recorded.empty() || recorded == asked, "output '", output, "' was written by run with the options ", recorded,
            " but verify was given ", asked, ": give verify the attention options run had");
   LocalTensors local = read_local(in_file, plan, /*whole_kv=*/true);
+  // A file without run's manifest (another library's outputs written with h5py) is checked by its values alone,
+  // against the options given here; its lse, if it has none, is left out.
+  const std::string manifest = out_file.string_attribute("manifest");
+  const bool foreign = manifest.empty();
   Tensor o, lse;
-  read_outputs(out_file, plan, o, lse);
-  // The file is what `run` wrote: its manifest's checksums match before any number is compared.
-  check_manifest(out_file.string_attribute("manifest"), output_checksums(plan, o, lse, job.world.comm()), output);
+  read_outputs(out_file, plan, o, lse, /*lse_optional=*/foreign);
+  if (foreign) {
+    if (rank == 0)
+      std::printf("ringattn verify: '%s' has no manifest (not written by ringattn run): its values are checked against "
+                  "the attention options given here%s, without checksums\n",
+                  output.c_str(), lse.defined() ? "" : " (it has no lse: o only)");
+  } else {  // the file is what `run` wrote: its manifest's checksums match before any number is compared
+    check_manifest(manifest, output_checksums(plan, o, lse, job.world.comm()), output);
+  }
 
   // This rank's queries against every key.
   TokenPositions pos = TokenPositions::dense(plan.q_len, plan.kv_len);

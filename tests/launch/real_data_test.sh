@@ -56,6 +56,8 @@ mk("bits.h5", bits(1, 16, 4, 32), bits(1, 16, 2, 32), bits(1, 16, 2, 32))
 with h5py.File("unwritten.h5", "w") as f:  # q created, never assigned: HDF5 would read zeros
     f.create_dataset("q", shape=(1, 16, 4, 32), dtype=np.float32)
     f["k"], f["v"] = f32(1, 16, 2, 32), f32(1, 16, 2, 32)
+with h5py.File("foreign_in.h5", "w") as f:  # for another library's outputs, checked by verify
+    f["q"], f["k"], f["v"], f["do"] = f32(1, 37, 4, 16), f32(1, 37, 2, 16), f32(1, 37, 2, 16), f32(1, 37, 4, 16)
 with h5py.File("filtered.h5", "w") as f:  # whole, compressed: HDF5 calls its storage partly allocated
     f.create_dataset("q", data=f32(2, 67, 4, 16), compression="gzip", shuffle=True, fletcher32=True, chunks=(1, 16, 4, 16))
     f.create_dataset("k", data=f32(2, 67, 4, 16), scaleoffset=3, chunks=(1, 16, 4, 16))
@@ -170,6 +172,36 @@ check partly-written 2 "dataset 'q' of 'half_written.h5' is only partly written:
 no_output partly-written-no-output x.h5
 check filtered-whole-3-ranks 0 "ringattn run: ring" -- mpi 3 "$ra" run --input filtered.h5 --output filtered_out.h5 --causal
 check filtered-whole-verify 0 "#wrong 0  OK" -- mpi 3 "$ra" verify --input filtered.h5 --output filtered_out.h5 --causal
+# Another library's outputs (h5py, no manifest): checked by value against the options given to verify.
+"$ra" run --input foreign_in.h5 --output foreign_ours.h5 --causal --backward --quiet >/dev/null 2>&1
+$python - <<'PY'
+import h5py, numpy as np
+with h5py.File("foreign_in.h5") as f:
+    q, k, v = (np.repeat(f[n][...].astype(np.float64), 2 if n != "q" else 1, axis=2) for n in ("q", "k", "v"))
+s = np.einsum("bthd,bshd->bhts", q, k) / 4.0
+s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
+m = s.max(-1, keepdims=True)
+lse = m + np.log(np.exp(s - m).sum(-1, keepdims=True))
+o = np.einsum("bhts,bshd->bthd", np.exp(s - lse), v)
+def write(name, **sets):
+    with h5py.File(name, "w") as g:
+        for key, value in sets.items():
+            g[key] = value
+write("foreign_numpy.h5", o=o.astype(np.float32), lse=lse[..., 0].astype(np.float32))
+write("foreign_o_only.h5", o=o.astype(np.float32))
+bad = o.astype(np.float32); bad[0, 5, 1, 3] += 0.5
+write("foreign_wrong.h5", o=bad, lse=lse[..., 0].astype(np.float32))
+write("foreign_f64.h5", o=o, lse=lse[..., 0])
+with h5py.File("foreign_ours.h5") as src, h5py.File("foreign_grads.h5", "w") as g:  # run's datasets, no attributes
+    for key in src:
+        g[key] = src[key][...]
+PY
+check foreign-output-named 0 "'foreign_numpy.h5' has no manifest (not written by ringattn run)" -- mpi 2 "$ra" verify --input foreign_in.h5 --output foreign_numpy.h5 --causal
+check foreign-output-verified 0 "#wrong 0  OK" -- mpi 2 "$ra" verify --input foreign_in.h5 --output foreign_numpy.h5 --causal
+check foreign-output-o-only 0 "it has no lse: o only" -- "$ra" verify --input foreign_in.h5 --output foreign_o_only.h5 --causal
+check foreign-output-wrong 1 "#wrong 1  FAILED" -- "$ra" verify --input foreign_in.h5 --output foreign_wrong.h5 --causal
+check foreign-output-f64 2 "dataset 'o' of 'foreign_f64.h5' holds float64, expected float32, float16 or bfloat16" -- "$ra" verify --input foreign_in.h5 --output foreign_f64.h5 --causal
+check foreign-gradients-verified 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 3 "$ra" verify --input foreign_in.h5 --output foreign_grads.h5 --causal
 check partly-written-chosen-fill 0 "ringattn run: ring" -- mpi 2 "$ra" run --input mask_fill.h5 --output mask_fill_out.h5
 check partly-written-chosen-fill-verify 0 "#wrong 0  OK" -- mpi 2 "$ra" verify --input mask_fill.h5 --output mask_fill_out.h5
 check bf16-bits-as-uint16 2 "holds uint16, expected .*bfloat16 bits stored as integers?" -- "$ra" run --input bits.h5 --output x.h5
