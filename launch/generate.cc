@@ -51,6 +51,8 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
                          {kv_heads, "kv-heads"}, {head_dim, "head-dim"}, {v_head_dim, "v-head-dim"}})
     positive(v, name);
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
+  RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq,
+           " (each document holds at least one token)");
   RA_CHECK(segments == 0 || seq == kv_seq, "--segments needs --kv-seq equal to --seq");
   RA_CHECK(overwrite || !std::filesystem::exists(output), "output '", output, "' exists; refusing to replace it (pass --overwrite)");
   if (mpi.world_rank() == 0) {
@@ -80,9 +82,15 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     }
     std::filesystem::rename(temp, output);
     clear_partial_output();
-    std::printf("wrote %s: q (%ld, %ld, %ld, %ld) k/v (%ld, %ld, %ld, %ld/%ld) %s\n", output.c_str(), long(batch),
+    std::string extras;  // the optional datasets written, so that none is assumed
+    if (with_mask) extras += ", mask";
+    if (with_bias) extras += ", bias";
+    if (with_grad) extras += ", do";
+    if (segments > 0) extras += ", segment_ids (" + std::to_string(segments) + " documents)";
+    if (with_sinks) extras += ", sinks";
+    std::printf("wrote %s: q (%ld, %ld, %ld, %ld) k/v (%ld, %ld, %ld, %ld/%ld) %s%s\n", output.c_str(), long(batch),
                 long(seq), long(heads), long(head_dim), long(batch), long(kv_seq), long(kv_heads), long(head_dim),
-                long(v_head_dim), dtype_text.c_str());
+                long(v_head_dim), dtype_text.c_str(), extras.c_str());
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return kOk;
