@@ -21,6 +21,7 @@
 #include "launch/bench_extras.h"
 #include "launch/bench_timing.h"
 #include "launch/commands.h"
+#include "launch/output_path.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
 
@@ -78,7 +79,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   for (auto [v, name] : {std::pair{batch, "batch"}, {seq, "seq"}, {heads, "heads"}, {kv_heads, "kv-heads"},
                          {head_dim, "head-dim"}, {v_head_dim, "v-head-dim"}, {iters, "iters"}})
     positive(v, name);
+  RA_CHECK(warmup >= 0, "--warmup is ", warmup, ", expected 0 or more");
   RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq);
+  if (!json_path.empty()) check_output_path(json_path, "", /*overwrite=*/true, "--json");  // before the bench runs
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
@@ -260,7 +263,10 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                             {"comm_s", comm}, {"device_gib", device_gib},
                             {"transport", stats && n > 1 ? stats->transport : ""}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)},
                             {"work_imbalance", imbalance}, {"times_s", times}};
-      std::ofstream(json_path) << row.dump(2) << "\n";
+      std::ofstream json(json_path);
+      json << row.dump(2) << "\n";
+      json.close();
+      RA_CHECK(json.good(), "--json: writing '", json_path, "' failed (disk full?)");
     }
   }
   return kOk;

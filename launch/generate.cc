@@ -4,6 +4,7 @@
 #include <random>
 
 #include "launch/commands.h"
+#include "launch/output_path.h"
 #include "runtime/activity.h"
 #include "runtime/error.h"
 #include "launch/hdf5_file.h"
@@ -54,7 +55,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq,
            " (each document holds at least one token)");
   RA_CHECK(segments == 0 || seq == kv_seq, "--segments needs --kv-seq equal to --seq");
-  RA_CHECK(overwrite || !std::filesystem::exists(output), "output '", output, "' exists; refusing to replace it (pass --overwrite)");
+  check_output_path(output, "", overwrite);
   if (mpi.world_rank() == 0) {
     std::mt19937_64 rng(seed);
     const std::string temp = output + ".partial";

@@ -17,6 +17,7 @@
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
 #include "launch/commands.h"
+#include "launch/output_path.h"
 #include "launch/sharded_io.h"
 #include "launch/watchdog.h"
 #include "runtime/error.h"
@@ -63,45 +64,6 @@ void report_nonfinite_outputs(const AttentionOutput& out, Job& job) {
     std::fprintf(stderr, "ringattn run: warning: the output holds %ld NaN or Inf values in o and %ld in lse, from the "
                  "non-finite inputs (--allow-nonfinite); the range check of the outputs was skipped\n",
                  long(counts[0]), long(counts[1]));
-}
-
-// The output must be creatable: its directory exists and is writable, it is not the input (by device
-// and inode: another path to the same file counts), it is not a directory, device, pipe or socket, and
-// it is not there already (unless --overwrite). Every rank checks the same path, so every rank fails alike.
-void check_output_path(const std::string& output, const std::string& input, bool overwrite) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status status = fs::status(output, ec);  // through symbolic links
-  if (fs::exists(status)) {
-    RA_CHECK(!fs::is_directory(status), "output '", output, "' is a directory: name a file (e.g. '",
-             (fs::path(output) / "out.h5").string(), "')");
-    RA_CHECK(fs::is_regular_file(status), "output '", output, "' exists and is not a regular file (a device, pipe "
-             "or socket): ringattn replaces only regular files, even with --overwrite");
-    RA_CHECK(!fs::equivalent(output, input, ec), "output '", output, "' is the input file '", input,
-             "' (same device and inode): writing it would destroy the input; name another output");
-    RA_CHECK(overwrite, "output '", output, "' exists; refusing to replace it (pass --overwrite)");
-  }
-  const fs::path dir = fs::absolute(output).parent_path();
-  RA_CHECK(fs::is_directory(dir), "output '", output, "': directory '", dir.string(), "' does not exist");
-  RA_CHECK(::access(dir.c_str(), W_OK) == 0, "output '", output, "': directory '", dir.string(), "' is not writable");
-}
-
-// A full disk found before the compute rather than in the middle of the collective write: the free
-// space of the output's filesystem and the process's file-size limit must hold the file.
-void check_output_space(const std::string& output, uint64_t bytes) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::absolute(output).parent_path();
-  struct statvfs fs_info {};
-  if (::statvfs(dir.c_str(), &fs_info) == 0) {
-    const uint64_t free_bytes = uint64_t(fs_info.f_bavail) * fs_info.f_frsize;
-    RA_CHECK(free_bytes >= bytes, "output '", output, "' needs about ", bytes, " bytes but the filesystem of '",
-             dir.string(), "' has ", free_bytes, " bytes free (pass --no-space-check to try anyway)");
-  }
-  struct rlimit limit {};
-  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
-    RA_CHECK(uint64_t(limit.rlim_cur) >= bytes, "output '", output, "' needs about ", bytes,
-             " bytes but this process may write files of at most ", uint64_t(limit.rlim_cur),
-             " bytes (ulimit -f; pass --no-space-check to try anyway)");
 }
 
 #if RA_HAVE_CUDA

@@ -20,6 +20,9 @@ check generate 0 "wrote .* bf16, mask, segment_ids (2 documents)" -- "$ra" gener
 check generate-batch2 0 "wrote" -- "$ra" generate --output "$dir/b2.h5" --batch 2 --seq 96 --heads 4 --kv-heads 2 --head-dim 32 --dtype f16 --with-bias
 check generate-segments-past-seq 2 "--segments 11 must be between 0 and --seq 10" -- "$ra" generate --output "$dir/s.h5" --seq 10 --heads 2 --head-dim 8 --segments 11
 check generate-segments-negative 2 "--segments -1 must be between 0 and --seq 10" -- "$ra" generate --output "$dir/s.h5" --seq 10 --heads 2 --head-dim 8 --segments=-1
+check generate-output-directory 2 "output '$dir' is a directory: name a file" -- "$ra" generate --output "$dir" --seq 8 --heads 1 --head-dim 8 --overwrite
+check bench-json-directory-missing 2 "--json '/nonexistent/dir/x.json': directory '/nonexistent/dir' does not exist" -- "$ra" bench --seq 64 --heads 2 --head-dim 16 --json /nonexistent/dir/x.json
+check bench-warmup-negative 2 "--warmup is -1, expected 0 or more" -- "$ra" bench --seq 64 --heads 2 --head-dim 16 --warmup=-1
 check run-ring-2 0 "ring (cpu) on mesh sp=2, layout zigzag" -- mpi 2 "$ra" run --input "$dir/in.h5" --output "$dir/out.h5" --causal
 check verify-ring-2 0 "#wrong 0  OK" -- mpi 2 "$ra" verify --input "$dir/in.h5" --output "$dir/out.h5" --causal
 check run-dp2-sp2 0 "on mesh dp=2,sp=2" -- mpi 4 "$ra" run --input "$dir/b2.h5" --output "$dir/dp.h5" --mesh dp=2,sp=2 --layout striped
