@@ -29,18 +29,18 @@ void check_output_path(const std::string& output, const std::string& input, bool
   RA_CHECK(::access(dir.c_str(), W_OK) == 0, label, " '", output, "': directory '", dir.string(), "' is not writable");
 }
 
-void check_output_space(const std::string& output, uint64_t bytes, const char* label) {
+void check_output_space(const std::string& output, uint64_t bytes) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::absolute(output).parent_path();
   struct statvfs fs_info {};
   if (::statvfs(dir.c_str(), &fs_info) == 0) {
     const uint64_t free_bytes = uint64_t(fs_info.f_bavail) * fs_info.f_frsize;
-    RA_CHECK(free_bytes >= bytes, label, " '", output, "' needs about ", bytes, " bytes but the filesystem of '",
+    RA_CHECK(free_bytes >= bytes, "output '", output, "' needs about ", bytes, " bytes but the filesystem of '",
              dir.string(), "' has ", free_bytes, " bytes free (pass --no-space-check to try anyway)");
   }
   struct rlimit limit {};
   if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
-    RA_CHECK(uint64_t(limit.rlim_cur) >= bytes, label, " '", output, "' needs about ", bytes,
+    RA_CHECK(uint64_t(limit.rlim_cur) >= bytes, "output '", output, "' needs about ", bytes,
              " bytes but this process may write files of at most ", uint64_t(limit.rlim_cur),
              " bytes (ulimit -f; pass --no-space-check to try anyway)");
 }

@@ -13,6 +13,6 @@ void check_output_path(const std::string& output, const std::string& input, bool
 
 // A full disk found before the compute rather than in the middle of the write: the free space of the output's
 // filesystem and the process's file-size limit must hold `bytes`.
-void check_output_space(const std::string& output, uint64_t bytes, const char* label = "output");
+void check_output_space(const std::string& output, uint64_t bytes);
 
 }  // namespace ra::cli

@@ -1,13 +1,8 @@
 // `ringattn run`: read this rank's slices, run the chosen implementation, write o and lse (and, with
 // --backward, dq, dk, dv and dbias from the input's dO).
-#include <sys/resource.h>
-#include <sys/statvfs.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <string_view>
 #include <utility>
 

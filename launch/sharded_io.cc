@@ -39,6 +39,11 @@ void expect_dtype(const H5File& f, const std::string& name, const DatasetInfo& i
            ")");
 }
 
+// q, k, v, o and the gradients: one of the floating dtypes the kernels take.
+void expect_float(const H5File& f, const std::string& name, const DatasetInfo& info) {
+  expect_dtype(f, name, info, {DType::kF32, DType::kF16, DType::kBF16}, "float32, float16 or bfloat16");
+}
+
 // Zero-length dimensions leave nothing to attend: refused by name before any read.
 void expect_nonempty(const H5File& f, const std::string& name, const DatasetInfo& info, const char* dim_names) {
   for (int d = 0; d < info.shape.rank; ++d)
@@ -162,7 +167,7 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   DatasetInfo k = required(f, names.k, 4, "(batch, kv_len, kv_heads, head_dim)");
   DatasetInfo v = required(f, names.v, 4, "(batch, kv_len, kv_heads, v_head_dim)");
   for (auto [name, info] : {std::pair{&names.q, &q}, std::pair{&names.k, &k}, std::pair{&names.v, &v}})
-    expect_dtype(f, *name, *info, {DType::kF32, DType::kF16, DType::kBF16}, "float32, float16 or bfloat16");
+    expect_float(f, *name, *info);
   expect_nonempty(f, names.q, q, "(batch, q_len, q_heads, head_dim)");
   expect_nonempty(f, names.k, k, "(batch, kv_len, kv_heads, head_dim)");
   expect_nonempty(f, names.v, v, "(batch, kv_len, kv_heads, v_head_dim)");
@@ -315,7 +320,7 @@ void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse, b
   DatasetInfo oi = required(f, "o", 4, "(batch, q_len, q_heads, v_head_dim)");
   const Shape expect{p.batch, p.q_len, p.q_heads, p.v_head_dim};
   RA_CHECK(oi.shape == expect, where(f, "o"), " has shape ", oi.shape.str(), ", expected ", expect.str());
-  expect_dtype(f, "o", oi, {DType::kF32, DType::kF16, DType::kBF16}, "float32, float16 or bfloat16");
+  expect_float(f, "o", oi);
   const bool with_lse = !lse_optional || f.has("lse");
   if (with_lse) {
     DatasetInfo li = required(f, "lse", 3, "(batch, q_heads, q_len)");
@@ -352,7 +357,7 @@ void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk,
   for (const auto& [name, shape] : expected) {
     const DatasetInfo info = required(f, name, 4, "(batch, len, heads, dim)");
     RA_CHECK(info.shape == shape, where(f, name), " has shape ", info.shape.str(), ", expected ", shape.str());
-    expect_dtype(f, name, info, {DType::kF32, DType::kF16, DType::kBF16}, "float32, float16 or bfloat16");
+    expect_float(f, name, info);
   }
   dq = f.read("dq", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim),
               {p.b_count, p.local_q(), p.hq_count, p.head_dim});

@@ -91,8 +91,8 @@ void write_outputs(const std::string& path, const ShardPlan& plan, const TensorV
                    const std::map<std::string, std::string>& attributes, MPI_Comm comm, bool overwrite,
                    const GradientSlices* gradients = nullptr);
 
-// Reads this rank's slices of o and lse from an output file.
-// o and lse of this rank's rows; lse may be absent where lse_optional (an output not written by run).
+// Reads this rank's slices of o and lse from an output file; lse may be absent where lse_optional (an output
+// not written by run).
 void read_outputs(const H5File& file, const ShardPlan& plan, Tensor& o, Tensor& lse, bool lse_optional = false);
 
 // dO (B, T, Hq, Dv), the backward's input: checked (shape, dtype q's or f32, naming file, dataset and

@@ -20,7 +20,7 @@ namespace {
 // The gradients of `run --backward` against the f64 oracle's; returns the wrong elements of all ranks.
 int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const ShardPlan& plan, const LocalTensors& local,
                          const TokenPositions& pos, const AttentionParams& params, const std::string& do_dataset,
-                         double logit_rounding, Job& job) {
+                         double logit_rounding, bool foreign, Job& job) {
   check_upstream_gradient(in_file, plan, do_dataset);
   const Tensor d_o = read_upstream_gradient(in_file, plan, do_dataset);
   Tensor dq, dk, dv, dbias, dsinks;
@@ -45,8 +45,8 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
   // A kv head held by several tp ranks: its gradient sums their query heads' parts.
   for (std::vector<double>* part : {&ref.dk, &ref.dv, &ref.dk_terms, &ref.dv_terms}) sum_shared_kv_heads(*part, plan, job);
   // The GPU kernels round P and dS to the input dtype before their products; the CPU ones keep f32. Another
-  // library's outputs (no manifest) are allowed the GPU kernels' rounding.
-  const bool on_gpu = out_file.string_attribute("backend") == "cuda" || out_file.string_attribute("manifest").empty();
+  // library's outputs (`foreign`: no manifest) are allowed the GPU kernels' rounding.
+  const bool on_gpu = out_file.string_attribute("backend") == "cuda" || foreign;
   const DType rounded = on_gpu ? plan.dtype : DType::kF32;
   // run --grad-wire bf16: each hop rounded the dK / dV partial sums to bf16, at most once a rank (as asked).
   const bool bf16_wire = out_file.string_attribute("grad_wire") == dtype_name(DType::kBF16);
@@ -165,7 +165,7 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   if (rank == 0)
     std::printf("ringattn verify: %s vs f64 reference: max |err| o %.3e (rel %.3e, tolerance %.3e), lse %.3e, #wrong %ld  %s\n",
                 output.c_str(), err[0], err[1], tol, err[2], long(wrong), wrong ? "FAILED" : "OK");
-  if (out_file.has("dq")) wrong += verify_gradients(in_file, out_file, plan, local, pos, params, do_dataset, rounding, job);
+  if (out_file.has("dq")) wrong += verify_gradients(in_file, out_file, plan, local, pos, params, do_dataset, rounding, foreign, job);
   return wrong ? kWrongResults : kOk;
 }
 
