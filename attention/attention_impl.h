@@ -98,10 +98,11 @@ class AttentionImpl {
                      bool f32_gradients = false) const;
   // The same from the forward's O and LSE as views (both defined). With `into`, dq, dk and dv are
   // written there (each view's dtype: q's or f32; contiguous, in q's memory) instead of returned; dbias
-  // and dsinks are still returned.
+  // and dsinks are still returned. d_lse (optional, (B, Hq, T) f32): the loss's gradient with respect to
+  // LSE, where the loss reads it too (BackwardInputs::d_lse); refused where backward_reads_output().
   Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                      const TensorView& d_o, const ForwardViews& forward, bool f32_gradients = false,
-                     const GradViews* into = nullptr) const;
+                     const GradViews* into = nullptr, const TensorView& d_lse = TensorView()) const;
   // Sums what a sequence-parallel backward computes per rank but owns jointly (dsinks; dbias of a bias
   // broadcast over the query rows) over the sequence axis; local implementations have nothing to sum.
   virtual void reduce_sequence_gradients(Gradients& g) const {}

@@ -34,25 +34,28 @@ GradAccumulators GradAccumulators::temporary(const AttentionInputs& in, MemoryKi
   return acc;
 }
 
-Tensor compute_delta(const TensorView& o, const TensorView& d_o, void* cuda_stream) {
+Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream) {
   const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3);
   Tensor delta = Tensor::temporary(DType::kF32, {B, H, T}, o.memory(), cuda_stream);
   if (o.memory() == MemoryKind::kCuda) {
 #if RA_HAVE_CUDA
-    compute_delta_cuda(o, d_o, delta, static_cast<cudaStream_t>(cuda_stream));
+    compute_delta_cuda(o, d_o, d_lse, delta, static_cast<cudaStream_t>(cuda_stream));
 #endif
     return delta;
   }
   const Tensor o32 = f32_copy(o), do32 = f32_copy(d_o);
   const float *po = o32.data<float>(), *pd = do32.data<float>();
   float* out = delta.data<float>();
+  const Tensor dlse32 = d_lse.defined() ? f32_copy(d_lse) : Tensor();  // (B, H, T); f64 with f64 inputs
+  const float* lse_gradient = d_lse.defined() ? dlse32.data<float>() : nullptr;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < H; ++h) {
         const int64_t row = ((b * T + t) * H + h) * Dv;
         float sum = 0;
         for (int64_t d = 0; d < Dv; ++d) sum += po[row + d] * pd[row + d];
-        out[(b * H + h) * T + t] = sum;
+        const int64_t r = (b * H + h) * T + t;
+        out[r] = lse_gradient != nullptr ? sum - lse_gradient[r] : sum;
       }
   return delta;
 }
@@ -134,13 +137,16 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
 
 Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                                   const TensorView& d_o, const ForwardViews& forward, bool f32_gradients,
-                                  const GradViews* into) const {
+                                  const GradViews* into, const TensorView& d_lse) const {
   const OneCallAtATime one_call(*this);
   validate_attention(in, params, pos, max_head_dim());
   check_flash_kernel_choice(*this, params);
   const TensorView o = forward.o, lse = forward.lse;
-  BackwardInputs grad{lse, d_o, TensorView(), o};
+  BackwardInputs grad{lse, d_o, TensorView(), o, d_lse};
   validate_backward(in, o, grad);
+  // An implementation reading O itself forms its own delta = rowsum(dO * O), which has no place for dLSE.
+  RA_CHECK(!d_lse.defined() || !backward_reads_output(), "a gradient with respect to lse (dlse) is not supported by '",
+           name(), "', whose backward forms rowsum(do * o) itself (cuDNN's); use flash_attn2 or sdpa");
   if (into != nullptr) {
     check_output(into->dq, "dq", in.q.shape(), in.q, true);
     check_output(into->dk, "dk", in.k.shape(), in.q, true);
@@ -155,13 +161,13 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   // delta once per call: here where the sinks' gradient needs it whichever path runs (backward_into takes
   // it from grad), else by backward_into where it needs one (cudnn's computes its own) or below.
   Tensor delta;
-  if (in.sinks.defined()) grad.delta = delta = compute_delta(o, d_o, stream);
+  if (in.sinks.defined() || d_lse.defined()) grad.delta = delta = compute_delta(o, d_o, d_lse, stream);
   if (!f32_gradients && (into == nullptr || into_q_dtype) && backward_into(in, pos, params, grad, direct, into)) {
     if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, delta, stream);
     reduce_sequence_gradients(direct);  // the ring's dsinks: summed over its ranks
     return direct;
   }
-  if (!delta.defined()) grad.delta = delta = compute_delta(o, d_o, stream);
+  if (!delta.defined()) grad.delta = delta = compute_delta(o, d_o, d_lse, stream);
   // f32 gradients without the caller's views are the accumulators themselves, handed to the caller:
   // those cannot be temporaries of this call's stream.
   const bool accumulators_returned = into == nullptr && f32_gradients;

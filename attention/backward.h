@@ -17,8 +17,12 @@ namespace ra {
 struct BackwardInputs {
   TensorView lse;    // (B, Hq, T) f32: the forward's final LSE of these rows, natural log (-inf: no key seen)
   TensorView d_o;    // (B, T, Hq, Dv): the loss's gradient with respect to O, q's dtype or f32
-  TensorView delta;  // (B, Hq, T) f32: rowsum(dO * O), from compute_delta
+  TensorView delta;  // (B, Hq, T) f32: rowsum(dO * O) - dLSE, from compute_delta
   TensorView o;      // (B, T, Hq, Dv): the forward's final O (cudnn computes its own delta from it)
+  // Optional (B, Hq, T) f32: the loss's gradient with respect to LSE, where the loss reads LSE too (as
+  // merging partial attention outputs by their LSE does). d LSE_i / d S_ij = P_ij, so it enters every dS
+  // as dS_ij = P_ij (dP_ij - delta_i + dLSE_i): compute_delta folds it into delta, once per call.
+  TensorView d_lse;
 };
 
 // Where accumulate_backward adds: contiguous f32 views shaped as q (dq), k (dk), v (dv) and the bias
@@ -47,9 +51,9 @@ struct Gradients {
   Tensor dq, dk, dv, dbias, dsinks;
 };
 
-// delta (B, Hq, T) f32 = sum over Dv of dO * O, row by row (f32 products and sums). On the device when
-// o is (then on `cuda_stream`, a temporary of the call: Tensor::temporary).
-Tensor compute_delta(const TensorView& o, const TensorView& d_o, void* cuda_stream = nullptr);
+// delta (B, Hq, T) f32 = sum over Dv of dO * O, row by row (f32 products and sums), minus d_lse where
+// defined. On the device when o is (then on `cuda_stream`, a temporary of the call: Tensor::temporary).
+Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream = nullptr);
 
 // dsinks (Hq) f32 = -sum over (b, t) of exp(sink_h - lse) * delta: a sink is one more logit whose value
 // row is zero, so its dS is P_sink * (0 - delta). Rows with lse = -inf contribute nothing.
@@ -65,8 +69,8 @@ Tensor gradient_in_dtype(Tensor acc, DType dtype, void* cuda_stream = nullptr);
 void check_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& q,
                   bool q_dtype_or_f32);
 
-// Checks dO, LSE (when need_lse), delta and O (when given) against validated inputs, naming the tensor and
-// the dimension.
+// Checks dO, LSE (when need_lse), delta, dLSE and O (when given) against validated inputs, naming the
+// tensor and the dimension.
 void validate_backward(const AttentionInputs& in, const TensorView& o, const BackwardInputs& grad,
                        bool need_lse = true);
 

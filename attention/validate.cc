@@ -165,9 +165,10 @@ void validate_backward(const AttentionInputs& in, const TensorView& o, const Bac
   RA_CHECK(grad.d_o.dtype() == in.q.dtype() || grad.d_o.dtype() == DType::kF32, "do has dtype ",
            dtype_name(grad.d_o.dtype()), ", expected ", q_dtype_or_f32);
   RA_CHECK(grad.d_o.memory() == in.q.memory(), "do must be in q's memory (host or device)");
-  for (auto [t, name] : {std::pair{&grad.lse, "lse"}, std::pair{&grad.delta, "delta"}}) {
+  for (auto [t, name] :
+       {std::pair{&grad.lse, "lse"}, std::pair{&grad.delta, "delta"}, std::pair{&grad.d_lse, "dlse"}}) {
     const bool is_lse = std::string_view(name) == "lse";
-    if (!t->defined() && (!is_lse || !need_lse)) continue;  // delta: computed from o and do
+    if (!t->defined() && (!is_lse || !need_lse)) continue;  // delta: computed from o and do; dlse: optional
     RA_CHECK(t->defined(), "lse (the forward's log-sum-exp) is required for the backward pass, expected f32 (", B,
              ", ", Hq, ", ", T, ")");
     // f64 inputs (the f64 reference's) come with the reference's f64 LSE.

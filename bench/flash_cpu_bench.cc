@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     backward_row("", bs);
     // The two dQ strategies, alternating (each call: delta, zeroed accumulators, the kernel).
     const ra::TokenPositions positions = ra::TokenPositions::dense(T, T);
-    const ra::Tensor delta = ra::compute_delta(out.o.view(), d_o.view());
+    const ra::Tensor delta = ra::compute_delta(out.o.view(), d_o.view(), ra::TensorView());
     const ra::BackwardInputs grad{out.lse.view(), d_o.view(), delta.view(), out.o.view()};
     auto run = [&](ra::CpuDqStrategy dq) {
       ra::GradAccumulators acc = ra::GradAccumulators::zeros(in, ra::MemoryKind::kHost);

@@ -179,9 +179,10 @@ bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPo
 
 ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_raw, const AttentionParams& p,
                                                     const TokenPositions& pos, const TensorView& d_o_raw,
-                                                    bool with_terms) {
+                                                    bool with_terms, const TensorView& d_lse_raw) {
   const F64Inputs in = as_f64_inputs(in_raw, pos);
   const Tensor d_o = f64_copy(d_o_raw);
+  const Tensor d_lse = d_lse_raw.defined() ? f64_copy(d_lse_raw) : Tensor();  // (B, Hq, T)
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), D = in.q.dim(3);
   const int64_t S = in.k.dim(1), Hkv = in.k.dim(2), Dv = in.v.dim(3);
   ReferenceGradients g;
@@ -197,8 +198,10 @@ ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_ra
           sum += product;
           terms += std::fabs(product);
         }
-        delta[size_t((b * Hq + h) * T + t)] = sum;
-        delta_terms[size_t((b * Hq + h) * T + t)] = terms;
+        const int64_t r = (b * Hq + h) * T + t;
+        const double lse_gradient = d_lse.defined() ? d_lse.data<double>()[r] : 0.0;
+        delta[size_t(r)] = sum - lse_gradient;  // dS = P (dP - delta + dLSE)
+        delta_terms[size_t(r)] = terms + std::fabs(lse_gradient);
       }
   g.dq.assign(size_t(B * T * Hq * D), 0.0);
   g.dk.assign(size_t(B * S * Hkv * D), 0.0);

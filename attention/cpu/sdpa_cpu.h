@@ -24,7 +24,7 @@ ReferenceOutput reference_attention_f64(const AttentionInputs& in, const Attenti
 void sdpa_accumulate_backward_cpu(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc);
 
-// The oracle's gradients of loss = sum(dO * O), all in f64 from the f64 forward (its O and LSE in `forward`).
+// The oracle's gradients of loss = sum(dO * O) (+ sum(dLSE * LSE)), all in f64 from the f64 forward (its O and LSE in `forward`).
 struct ReferenceGradients {
   ReferenceOutput forward;
   std::vector<double> dq, dk, dv;  // shaped as q, k, v (contiguous)
@@ -34,9 +34,10 @@ struct ReferenceGradients {
   // softmax over one key, a constant V or K give dQ = dK = 0 exactly, from terms of the inputs' size).
   std::vector<double> dq_terms, dk_terms, dv_terms, dbias_terms, dsinks_terms;
 };
-// with_terms: also the *_terms sums (for comparisons; the f64 route for users leaves them out).
+// with_terms: also the *_terms sums (for comparisons; the f64 route for users leaves them out). d_lse
+// (optional, (B, Hq, T)): the loss's gradient with respect to LSE too (BackwardInputs::d_lse).
 ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in, const AttentionParams& params,
                                                     const TokenPositions& pos, const TensorView& d_o,
-                                                    bool with_terms = true);
+                                                    bool with_terms = true, const TensorView& d_lse = TensorView());
 
 }  // namespace ra

@@ -16,7 +16,8 @@ namespace {
 constexpr int kRowsPerBlock = 8;
 
 __global__ void delta_kernel(const void* o, DType o_dtype, DeviceStrides4 os, const void* d_o, DType do_dtype,
-                             DeviceStrides4 ds, float* delta, int64_t T, int64_t H, int64_t Dv, int64_t rows) {
+                             DeviceStrides4 ds, const float* d_lse, float* delta, int64_t T, int64_t H, int64_t Dv,
+                             int64_t rows) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;  // (b, h, t)
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -26,7 +27,7 @@ __global__ void delta_kernel(const void* o, DType o_dtype, DeviceStrides4 os, co
     sum += load_as_f32(o, b * os.s[0] + t * os.s[1] + h * os.s[2] + d * os.s[3], o_dtype) *
            load_as_f32(d_o, b * ds.s[0] + t * ds.s[1] + h * ds.s[2] + d * ds.s[3], do_dtype);
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) delta[row] = sum;
+  if (lane == 0) delta[row] = d_lse != nullptr ? sum - d_lse[row] : sum;  // d_lse: (B, H, T) as delta
 }
 
 // One block per head: a block-wide sum over (b, t).
@@ -181,12 +182,13 @@ DeviceStrides4 strides_of(const TensorView& t) {
 
 }  // namespace
 
-void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const TensorView& delta, cudaStream_t stream) {
+void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, const TensorView& delta,
+                        cudaStream_t stream) {
   const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3), rows = B * H * T;
   if (rows == 0) return;
   delta_kernel<<<unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
-      o.data(), o.dtype(), strides_of(o), d_o.data(), d_o.dtype(), strides_of(d_o), delta.data_as<float>(), T, H, Dv,
-      rows);
+      o.data(), o.dtype(), strides_of(o), d_o.data(), d_o.dtype(), strides_of(d_o),
+      d_lse.defined() ? d_lse.data_as<float>() : nullptr, delta.data_as<float>(), T, H, Dv, rows);
   RA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -8,8 +8,10 @@
 
 namespace ra {
 
-// delta (B, H, T) f32 = rowsum(dO * O); o and d_o (B, T, H, Dv), any float dtypes, any strides.
-void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const TensorView& delta, cudaStream_t stream);
+// delta (B, H, T) f32 = rowsum(dO * O) - d_lse; o and d_o (B, T, H, Dv), any float dtypes, any strides; d_lse
+// (B, H, T) f32 contiguous, or undefined.
+void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, const TensorView& delta,
+                        cudaStream_t stream);
 // dsinks (H) f32 = -sum over (b, t) of exp(sink_h - lse) * delta.
 void sinks_gradient_cuda(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
                          const TensorView& dsinks, cudaStream_t stream);

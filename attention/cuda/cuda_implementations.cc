@@ -100,7 +100,7 @@ class FlashCuda final : public CudaAttentionImpl {
                      const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
     if (in.bias.defined()) return false;
     check_backward_supported(in, params);
-    const Tensor delta = grad.delta.defined() ? Tensor() : compute_delta(grad.o, grad.d_o, stream_);  // once a call
+    const Tensor delta = grad.delta.defined() ? Tensor() : compute_delta(grad.o, grad.d_o, grad.d_lse, stream_);  // once a call
     const Tensor dq = Tensor::temporary(DType::kF32, in.q.shape(), MemoryKind::kCuda, stream_);  // zeroed
     check_flash_backward_cuda_supported(in, grad, GradViews{dq, dq, dq, {}});
     const GradViews views = gradients_in_q_dtype(in, out, into);

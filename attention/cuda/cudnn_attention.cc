@@ -175,6 +175,8 @@ class CudnnAttention final : public CudaAttentionImpl {
   TensorView checked_stats(const AttentionInputs& in, const BackwardInputs& grad) const {
     RA_CHECK(grad.o.defined() && grad.o.memory() == MemoryKind::kCuda && grad.o.stride(3) == 1,
              "cudnn's backward needs the forward's o on the device (it computes delta from o and do)");
+    RA_CHECK(!grad.d_lse.defined(), "cudnn's backward forms rowsum(do * o) itself: it takes no gradient with "
+             "respect to lse (dlse); use flash_attn2 or sdpa");
     RA_CHECK(grad.d_o.dtype() == in.q.dtype() && grad.o.dtype() == in.q.dtype() && grad.d_o.stride(3) == 1,
              "cudnn's backward needs o and do in q's dtype (", dtype_name(in.q.dtype()), ") with a contiguous last "
              "dimension; do is ", dtype_name(grad.d_o.dtype()), ", o ", dtype_name(grad.o.dtype()));

@@ -91,7 +91,7 @@ bool RingAttentionCuda::backward_into(const AttentionInputs& in, const TokenPosi
   if (ctx_.comm->size() == 1) return local_->backward_into(in, pos, params, grad, out, into);
   if (in.bias.defined()) return false;  // dbias, and a bias shared over the ring summed: the accumulator path
   check_backward_supported(in, params);
-  const Tensor delta = compute_delta(grad.o, grad.d_o, stream_);
+  const Tensor delta = compute_delta(grad.o, grad.d_o, grad.d_lse, stream_);
   const GradAccumulators acc = GradAccumulators::temporary(in, MemoryKind::kCuda, stream_);
   const GradViews views = gradients_in_q_dtype(in, out, into);
   BackwardInputs with_delta = grad;

@@ -92,17 +92,20 @@ def attention(q, k, v, *, impl="flash_attn2", return_lse=False, out=None, stream
     return _core.attention(q, k, v, impl, _call_options(options), return_lse, out, _stream(stream), q)
 
 
-def attention_backward(q, k, v, o, lse, do, *, impl="flash_attn2", f32_gradients=False, out=None, stream=None,
-                       **options):
+def attention_backward(q, k, v, o, lse, do, *, dlse=None, impl="flash_attn2", f32_gradients=False, out=None,
+                       stream=None, **options):
     """(dq, dk, dv[, dbias][, dsinks]) of attention(q, k, v, **options), given its o, lse and do = dLoss/do.
+
+    dlse: None, or dLoss/dlse (B, Hq, T) float32 where the loss reads lse too (as merging partial outputs by
+    their lse does); not taken by impl="cudnn", whose backward forms rowsum(do * o) itself.
 
     The options must be the forward's. dq, dk, dv come in q's dtype (float32 with f32_gradients=True),
     dbias in the bias's shape, dsinks (Hq,) float32. out: None, or (dq, dk, dv) arrays to write into.
     deterministic=True (an option, as FlashAttention's): on a GPU the same bits on every run (dQ summed in
     a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are.
     """
-    return _in_bias_shape(_core.attention_backward(q, k, v, o, lse, do, impl, _call_options(options), f32_gradients, out,
-                                                   _stream(stream), q), options)
+    return _in_bias_shape(_core.attention_backward(q, k, v, o, lse, do, dlse, impl, _call_options(options), f32_gradients,
+                                                   out, _stream(stream), q), options)
 
 
 def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
@@ -127,10 +130,11 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
                                 bool(deterministic), "f32", _call_options(options), return_lse, out, _stream(stream), q)
 
 
-def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
-                            local_impl="flash_attn2", timeout=60.0, deterministic=False, grad_wire="f32",
-                            f32_gradients=False, out=None, stream=None, **options):
-    """This rank's (dq, dk, dv[, dbias][, dsinks]) of ring_attention(), given its o, lse and do.
+def ring_attention_backward(q, k, v, o, lse, do, *, comm, dlse=None, layout="zigzag", global_q_len=None,
+                            global_kv_len=None, local_impl="flash_attn2", timeout=60.0, deterministic=False,
+                            grad_wire="f32", f32_gradients=False, out=None, stream=None, **options):
+    """This rank's (dq, dk, dv[, dbias][, dsinks]) of ring_attention(), given its o, lse and do (and dlse, this
+    rank's rows of dLoss/dlse, where the loss reads lse: as attention_backward's).
 
     dK / dV accumulate in float32 around the ring (grad_wire="bf16": they travel in bfloat16, half the
     traffic, each hop rounding the running sum); dsinks and the dbias of a bias shared by every rank's
@@ -138,9 +142,9 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, layout="zigzag", globa
     ranks and any layout, given o and lse of a deterministic forward; CUDA arrays the same bits on every run
     for this number of ranks and layout (dQ summed in a fixed order: up to 16 float32 copies of dq).
     """
-    grads = _core.ring_attention_backward(q, k, v, o, lse, do, comm, layout, global_q_len, global_kv_len, local_impl,
-                                          float(timeout), bool(deterministic), grad_wire, _call_options(options),
-                                          f32_gradients, out, _stream(stream), q)
+    grads = _core.ring_attention_backward(q, k, v, o, lse, do, dlse, comm, layout, global_q_len, global_kv_len,
+                                          local_impl, float(timeout), bool(deterministic), grad_wire,
+                                          _call_options(options), f32_gradients, out, _stream(stream), q)
     return _in_bias_shape(grads, options)
 
 

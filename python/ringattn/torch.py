@@ -9,7 +9,9 @@ the C++ core through DLPack without copies when contiguous.
 
 Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv) -> o (B, T, Hq, Dv);
 with layout_bhtd=True they are (B, H, T, D) as F.scaled_dot_product_attention takes them (transposed
-copies are made). lse (B, Hq, T) float32 comes back with return_lse=True and is not differentiable.
+copies are made). lse (B, Hq, T) float32 comes back with return_lse=True and is differentiable: a loss that reads
+it (merging partial outputs by their lse, a z-loss) gets its gradient (with impl="cudnn", whose backward takes no
+dlse, such a backward runs on flash_attn2's kernels).
 float64 tensors (CPU, impl="sdpa") run the f64 reference forward and backward, lse float64 too: what
 torch.autograd.gradcheck needs. Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend;
@@ -55,6 +57,10 @@ def _gradient_outputs(q: Tensor, k: Tensor, v: Tensor):
 def _plain(x: Tensor) -> Tensor:
     """x as DLPack can export it: detached from autograd, contiguous (no copy when it already is)."""
     return x.detach().contiguous()
+
+
+def _maybe(x: Optional[Tensor]) -> Optional[Tensor]:
+    return None if x is None else _plain(x)
 
 
 def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap, scale,
@@ -184,15 +190,15 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
 
 
 @torch.library.custom_op("ringattn::attention_backward", mutates_args=())
-def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, sinks: Optional[Tensor],
-                        bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
+def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
+                        sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
                         kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
                         softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
                         flash_kernel: str, deterministic: bool, impl: str) -> list[Tensor]:
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel, deterministic)
-    grads = _core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do), impl,
-                                     options, False, _gradient_outputs(q, k, v), _stream_of(q), q)
+    grads = _core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do), _maybe(dlse),
+                                     impl, options, False, _gradient_outputs(q, k, v), _stream_of(q), q)
     return list(grads)
 
 
@@ -211,8 +217,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias
 
 
 @torch.library.custom_op("ringattn::ring_attention_backward", mutates_args=())
-def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, sinks: Optional[Tensor],
-                   bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
+def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
+                   sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
                    kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
                    softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
                    flash_kernel: str, comm: int, layout: str,
@@ -221,7 +227,7 @@ def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
     options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
                        scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel)
     grads = _core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
-                                          _communicators[comm], layout, global_q_len, global_kv_len, local_impl,
+                                          _maybe(dlse), _communicators[comm], layout, global_q_len, global_kv_len, local_impl,
                                           timeout, deterministic, grad_wire, options, False,
                                           _gradient_outputs(q, k, v), _stream_of(q), q)
     return list(grads)
@@ -232,7 +238,7 @@ def _fake_forward(q, k, v, *rest):
     return _outputs(q, v)
 
 
-def _fake_backward(q, k, v, o, lse, do, sinks, bias, *rest):
+def _fake_backward(q, k, v, o, lse, do, dlse, sinks, bias, *rest):
     grads = list(_gradient_outputs(q, k, v))
     if bias is not None:
         grads.append(torch.empty_like(bias, dtype=_stats_dtype(q)))
@@ -247,13 +253,19 @@ for _op in (_attention_backward, _ring_backward):
     _op.register_fake(_fake_backward)
 
 
-# Autograd: the forward saves q, k, v, o, lse and the options; the backward calls the backward op.
+# Autograd: the forward saves q, k, v, o, lse and the options; the backward calls the backward op with dO
+# and, where the loss reads lse, dLSE (None otherwise: grads are not materialised).
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.rest = inputs[3:]
-    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _upstream(o, do, dlse):
+    """dO (zeros where only lse reaches the loss) and dLSE (None where it does not)."""
+    return (torch.zeros_like(o) if do is None else do.contiguous()), dlse
 
 
 def _gradients(ctx, grads):
@@ -266,14 +278,23 @@ def _gradients(ctx, grads):
     return (dq, dk, dv, dsinks, dbias) + (None,) * (len(ctx.rest) - 2)
 
 
-def _attention_autograd(ctx, do, _dlse):
+def _attention_autograd(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    return _gradients(ctx, _attention_backward(q, k, v, o, lse, do.contiguous(), *ctx.rest))
+    do, dlse = _upstream(o, do, dlse)
+    rest = list(ctx.rest)
+    if dlse is not None and rest[-1] == "cudnn":  # cuDNN's backward takes no dLSE: flash_attn2's kernels do
+        rest[-1] = "flash_attn2"
+    return _gradients(ctx, _attention_backward(q, k, v, o, lse, do, dlse, *rest))
 
 
-def _ring_autograd(ctx, do, _dlse):
+def _ring_autograd(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    return _gradients(ctx, _ring_backward(q, k, v, o, lse, do.contiguous(), *ctx.rest))
+    do, dlse = _upstream(o, do, dlse)
+    rest = list(ctx.rest)
+    local_impl = len(rest) - 4  # ..., global_kv_len, local_impl, timeout, deterministic, grad_wire
+    if dlse is not None and rest[local_impl] == "cudnn":
+        rest[local_impl] = "flash_attn2"
+    return _gradients(ctx, _ring_backward(q, k, v, o, lse, do, dlse, *rest))
 
 
 _attention_forward.register_autograd(_attention_autograd, setup_context=_setup_context)

@@ -74,6 +74,11 @@ TensorView view_of(const AnyArray& array, const char* name, size_t expected_rank
   return view_of(array, name, expected_rank);
 }
 
+TensorView optional_view_of(const std::optional<AnyArray>& array, const char* name, size_t expected_rank,
+                            const Placement& where) {
+  return array ? view_of(*array, name, expected_rank, where) : TensorView();
+}
+
 TensorView view_of(const AnyArray& array, const char* name, size_t expected_rank) {
   RA_CHECK(array.ndim() == expected_rank && expected_rank <= size_t(kMaxRank), name, " has ", array.ndim(), " dimensions, expected ", expected_rank);
   const Placement where = placement_of(array, name);

@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <optional>
 #include <string>
 
 #include "runtime/tensor.h"
@@ -29,6 +30,9 @@ Placement placement_of(const AnyArray& array, const char* name);
 TensorView view_of(const AnyArray& array, const char* name, size_t expected_rank);
 // The same, also checking that it lives where the call's q does (`where`), naming both.
 TensorView view_of(const AnyArray& array, const char* name, size_t expected_rank, const Placement& where);
+// An optional array the same way: an undefined view where none is given.
+TensorView optional_view_of(const std::optional<AnyArray>& array, const char* name, size_t expected_rank,
+                            const Placement& where);
 
 // Which framework the results go back to: the one `like` came from (numpy unless it is a PyTorch, JAX
 // or CuPy array; a device result for a numpy caller comes back as a bare DLPack array).

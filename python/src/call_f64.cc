@@ -71,17 +71,18 @@ nb::object attention_f64(const AttentionInputs& in, const AttentionParams& param
 }
 
 nb::object attention_backward_f64(const AttentionInputs& in, const AttentionParams& params, const std::string& impl,
-                                  const ForwardViews& forward, const TensorView& d_o, bool f32_gradients,
+                                  const ForwardViews& forward, const TensorView& d_o, const TensorView& d_lse,
+                                  bool f32_gradients,
                                   const std::optional<GradViews>& into, nb::handle out, nb::handle like,
                                   const Placement& where) {
   const TokenPositions pos = TokenPositions::dense(in.q.dim(1), in.k.dim(1));
   check_f64_call(in, params, pos, impl, where);
   // The reference recomputes its own f64 forward; o and lse are checked as the kernels' backward checks them.
-  validate_backward(in, forward.o, BackwardInputs{forward.lse, d_o, TensorView(), forward.o});
+  validate_backward(in, forward.o, BackwardInputs{forward.lse, d_o, TensorView(), forward.o, d_lse});
   ReferenceGradients r;
   {
     nb::gil_scoped_release released;
-    r = reference_attention_backward_f64(in, params, pos, d_o, /*with_terms=*/false);
+    r = reference_attention_backward_f64(in, params, pos, d_o, /*with_terms=*/false, d_lse);
   }
   if (into) {
     write_into(r.dq, into->dq, "dq", in.q.shape(), in.q);

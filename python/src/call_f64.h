@@ -18,7 +18,8 @@ nb::object attention_f64(const AttentionInputs& in, const AttentionParams& param
 // As core.cc's attention_backward (dq, dk, dv[, dbias][, dsinks] in f64, f32 with f32_gradients). The
 // reference recomputes its forward: o and lse are checked, not read.
 nb::object attention_backward_f64(const AttentionInputs& in, const AttentionParams& params, const std::string& impl,
-                                  const ForwardViews& forward, const TensorView& d_o, bool f32_gradients,
+                                  const ForwardViews& forward, const TensorView& d_o, const TensorView& d_lse,
+                                  bool f32_gradients,
                                   const std::optional<GradViews>& into, nb::handle out, nb::handle like,
                                   const Placement& where);
 

@@ -3,6 +3,7 @@
 // q lives on. Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv);
 // o (B, T, Hq, Dv); lse (B, Hq, T).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <map>
@@ -58,17 +59,18 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, co
 }
 
 nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
-                              const AnyArray& lse, const AnyArray& d_o, const std::string& impl,
-                              const CallOptions& options, bool f32_gradients, nb::handle out, uintptr_t stream,
-                              nb::handle like) {
+                              const AnyArray& lse, const AnyArray& d_o, const std::optional<AnyArray>& d_lse,
+                              const std::string& impl, const CallOptions& options, bool f32_gradients, nb::handle out,
+                              uintptr_t stream, nb::handle like) {
   const Placement where = placement_of(q, "q");
   const AttentionInputs in = inputs_of(q, k, v, options, where);
   const AttentionParams params = params_of(options);
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
+  const TensorView grad_lse = optional_view_of(d_lse, "dlse", 3, where);
   const std::optional<GradViews> into = gradients_out_of(out, where);
   if (in.q.dtype() == DType::kF64)
-    return attention_backward_f64(in, params, impl, forward, grad_out, f32_gradients, into, out, like, where);
+    return attention_backward_f64(in, params, impl, forward, grad_out, grad_lse, f32_gradients, into, out, like, where);
   Gradients g;
   {
     nb::gil_scoped_release released;
@@ -76,7 +78,7 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
     AttentionImpl& kernel = impl_for(impl, call);
     RA_CHECK(kernel.has_backward(), "implementation '", impl, "' has no backward pass");
     g = kernel.backward(in, params, TokenPositions::dense(in.q.dim(1), in.k.dim(1)), grad_out, forward, f32_gradients,
-                        into ? &*into : nullptr);
+                        into ? &*into : nullptr, grad_lse);
   }
   return gradients_result(g, out, in, like, where);
 }
@@ -107,13 +109,13 @@ NB_MODULE(_core, m) {
         "q"_a, "k"_a, "v"_a, "impl"_a, "options"_a, "return_lse"_a, "out"_a.none(), "stream"_a, "like"_a);
   m.def("attention_backward",
         [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o, const AnyArray& lse,
-           const AnyArray& d_o, const std::string& impl, const nb::dict& options, bool f32_gradients, nb::handle out,
-           uintptr_t stream, nb::handle like) {
-          return ra::python::attention_backward(q, k, v, o, lse, d_o, impl, ra::python::options_from(options),
+           const AnyArray& d_o, const std::optional<AnyArray>& d_lse, const std::string& impl, const nb::dict& options,
+           bool f32_gradients, nb::handle out, uintptr_t stream, nb::handle like) {
+          return ra::python::attention_backward(q, k, v, o, lse, d_o, d_lse, impl, ra::python::options_from(options),
                                                 f32_gradients, out, stream, like);
         },
-        "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "impl"_a, "options"_a, "f32_gradients"_a, "out"_a.none(),
-        "stream"_a, "like"_a);
+        "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "dlse"_a.none(), "impl"_a, "options"_a, "f32_gradients"_a,
+        "out"_a.none(), "stream"_a, "like"_a);
   m.def("built_with_cuda", &ra::built_with_cuda, "Whether this build of ringattn has its CUDA back end.");
   m.def("cuda_cache_bytes", &ra::device_cache_bytes,
         "Device bytes ringattn's cache of call temporaries holds for reuse, over this process's GPUs.");

@@ -52,7 +52,8 @@ nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& 
 }
 
 nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& o,
-                                   const AnyArray& lse, const AnyArray& d_o, nb::handle comm,
+                                   const AnyArray& lse, const AnyArray& d_o, const std::optional<AnyArray>& d_lse,
+                                   nb::handle comm,
                                    const std::string& layout, std::optional<int64_t> global_q_len,
                                    std::optional<int64_t> global_kv_len, const std::string& local_impl,
                                    double timeout_s, bool deterministic, const std::string& grad_wire,
@@ -66,6 +67,7 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
   modes.options = ring_options_text(params, in);
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
+  const TensorView grad_lse = optional_view_of(d_lse, "dlse", 3, where);
   const std::optional<GradViews> into = gradients_out_of(out, where);
   const CallerComm caller = caller_comm_of(comm);
   Gradients g;
@@ -74,7 +76,7 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
     const CallDevice device(where, stream);
     RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, modes, in, device);
     g = ring.run([&](CallRing& r) {
-      return r.impl->backward(in, params, r.pos, grad_out, forward, f32_gradients, into ? &*into : nullptr);
+      return r.impl->backward(in, params, r.pos, grad_out, forward, f32_gradients, into ? &*into : nullptr, grad_lse);
     });
   }
   return gradients_result(g, out, in, like, where);
@@ -86,7 +88,8 @@ void bind_ring(nb::module_& m) {
   m.def("ring_attention", &ring_attention, "q"_a, "k"_a, "v"_a, "comm"_a, "layout"_a, "global_q_len"_a.none(),
         "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "deterministic"_a, "grad_wire"_a, "options"_a, "return_lse"_a, "out"_a.none(), "stream"_a,
         "like"_a);
-  m.def("ring_attention_backward", &ring_attention_backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "comm"_a,
+  m.def("ring_attention_backward", &ring_attention_backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a,
+        "dlse"_a.none(), "comm"_a,
         "layout"_a, "global_q_len"_a.none(), "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "deterministic"_a,
         "grad_wire"_a, "options"_a, "f32_gradients"_a, "out"_a.none(), "stream"_a, "like"_a);
   // What the process's last ring call did (call_ring.h), as a dict; None before the first.

@@ -56,14 +56,17 @@ def forward(q, k, v, causal=False, window=None, softcap=0.0, scale=0.0, sinks=No
 
 
 def backward(q, k, v, do, causal=False, window=None, softcap=0.0, scale=0.0, sinks=None, bias=None, mask=None,
-             segment_ids=None, kv_segment_ids=None):
-    """(dq, dk, dv, dbias, dsinks) in f64 (dbias / dsinks None where not given)."""
+             segment_ids=None, kv_segment_ids=None, dlse=None):
+    """(dq, dk, dv, dbias, dsinks) in f64 (dbias / dsinks None where not given); dlse (B, Hq, T): where the
+    loss reads lse too (d lse / d logit = p)."""
     o, lse, c = forward(q, k, v, causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids)
     q = np.asarray(q, dtype=np.float64)
     do = np.asarray(do, dtype=np.float64)
     H, Hkv = q.shape[2], np.asarray(k).shape[2]
     p = c["p"]
     delta = np.einsum("bthd,bthd->bht", do, o)
+    if dlse is not None:
+        delta = delta - np.asarray(dlse, dtype=np.float64)
     dp = np.einsum("bthd,bshd->bhts", do, c["vv"])
     ds = p * (dp - delta[..., None])  # d loss / d (final logit)
     dx = ds * (1.0 - np.tanh(c["x"] / softcap) ** 2) if softcap else ds

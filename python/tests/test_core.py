@@ -73,6 +73,32 @@ def test_forward_and_backward_match_f64(impl, name):
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()), err_msg=what)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("name", ["plain", "sinks", "everything"])
+def test_backward_of_a_loss_reading_lse_matches_f64(impl, name):
+    # dlse = dLoss/dlse beside do (a loss that merges outputs by their lse); the fully masked rows of
+    # "everything" (lse -inf) take one too and stay zero.
+    q, k, v, do, extra = problem(8, T=29, S=41, **OPTION_SETS[name])
+    dlse = np.random.default_rng(9).standard_normal((2, 4, 29)).astype(np.float32)
+    o, lse = ringattn.attention(q, k, v, impl=impl, return_lse=True, **extra)
+    grads = ringattn.attention_backward(q, k, v, o, lse, do, dlse=dlse, impl=impl, **extra)
+    want = reference.backward(q, k, v, do, dlse=dlse, **reference_options(extra))
+    for got, ref in zip(grads[:3], want[:3]):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()))
+    without = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, **extra)
+    assert not np.array_equal(grads[1], without[1])
+
+
+def test_a_dlse_of_the_wrong_shape_or_dtype_is_refused_by_name():
+    q, k, v, do, _ = problem(10, T=9, S=9)
+    o, lse = ringattn.attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"dlse dimension 2 \(q_len\) is 8, expected 9"):
+        ringattn.attention_backward(q, k, v, o, lse, do, dlse=np.zeros((2, 4, 8), np.float32))
+    with pytest.raises(ValueError, match="dlse has shape .* and dtype f16, expected contiguous f32"):
+        ringattn.attention_backward(q, k, v, o, lse, do, dlse=np.zeros((2, 4, 9), np.float16))
+
+
 @pytest.mark.parametrize("name", list(OPTION_SETS))
 def test_f64_inputs_run_the_f64_reference_in_f64(name):
     # impl="sdpa" on float64 arrays: inputs, arithmetic and results in f64 (what finite differences need).

@@ -104,7 +104,7 @@ def test_every_option_with_sinks_gradient_equals_the_f64_reference():
     mask = torch.rand(2, 1, 31, 45, generator=g) < 0.8
     options = dict(causal=True, window=(20, 5), softcap=5.0, scale=0.3)
     o, lse = rt.attention(q, k, v, sinks=sinks, mask=mask, return_lse=True, **options)
-    assert not lse.requires_grad
+    assert lse.requires_grad  # differentiable; unused here, so no dLSE reaches the backward
     o.backward(do)
     n = lambda x: x.detach().numpy().astype(np.float64)  # noqa: E731
     ref_o, ref_lse, _ = reference.forward(n(q), n(k), n(v), sinks=n(sinks), mask=mask.numpy(), **options)
@@ -160,6 +160,114 @@ def test_gradcheck_in_f64(name):
 
     assert fn(*inputs).dtype == torch.float64
     assert torch.autograd.gradcheck(fn, tuple(inputs))
+
+
+@pytest.mark.parametrize("name", list(GRADCHECK_OPTIONS))
+def test_gradcheck_in_f64_of_o_and_lse(name):
+    # lse is an output too: gradcheck differentiates both (a row nothing is visible to has lse -inf, whose
+    # finite differences are NaN: such rows are set to 0, their gradient 0).
+    B, T, S, H, Hkv, D, Dv = 2, 5, 7, 4, 2, 3, 2
+    g = torch.Generator().manual_seed(100 + len(name))
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    opts = dict(GRADCHECK_OPTIONS[name])
+    inputs = [r(B, T, H, D).requires_grad_(), r(B, S, Hkv, D).requires_grad_(), r(B, S, Hkv, Dv).requires_grad_()]
+    extra = {}
+    if opts.pop("sinks", False):
+        extra["sinks"] = r(H)
+    bias = opts.pop("bias", False)
+    if bias:
+        extra["bias"] = r(1, H, 1, S) if bias == "shared" else r(B, H, T, S)
+    if opts.pop("mask", False):
+        extra["mask"] = torch.rand(B, 1, T, S, generator=g) < 0.7
+    if opts.pop("segments", False):
+        extra["segment_ids"] = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 2]], dtype=torch.int32)
+        extra["kv_segment_ids"] = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 2, 2]], dtype=torch.int32)
+
+    def fn(q, k, v):
+        o, lse = rt.attention(q, k, v, impl="sdpa", return_lse=True, **extra, **opts)
+        return o, torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+
+    assert torch.autograd.gradcheck(fn, tuple(inputs))
+
+
+def attention_by_autograd_f64(q, k, v, causal=False, softcap=0.0, sinks=None, bias=None):
+    """o and lse of (B, T, H, D) tensors written out in f64 torch ops, differentiated by autograd: a formulation
+    that shares nothing with ringattn's backward (no delta, no recomputed P)."""
+    q, k, v = (x.double() for x in (q, k, v))
+    rep = q.shape[2] // k.shape[2]
+    kk, vv = (x.repeat_interleave(rep, dim=2) for x in (k, v))
+    s = torch.einsum("bthd,bshd->bhts", q, kk) / q.shape[-1] ** 0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.double()
+    if causal:
+        T, S = s.shape[-2:]
+        hidden = torch.ones(T, S, dtype=torch.bool).triu(S - T + 1)
+        s = s.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        sink_column = sinks.double()[None, :, None, None].expand(*s.shape[:3], 1)
+        lse = torch.logsumexp(torch.cat([s, sink_column], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
+    o = torch.einsum("bhts,bshd->bthd", torch.exp(s - lse[..., None]), vv)
+    return o, lse
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "sdpa", "blockwise"])
+@pytest.mark.parametrize("options", ["plain", "causal_sinks_softcap_bias"])
+def test_a_loss_reading_lse_gets_its_gradient_as_autograd_in_f64(impl, options):
+    q, k, v, do = tensors(21, T=29, S=41, H=4, Hkv=1)
+    g = torch.Generator().manual_seed(22)
+    dlse = torch.randn(2, 4, 29, generator=g)
+    kw = {}
+    if options != "plain":
+        kw = dict(causal=True, softcap=4.0, sinks=torch.randn(4, generator=g).requires_grad_(),
+                  bias=torch.randn(2, 4, 29, 41, generator=g).requires_grad_())
+    o, lse = rt.attention(q, k, v, impl=impl, return_lse=True, **kw)
+    ((o * do).sum() + (lse * dlse).sum()).backward()
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref_kw = {name: x.detach().double().requires_grad_() for name, x in kw.items() if torch.is_tensor(x)}
+    want_o, want_lse = attention_by_autograd_f64(*leaves, causal=kw.get("causal", False), softcap=kw.get("softcap", 0.0),
+                                                 **ref_kw)
+    ((want_o * do.double()).sum() + (want_lse * dlse.double()).sum()).backward()
+    close(lse, want_lse)
+    for got, want in zip((q.grad, k.grad, v.grad), leaves):
+        close(got, want.grad)
+    for name, x in ref_kw.items():
+        close(kw[name].grad, x.grad)
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "sdpa"])
+def test_two_calls_merged_by_their_lse_have_the_gradients_of_one_call(impl):
+    # What a user's own ring or a KV cache split does: attention over two halves of the keys, merged by lse.
+    q, k, v, do = tensors(23, T=33, S=50)
+    o1, lse1 = rt.attention(q, k[:, :20], v[:, :20], impl=impl, return_lse=True)
+    o2, lse2 = rt.attention(q, k[:, 20:], v[:, 20:], impl=impl, return_lse=True)
+    lse = torch.logaddexp(lse1, lse2)
+    weight = lambda part: torch.exp(part - lse).transpose(1, 2)[..., None]  # noqa: E731  (B, T, H, 1)
+    merged = o1 * weight(lse1) + o2 * weight(lse2)
+    merged.backward(do)
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    whole = rt.attention(q, k, v, impl=impl)
+    whole.backward(do)
+    close(merged, whole)
+    for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+        close(got, want)
+
+
+def test_a_loss_of_lse_alone_has_gradients():
+    q, k, v, _ = tensors(24, T=9, S=9)
+    _, lse = rt.attention(q, k, v, return_lse=True)
+    lse.sum().backward()  # no dO: the backward takes zeros for it
+    want_lse = attention_by_autograd_f64(*(x.detach().double().requires_grad_() for x in (q, k, v)))[1]
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    attention_by_autograd_f64(*leaves)[1].sum().backward()
+    close(lse, want_lse)
+    for got, want in zip((q.grad, k.grad, v.grad), leaves):
+        close(got, want.grad if want.grad is not None else torch.zeros_like(want))
 
 
 def test_f64_runs_only_the_reference():

@@ -38,13 +38,14 @@ def host64(x):
     return x.detach().double().cpu().numpy()
 
 
-def check_against_reference(dtype, q, k, v, do, o, lse=None, extra=(), **options):
+def check_against_reference(dtype, q, k, v, do, o, lse=None, extra=(), dlse=None, **options):
     """o (and lse) and the leaves' gradients (q, k, v, then `extra` as (leaf, reference name)) against
-    the f64 reference of the same inputs as rounded to `dtype`."""
+    the f64 reference of the same inputs as rounded to `dtype` (of a loss reading lse too, with dlse)."""
     arrays = {name: host64(x) if torch.is_tensor(x) and x.is_floating_point() else
               (x.cpu().numpy() if torch.is_tensor(x) else x) for name, x in options.items()}
     ref_o, ref_lse, _ = reference.forward(host64(q), host64(k), host64(v), **arrays)
-    dq, dk, dv, dbias, dsinks = reference.backward(host64(q), host64(k), host64(v), host64(do), **arrays)
+    dq, dk, dv, dbias, dsinks = reference.backward(host64(q), host64(k), host64(v), host64(do), **arrays,
+                                                   dlse=None if dlse is None else host64(dlse))
     tol = TOL[dtype]
     assert o.dtype == dtype and o.device == GPU
     close(o.cpu(), torch.from_numpy(ref_o), tol)
@@ -85,6 +86,21 @@ def test_every_option_and_its_gradients_equal_the_f64_reference(impl):
     o.backward(do)
     check_against_reference(dtype, q, k, v, do, o, lse, extra=[(bias, "dbias"), (sinks, "dsinks")], sinks=sinks,
                             bias=bias, **options)
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "sdpa", "cudnn"])
+def test_a_loss_reading_lse_gets_its_gradient(impl):
+    # cudnn's backward takes no dlse: such a backward runs on flash_attn2's kernels.
+    dtype = torch.bfloat16
+    q, k, v, do = tensors(4, dtype, T=128, S=128)
+    dlse = torch.randn(2, 8, 128, generator=torch.Generator().manual_seed(5)).to(GPU)
+    g = torch.Generator().manual_seed(6)
+    sinks = torch.randn(8, generator=g).to(GPU).requires_grad_()
+    o, lse = rt.attention(q, k, v, causal=True, impl=impl, return_lse=True, sinks=None if impl == "cudnn" else sinks)
+    ((o.float() * do.float()).sum() + (lse * dlse).sum()).backward()
+    extra = {} if impl == "cudnn" else {"sinks": sinks}
+    check_against_reference(dtype, q, k, v, do, o, lse, extra=[(sinks, "dsinks")] if extra else (), dlse=dlse,
+                            causal=True, **extra)
 
 
 def test_work_runs_on_pytorchs_current_stream():

@@ -35,6 +35,13 @@ def test_shards_of_the_gpu_ring_equal_one_process(layout, causal):
     assert stats["steps"] == SIZE and (SIZE == 1 or stats["transport"] == "copy-engines"), stats
 
 
+@pytest.mark.parametrize("local_impl", ["flash_attn2", "cudnn"])
+def test_a_loss_reading_the_gpu_rings_lse_gets_its_gradient(local_impl):
+    # cudnn's steps take no dlse: such a backward runs the ring on flash_attn2's kernels.
+    check_ring_shards_equal_one_process({"comm": COMM}, "zigzag", True, shape=(2, 256, 8, 2, 64), tol=4e-3,
+                                        device=GPU, dtype=torch.float16, lse_in_loss=True, local_impl=local_impl)
+
+
 def test_a_torchrun_group_with_cuda_tensors_is_refused_by_name():
     class NotMpi:  # any object with ring_shift is carried by Python (ringattn.torch.DistributedComm)
         rank, size = RANK, SIZE

@@ -44,35 +44,51 @@ def shard(x, layout, axis=1):
     return ringattn.shard(x, axis, layout, RANK, SIZE)
 
 
-def check_ring_shards_equal_one_process(ring, layout, causal, shape, tol, device="cpu", dtype=torch.float32):
+def check_ring_shards_equal_one_process(ring, layout, causal, shape, tol, device="cpu", dtype=torch.float32,
+                                        lse_in_loss=False, local_impl="flash_attn2"):
     """The ring's shards of o and of the gradients (q, k, v, sinks, and a bias shared by every query row,
-    whose gradient sums over the ranks) against one process's attention on the whole sequence."""
+    whose gradient sums over the ranks) against one process's attention on the whole sequence; with
+    lse_in_loss, of a loss that reads lse too. With cudnn steps: no soft cap, sinks or bias (cudnn has none)."""
     g = torch.Generator().manual_seed(11)  # every rank draws the same global tensors
     B, T, H, Hkv, D = shape
     q, k, v = (torch.randn(B, T, h, D, generator=g).to(device, dtype) for h in (H, Hkv, Hkv))
     do = torch.randn(B, T, H, D, generator=g).to(device, dtype)
     sinks = torch.randn(H, generator=g).to(device)
     bias = torch.randn(1, H, 1, T, generator=g).to(device)
-    whole = [x.clone().requires_grad_() for x in (q, k, v, sinks, bias)]
-    o = rt.attention(*whole[:3], sinks=whole[3], bias=whole[4], causal=causal, softcap=4.0)
-    o.backward(do)
+    dlse = torch.randn(B, H, T, generator=g).to(device)
+    options = dict(causal=causal, softcap=4.0, return_lse=True)
+    extras = 2
+    if local_impl == "cudnn":
+        options["softcap"], extras = 0.0, 0
+    whole = [x.clone().requires_grad_() for x in (q, k, v, sinks, bias)[:3 + extras]]
+    o, lse = rt.attention(*whole[:3], **dict(zip(("sinks", "bias"), whole[3:])), **options)
+    ((o * do).sum() + ((lse * dlse).sum() if lse_in_loss else 0)).backward()
 
-    mine = [shard(x, layout).clone().requires_grad_() for x in (q, k, v)] + [x.clone().requires_grad_() for x in (sinks, bias)]
-    o_ring = rt.ring_attention(*mine[:3], **ring, layout=layout, sinks=mine[3], bias=mine[4], causal=causal,
-                               softcap=4.0)
-    o_ring.backward(shard(do, layout).contiguous())
+    mine = [shard(x, layout).clone().requires_grad_() for x in (q, k, v)]
+    mine += [x.detach().clone().requires_grad_() for x in whole[3:]]
+    o_ring, lse_ring = rt.ring_attention(*mine[:3], **ring, layout=layout, local_impl=local_impl,
+                                         **dict(zip(("sinks", "bias"), mine[3:])), **options)
+    loss = (o_ring * shard(do, layout)).sum()
+    if lse_in_loss:
+        loss = loss + (lse_ring * shard(dlse, layout, axis=2)).sum()
+    loss.backward()
     assert o_ring.device == q.device and mine[0].grad.device == q.device
     close(o_ring.cpu(), shard(o, layout).cpu(), tol)
     for got, want in zip(mine[:3], whole[:3]):
         close(got.grad.cpu(), shard(want.grad, layout).cpu(), tol)
-    close(mine[3].grad.cpu(), whole[3].grad.cpu(), tol)
-    close(mine[4].grad.cpu(), whole[4].grad.cpu(), tol)
+    for got, want in zip(mine[3:], whole[3:]):
+        close(got.grad.cpu(), want.grad.cpu(), tol)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_shards_of_the_ring_equal_one_process(layout, causal):
     check_ring_shards_equal_one_process(RING, layout, causal, shape=(2, 53, 4, 2, 16), tol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+def test_a_loss_reading_the_rings_lse_gets_its_gradient(layout):
+    check_ring_shards_equal_one_process(RING, layout, True, shape=(2, 53, 4, 2, 16), tol=1e-5, lse_in_loss=True)
 
 
 @pytest.mark.parametrize("modes, tol", [({"deterministic": True}, 1e-5), ({"grad_wire": "bf16"}, 2e-2)])

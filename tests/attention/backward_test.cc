@@ -34,11 +34,13 @@ struct DenseProblem {
   int64_t B, T, S, Hq, Hkv, D, Dv;
   std::vector<double> q, k, v, bias, sinks, d_o;  // bias (1, Hq, T, S) as Problem makes it
   const Problem* source;
+  std::vector<double> d_lse = {};  // (B, Hq, T): where the loss reads LSE too
 };
 
 // Attention written out from its definition: logits scale * q.k, soft cap, bias, hidden pairs (causal
 // aligned bottom-right, window, mask, segments) left out of the softmax, the sink as one more term of
-// the denominator, dropout on the probabilities. Returns loss = sum(dO * O).
+// the denominator, dropout on the probabilities. Returns loss = sum(dO * O) (+ sum(dLSE * LSE), LSE = log of
+// the denominator before dropout).
 double dense_loss(const DenseProblem& p) {
   const Problem& src = *p.source;
   const AttentionParams& a = src.params();
@@ -74,6 +76,7 @@ double dense_loss(const DenseProblem& p) {
         double denominator = p.sinks.empty() ? 0.0 : std::exp(p.sinks[size_t(h)] - top);
         for (int64_t j = 0; j < p.S; ++j)
           if (seen[size_t(j)]) denominator += std::exp(logit[size_t(j)] - top);
+        if (!p.d_lse.empty()) loss += p.d_lse[size_t((b * p.Hq + h) * p.T + t)] * (top + std::log(denominator));
         for (int64_t j = 0; j < p.S; ++j) {
           if (!seen[size_t(j)]) continue;
           double weight = std::exp(logit[size_t(j)] - top) / denominator;
@@ -128,6 +131,28 @@ TEST_P(OracleGradients, MatchFiniteDifferencesOfAnIndependentDenseAttention) {
     double loss = 0;
     for (size_t i = 0; i < ref.forward.o.size(); ++i) loss += ref.forward.o[i] * p.d_o[i];
     EXPECT_NEAR(loss, dense_loss(p), 1e-10 * std::max(1.0, std::fabs(loss)));
+    expect_close(ref.dq, finite_differences(p, p.q), "dq");
+    expect_close(ref.dk, finite_differences(p, p.k), "dk");
+    expect_close(ref.dv, finite_differences(p, p.v), "dv");
+    if (!p.bias.empty()) expect_close(ref.dbias, finite_differences(p, p.bias), "dbias");
+    if (!p.sinks.empty()) expect_close(ref.dsinks, finite_differences(p, p.sinks), "dsinks");
+  }
+}
+
+// The same with a loss that reads LSE too: loss = sum(dO * O) + sum(dLSE * LSE).
+TEST_P(OracleGradients, WithLseInTheLossMatchFiniteDifferences) {
+  for (auto [T, S] : {std::pair{5, 7}, std::pair{1, 4}}) {
+    ProblemSpec spec{2, T, S, 4, 2, 3, 2, DType::kF32, GetParam(), uint64_t(T * 100 + S)};
+    Problem problem(spec);
+    std::mt19937_64 rng(spec.seed + 2);
+    const Tensor d_o = random_normal(DType::kF32, {2, T, 4, 2}, rng, 1.0f);
+    const Tensor d_lse = random_normal(DType::kF32, {2, 4, T}, rng, 1.0f);
+    DenseProblem p{2, T, S, 4, 2, 3, 2, as_doubles(problem.q), as_doubles(problem.k), as_doubles(problem.v), {}, {},
+                   as_doubles(d_o), &problem, as_doubles(d_lse)};
+    if (problem.bias.defined()) p.bias = as_doubles(problem.bias);
+    if (problem.sinks.defined()) p.sinks = as_doubles(problem.sinks);
+    const ReferenceGradients ref = reference_attention_backward_f64(problem.inputs(), problem.params(),
+                                                                    TokenPositions::dense(T, S), d_o, true, d_lse);
     expect_close(ref.dq, finite_differences(p, p.q), "dq");
     expect_close(ref.dk, finite_differences(p, p.k), "dk");
     expect_close(ref.dv, finite_differences(p, p.v), "dv");
@@ -309,6 +334,42 @@ TEST_P(BackwardVsReference, MatchesF64Gradients) {
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BackwardVsReference, testing::ValuesIn(cpu_grad_cases()), grad_case_name);
 
+// A loss that reads LSE too: dLSE beside dO, from the implementation's own forward (O in f32, as the
+// backward's own forward keeps it). Fully masked rows (LSE -inf) take a dLSE and still give zero dQ.
+class LseInTheLoss : public testing::TestWithParam<GradCase> {};
+
+TEST_P(LseInTheLoss, MatchesF64Gradients) {
+  const GradCase& c = GetParam();
+  Problem problem(c.spec);
+  auto impl = AttentionRegistry::builtin().create(c.impl, c.backend);
+  const AttentionInputs in = problem.inputs();
+  const int64_t B = c.spec.batch, T = c.spec.q_len, Hq = c.spec.q_heads;
+  const TokenPositions pos = TokenPositions::dense(T, c.spec.kv_len);
+  const Tensor d_o = random_d_o(c.spec, c.spec.dtype);
+  std::mt19937_64 rng(c.spec.seed * 17 + 3);
+  const Tensor d_lse = random_normal(DType::kF32, {B, Hq, T}, rng, 1.0f);
+  const Tensor o(DType::kF32, {B, T, Hq, c.spec.v_head_dim}), lse(DType::kF32, {B, Hq, T});
+  impl->forward_into(in, problem.params(), pos, ForwardViews{o.view(), lse.view()});
+  const Gradients g = impl->backward(in, problem.params(), pos, d_o, ForwardViews{o.view(), lse.view()}, false,
+                                     nullptr, d_lse);
+  const ReferenceGradients ref = reference_attention_backward_f64(in, problem.params(), pos, d_o, true, d_lse);
+  expect_gradient(g.dq, ref.dq, "dq");
+  expect_gradient(g.dk, ref.dk, "dk");
+  expect_gradient(g.dv, ref.dv, "dv");
+  if (in.bias.defined()) expect_gradient(g.dbias, ref.dbias, "dbias");
+  if (in.sinks.defined()) expect_gradient(g.dsinks, ref.dsinks, "dsinks");
+  if (c.spec.options.mask)  // Problem masks row T/2 of every batch entirely
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Hq * c.spec.head_dim; ++i)
+        ASSERT_EQ(load_as_f32(g.dq.data<void>(), g.dq.dtype(), size_t((b * T + T / 2) * Hq * c.spec.head_dim + i)), 0.0f);
+  // dLSE moves the gradients: the same call without it differs (unless the mask hides the only row).
+  if (c.spec.options.mask && T == 1) return;
+  const Gradients without = impl->backward(in, problem.params(), pos, d_o, ForwardViews{o.view(), lse.view()});
+  EXPECT_NE(std::memcmp(g.dk.data<void>(), without.dk.data<void>(), g.dk.view().nbytes()), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, LseInTheLoss, testing::ValuesIn(cpu_grad_cases()), grad_case_name);
+
 // K/V cut into blocks of any sizes, accumulate_backward once per block (dq shared, dk / dv per block):
 // the same gradients as one call, up to f32 rounding.
 class BackwardBlocks : public testing::TestWithParam<std::string> {};
@@ -323,7 +384,7 @@ TEST_P(BackwardBlocks, SplittingKeysIntoBlocksEqualsOneBlock) {
   const Tensor d_o = random_d_o(spec, DType::kF32);
   const AttentionOutput out = impl->forward(in, problem.params());
   const Gradients whole = impl->backward(in, problem.params(), d_o, &out, true);
-  const Tensor delta = compute_delta(out.o, d_o);
+  const Tensor delta = compute_delta(out.o, d_o, TensorView());
   const BackwardInputs grad{out.lse, d_o, delta};
   GradAccumulators total = GradAccumulators::zeros(in, MemoryKind::kHost);
   const int64_t cuts[] = {0, 1, 14, 15, 40, 61};
@@ -525,6 +586,19 @@ TEST(BackwardValidation, RefusesWrongDoAndMissingLse) {
   EXPECT_NE(message([&] { impl->backward(problem.inputs(), problem.params(), d_o, &short_lse); })
                 .find("lse dimension 2 (q_len) is 8, expected 9"),
             std::string::npos);
+  const Tensor o(DType::kBF16, {1, 9, 4, 24}), lse(DType::kF32, {1, 4, 9});
+  const TokenPositions pos = TokenPositions::dense(9, 11);
+  auto with_d_lse = [&](const Tensor& d_lse) {
+    return message([&] {
+      impl->backward(problem.inputs(), problem.params(), pos, d_o, ForwardViews{o.view(), lse.view()}, false, nullptr,
+                     d_lse);
+    });
+  };
+  EXPECT_NE(with_d_lse(Tensor(DType::kF32, {1, 2, 9})).find("dlse dimension 1 (q_heads) is 2, expected 4"),
+            std::string::npos);
+  EXPECT_NE(with_d_lse(Tensor(DType::kBF16, {1, 4, 9})).find("dlse has shape (1, 4, 9) and dtype bf16, expected "
+                                                             "contiguous f32"),
+            std::string::npos);
 }
 
 // Each SIMD variant of the CPU flash backward on its own (the registry picks only the best one), with
@@ -544,7 +618,7 @@ TEST_P(FlashBackwardIsa, MatchesF64Gradients) {
   Tensor lse(DType::kF32, {2, 8, 97}), o(DType::kF32, {2, 97, 8, 72});
   for (size_t i = 0; i < ref.forward.lse.size(); ++i) lse.data<float>()[i] = float(ref.forward.lse[i]);
   for (size_t i = 0; i < ref.forward.o.size(); ++i) o.data<float>()[i] = float(ref.forward.o[i]);
-  const Tensor delta = compute_delta(o, d_o);
+  const Tensor delta = compute_delta(o, d_o, TensorView());
   GradAccumulators acc = GradAccumulators::zeros(in, MemoryKind::kHost);
   flash_accumulate_backward_cpu(in, pos, problem.params(), BackwardInputs{lse, d_o, delta}, acc.views(), isa,
                                 dq_strategy);
@@ -564,7 +638,7 @@ TEST(FlashBackwardDq, ThreadPartialsGiveTheSameBitsOnEveryRun) {
   const Tensor d_o = random_d_o(spec, DType::kF32);
   auto impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCpu);
   const AttentionOutput out = impl->forward(in, problem.params());
-  const Tensor delta = compute_delta(out.o, d_o);
+  const Tensor delta = compute_delta(out.o, d_o, TensorView());
   const BackwardInputs grad{out.lse, d_o, delta};
   std::vector<Tensor> dq;
   for (int run = 0; run < 4; ++run) {

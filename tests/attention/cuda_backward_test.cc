@@ -227,6 +227,70 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_g
          std::to_string(s.q_heads / s.kv_heads) + (c.slice_offsets ? "_slice_offsets" : "");
 });
 
+// A loss that reads LSE too: dLSE beside dO, from the implementation's forward (O in f32), through the
+// accumulator path (f32 gradients, and any bias) and the direct one (q's dtype), each kernel, every option
+// alone and combined; cudnn, whose backward forms rowsum(dO * O) itself, refuses it by name.
+TEST(CudaLseInTheLoss, MatchesF64Gradients) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    std::string impl;
+    FlashKernel kernel;
+    DType dtype;
+  };
+  std::vector<Case> cases = {{"sdpa", FlashKernel::kAuto, DType::kF32}, {"flash_attn2", FlashKernel::kMmaSync, DType::kF16}};
+  if (flash_wgmma_available()) cases.push_back({"flash_attn2", FlashKernel::kWgmma, DType::kBF16});
+  uint64_t seed = 900;
+  for (const Case& c : cases)
+    for (const Options& opt : option_sets())
+      for (bool f32_gradients : {false, true}) {
+        const ProblemSpec spec{2, 97, 131, 8, 2, 64, 64, c.dtype, opt, seed++};
+        SCOPED_TRACE(c.impl + " " + flash_kernel_name(c.kernel) + " " + std::string(dtype_name(c.dtype)) + " " + opt.name() +
+                     (f32_gradients ? " f32 gradients" : ""));
+        DeviceGradProblem setup(spec, spec.seed * 31 + 7);
+        auto& [problem, host_in, device_in, d_o, d_o_device] = setup;
+        problem.params().flash_kernel = c.kernel;
+        auto impl = AttentionRegistry::builtin().create(c.impl, Backend::kCuda);
+        std::mt19937_64 rng(spec.seed);
+        const Tensor d_lse = random_normal(DType::kF32, {spec.batch, spec.q_heads, spec.q_len}, rng, 1.0f);
+        const Tensor d_lse_device = to_memory(d_lse, MemoryKind::kCuda);
+        const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+        const Tensor o(DType::kF32, {spec.batch, spec.q_len, spec.q_heads, spec.v_head_dim}, MemoryKind::kCuda);
+        const Tensor lse(DType::kF32, {spec.batch, spec.q_heads, spec.q_len}, MemoryKind::kCuda);
+        impl->forward_into(device_in.inputs, problem.params(), pos, ForwardViews{o.view(), lse.view()});
+        const Gradients g = impl->backward(device_in.inputs, problem.params(), pos, d_o_device,
+                                           ForwardViews{o.view(), lse.view()}, f32_gradients, nullptr, d_lse_device);
+        RA_CUDA_CHECK(cudaDeviceSynchronize());
+        const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o, true, d_lse);
+        const DType rounded = c.impl == "sdpa" ? DType::kF32 : c.dtype;
+        auto expect = [&](const Tensor& got, const std::vector<double>& want, const char* name) {
+          const GradientComparison cmp = compare_gradient(to_memory(got, MemoryKind::kHost), want, rounded);
+          EXPECT_EQ(cmp.nan, 0) << name;
+          EXPECT_EQ(cmp.wrong, 0) << name << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance
+                                  << ")";
+        };
+        expect(g.dq, ref.dq, "dq");
+        expect(g.dk, ref.dk, "dk");
+        expect(g.dv, ref.dv, "dv");
+        if (host_in.bias.defined()) expect(g.dbias, ref.dbias, "dbias");
+        if (host_in.sinks.defined()) expect(g.dsinks, ref.dsinks, "dsinks");
+      }
+#if RA_HAVE_CUDNN
+  const ProblemSpec spec{1, 64, 64, 4, 4, 64, 64, DType::kBF16, Options{}, 7};
+  DeviceGradProblem setup(spec, 8);
+  auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
+  const Tensor o(DType::kBF16, {1, 64, 4, 64}, MemoryKind::kCuda), lse(DType::kF32, {1, 4, 64}, MemoryKind::kCuda);
+  const Tensor d_lse(DType::kF32, {1, 4, 64}, MemoryKind::kCuda);
+  try {
+    impl->backward(setup.dev.inputs, setup.problem.params(), TokenPositions::dense(64, 64), setup.d_o_device,
+                   ForwardViews{o.view(), lse.view()}, false, nullptr, d_lse);
+    ADD_FAILURE() << "cudnn took a dlse";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("a gradient with respect to lse (dlse) is not supported by 'cudnn'"), std::string::npos)
+        << e.message();
+  }
+#endif
+}
+
 // forward_into and backward into the caller's views in q's dtype (a framework's tensors, as the Python
 // layer gives them): flash_attn2 (the wgmma forward writing O and LSE itself, dK / dV from its kernels;
 // with sinks and packed documents) and cudnn (straight into the views), causal and not, against f64.
@@ -382,7 +446,7 @@ TEST(CudnnBackward, KeyPartsOfAnyDiagonalSumToTheReference) {
     auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
     const TokenPositions all = TokenPositions::dense(spec.q_len, spec.kv_len);
     const AttentionOutput out = impl->forward(dev.inputs, problem.params(), all);
-    const Tensor delta = compute_delta(out.o, d_o_device, impl->cuda_stream());
+    const Tensor delta = compute_delta(out.o, d_o_device, TensorView(), impl->cuda_stream());
     GradAccumulators acc = GradAccumulators::zeros(dev.inputs, MemoryKind::kCuda);
     std::vector<int64_t> bounds = split.cuts;
     bounds.insert(bounds.begin(), 0);
@@ -432,7 +496,7 @@ TEST(CudnnBackward, UnsetKeyRowsWrittenOverEqualAddsIntoZeros) {
   pos.total_keys = 220;
   auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
   const AttentionOutput out = impl->forward(dev.inputs, problem.params(), pos);
-  const Tensor delta = compute_delta(out.o, d_o_device, impl->cuda_stream());
+  const Tensor delta = compute_delta(out.o, d_o_device, TensorView(), impl->cuda_stream());
   const BackwardInputs grad{out.lse, d_o_device, delta, out.o};
   GradAccumulators added = GradAccumulators::zeros(dev.inputs, MemoryKind::kCuda);
   impl->accumulate_backward(dev.inputs, pos, problem.params(), grad, added.views());
@@ -481,7 +545,7 @@ TEST(CudnnBackward, ChunkedLongBlocksMatchOneDirectCall) {
     auto impl = AttentionRegistry::builtin().create("cudnn", Backend::kCuda);
     const AttentionOutput out = impl->forward(in, params, pos);
     const Gradients direct = impl->backward(in, params, pos, d_o, ForwardViews{out.o.view(), out.lse.view()});
-    const Tensor delta = compute_delta(out.o, d_o, impl->cuda_stream());
+    const Tensor delta = compute_delta(out.o, d_o, TensorView(), impl->cuda_stream());
     GradAccumulators acc = GradAccumulators::zeros(in, MemoryKind::kCuda);
     impl->accumulate_backward(in, pos, params, BackwardInputs{out.lse, d_o, delta, out.o}, acc.views());
     RA_CUDA_CHECK(cudaDeviceSynchronize());

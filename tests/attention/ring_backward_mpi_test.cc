@@ -51,6 +51,7 @@ struct RingBackwardCase {
   // 1: on GPUs the own block writes straight into dk / dv, whole from step 0, and the other ranks' blocks
   // run on a second stream beside it (flash_attn2); 2: through the partial, in halves, on one stream.
   int64_t batch = 2;
+  bool lse_in_loss = false;  // the loss reads LSE too: a dLSE beside dO (BackwardInputs::d_lse)
 };
 
 // The gradients of the whole problem, each value written by the one rank that holds it (zeros elsewhere).
@@ -120,15 +121,27 @@ struct TestRing {
   Communicator* comm;
 };
 
+// The ring's backward of this rank's shard; with a dLSE, from the ring's forward (O kept in f32, as the
+// backward's own forward keeps it) so that dLSE can go with dO.
+Gradients ring_backward(const AttentionImpl& ring, const AttentionInputs& in, const AttentionParams& params,
+                        const TokenPositions& pos, const TensorView& d_o, const TensorView& d_lse, bool f32_gradients) {
+  if (!d_lse.defined()) return ring.backward(in, params, pos, d_o, nullptr, f32_gradients);
+  const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
+  const Tensor o(DType::kF32, {B, T, Hq, Dv}, in.q.memory()), lse(DType::kF32, {B, Hq, T}, in.q.memory());
+  ring.forward_into(in, params, pos, ForwardViews{o.view(), lse.view()});
+  return ring.backward(in, params, pos, d_o, ForwardViews{o.view(), lse.view()}, f32_gradients, nullptr, d_lse);
+}
+
 // The ring's gradients of this rank's shard, on the host.
 Gradients ring_gradients(const RingBackwardCase& c, const Problem& global, RingContext& ctx, const Shard& shard,
-                         const Tensor& shard_d_o) {
+                         const Tensor& shard_d_o, const Tensor& shard_d_lse) {
   auto ring = AttentionRegistry::builtin().create("ring", c.cuda ? Backend::kCuda : Backend::kCpu, &ctx);
   EXPECT_TRUE(ring->has_backward());
-  if (!c.cuda) return ring->backward(shard.inputs, global.params(), shard.pos, shard_d_o.view(), nullptr, true);
+  if (!c.cuda) return ring_backward(*ring, shard.inputs, global.params(), shard.pos, shard_d_o, shard_d_lse, true);
   const InputsCopy device = copy_inputs(shard.inputs, MemoryKind::kCuda);
   const Tensor d_o = to_memory(shard_d_o.view(), MemoryKind::kCuda);
-  Gradients g = ring->backward(device.inputs, global.params(), shard.pos, d_o.view(), nullptr, true);
+  const Tensor d_lse = shard_d_lse.defined() ? to_memory(shard_d_lse.view(), MemoryKind::kCuda) : Tensor();
+  Gradients g = ring_backward(*ring, device.inputs, global.params(), shard.pos, d_o, d_lse, true);
   for (Tensor* t : {&g.dq, &g.dk, &g.dv, &g.dbias, &g.dsinks})
     if (t->defined()) *t = to_memory(t->view(), MemoryKind::kHost);
   // The gradients in q's dtype (the ring's own path past one rank: dK / dV converted as the last hop's
@@ -136,7 +149,7 @@ Gradients ring_gradients(const RingBackwardCase& c, const Problem& global, RingC
   // sums); dQ, whose atomics add in no fixed order, within a rounding of them. (A ring of one is its
   // local kernel's single call, checked in cuda_backward_test.)
   if (ctx.comm->size() == 1) return g;
-  Gradients in_dtype = ring->backward(device.inputs, global.params(), shard.pos, d_o.view(), nullptr, false);
+  Gradients in_dtype = ring_backward(*ring, device.inputs, global.params(), shard.pos, d_o, d_lse, false);
   for (auto [name, f32, got] : {std::tuple{"dk", &g.dk, &in_dtype.dk}, std::tuple{"dv", &g.dv, &in_dtype.dv},
                                 std::tuple{"dq", &g.dq, &in_dtype.dq}}) {
     EXPECT_EQ(got->dtype(), c.dtype) << name;
@@ -174,10 +187,11 @@ TEST_P(RingBackward, EveryRingSizeMatchesTheF64GradientsWithoutDrift) {
   }
   std::mt19937_64 rng(99);
   const Tensor d_o = random_normal(c.dtype, {B, c.q_len, c.q_heads, Dv}, rng, 1.0f);
+  const Tensor d_lse = c.lse_in_loss ? random_normal(DType::kF32, {B, c.q_heads, c.q_len}, rng, 1.0f) : Tensor();
   const Shape q_shape{B, c.q_len, c.q_heads, D}, k_shape{B, c.kv_len, c.kv_heads, D}, v_shape{B, c.kv_len, c.kv_heads, Dv};
   const Shape bias_shape = global.bias.defined() ? global.bias.shape() : Shape{};
   const ReferenceGradients ref = reference_attention_backward_f64(
-      global.inputs(), global.params(), TokenPositions::dense(c.q_len, c.kv_len), d_o);
+      global.inputs(), global.params(), TokenPositions::dense(c.q_len, c.kv_len), d_o, true, d_lse);
   // The device kernels round P and dS to the inputs' dtype for their tensor-core products (sdpa keeps f32).
   // A bf16 wire rounds the dK/dV sums to bf16 at every hop.
   const DType rounded = c.gradient_wire == DType::kBF16           ? DType::kBF16
@@ -200,9 +214,10 @@ TEST_P(RingBackward, EveryRingSizeMatchesTheF64GradientsWithoutDrift) {
       ctx.host_comm = test_ring.mpi.get();
       const Shard shard(global, ctx);
       const Tensor shard_d_o = take(d_o, 1, shard.q_rows);
+      const Tensor shard_d_lse = d_lse.defined() ? take(d_lse, 2, shard.q_rows) : Tensor();
       Gradients grads;
       try {  // a throw on one rank must not skip the collectives below on it (the others would hang)
-        grads = ring_gradients(c, global, ctx, shard, shard_d_o);
+        grads = ring_gradients(c, global, ctx, shard, shard_d_o, shard_d_lse);
       } catch (const std::exception& e) {
         ADD_FAILURE() << "ring of " << n << ", rank " << test_ring.comm->rank() << ": " << e.what();
         GradAccumulators zeros = GradAccumulators::zeros(shard.inputs, MemoryKind::kHost);
@@ -297,6 +312,19 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   cases.push_back(exact(SequenceLayout::kContiguous, opts[0], DType::kF16, 48, 120, 2, 2, true));
   cases.push_back(exact(SequenceLayout::kStriped, opts[1], DType::kF32, 3, 3, 2, 2));
   cases.push_back(exact(SequenceLayout::kZigzag, opts[9], DType::kF32, 97, 97, 4, 2));  // skipped blocks
+  // A loss that reads LSE too (dLSE folded into delta): every layout with every option, uneven shards; S != T
+  // with GQA in bf16; the exact sums; each local kernel.
+  auto lse_in_loss = [](RingBackwardCase c) {
+    c.lse_in_loss = true;
+    return c;
+  };
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped}) {
+    cases.push_back(lse_in_loss({layout, opts[6], DType::kF32, 97, 97, 4, 2}));
+    cases.push_back(lse_in_loss({layout, opts[7], DType::kBF16, 53, 97, 8, 1}));
+  }
+  cases.push_back(lse_in_loss(exact(SequenceLayout::kZigzag, opts[6], DType::kF32, 97, 97, 4, 2)));
+  cases.push_back(lse_in_loss({SequenceLayout::kZigzag, opts[7], DType::kF32, 64, 64, 4, 2, "sdpa"}));
+  cases.push_back(lse_in_loss({SequenceLayout::kContiguous, opts[4], DType::kBF16, 72, 72, 4, 4, "blockwise"}));
   // The GPU ring: its kernels' dtypes (flash_attn2 and cudnn: f16 / bf16; sdpa: f32).
   auto gpu = [](SequenceLayout layout, const Options& o, DType dtype, int64_t t, int64_t s, int64_t hq, int64_t hkv,
                 const char* impl, bool shared_bias = false) {
@@ -360,6 +388,12 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   cases.push_back(gpu_wire);
   gpu_wire.batch = 1;  // step 1 through the partial on the second stream
   cases.push_back(gpu_wire);
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped})
+    cases.push_back(lse_in_loss(gpu(layout, opts[6], DType::kBF16, 97, 97, 4, 2, "flash_attn2")));
+  cases.push_back(lse_in_loss(gpu(SequenceLayout::kZigzag, opts[7], DType::kF32, 64, 64, 4, 2, "sdpa")));
+  RingBackwardCase lse_b1 = lse_in_loss(gpu(SequenceLayout::kZigzag, opts[1], DType::kF16, 120, 120, 8, 2, "flash_attn2"));
+  lse_b1.batch = 1;  // the steps on two streams
+  cases.push_back(lse_b1);
   return cases;
 }
 
@@ -369,7 +403,7 @@ INSTANTIATE_TEST_SUITE_P(Mpi, RingBackward, testing::ValuesIn(ring_backward_case
          std::to_string(c.q_len) + "_S" + std::to_string(c.kv_len) + "_H" + std::to_string(c.q_heads) + "x" +
          std::to_string(c.kv_heads) + "_" + c.local_impl + (c.shared_bias ? "_shared_bias" : "") +
          (c.gradient_wire != DType::kF32 ? "_bf16_wire" : "") + (c.deterministic ? "_deterministic" : "") +
-         (c.batch == 1 ? "_B1" : "") +
+         (c.batch == 1 ? "_B1" : "") + (c.lse_in_loss ? "_lse_in_loss" : "") +
          (c.cuda ? "_cuda" : "");
 });
 
@@ -392,8 +426,8 @@ TEST(RingBackwardRepeat, SameBitsOnEveryRun) {
   const Tensor shard_d_o = take(d_o, 1, shard.q_rows);
   RingBackwardCase c{SequenceLayout::kZigzag, all, dtype, T, T, 4, 2};
   c.cuda = cuda;
-  const Gradients a = ring_gradients(c, global, ctx, shard, shard_d_o);
-  const Gradients b = ring_gradients(c, global, ctx, shard, shard_d_o);
+  const Gradients a = ring_gradients(c, global, ctx, shard, shard_d_o, Tensor());
+  const Gradients b = ring_gradients(c, global, ctx, shard, shard_d_o, Tensor());
   int64_t differing = 0;
   for (auto [x, y] : {std::pair{&a.dq, &b.dq}, std::pair{&a.dk, &b.dk}, std::pair{&a.dv, &b.dv},
                       std::pair{&a.dbias, &b.dbias}})
