@@ -11,7 +11,8 @@ Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S,
 with layout_bhtd=True they are (B, H, T, D) as F.scaled_dot_product_attention takes them (transposed
 copies are made). lse (B, Hq, T) float32 comes back with return_lse=True and is differentiable: a loss that reads
 it (merging partial outputs by their lse, a z-loss) gets its gradient (with impl="cudnn", whose backward takes no
-dlse, such a backward runs on flash_attn2's kernels).
+dlse, such a backward runs on flash_attn2's kernels). Under torch.autocast, q, k and v are cast to its dtype, as
+F.scaled_dot_product_attention takes them.
 float64 tensors (CPU, impl="sdpa") run the f64 reference forward and backward, lse float64 too: what
 torch.autograd.gradcheck needs. Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend;
@@ -324,6 +325,17 @@ def _to_bthd(x, layout_bhtd):
     return x.transpose(1, 2) if layout_bhtd else x
 
 
+def _autocast(q, k, v):
+    """q, k, v in autocast's dtype where autocast is on for their device, as F.scaled_dot_product_attention
+    takes them (attention is one of its lower-precision ops): f32 activations under torch.autocast run the
+    half-precision kernels (differentiably: their gradients come back in the leaves' dtype)."""
+    device = q.device.type
+    if not torch.is_autocast_enabled(device):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(x.to(dtype) if x.is_floating_point() and x.dtype != torch.float64 else x for x in (q, k, v))
+
+
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, sinks=None, bias=None, mask=None,
               segment_ids=None, kv_segment_ids=None, dropout=0.0, dropout_seed=0, batch_offset=0, head_offset=0,
               impl="flash_attn2", flash_kernel="auto", deterministic=False, layout_bhtd=False, return_lse=False):
@@ -336,6 +348,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     """
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
+    q, k, v = _autocast(q, k, v)
     o, lse = _attention_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
                                 bool(deterministic), impl)
     o = _to_bthd(o, layout_bhtd)
@@ -365,6 +378,7 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     """
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
+    q, k, v = _autocast(q, k, v)
     o, lse = _ring_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
                            _handle_of(comm, group, float(timeout), q.device), layout, global_q_len, global_kv_len, local_impl, float(timeout),
                            bool(deterministic), str(grad_wire))

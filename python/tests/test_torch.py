@@ -270,6 +270,26 @@ def test_a_loss_of_lse_alone_has_gradients():
         close(got, want.grad if want.grad is not None else torch.zeros_like(want))
 
 
+def test_autocast_runs_attention_in_its_dtype_as_sdpa_does():
+    # f32 activations under torch.autocast: q, k, v cast to autocast's dtype (bf16 here), as
+    # F.scaled_dot_product_attention takes them; the gradients come back to the f32 leaves in f32.
+    q, k, v, do = tensors(25, T=19, S=23)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = rt.attention(q, k, v, causal=True)
+        want = F.scaled_dot_product_attention(q.transpose(1, 2), k.repeat_interleave(2, 2).transpose(1, 2),
+                                              v.repeat_interleave(2, 2).transpose(1, 2), is_causal=False,
+                                              attn_mask=torch.ones(19, 23, dtype=torch.bool).tril(4)).transpose(1, 2)
+    assert o.dtype == torch.bfloat16 and want.dtype == torch.bfloat16
+    close(o.float(), want.float(), 2e-2)
+    o.float().backward(do)
+    assert q.grad.dtype == torch.float32 and k.grad.dtype == torch.float32
+    leaves = [x.detach().to(torch.bfloat16).double().requires_grad_() for x in (q, k, v)]
+    ref, _ = attention_by_autograd_f64(*leaves, causal=True)
+    ref.backward(do.double())
+    for got, want in zip((q.grad, k.grad, v.grad), leaves):
+        close(got, want.grad, 3e-2)
+
+
 def test_f64_runs_only_the_reference():
     q, k, v, _ = tensors(8, T=4, S=4, dtype=torch.float64)
     with pytest.raises(ValueError, match="impl 'sdpa' on the host"):

@@ -103,6 +103,21 @@ def test_a_loss_reading_lse_gets_its_gradient(impl):
                             causal=True, **extra)
 
 
+@pytest.mark.parametrize("impl", ["flash_attn2", "cudnn"])
+def test_f32_activations_under_autocast_run_the_half_precision_kernels(impl):
+    # As F.scaled_dot_product_attention under torch.autocast: q, k, v cast to bf16, gradients back in f32.
+    q, k, v, do = tensors(7, torch.float32, T=128, S=128)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        o = rt.attention(q, k, v, causal=True, impl=impl)
+    assert o.dtype == torch.bfloat16
+    o.float().backward(do)
+    assert q.grad.dtype == torch.float32
+    rounded = [x.detach().to(torch.bfloat16).requires_grad_() for x in (q, k, v)]
+    for leaf, x in zip(rounded, (q, k, v)):
+        leaf.grad = x.grad  # the reference's inputs are the bf16 values the kernels saw
+    check_against_reference(torch.bfloat16, *rounded, do.to(torch.bfloat16), o, causal=True)
+
+
 def test_work_runs_on_pytorchs_current_stream():
     # On a non-blocking stream, q is still being written (behind a 50 ms spin) when the call is queued:
     # only work ordered on that stream sees the finished q.
