@@ -325,6 +325,21 @@ def test_torch_compile_of_a_module_calling_it_matches_eager():
     check_compiled_matches_eager(Block(), torch.randn(2, 23, 32))
 
 
+def test_torch_compile_of_a_loss_reading_lse_matches_eager():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 3 * 32)
+
+        def forward(self, x):
+            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 4, 8).unbind(2)
+            o, lse = rt.attention(q, k, v, causal=True, return_lse=True)
+            return o.sum() + 0.1 * (lse ** 2).sum()  # a z-loss on lse
+
+    torch.manual_seed(8)
+    check_compiled_matches_eager(Block(), torch.randn(2, 23, 32))
+
+
 def check_compiled_matches_eager(block, x):
     """block(x) (a scalar) and its parameters' gradients, compiled (aot_eager, one graph) and eager."""
     eager = block(x)
