@@ -4,34 +4,20 @@ implementation (cudnn's backward takes no dlse: with it, flash_attn2's kernels r
 of --iters calls timed with CUDA events.
 
 Usage: PYTHONPATH=build/python python3 bench/lse_gradient_cost.py [--seq T] [--heads H] [--head-dim D] [--iters N]
+(from the repository root: bench/ is on sys.path as the script's folder)
 """
 
 import argparse
-import statistics
 
 import torch
 
 import ringattn.torch as rt
-
-
-def median_ms(fn, iters):
-    fn()  # warm-up
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from bench_common import add_shape_arguments, median_ms
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq", type=int, default=32768)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_shape_arguments(parser)  # its --causal is unused: both masks run
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
     T, H, D = args.seq, args.heads, args.head_dim
