@@ -44,8 +44,8 @@
 # into tables by bench/readme_tables.py); `million` (1M tokens causal, forward and backward, on 2 GPUs with each local kernel);
 # `mesh_dropout` (dropout on dp / tp meshes of GPUs, the bf16 wire's verify); `cli_sweep` (random CLI round trips with
 # --backend cuda, tests/launch/cli_sweep.py); `any_head_dim` (sdpa past 256 columns on GPUs); `kv_heads_tp` (more tp ranks than
-# kv heads, 4 ranks on the GPUs, verified); `lse_gradient` (a loss reading lse: GPU tests, the ring's tests over both
-# transports, the Python layer's CUDA tests, then its cost, bench/lse_gradient_cost.py); several as a comma list. Logs go to $OUT.
+# kv heads, 4 ranks on the GPUs, verified); `lse_gradient_tests` (a loss reading lse: GPU tests, the ring backward's
+# over both transports), `lse_gradient_python` (the Python layer's CUDA tests, then its cost, bench/lse_gradient_cost.py); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -783,9 +783,14 @@ if has padding_ab; then  # the flash kernels' exact head dims on the padded inst
   }
   variants='ringattn_before_*' for_each_build padding_rows
 fi
-if has lse_gradient; then  # gradients through lse: GPU tests, the ring's over both transports, the Python layer's, its cost
+if has lse_gradient_tests; then  # gradients through lse: GPU tests, the ring backward's over both transports
   unit_tests
-  ring_tests_both_transports
+  for tr in copy-engines nccl; do
+    timeout 250 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
+      tee "$out/ring_backward_mpi_test_2gpu_$tr.log" | grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 4
+  done
+fi
+if has lse_gradient_python; then  # gradients through lse: the Python layer's CUDA tests, then what it costs
   python_package
   timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py 2>&1 | tee "$out/python_cuda.log" |
     tail -n 6

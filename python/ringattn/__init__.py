@@ -19,7 +19,13 @@ arithmetic and results (o, lse, gradients) in float64, for finite-difference che
 GPUs and rings take float32, float16 and bfloat16.
 """
 
+import atexit
+
 from . import _core
+
+# The implementations kept between calls (their streams, device buffers, cuDNN graphs) are destroyed at
+# interpreter exit, while CUDA is up, not by the process's exit handlers beside CUDA's own teardown.
+atexit.register(_core.release_impls)
 
 __all__ = ["attention", "attention_backward", "ring_attention", "ring_attention_backward", "shard", "unshard",
            "built_with_cuda", "release_rings", "ring_stats", "NcclComm", "nccl_unique_id", "cuda_cache_bytes", "empty_cuda_cache",

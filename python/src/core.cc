@@ -8,8 +8,10 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -25,16 +27,44 @@
 namespace ra::python {
 namespace {
 
+// The implementations calls made, one per (name, backend, device) and thread (an implementation takes one
+// caller at a time; PyTorch runs backwards on threads of its own). Never destroyed by the exit of a thread
+// or of the process, where CUDA and cuDNN may already be torn down beside them (a crash at interpreter
+// exit): release_impls(), which the package runs at interpreter exit, destroys them while all is up.
+struct KeptImpls {
+  std::mutex mutex;
+  std::map<std::tuple<std::string, Backend, int, std::thread::id>, std::unique_ptr<AttentionImpl>> impls;
+};
+KeptImpls& kept_impls() {
+  static KeptImpls* kept = new KeptImpls;  // never destroyed: release_impls() empties it
+  return *kept;
+}
+
+void release_impls() {
+  KeptImpls& kept = kept_impls();
+  std::map<std::tuple<std::string, Backend, int, std::thread::id>, std::unique_ptr<AttentionImpl>> gone;
+  {
+    std::lock_guard<std::mutex> lock(kept.mutex);
+    gone.swap(kept.impls);
+  }
+  nb::gil_scoped_release released;  // destructors may wait for a device
+  gone.clear();
+}
+
 // The implementation `impl` for where q lives, bound to the call's stream on a device: one object per
 // (name, backend, device) and thread, reused across calls as a C++ caller would, so that what it keeps
 // between calls (the positions' device and pinned buffers, cudnn's built graphs) is made once rather than
 // allocated and freed by every call (a pinned or device free waits for the whole device).
 AttentionImpl& impl_for(const std::string& impl, const CallDevice& call) {
-  thread_local std::map<std::tuple<std::string, Backend, int>, std::unique_ptr<AttentionImpl>> cache;
-  std::unique_ptr<AttentionImpl>& kept = cache[{impl, call.backend(), call.where.device}];
-  if (!kept) kept = AttentionRegistry::builtin().create(impl, call.backend());
-  call.bind(*kept);
-  return *kept;
+  KeptImpls& kept = kept_impls();
+  std::unique_ptr<AttentionImpl>* slot;
+  {
+    std::lock_guard<std::mutex> lock(kept.mutex);
+    slot = &kept.impls[{impl, call.backend(), call.where.device, std::this_thread::get_id()}];
+  }
+  if (!*slot) *slot = AttentionRegistry::builtin().create(impl, call.backend());
+  call.bind(**slot);
+  return **slot;
 }
 
 nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, const std::string& impl,
@@ -116,6 +146,9 @@ NB_MODULE(_core, m) {
         },
         "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "do"_a, "dlse"_a.none(), "impl"_a, "options"_a, "f32_gradients"_a,
         "out"_a.none(), "stream"_a, "like"_a);
+  m.def("release_impls", &ra::python::release_impls,
+        "Destroys the implementations calls kept (their streams, buffers, cuDNN graphs); the package runs it at "
+        "interpreter exit, while CUDA is still up.");
   m.def("built_with_cuda", &ra::built_with_cuda, "Whether this build of ringattn has its CUDA back end.");
   m.def("cuda_cache_bytes", &ra::device_cache_bytes,
         "Device bytes ringattn's cache of call temporaries holds for reuse, over this process's GPUs.");

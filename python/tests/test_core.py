@@ -368,3 +368,14 @@ def test_deterministic_is_an_option_of_every_call():
         assert np.array_equal(a, b)
     with pytest.raises(ValueError, match="option deterministic has type str: expected a bool"):
         ringattn.attention_backward(q, k, v, o, lse, do, deterministic="yes")
+
+
+def test_kept_implementations_released_and_made_again():
+    # The package releases them at interpreter exit (atexit), while CUDA is up; a call after a release makes
+    # them again.
+    q, k, v, do, _ = problem(11, T=9, S=9)
+    o, lse = ringattn.attention(q, k, v, return_lse=True)
+    ringattn._core.release_impls()
+    again, _ = ringattn.attention(q, k, v, return_lse=True)
+    np.testing.assert_array_equal(o, again)
+    ringattn.attention_backward(q, k, v, o, lse, do)
