@@ -92,10 +92,10 @@ class AttentionImpl {
   // dbias / dsinks in f32.
   Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TensorView& d_o,
                      const AttentionOutput* forward_output = nullptr, bool f32_gradients = false) const;
-  // The same at given positions (the ring's: ring_positions).
+  // The same at given positions (the ring's: ring_positions); d_lse as below.
   Gradients backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                      const TensorView& d_o, const AttentionOutput* forward_output = nullptr,
-                     bool f32_gradients = false) const;
+                     bool f32_gradients = false, const TensorView& d_lse = TensorView()) const;
   // The same from the forward's O and LSE as views (both defined). With `into`, dq, dk and dv are
   // written there (each view's dtype: q's or f32; contiguous, in q's memory) instead of returned; dbias
   // and dsinks are still returned. d_lse (optional, (B, Hq, T) f32): the loss's gradient with respect to

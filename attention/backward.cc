@@ -111,11 +111,11 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
 }
 
 Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
-                                  const TensorView& d_o, const AttentionOutput* forward_output,
-                                  bool f32_gradients) const {
+                                  const TensorView& d_o, const AttentionOutput* forward_output, bool f32_gradients,
+                                  const TensorView& d_lse) const {
   if (forward_output != nullptr)
     return backward(in, params, pos, d_o, ForwardViews{forward_output->o.view(), forward_output->lse.view()},
-                    f32_gradients);
+                    f32_gradients, nullptr, d_lse);
   const OneCallAtATime one_call(*this);
   validate_attention(in, params, pos, max_head_dim());
   check_flash_kernel_choice(*this, params);
@@ -132,7 +132,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
     accumulate(in, pos, params, carry);
     finalize(carry, in.sinks, own.o, own.lse, cuda_stream());
   }
-  return backward(in, params, pos, d_o, ForwardViews{own.o.view(), own.lse.view()}, f32_gradients);
+  return backward(in, params, pos, d_o, ForwardViews{own.o.view(), own.lse.view()}, f32_gradients, nullptr, d_lse);
 }
 
 Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,

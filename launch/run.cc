@@ -83,7 +83,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   std::string input, output;
   bool overwrite = false, no_space_check = false, pageable = false, quiet = false, backward = false,
        f32_gradients = false;
-  std::string do_dataset = "do", grad_wire = "f32";
+  std::string do_dataset = "do", dlse_dataset = kLseGradientDataset, grad_wire = "f32";
   int64_t io_timeout_s = 600;
   po::options_description desc("ringattn run");
   desc.add_options()("help", "this text")
@@ -97,6 +97,8 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     ("backward", po::bool_switch(&backward), "also compute dq, dk, dv (and dbias, dsinks) from dO and write them beside o and "
      "lse, in global token order whatever the layout (over the ring by default, as the forward)")
     ("do-dataset", po::value(&do_dataset)->default_value(do_dataset), "with --backward: path of dO (B, T, Hq, Dv) in the input")
+    ("dlse-dataset", po::value(&dlse_dataset)->default_value(dlse_dataset), "with --backward: path of the optional "
+     "dLoss/dlse (B, Hq, T) float32 in the input, where the loss reads lse too (read where present)")
     ("f32-gradients", po::bool_switch(&f32_gradients), "with --backward: write dq, dk, dv in f32 instead of the input dtype")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
     ("io-timeout", po::value(&io_timeout_s)->default_value(600), "seconds reading, checking or writing may take before the job is aborted");
@@ -105,8 +107,9 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]", &datasets)) return kOk;
   const AttentionParams whole_params = to_params(opts);  // the output's attribute: every rank writes the same
   positive(io_timeout_s, "io-timeout");
-  RA_CHECK(backward || (!f32_gradients && do_dataset == "do" && grad_wire == "f32"), "--f32-gradients, "
-           "--do-dataset and --grad-wire apply to the backward pass: add --backward");
+  RA_CHECK(backward || (!f32_gradients && do_dataset == "do" && dlse_dataset == kLseGradientDataset &&
+                        grad_wire == "f32"),
+           "--f32-gradients, --do-dataset, --dlse-dataset and --grad-wire apply to the backward pass: add --backward");
   const DType gradient_wire = parse_gradient_wire(grad_wire, "--grad-wire");
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
@@ -127,10 +130,16 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   check_named_datasets(datasets, file);
   ShardPlan plan = plan_shards(file, job.shape, rank, chosen_layout(opts), datasets.names);
   const AttentionParams params = on_slice(whole_params, plan);
+  bool with_lse_gradient = false;
   if (backward) {  // every rank decides alike, before any exchange
     RA_CHECK(job.sequence_axis().size() == 1 || opts.impl == "ring", "--backward with --impl ", opts.impl, " on the mesh ",
              job.shape.str(), ": a sequence split over ", job.sequence_axis().size(), " ranks needs --impl ring");
     check_upstream_gradient(file, plan, do_dataset);
+    with_lse_gradient = check_lse_gradient(file, plan, dlse_dataset);
+    const bool cudnn = opts.impl == "cudnn" || (opts.impl == "ring" && opts.local_impl == "cudnn");
+    RA_CHECK(!with_lse_gradient || !cudnn, "dataset '", dlse_dataset, "' of '", input, "' (dLoss/dlse) needs a backward "
+             "that takes it: cudnn's forms rowsum(do * o) itself; use flash_attn2 or sdpa (--impl, or --local-impl of the "
+             "ring)");
   }
   // Before any allocation: the slices, and on GPUs the device's share, must fit.
   const std::vector<MemoryNeed> slices = local_input_bytes(plan, file);
@@ -201,11 +210,14 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     watchdog.phase("the backward pass", std::chrono::seconds(opts.timeout_s * (2 * job.sequence_axis().size() + 3)));
     const Tensor d_o = read_upstream_gradient(file, plan, do_dataset, staging);
     const Tensor d_o_device = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();
+    const Tensor d_lse = with_lse_gradient ? read_lse_gradient(file, plan, dlse_dataset, staging) : Tensor();
+    const Tensor d_lse_device = job.on_device && with_lse_gradient ? to_memory(d_lse, MemoryKind::kCuda) : Tensor();
     lap();
     // Kv heads shared by tp ranks: their parts leave in f32, summed below before any rounding.
     const bool shared_kv = plan.kv_head_sharers > 1;
     grads = backward_impl.backward(job.on_device ? staged.inputs : in, params, pos,
-                                   job.on_device ? d_o_device.view() : d_o.view(), nullptr, f32_gradients || shared_kv);
+                                   job.on_device ? d_o_device.view() : d_o.view(), nullptr, f32_gradients || shared_kv,
+                                   job.on_device ? d_lse_device.view() : d_lse.view());
     job.synchronize();
     backward_seconds = lap();
     if (job.on_device)

@@ -349,6 +349,24 @@ Tensor read_upstream_gradient(const H5File& f, const ShardPlan& p, const std::st
                 {p.b_count, p.local_q(), p.hq_count, p.v_head_dim}, memory);
 }
 
+bool check_lse_gradient(const H5File& f, const ShardPlan& p, const std::string& name) {
+  if (!f.has(name)) {
+    RA_CHECK(name == kLseGradientDataset, "--dlse-dataset: '", f.path(), "' has no dataset '", name, "' (dLoss/dlse, ",
+             "float32 (", p.batch, ", ", p.q_heads, ", ", p.q_len, "))");
+    return false;
+  }
+  const DatasetInfo info = required(f, name, 3, "(batch, q_heads, q_len)");
+  expect_dim(f, name, info, 0, "batch", p.batch, "(q's batch)");
+  expect_dim(f, name, info, 1, "q_heads", p.q_heads, "(q's q_heads)");
+  expect_dim(f, name, info, 2, "q_len", p.q_len, "(q's q_len)");
+  expect_dtype(f, name, info, {DType::kF32}, "float32 (dLoss/dlse, as lse)");
+  return true;
+}
+
+Tensor read_lse_gradient(const H5File& f, const ShardPlan& p, const std::string& name, MemoryKind memory) {
+  return f.read(name, select_lse(p), {p.b_count, p.hq_count, p.local_q()}, memory);
+}
+
 void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias,
                     Tensor& dsinks) {
   const std::pair<const char*, Shape> expected[] = {{"dq", {p.batch, p.q_len, p.q_heads, p.head_dim}},

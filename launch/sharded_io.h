@@ -101,6 +101,13 @@ void check_upstream_gradient(const H5File& file, const ShardPlan& plan, const st
 Tensor read_upstream_gradient(const H5File& file, const ShardPlan& plan, const std::string& name,
                               MemoryKind memory = MemoryKind::kHost);
 
+// dLoss/dLSE (B, Hq, T) float32, where the loss reads lse too: true when the file has `name` (checked as dO
+// is), false when it has none (refused when the name is not the default's: the user named it).
+bool check_lse_gradient(const H5File& file, const ShardPlan& plan, const std::string& name);
+Tensor read_lse_gradient(const H5File& file, const ShardPlan& plan, const std::string& name,
+                         MemoryKind memory = MemoryKind::kHost);
+inline constexpr const char* kLseGradientDataset = "dlse";
+
 // Reads this rank's slices of dq, dk, dv (and of dbias and dsinks, when the file has them) from an output file.
 void read_gradients(const H5File& file, const ShardPlan& plan, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias,
                     Tensor& dsinks);

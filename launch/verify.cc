@@ -20,12 +20,14 @@ namespace {
 // The gradients of `run --backward` against the f64 oracle's; returns the wrong elements of all ranks.
 int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const ShardPlan& plan, const LocalTensors& local,
                          const TokenPositions& pos, const AttentionParams& params, const std::string& do_dataset,
-                         double logit_rounding, bool foreign, Job& job) {
+                         const std::string& dlse_dataset, double logit_rounding, bool foreign, Job& job) {
   check_upstream_gradient(in_file, plan, do_dataset);
   const Tensor d_o = read_upstream_gradient(in_file, plan, do_dataset);
+  const Tensor d_lse =
+      check_lse_gradient(in_file, plan, dlse_dataset) ? read_lse_gradient(in_file, plan, dlse_dataset) : Tensor();
   Tensor dq, dk, dv, dbias, dsinks;
   read_gradients(out_file, plan, dq, dk, dv, dbias, dsinks);
-  ReferenceGradients ref = reference_attention_backward_f64(local.inputs(), params, pos, d_o);
+  ReferenceGradients ref = reference_attention_backward_f64(local.inputs(), params, pos, d_o, true, d_lse);
   if (plan.sp_size > 1) {  // this rank's queries gave every key a part of dK / dV: sum them, keep its rows
     Communicator& sequence = job.sequence_axis();
     const std::vector<int64_t> rows = layout_indices(plan.layout, plan.kv_len, plan.sp_size, plan.sp_index);
@@ -103,12 +105,14 @@ int64_t verify_gradients(const H5File& in_file, const H5File& out_file, const Sh
 int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   DatasetOptions datasets;
-  std::string input, output, do_dataset = "do";
+  std::string input, output, do_dataset = "do", dlse_dataset = kLseGradientDataset;
   po::options_description desc("ringattn verify");
   desc.add_options()("help", "this text")
     ("input", po::value(&input)->required(), "the input HDF5 file")
     ("output", po::value(&output)->required(), "the output HDF5 file of ringattn run")
-    ("do-dataset", po::value(&do_dataset)->default_value(do_dataset), "path of dO in the input (outputs of run --backward)");
+    ("do-dataset", po::value(&do_dataset)->default_value(do_dataset), "path of dO in the input (outputs of run --backward)")
+    ("dlse-dataset", po::value(&dlse_dataset)->default_value(dlse_dataset), "path of the optional dLoss/dlse in the input "
+     "(outputs of run --backward; read where present)");
   add_dataset_options(desc, datasets);
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]",
@@ -165,7 +169,8 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   if (rank == 0)
     std::printf("ringattn verify: %s vs f64 reference: max |err| o %.3e (rel %.3e, tolerance %.3e), lse %.3e, #wrong %ld  %s\n",
                 output.c_str(), err[0], err[1], tol, err[2], long(wrong), wrong ? "FAILED" : "OK");
-  if (out_file.has("dq")) wrong += verify_gradients(in_file, out_file, plan, local, pos, params, do_dataset, rounding, foreign, job);
+  if (out_file.has("dq"))
+    wrong += verify_gradients(in_file, out_file, plan, local, pos, params, do_dataset, dlse_dataset, rounding, foreign, job);
   return wrong ? kWrongResults : kOk;
 }
 

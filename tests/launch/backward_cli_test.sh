@@ -109,6 +109,39 @@ expect "do of the wrong shape" 2 "dimension 3 (v_head_dim) is 32, expected 24" "
 expect "a local implementation on a split sequence refused" 2 "needs --impl ring" "$mpiexec" --oversubscribe -np 2 "$ra" \
   run --input f32.h5 --output x.h5 --backward --impl flash_attn2
 no_output "refusals leave no output" x.h5
+# A loss that reads lse too: dLoss/dlse (B, Hq, T) float32 beside do, read where present (or named), on 1 and 3 ranks
+# (zigzag, causal, a window, GQA); verify uses it, so outputs computed without it fail; bad ones refused by name.
+$python - <<'PY'
+import h5py, numpy as np
+rng = np.random.default_rng(8)
+r = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+q, k, v, do, dlse = r(2, 45, 4, 16), r(2, 45, 2, 16), r(2, 45, 2, 16), r(2, 45, 4, 16), r(2, 4, 45)
+for name, extra in (("dlse.h5", {"dlse": dlse}), ("dlse-none.h5", {}), ("dlse-named.h5", {"grads/lse": dlse}),
+                    ("dlse-wrong.h5", {"dlse": r(2, 45, 4)})):
+    with h5py.File(name, "w") as f:
+        for n, a in dict(q=q, k=k, v=v, do=do, **extra).items():
+            f[n] = a
+PY
+expect "dlse: run --backward" 0 "backward" "$ra" run --input dlse.h5 --output dlse-1.h5 --backward --quiet
+expect "dlse: verify" 0 "dk vs f64 reference.*#wrong 0  OK" "$ra" verify --input dlse.h5 --output dlse-1.h5
+expect "dlse: ring -np 3 run --backward" 0 "backward" "$mpiexec" --oversubscribe -np 3 "$ra" run --input dlse.h5 \
+  --output dlse-3.h5 --backward --causal --window 20,-1 --quiet
+expect "dlse: ring -np 3 verify" 0 "dq vs f64 reference.*#wrong 0  OK" "$mpiexec" --oversubscribe -np 2 "$ra" verify \
+  --input dlse.h5 --output dlse-3.h5 --causal --window 20,-1
+expect "dlse: a path named" 0 "backward" "$mpiexec" --oversubscribe -np 2 "$ra" run --input dlse-named.h5 \
+  --output dlse-named-out.h5 --backward --dlse-dataset grads/lse --quiet
+expect "dlse: a path named, verify" 0 "dk vs f64 reference.*#wrong 0  OK" "$ra" verify --input dlse-named.h5 \
+  --output dlse-named-out.h5 --dlse-dataset grads/lse
+expect "dlse: gradients without it fail" 0 "backward" "$ra" run --input dlse-none.h5 --output dlse-without.h5 --backward \
+  --quiet
+expect "dlse: verify catches gradients without it" 1 "dk vs f64 reference.*FAILED" "$ra" verify --input dlse.h5 \
+  --output dlse-without.h5
+expect "dlse of the wrong shape" 2 "dataset 'dlse' of 'dlse-wrong.h5' dimension 1 (q_heads) is 45, expected 4" "$ra" run \
+  --input dlse-wrong.h5 --output x.h5 --backward
+expect "--dlse-dataset missing" 2 "has no dataset 'grads/x'" "$ra" run --input dlse.h5 --output x.h5 --backward \
+  --dlse-dataset grads/x
+expect "--dlse-dataset without --backward" 2 "add --backward" "$ra" run --input dlse.h5 --output x.h5 --dlse-dataset d
+no_output "dlse refusals leave no output" x.h5
 # The host ring's backward (issue 21) on 2, 3 and 4 ranks, every layout, uneven shards (T = 45 and 61).
 "$ra" generate --output ring.h5 --batch 2 --seq 61 --heads 4 --kv-heads 2 --head-dim 32 --dtype bf16 --segments 2 --with-grad \
   --seed 5 >/dev/null
