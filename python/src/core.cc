@@ -31,9 +31,10 @@ namespace {
 // caller at a time; PyTorch runs backwards on threads of its own). Never destroyed by the exit of a thread
 // or of the process, where CUDA and cuDNN may already be torn down beside them (a crash at interpreter
 // exit): release_impls(), which the package runs at interpreter exit, destroys them while all is up.
+using ImplsByCaller = std::map<std::tuple<std::string, Backend, int, std::thread::id>, std::unique_ptr<AttentionImpl>>;
 struct KeptImpls {
   std::mutex mutex;
-  std::map<std::tuple<std::string, Backend, int, std::thread::id>, std::unique_ptr<AttentionImpl>> impls;
+  ImplsByCaller impls;
 };
 KeptImpls& kept_impls() {
   static KeptImpls* kept = new KeptImpls;  // never destroyed: release_impls() empties it
@@ -42,7 +43,7 @@ KeptImpls& kept_impls() {
 
 void release_impls() {
   KeptImpls& kept = kept_impls();
-  std::map<std::tuple<std::string, Backend, int, std::thread::id>, std::unique_ptr<AttentionImpl>> gone;
+  ImplsByCaller gone;
   {
     std::lock_guard<std::mutex> lock(kept.mutex);
     gone.swap(kept.impls);
