@@ -24,7 +24,8 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
   std::string output, dtype_text = "f32";
   int64_t batch = 1, seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, segments = 0;
   uint64_t seed = 0;
-  bool with_mask = false, with_bias = false, with_sinks = false, with_grad = false, overwrite = false;
+  bool with_mask = false, with_bias = false, with_sinks = false, with_grad = false, with_lse_grad = false,
+       overwrite = false;
   po::options_description desc("ringattn generate");
   desc.add_options()("help", "this text")
     ("output", po::value(&output)->required(), "HDF5 file to write")
@@ -41,6 +42,8 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     ("with-bias", po::bool_switch(&with_bias), "add a random f32 bias (1, Hq, T, S)")
     ("with-sinks", po::bool_switch(&with_sinks), "add random f32 attention sinks (Hq)")
     ("with-grad", po::bool_switch(&with_grad), "add a random upstream gradient do (B, T, Hq, Dv) for run --backward")
+    ("with-lse-grad", po::bool_switch(&with_lse_grad), "add a random f32 dlse (B, Hq, T), the gradient of a loss that "
+     "reads lse too, for run --backward")
     ("segments", po::value(&segments)->default_value(0), "pack N sequences: segment_ids (B, T) (needs S == T)")
     ("overwrite", po::bool_switch(&overwrite), "replace an existing file");
   if (!parse(argc, argv, desc, "Usage: ringattn generate --output F --seq T --heads H --head-dim D [options]")) return kOk;
@@ -77,7 +80,8 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
         for (int64_t i = 0; i < s.numel(); ++i) s.data<int32_t>()[i] = int32_t((i % seq) * segments / seq);
         write(f, "segment_ids", s);
       }
-      if (with_sinks) write(f, "sinks", random_normal(DType::kF32, {heads}, rng));  // last: earlier draws unchanged
+      if (with_sinks) write(f, "sinks", random_normal(DType::kF32, {heads}, rng));  // late: earlier draws unchanged
+      if (with_lse_grad) write(f, "dlse", random_normal(DType::kF32, {batch, heads, seq}, rng));
       f.set_attribute("generator", std::string("ringattn generate seed=") + std::to_string(seed));
       f.close();
     }
@@ -87,6 +91,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     if (with_mask) extras += ", mask";
     if (with_bias) extras += ", bias";
     if (with_grad) extras += ", do";
+    if (with_lse_grad) extras += ", dlse";
     if (segments > 0) extras += ", segment_ids (" + std::to_string(segments) + " documents)";
     if (with_sinks) extras += ", sinks";
     std::printf("wrote %s: q (%ld, %ld, %ld, %ld) k/v (%ld, %ld, %ld, %ld/%ld) %s%s\n", output.c_str(), long(batch),

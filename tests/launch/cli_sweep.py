@@ -28,7 +28,7 @@ def draw(rnd, backend):
     dtype = rnd.choice(["f16", "bf16"] if on_gpu else ["f32", "f16", "bf16"])
     gen = ["--batch", B, "--seq", T, "--kv-seq", S, "--heads", Hq, "--kv-heads", Hkv, "--head-dim", D,
            "--v-head-dim", Dv, "--dtype", dtype, "--with-grad"]
-    for flag, chance in (("--with-mask", 0.2), ("--with-bias", 0.2), ("--with-sinks", 0.3)):
+    for flag, chance in (("--with-mask", 0.2), ("--with-bias", 0.2), ("--with-sinks", 0.3), ("--with-lse-grad", 0.25)):
         if rnd.random() < chance:
             gen.append(flag)
     if S == T and rnd.random() < 0.3:
