@@ -161,7 +161,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   // delta once per call: here where the sinks' gradient needs it whichever path runs (backward_into takes
   // it from grad), else by backward_into where it needs one (cudnn's computes its own) or below.
   Tensor delta;
-  if (in.sinks.defined() || d_lse.defined()) grad.delta = delta = compute_delta(o, d_o, d_lse, stream);
+  if (in.sinks.defined()) grad.delta = delta = compute_delta(o, d_o, d_lse, stream);
   if (!f32_gradients && (into == nullptr || into_q_dtype) && backward_into(in, pos, params, grad, direct, into)) {
     if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, delta, stream);
     reduce_sequence_gradients(direct);  // the ring's dsinks: summed over its ranks

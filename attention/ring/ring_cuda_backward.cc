@@ -91,11 +91,12 @@ bool RingAttentionCuda::backward_into(const AttentionInputs& in, const TokenPosi
   if (ctx_.comm->size() == 1) return local_->backward_into(in, pos, params, grad, out, into);
   if (in.bias.defined()) return false;  // dbias, and a bias shared over the ring summed: the accumulator path
   check_backward_supported(in, params);
-  const Tensor delta = compute_delta(grad.o, grad.d_o, grad.d_lse, stream_);
+  // delta once a call: the caller's where it formed one (for the sinks' gradient), else here.
+  const Tensor delta = grad.delta.defined() ? Tensor() : compute_delta(grad.o, grad.d_o, grad.d_lse, stream_);
   const GradAccumulators acc = GradAccumulators::temporary(in, MemoryKind::kCuda, stream_);
   const GradViews views = gradients_in_q_dtype(in, out, into);
   BackwardInputs with_delta = grad;
-  with_delta.delta = delta;
+  if (delta.defined()) with_delta.delta = delta;
   backward_steps(in, ring_positions_on_device(pos), params, with_delta, acc.views(), &views);
   convert_gradient(acc.dq, views.dq, stream_);
   return true;

@@ -20,6 +20,9 @@ leading 1s may be dropped, as a (T, S) mask),
 segment_ids (B, T) int32 and kv_segment_ids (B, S), dropout, dropout_seed, batch_offset / head_offset (a slice of
 the batch or heads, as a data- or tensor-parallel rank holds: dropout keyed by the global indices); flash_kernel ("auto",
 "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run, refused by any other implementation).
+
+`attention_varlen` / `ring_attention_varlen` take packed variable-length batches in FlashAttention's varlen
+shapes (q (total_q, Hq, D) and cu_seqlens_q / cu_seqlens_k); ringattn.varlen says how they run.
 """
 
 from typing import Optional
@@ -27,10 +30,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _core
+from . import _core, varlen
 from . import _four_dims, _int32_segments
+from . import shard as ringattn_shard
 
-__all__ = ["attention", "ring_attention", "DistributedComm"]
+__all__ = ["attention", "ring_attention", "attention_varlen", "ring_attention_varlen", "DistributedComm"]
 
 
 def _stream_of(x: Tensor) -> int:
@@ -384,3 +388,90 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
                            bool(deterministic), str(grad_wire))
     o = _to_bthd(o, layout_bhtd)
     return (o, lse) if return_lse else o
+
+
+def _masks_aligned(causal, window):
+    return bool(causal) or (window is not None and tuple(int(w) for w in window) != (-1, -1))
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *, causal=False,
+                     window=None, softcap=None, scale=None, sinks=None, dropout=0.0, dropout_seed=0,
+                     impl="flash_attn2", flash_kernel="auto", deterministic=False, return_lse=False):
+    """Attention of a packed variable-length batch, as FlashAttention's flash_attn_varlen_func takes it:
+    q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv), cu_seqlens_q / cu_seqlens_k cumulative
+    sequence lengths [0, l0, l0 + l1, ...] (int32 or int64 tensors, or lists). Sequence i's queries see
+    sequence i's keys; causal and window align to the end of each sequence's keys. Returns o (total_q, Hq,
+    Dv), and lse (Hq, total_q) (FlashAttention's varlen layout) with return_lse=True; differentiable as
+    attention. max_seqlen_q / max_seqlen_k are checked (each at least the longest sequence) and not needed.
+
+    Runs as one call of batch 1 with segment ids (ringattn.varlen says when that is each sequence's own
+    attention: always without causal / window, and for equal cu_seqlens_q and cu_seqlens_k); otherwise, and
+    with impl="cudnn" (which takes no segment ids), one call a sequence (dropout then refused: each call
+    would draw the same mask). The lengths are read on the host (a synchronisation where they live on a
+    GPU)."""
+    varlen.check_packed_tensors(q, k, v)
+    packed = varlen.packed_sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k,
+                                     _masks_aligned(causal, window))
+    options = dict(causal=causal, window=window, softcap=softcap, scale=scale, sinks=sinks, impl=impl,
+                   flash_kernel=flash_kernel, deterministic=deterministic, return_lse=True)
+    if packed.one_call and impl != "cudnn":  # cuDNN takes no segment ids: a call a sequence
+        o, lse = attention(q[None], k[None], v[None], segment_ids=packed.segment_ids(q.device),
+                           kv_segment_ids=packed.segment_ids(q.device, keys=True), dropout=dropout,
+                           dropout_seed=dropout_seed, **options)
+        o, lse = o[0], lse[0]
+    else:
+        if dropout and impl != "cudnn":  # (cudnn refuses dropout itself, by name)
+            raise ValueError("dropout with causal or window where sequences end at different distances between "
+                             "cu_seqlens_k and cu_seqlens_q runs one call a sequence, each drawing the same mask: "
+                             "not supported (pass dropout=0, or equal key and query lengths)")
+        options.update(dropout=dropout, dropout_seed=dropout_seed)
+        outputs, stats = [], []
+        for i in range(len(packed.cu_q) - 1):
+            lq, lk = packed.lengths(i)
+            rows, keys = slice(packed.cu_q[i], packed.cu_q[i + 1]), slice(packed.cu_k[i], packed.cu_k[i + 1])
+            if lq == 0:
+                continue
+            if lk == 0:  # queries that see no key: o = 0, and lse the sink's logit (-inf without sinks)
+                outputs.append(q.new_zeros((lq, q.shape[1], v.shape[2])))
+                stats.append(torch.full((q.shape[1], lq), -float("inf"), dtype=_stats_dtype(q), device=q.device)
+                             if sinks is None else sinks.to(_stats_dtype(q))[:, None].expand(-1, lq))
+                continue
+            o_i, lse_i = attention(q[rows][None], k[keys][None], v[keys][None], **options)
+            outputs.append(o_i[0])
+            stats.append(lse_i[0])
+        o, lse = torch.cat(outputs), torch.cat(stats, dim=1)
+    return (o, lse) if return_lse else o
+
+
+def ring_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *, comm=None,
+                          group=None, layout="zigzag", causal=False, window=None, softcap=None, scale=None, sinks=None,
+                          dropout=0.0, dropout_seed=0, local_impl="flash_attn2", flash_kernel="auto", timeout=60.0,
+                          deterministic=False, grad_wire="f32", return_lse=False):
+    """Ring attention of a packed variable-length batch: q (rows of this rank, Hq, D), k, v this rank's shard
+    (ringattn.shard(x, 0, layout, rank, size)) of the packed sequence that cu_seqlens_q / cu_seqlens_k (the
+    whole batch's, the same on every rank) cut into sequences, as attention_varlen takes it. Returns this
+    rank's rows of o, and lse (Hq, rows) with return_lse=True; differentiable as ring_attention.
+
+    The ring runs one causal diagonal over the packed sequence: with causal or window, every sequence must
+    end at the same distance between its keys and its queries (equal cu_seqlens_q and cu_seqlens_k, as in
+    training), else a ValueError says which sequence does not."""
+    varlen.check_packed_tensors(q, k, v)
+    packed = varlen.packed_sequences(cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k,
+                                     _masks_aligned(causal, window))
+    if not packed.one_call:
+        offset = packed.cu_k[-1] - packed.cu_q[-1]
+        first = next(i for i in range(len(packed.cu_q) - 1) if min(packed.lengths(i)) > 0 and
+                     packed.cu_k[i + 1] - packed.cu_q[i + 1] != offset)
+        raise ValueError(f"sequence {first} ends {packed.cu_k[first + 1] - packed.cu_q[first + 1]} keys past its "
+                         f"queries' end but the batch {offset}: the ring aligns causal and window once, over the packed "
+                         "sequence (pass equal cu_seqlens_q and cu_seqlens_k, or use attention_varlen on one process)")
+    rank, size = varlen.rank_and_size(comm, group)
+    segments = ringattn_shard(packed.segment_ids(q.device), 1, layout, rank, size)
+    kv_segments = ringattn_shard(packed.segment_ids(q.device, keys=True), 1, layout, rank, size)
+    o, lse = ring_attention(q[None], k[None], v[None], comm=comm, group=group, layout=layout,
+                            global_q_len=packed.cu_q[-1], global_kv_len=packed.cu_k[-1], causal=causal, window=window,
+                            softcap=softcap, scale=scale, sinks=sinks, segment_ids=segments, kv_segment_ids=kv_segments,
+                            dropout=dropout, dropout_seed=dropout_seed, local_impl=local_impl,
+                            flash_kernel=flash_kernel, timeout=timeout, deterministic=deterministic,
+                            grad_wire=grad_wire, return_lse=True)
+    return (o[0], lse[0]) if return_lse else o[0]

@@ -223,3 +223,33 @@ def test_deterministic_backward_gives_the_same_bits_on_every_run():
     for run in runs[1:]:
         for first, again in zip(runs[0], run):
             assert torch.equal(first, again)
+
+
+VARLEN_BATCHES = {"equal": ([100, 1, 257, 0, 64], [100, 1, 257, 0, 64]),
+                  "cached_keys_each": ([100, 37, 64], [130, 37, 200])}
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "cudnn"])
+@pytest.mark.parametrize("batch", list(VARLEN_BATCHES))
+def test_attention_varlen_equals_the_f64_reference_of_each_sequence(impl, batch):
+    """FlashAttention's varlen shapes on the GPU: flash_attn2 as one call with segment ids where it can,
+    cudnn a call a sequence; o, lse and the gradients of a loss reading both against the f64 reference of
+    each sequence alone (test_torch_varlen.py's)."""
+    from test_torch_varlen import cumulative, per_sequence_reference
+
+    lq, lk = VARLEN_BATCHES[batch]
+    g = torch.Generator().manual_seed(21)
+    dtype, H, Hkv, D = torch.bfloat16, 8, 2, 64
+    q, k, v = (torch.randn(n, h, D, generator=g).to(GPU, dtype).requires_grad_()
+               for n, h in ((sum(lq), H), (sum(lk), Hkv), (sum(lk), Hkv)))
+    do = torch.randn(sum(lq), H, D, generator=g).to(GPU, dtype)
+    dlse = torch.randn(H, sum(lq), generator=g).to(GPU) if impl != "cudnn" else torch.zeros(H, sum(lq), device=GPU)
+    cu_q, cu_k = (torch.tensor(cumulative(x), dtype=torch.int32, device=GPU) for x in (lq, lk))
+    o, lse = rt.attention_varlen(q, k, v, cu_q, cu_k, impl=impl, causal=True, return_lse=True)
+    ((o * do).sum() + ((lse * dlse).sum() if impl != "cudnn" else 0)).backward()
+    want = per_sequence_reference(q, k, v, do, dlse, lq, lk, causal=True)
+    tol = TOL[dtype]
+    close(o.cpu(), torch.from_numpy(want[0]), tol)
+    close(lse.cpu(), torch.from_numpy(want[1]), 1e-2)
+    for leaf, ref in zip((q, k, v), want[2:5]):
+        close(leaf.grad.cpu(), torch.from_numpy(ref), tol)

@@ -78,3 +78,11 @@ def test_deterministic_gpu_ring_gives_the_same_bits_on_every_run():
     for run in runs[1:]:
         for name, first, again in zip(("dq", "dk", "dv"), runs[0], run):
             assert torch.equal(first, again), name
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_attention_varlen_on_the_gpu_ring(layout):
+    from test_torch_ring import check_ring_varlen_equals_one_process
+
+    check_ring_varlen_equals_one_process({"comm": COMM}, layout, True, device=GPU, dtype=torch.float16, tol=4e-3,
+                                         lengths=(100, 1, 0, 257, 30, 123), D=64)

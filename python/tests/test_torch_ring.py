@@ -137,3 +137,34 @@ def test_a_group_for_cuda_tensors_without_a_usable_gpu_fails_on_every_rank():
         pytest.skip("under torchrun without a GPU only")
     with pytest.raises(ValueError, match="no CUDA back end|NCCL|CUDA|cuda"):
         rt._nccl_comm_of(None, torch.device("cuda", 0), 10.0)
+
+
+
+def check_ring_varlen_equals_one_process(ring, layout, causal, device="cpu", dtype=torch.float32, tol=1e-5,
+                                         lengths=(5, 1, 0, 9, 3, 12, 7), D=16):
+    """A packed batch of documents (cu_seqlens, FlashAttention's varlen shapes) cut over the ring by layout:
+    each rank's rows of o, lse and the gradients of a loss reading both (and sinks') equal one process's
+    attention_varlen (itself checked against the f64 reference in test_torch_varlen.py)."""
+    g = torch.Generator().manual_seed(14)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    total, H, Hkv = int(cu[-1]), 4, 2
+    q, k, v, do = (torch.randn(total, h, D, generator=g).to(device, dtype) for h in (H, Hkv, Hkv, H))
+    dlse, sinks = torch.randn(H, total, generator=g).to(device), torch.randn(H, generator=g).to(device)
+    options = dict(causal=causal, window=(max(lengths) // 2, -1), softcap=4.0, return_lse=True)
+    whole = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
+    o, lse = rt.attention_varlen(*whole[:3], cu, cu, sinks=whole[3], **options)
+    ((o * do).sum() + (lse * dlse).sum()).backward()
+    mine = [shard(x, layout, axis=0).clone().requires_grad_() for x in (q, k, v)] + [sinks.clone().requires_grad_()]
+    o_ring, lse_ring = rt.ring_attention_varlen(*mine[:3], cu, cu, **ring, layout=layout, sinks=mine[3], **options)
+    ((o_ring * shard(do, layout, axis=0)).sum() + (lse_ring * shard(dlse, layout)).sum()).backward()
+    close(o_ring.cpu(), shard(o, layout, axis=0).cpu(), tol)
+    close(lse_ring.cpu(), shard(lse, layout).cpu(), tol)
+    for got, want in zip(mine[:3], whole[:3]):
+        close(got.grad.cpu(), shard(want.grad, layout, axis=0).cpu(), tol)
+    close(mine[3].grad.cpu(), whole[3].grad.cpu(), tol)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_varlen_shards_equal_one_process(layout, causal):
+    check_ring_varlen_equals_one_process(RING, layout, causal)
