@@ -45,7 +45,9 @@
 # `mesh_dropout` (dropout on dp / tp meshes of GPUs, the bf16 wire's verify); `cli_sweep` (random CLI round trips with
 # --backend cuda, tests/launch/cli_sweep.py); `any_head_dim` (sdpa past 256 columns on GPUs); `kv_heads_tp` (more tp ranks than
 # kv heads, 4 ranks on the GPUs, verified); `lse_gradient_tests` (a loss reading lse: GPU tests, the ring backward's
-# over both transports), `lse_gradient_python` (the Python layer's CUDA tests, then its cost, bench/lse_gradient_cost.py); several as a comma list. Logs go to $OUT.
+# over both transports), `lse_gradient_python` (the Python layer's CUDA tests, then its cost, bench/lse_gradient_cost.py); `varlen` (GPU tests, the ring
+# backward's over both transports, the Python layer's CUDA tests; `varlen_python` the last alone), `varlen_bench` (attention_varlen beside PyTorch's varlen SDPA); several as a
+# comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -799,6 +801,27 @@ if has lse_gradient_python; then  # gradients through lse: the Python layer's CU
   timeout 300 $py -m torch.distributed.run --standalone --nproc-per-node 2 -m pytest -q -rs -p no:cacheprovider \
     python/tests/test_torch_cuda_torchrun.py 2>&1 | tee "$out/python_cuda_torchrun.log" | tail -n 5
   timeout 200 $py bench/lse_gradient_cost.py --iters 10 2>&1 | tee "$out/lse_gradient_cost.txt"
+fi
+if has varlen; then  # packed batches in FlashAttention's varlen shapes; delta once a call in the GPU backward
+  unit_tests
+  for tr in copy-engines nccl; do
+    timeout 250 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --transport=$tr --gtest_brief=1 2>&1 |
+      tee "$out/ring_backward_mpi_test_2gpu_$tr.log" | grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 4
+  done
+fi
+if has varlen || has varlen_python; then
+  python_package
+  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py python/tests/test_torch_varlen.py 2>&1 |
+    tee "$out/python_cuda.log" | tail -n 6
+  timeout 300 mpirun -np 2 -x PYTHONPATH $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda_ring.py \
+    2>&1 | tee "$out/python_cuda_ring.log" | tail -n 6
+fi
+if has varlen_bench; then  # attention_varlen beside PyTorch's varlen SDPA (FlashAttention-2's kernel), two rounds
+  python_package
+  for round in 1 2; do
+    timeout 200 $py bench/torch_documents.py 16x128x16 16x128x64 32x128x4 --runs varlen,ringattn_varlen,ringattn_varlen_cudnn 2>&1 |
+      grep -v "Warning\|is_fx_tracing" | tee -a "$out/varlen_documents.txt"
+  done
 fi
 if has python_tests; then  # issue 22: the Python package's tests only, one GPU (CUDA tensors, then the host ones)
   python_package

@@ -3,8 +3,11 @@
 packed documents) and, where this PyTorch runs it, SDPA on jagged nested tensors (FlashAttention-2's
 variable-length kernel). bf16, B=1, T=32768 split into N documents of T / N rows; median of 10
 CUDA-event-timed calls after 2 warm-up calls; TFLOP/s count the pairs inside documents (halved for
-causal), the backward at 2.5x the forward, as ringattn bench counts them.
-Arguments: HEADSxHEAD_DIMxDOCUMENTS ... (default 16x128x16 16x128x64)."""
+causal), the backward at 2.5x the forward, as ringattn bench counts them. Beside them, where ringattn is
+importable: ringattn.torch.attention_varlen on the same packed tensors (flash_attn2: one call with segment ids;
+cudnn: a call a document), cu_seqlens on the GPU as a training loop holds them.
+Arguments: HEADSxHEAD_DIMxDOCUMENTS ... (default 16x128x16 16x128x64); --runs NAME,NAME (default all of
+flex, varlen, ringattn_varlen, ringattn_varlen_cudnn)."""
 import sys
 
 import torch
@@ -67,10 +70,34 @@ def varlen(heads, head_dim, docs, causal):
     report("torch_varlen", heads, head_dim, docs, causal, forward_ms, backward_ms)
 
 
-shapes = [tuple(int(x) for x in arg.split("x")) for arg in sys.argv[1:]] or [(16, 128, 16), (16, 128, 64)]
+def ringattn_varlen(heads, head_dim, docs, causal, impl="flash_attn2"):
+    import ringattn.torch as rt
+
+    cu = torch.arange(0, T + 1, T // docs, device="cuda", dtype=torch.int32)
+    q, k, v = (torch.randn(T, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    attend = lambda: rt.attention_varlen(q, k, v, cu, cu, causal=causal, impl=impl)  # noqa: E731
+    forward_ms = median_ms(attend)
+    out = attend()
+    d_o = torch.randn_like(out)
+    backward_ms = median_ms(lambda: torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True))
+    report("ringattn_varlen" + ("_cudnn" if impl == "cudnn" else ""), heads, head_dim, docs, causal, forward_ms,
+           backward_ms)
+
+
+def ringattn_varlen_cudnn(heads, head_dim, docs, causal):
+    ringattn_varlen(heads, head_dim, docs, causal, impl="cudnn")
+
+
+RUNS = {f.__name__: f for f in (flex, varlen, ringattn_varlen, ringattn_varlen_cudnn)}
+args = sys.argv[1:]
+chosen = list(RUNS)
+if "--runs" in args:
+    at = args.index("--runs")
+    chosen, args = args[at + 1].split(","), args[:at] + args[at + 2:]
+shapes = [tuple(int(x) for x in arg.split("x")) for arg in args] or [(16, 128, 16), (16, 128, 64)]
 for causal in (False, True):
     for heads, head_dim, docs in shapes:
-        for run in (flex, varlen):
+        for run in (RUNS[name] for name in chosen):
             try:
                 run(heads, head_dim, docs, causal)
             except Exception as error:  # report and go on: one PyTorch lacks one path or another

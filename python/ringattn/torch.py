@@ -407,8 +407,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     Runs as one call of batch 1 with segment ids (ringattn.varlen says when that is each sequence's own
     attention: always without causal / window, and for equal cu_seqlens_q and cu_seqlens_k); otherwise, and
     with impl="cudnn" (which takes no segment ids), one call a sequence (dropout then refused: each call
-    would draw the same mask). The lengths are read on the host (a synchronisation where they live on a
-    GPU)."""
+    would draw the same mask; cudnn's one-token sequences on flash_attn2, as cuDNN's backward takes none).
+    The lengths are read on the host (a synchronisation where they live on a GPU)."""
     varlen.check_packed_tensors(q, k, v)
     packed = varlen.packed_sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k,
                                      _masks_aligned(causal, window))
@@ -436,7 +436,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                 stats.append(torch.full((q.shape[1], lq), -float("inf"), dtype=_stats_dtype(q), device=q.device)
                              if sinks is None else sinks.to(_stats_dtype(q))[:, None].expand(-1, lq))
                 continue
-            o_i, lse_i = attention(q[rows][None], k[keys][None], v[keys][None], **options)
+            # A one-token sequence, whose backward cuDNN cannot take (s_q = s_kv = 1), on flash_attn2's kernels.
+            single = impl == "cudnn" and lq == lk == 1
+            o_i, lse_i = attention(q[rows][None], k[keys][None], v[keys][None],
+                                   **dict(options, impl="flash_attn2") if single else options)
             outputs.append(o_i[0])
             stats.append(lse_i[0])
         o, lse = torch.cat(outputs), torch.cat(stats, dim=1)
