@@ -46,7 +46,8 @@
 # --backend cuda, tests/launch/cli_sweep.py); `any_head_dim` (sdpa past 256 columns on GPUs); `kv_heads_tp` (more tp ranks than
 # kv heads, 4 ranks on the GPUs, verified); `lse_gradient_tests` (a loss reading lse: GPU tests, the ring backward's
 # over both transports), `lse_gradient_python` (the Python layer's CUDA tests, then its cost, bench/lse_gradient_cost.py); `varlen` (GPU tests, the ring
-# backward's over both transports, the Python layer's CUDA tests; `varlen_python` the last alone), `varlen_bench` (attention_varlen beside PyTorch's varlen SDPA); several as a
+# backward's over both transports, the Python layer's CUDA tests; `varlen_python` the last alone), `varlen_bench` (attention_varlen beside PyTorch's varlen SDPA); `small_calls` (tests, then a small
+# call's cost with and without this build's changes, switched by environment variables); several as a
 # comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
@@ -822,6 +823,26 @@ if has varlen_bench; then  # attention_varlen beside PyTorch's varlen SDPA (Flas
     timeout 200 $py bench/torch_documents.py 16x128x16 16x128x64 32x128x4 --runs varlen,ringattn_varlen,ringattn_varlen_cudnn 2>&1 |
       grep -v "Warning\|is_fx_tracing" | tee -a "$out/varlen_documents.txt"
   done
+fi
+if has small_calls; then  # a small call's cost: kept side streams, positions not re-sent, eager calls off the op's dispatch
+  unit_tests
+  timeout 200 mpirun -np 2 $build/tests/ring_mpi_test --backend=cuda --gtest_brief=1 2>&1 | tee "$out/ring_mpi_test.log" | tail -n 3
+  timeout 200 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --gtest_brief=1 2>&1 |
+    tee "$out/ring_backward_mpi_test.log" | grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 3
+  python_package
+  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py python/tests/test_torch_varlen.py \
+    python/tests/test_torch.py 2>&1 | tee "$out/python_cuda.log" | tail -n 4
+  timeout 300 mpirun -np 2 -x PYTHONPATH $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda_ring.py \
+    2>&1 | tee "$out/python_cuda_ring.log" | tail -n 3
+  for round in 1 2; do  # the switches (removed after this measurement) give back the old behaviour
+    for variant in "RA_EXPERIMENT_FRESH_STREAMS=1 RA_EXPERIMENT_OP_PATH=1" "RA_EXPERIMENT_OP_PATH=1" "RA_NO_EXPERIMENT=1"; do
+      echo "== round $round: $variant" | tee -a "$out/small_call_cost.txt"
+      env $variant timeout 120 $py bench/small_call_cost.py --seqs 512,2048,8192 --calls 40 2>&1 | grep "^T=" |
+        tee -a "$out/small_call_cost.txt"
+    done
+  done
+  timeout 200 $py bench/torch_documents.py 16x128x16 16x128x64 32x128x4 --runs varlen,ringattn_varlen,ringattn_varlen_cudnn \
+    2>&1 | grep -v "Warning\|is_fx_tracing" | tee -a "$out/varlen_documents.txt"
 fi
 if has python_tests; then  # issue 22: the Python package's tests only, one GPU (CUDA tensors, then the host ones)
   python_package

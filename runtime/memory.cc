@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/error.h"
@@ -149,37 +153,76 @@ ScopedCudaDevice::ScopedCudaDevice(int device) {
 ScopedCudaDevice::~ScopedCudaDevice() { (void)cudaSetDevice(previous_); }
 
 namespace {
-// `waiter` waits for the work queued on `signaller` so far.
-cudaError_t order_after(cudaStream_t waiter, cudaStream_t signaller) {
-  cudaEvent_t event = nullptr;
-  cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  if (status == cudaSuccess) status = cudaEventRecord(event, signaller);
+// `waiter` waits for the work queued on `signaller` so far (a wait takes the event's latest record, so
+// one event serves every wait in turn).
+cudaError_t order_after(cudaStream_t waiter, cudaStream_t signaller, cudaEvent_t event) {
+  cudaError_t status = cudaEventRecord(event, signaller);
   if (status == cudaSuccess) status = cudaStreamWaitEvent(waiter, event, 0);
-  if (event != nullptr) (void)cudaEventDestroy(event);  // released once the wait is done
   return status;
+}
+
+// The side streams and their events, one pair per (device, thread), made at a thread's first call on a
+// device and kept: a stream and an event made and destroyed by every call cost about 0.1 ms a call, and
+// what implementations keep per stream (cudnn's scratch) was remade with each new one. Never destroyed at
+// exit, where CUDA may be torn down first: release_side_streams() frees them while it is up.
+struct KeptStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+};
+struct KeptStreams {
+  std::mutex mutex;
+  std::map<std::pair<int, std::thread::id>, KeptStream> streams;
+};
+KeptStreams& kept_streams() {
+  static KeptStreams* kept = new KeptStreams;
+  return *kept;
+}
+
+KeptStream& side_stream_of_this_thread() {
+  int device = 0;
+  RA_CUDA_CHECK(cudaGetDevice(&device));
+  KeptStreams& kept = kept_streams();
+  std::lock_guard<std::mutex> lock(kept.mutex);
+  KeptStream& s = kept.streams[{device, std::this_thread::get_id()}];
+  if (s.stream == nullptr) {
+    RA_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    RA_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
+  }
+  return s;
 }
 }  // namespace
 
 SideStream::SideStream(void* caller) : caller_(caller) {
-  cudaStream_t stream = nullptr;
-  RA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  stream_ = stream;
-  const cudaError_t status = order_after(stream, static_cast<cudaStream_t>(caller));
-  if (status != cudaSuccess) {
-    (void)cudaStreamDestroy(stream);
-    RA_FAIL("ordering a call's stream after the caller's failed: ", cudaGetErrorName(status));
-  }
+  KeptStream& kept = side_stream_of_this_thread();
+  stream_ = kept.stream;
+  event_ = kept.event;
+  const cudaError_t status = order_after(kept.stream, static_cast<cudaStream_t>(caller), kept.event);
+  RA_CHECK(status == cudaSuccess, "ordering a call's stream after the caller's failed: ", cudaGetErrorName(status));
 }
 
 SideStream::~SideStream() {
-  (void)order_after(static_cast<cudaStream_t>(caller_), static_cast<cudaStream_t>(stream_));
-  (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));  // released once its work is done
+  (void)order_after(static_cast<cudaStream_t>(caller_), static_cast<cudaStream_t>(stream_),
+                    static_cast<cudaEvent_t>(event_));
+}
+
+void release_side_streams() {
+  std::map<std::pair<int, std::thread::id>, KeptStream> gone;
+  {
+    KeptStreams& kept = kept_streams();
+    std::lock_guard<std::mutex> lock(kept.mutex);
+    gone.swap(kept.streams);
+  }
+  for (auto& [where, s] : gone) {  // each released once its work is done
+    (void)cudaStreamDestroy(s.stream);
+    (void)cudaEventDestroy(s.event);
+  }
 }
 #else
 ScopedCudaDevice::ScopedCudaDevice(int) { no_cuda("CUDA device selection"); }
 ScopedCudaDevice::~ScopedCudaDevice() = default;
 SideStream::SideStream(void*) { no_cuda("a CUDA stream"); }
 SideStream::~SideStream() = default;
+void release_side_streams() {}
 #endif
 
 }  // namespace ra

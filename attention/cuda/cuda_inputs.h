@@ -81,11 +81,13 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
 class DevicePositionBuffer {
  public:
   // Copies on `stream` from a pinned staging area; the result is valid for work queued on `stream`.
-  // Waits only for the previous call's copy out of the staging area, not for the stream.
+  // Waits only for the previous call's copy out of the staging area, not for the stream; positions equal
+  // to the last ones uploaded are not copied again (`stream` waits for that copy, the host does not).
   DevicePositions upload(const TokenPositions& pos, cudaStream_t stream);
 
  private:
-  Tensor device_, staging_;  // grow-only (reserve_scratch)
+  Tensor device_, staging_;  // grow-only (reserve_scratch); staging_ keeps the last positions uploaded
+  size_t uploaded_count_ = 0;  // how many positions the last upload held
   std::unique_ptr<CudaEvent> copied_;  // after the last copy out of staging_
 };
 

@@ -183,15 +183,46 @@ def _handle_of(comm, group, timeout, device: torch.device) -> int:
     return id(comm)
 
 
+# Each op's body is a plain function (`*_raw`) too: eager calls reach it through a torch.autograd.Function
+# (_eager_call), without the custom op's dispatch and autograd wrapper, which cost more than a small call's
+# kernels. Arguments: q, k, v [, o, lse, do, dlse], then _options' 15 (sinks ... flash_kernel), then the rest.
+def _attention_forward_raw(q, k, v, *rest):
+    *options, deterministic, impl = rest
+    return _core.attention(_plain(q), _plain(k), _plain(v), impl, _options(*options, deterministic), True,
+                           _outputs(q, v), _stream_of(q), q)
+
+
+def _attention_backward_raw(q, k, v, o, lse, do, dlse, *rest):
+    *options, deterministic, impl = rest
+    return list(_core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
+                                         _maybe(dlse), impl, _options(*options, deterministic), False,
+                                         _gradient_outputs(q, k, v), _stream_of(q), q))
+
+
+def _ring_forward_raw(q, k, v, *rest):
+    options, (comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic, grad_wire) = rest[:15], rest[15:]
+    return _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
+                                global_kv_len, local_impl, timeout, deterministic, grad_wire, _options(*options), True,
+                                _outputs(q, v), _stream_of(q), q)
+
+
+def _ring_backward_raw(q, k, v, o, lse, do, dlse, *rest):
+    options, (comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic, grad_wire) = rest[:15], rest[15:]
+    return list(_core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
+                                              _maybe(dlse), _communicators[comm], layout, global_q_len, global_kv_len,
+                                              local_impl, timeout, deterministic, grad_wire, _options(*options), False,
+                                              _gradient_outputs(q, k, v), _stream_of(q), q))
+
+
 @torch.library.custom_op("ringattn::attention_forward", mutates_args=())
 def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias: Optional[Tensor],
                        mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
                        causal: bool, window_left: int, window_right: int, softcap: float, scale: float,
                        dropout: float, dropout_seed: int, batch_offset: int, head_offset: int, flash_kernel: str,
                        deterministic: bool, impl: str) -> tuple[Tensor, Tensor]:
-    options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel, deterministic)
-    return _core.attention(_plain(q), _plain(k), _plain(v), impl, options, True, _outputs(q, v), _stream_of(q), q)
+    return _attention_forward_raw(q, k, v, sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left,
+                                  window_right, softcap, scale, dropout, dropout_seed, batch_offset, head_offset,
+                                  flash_kernel, deterministic, impl)
 
 
 @torch.library.custom_op("ringattn::attention_backward", mutates_args=())
@@ -200,11 +231,9 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
                         kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
                         softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
                         flash_kernel: str, deterministic: bool, impl: str) -> list[Tensor]:
-    options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel, deterministic)
-    grads = _core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do), _maybe(dlse),
-                                     impl, options, False, _gradient_outputs(q, k, v), _stream_of(q), q)
-    return list(grads)
+    return _attention_backward_raw(q, k, v, o, lse, do, dlse, sinks, bias, mask, segment_ids, kv_segment_ids, causal,
+                                   window_left, window_right, softcap, scale, dropout, dropout_seed, batch_offset,
+                                   head_offset, flash_kernel, deterministic, impl)
 
 
 @torch.library.custom_op("ringattn::ring_attention_forward", mutates_args=())
@@ -214,11 +243,9 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias
                   dropout_seed: int, batch_offset: int, head_offset: int, flash_kernel: str, comm: int, layout: str,
                   global_q_len: Optional[int], global_kv_len: Optional[int], local_impl: str, timeout: float,
                   deterministic: bool, grad_wire: str) -> tuple[Tensor, Tensor]:
-    options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel)
-    return _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
-                                global_kv_len, local_impl, timeout, deterministic, grad_wire, options, True, _outputs(q, v),
-                                _stream_of(q), q)
+    return _ring_forward_raw(q, k, v, sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left,
+                             window_right, softcap, scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel,
+                             comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic, grad_wire)
 
 
 @torch.library.custom_op("ringattn::ring_attention_backward", mutates_args=())
@@ -229,13 +256,10 @@ def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: 
                    flash_kernel: str, comm: int, layout: str,
                    global_q_len: Optional[int], global_kv_len: Optional[int], local_impl: str,
                    timeout: float, deterministic: bool, grad_wire: str) -> list[Tensor]:
-    options = _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap,
-                       scale, dropout, dropout_seed, batch_offset, head_offset, flash_kernel)
-    grads = _core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
-                                          _maybe(dlse), _communicators[comm], layout, global_q_len, global_kv_len, local_impl,
-                                          timeout, deterministic, grad_wire, options, False,
-                                          _gradient_outputs(q, k, v), _stream_of(q), q)
-    return list(grads)
+    return _ring_backward_raw(q, k, v, o, lse, do, dlse, sinks, bias, mask, segment_ids, kv_segment_ids, causal,
+                              window_left, window_right, softcap, scale, dropout, dropout_seed, batch_offset, head_offset,
+                              flash_kernel, comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic,
+                              grad_wire)
 
 
 # Fake implementations: output shapes and dtypes only, for torch.compile / torch.export tracing.
@@ -283,13 +307,19 @@ def _gradients(ctx, grads):
     return (dq, dk, dv, dsinks, dbias) + (None,) * (len(ctx.rest) - 2)
 
 
+def _backward_of(ctx, op):
+    """The backward op, or its body where the forward ran eagerly and no graph of the gradients is being
+    made (create_graph=True goes through the op, whose autograd refuses a double backward by name)."""
+    return op._ringattn_raw if getattr(ctx, "eager", False) and not torch.is_grad_enabled() else op
+
+
 def _attention_autograd(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
     do, dlse = _upstream(o, do, dlse)
     rest = list(ctx.rest)
     if dlse is not None and rest[-1] == "cudnn":  # cuDNN's backward takes no dLSE: flash_attn2's kernels do
         rest[-1] = "flash_attn2"
-    return _gradients(ctx, _attention_backward(q, k, v, o, lse, do, dlse, *rest))
+    return _gradients(ctx, _backward_of(ctx, _attention_backward)(q, k, v, o, lse, do, dlse, *rest))
 
 
 def _ring_autograd(ctx, do, dlse):
@@ -299,11 +329,47 @@ def _ring_autograd(ctx, do, dlse):
     local_impl = len(rest) - 4  # ..., global_kv_len, local_impl, timeout, deterministic, grad_wire
     if dlse is not None and rest[local_impl] == "cudnn":
         rest[local_impl] = "flash_attn2"
-    return _gradients(ctx, _ring_backward(q, k, v, o, lse, do, dlse, *rest))
+    return _gradients(ctx, _backward_of(ctx, _ring_backward)(q, k, v, o, lse, do, dlse, *rest))
 
 
 _attention_forward.register_autograd(_attention_autograd, setup_context=_setup_context)
 _ring_forward.register_autograd(_ring_autograd, setup_context=_setup_context)
+_attention_backward._ringattn_raw = _attention_backward_raw
+_ring_backward._ringattn_raw = _ring_backward_raw
+
+
+def _eager_function(forward_raw, autograd):
+    """A torch.autograd.Function running forward_raw and the op's own autograd formula: what eager calls take."""
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            output = forward_raw(*inputs)
+            _setup_context(ctx, inputs, output)
+            ctx.eager = True
+            return output
+
+        @staticmethod
+        def backward(ctx, do, dlse):
+            return autograd(ctx, do, dlse)
+
+    return Eager
+
+
+_AttentionEager = _eager_function(_attention_forward_raw, _attention_autograd)
+_RingEager = _eager_function(_ring_forward_raw, _ring_autograd)
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager_call(op, eager, *inputs):
+    """op(*inputs), or the same through its eager Function where nothing traces or transforms the call: no
+    torch.compile / torch.export, no dispatch or function mode (FakeTensorMode, FlopCounterMode), no functorch
+    transform, no tensor subclass (FakeTensor, DTensor). Those see the custom op; plain eager calls skip its
+    dispatch (bench/RESULTS.md: the op's wrapper cost more than the kernels of a small call)."""
+    traced = (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or
+              torch._C._is_torch_function_mode_enabled() or torch._C._functorch.peek_interpreter_stack() is not None or
+              any(isinstance(x, torch.Tensor) and type(x) not in _PLAIN_TYPES for x in inputs))
+    return op(*inputs) if traced else eager.apply(*inputs)
 
 
 def _no_double_backward(ctx, *grads):
@@ -353,8 +419,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
     q, k, v = _autocast(q, k, v)
-    o, lse = _attention_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
-                                bool(deterministic), impl)
+    o, lse = _eager_call(_attention_forward, _AttentionEager, _to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd),
+                         _to_bthd(v, layout_bhtd), *args, bool(deterministic), impl)
     o = _to_bthd(o, layout_bhtd)
     return (o, lse) if return_lse else o
 
@@ -383,9 +449,9 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
     q, k, v = _autocast(q, k, v)
-    o, lse = _ring_forward(_to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd), _to_bthd(v, layout_bhtd), *args,
-                           _handle_of(comm, group, float(timeout), q.device), layout, global_q_len, global_kv_len, local_impl, float(timeout),
-                           bool(deterministic), str(grad_wire))
+    o, lse = _eager_call(_ring_forward, _RingEager, _to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd),
+                         _to_bthd(v, layout_bhtd), *args, _handle_of(comm, group, float(timeout), q.device), layout,
+                         global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), str(grad_wire))
     o = _to_bthd(o, layout_bhtd)
     return (o, lse) if return_lse else o
 

@@ -50,6 +50,7 @@ void release_impls() {
   }
   nb::gil_scoped_release released;  // destructors may wait for a device
   gone.clear();
+  release_side_streams();
 }
 
 // The implementation `impl` for where q lives, bound to the call's stream on a device: one object per

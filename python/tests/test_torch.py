@@ -447,3 +447,33 @@ def test_deterministic_reaches_the_backward_and_changes_no_cpu_bit():
         grads.append((q.grad, k.grad, v.grad))
     for plain, fixed in zip(*grads):
         assert torch.equal(plain, fixed)
+
+
+def test_eager_calls_skip_the_ops_dispatch_and_modes_still_see_the_op():
+    """Plain eager calls run through a torch.autograd.Function (the custom op's dispatch costs more than a
+    small call's kernels); a dispatch mode (as FakeTensorMode, FlopCounterMode) sees the op itself, with
+    gradients equal either way, and a double backward is refused by name on both paths."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v, do = tensors(46, T=12, S=12)
+    sinks = torch.nn.Parameter(torch.randn(4))  # a parameter, as learned sinks are, stays on the eager path
+    o = rt.attention(q, k, v, causal=True, sinks=sinks)
+    assert "Eager" in type(o.grad_fn).__name__, type(o.grad_fn)
+    eager = torch.autograd.grad(o, (q, k, v, sinks), do)
+    with Seen() as seen:
+        o_op = rt.attention(q, k, v, causal=True, sinks=sinks)
+        through_op = torch.autograd.grad(o_op, (q, k, v, sinks), do)
+    assert any("ringattn.attention_forward" in name for name in seen.ops), seen.ops
+    assert any("ringattn.attention_backward" in name for name in seen.ops), seen.ops
+    close(o_op, o, 0.0)
+    for a, b in zip(eager, through_op):
+        close(a, b, 0.0)
