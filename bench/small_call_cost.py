@@ -2,11 +2,12 @@
 call (host, synchronised at the end of N calls) and device time (CUDA events), forward and backward, for a
 (1, T, H, D) bf16 block; where the host's time per call far exceeds the device's, the call's own overhead
 dominates (as a varlen batch of many short documents run a call each meets it).
-Arguments: --seqs T,... --heads H --head-dim D --calls N --impls a,b"""
+Arguments: --seqs T,... --heads H --head-dim D --calls N --impls a,b (torch_sdpa: PyTorch's SDPA, for reference)"""
 import argparse
 import time
 
 import torch
+import torch.nn.functional as F
 
 import ringattn.torch as rt
 
@@ -38,8 +39,11 @@ for T in (int(t) for t in args.seqs.split(",")):
                for _ in range(3))
     for impl in args.impls.split(","):
         for causal in (False, True):
-            fwd = per_call_ms(lambda: rt.attention(q, k, v, causal=causal, impl=impl), args.calls)
-            o = rt.attention(q, k, v, causal=causal, impl=impl)
+            call = (lambda: rt.attention(q, k, v, causal=causal, impl=impl)) if impl != "torch_sdpa" else (
+                lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                       is_causal=causal).transpose(1, 2))
+            fwd = per_call_ms(call, args.calls)
+            o = call()
             do = torch.randn_like(o)
             bwd = per_call_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), args.calls)
             print(f"T={T:6d} H={args.heads} D={args.head_dim} {impl:12s} causal={int(causal)} "
@@ -52,14 +56,14 @@ if args.profile:
     T = int(args.seqs.split(",")[0])
     q, k, v = (torch.randn(1, T, args.heads, args.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    for impl in args.impls.split(","):
+    for impl in (name for name in args.impls.split(",") if name != "torch_sdpa"):
         o = rt.attention(q, k, v, impl=impl)
         do = torch.randn_like(o)
-        torch.autograd.grad(rt.attention(q, k, v, impl=impl), (q, k, v), do)
+        torch.autograd.grad(rt.attention(q, k, v, impl=impl), (q, k, v), do, retain_graph=True)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
-                torch.autograd.grad(rt.attention(q, k, v, impl=impl), (q, k, v), do)
+                torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
             torch.cuda.synchronize()
-        print(f"--- {impl}, T={T}: 10 forward + backward calls")
+        print(f"--- {impl}, T={T}: 10 backward calls")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60))
