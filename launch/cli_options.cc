@@ -115,7 +115,10 @@ void add_dataset_options(po::options_description& desc, DatasetOptions& o) {
     ("sinks-dataset", po::value(&o.names.sinks)->default_value(o.names.sinks),
      "path of the optional attention sinks (q_heads) float32: one logit per head with a zero value row")
     ("segment-ids-dataset", po::value(&o.names.segment_ids)->default_value(o.names.segment_ids),
-     "path of the optional segment ids");
+     "path of the optional segment ids")
+    ("cu-seqlens-dataset", po::value(&o.names.cu_seqlens)->default_value(o.names.cu_seqlens),
+     "path of the optional cumulative sequence lengths [0, l0, l0 + l1, ..., seq_len] (any integer type) of the "
+     "sequences packed into a batch of one row, in place of segment ids");
 }
 
 void check_named_datasets(const DatasetOptions& o, const H5File& file) {
@@ -156,7 +159,7 @@ bool parse(int argc, char** argv, const po::options_description& desc, const cha
     RA_FAIL(e.what(), " (see --help)");
   }
   if (datasets != nullptr)
-    for (const char* option : {"mask-dataset", "bias-dataset", "sinks-dataset", "segment-ids-dataset"})
+    for (const char* option : {"mask-dataset", "bias-dataset", "sinks-dataset", "segment-ids-dataset", "cu-seqlens-dataset"})
       if (vm.count(option) && !vm[option].defaulted()) datasets->named.push_back({option, vm[option].as<std::string>()});
   return true;
 }

@@ -25,7 +25,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
   int64_t batch = 1, seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, segments = 0;
   uint64_t seed = 0;
   bool with_mask = false, with_bias = false, with_sinks = false, with_grad = false, with_lse_grad = false,
-       overwrite = false;
+       overwrite = false, cu_seqlens = false;
   po::options_description desc("ringattn generate");
   desc.add_options()("help", "this text")
     ("output", po::value(&output)->required(), "HDF5 file to write")
@@ -45,6 +45,8 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     ("with-lse-grad", po::bool_switch(&with_lse_grad), "add a random f32 dlse (B, Hq, T), the gradient of a loss that "
      "reads lse too, for run --backward")
     ("segments", po::value(&segments)->default_value(0), "pack N sequences: segment_ids (B, T) (needs S == T)")
+    ("cu-seqlens", po::bool_switch(&cu_seqlens), "with --segments and --batch 1: write the packing as FlashAttention's "
+     "cumulative lengths cu_seqlens (N + 1) int32 instead of segment_ids")
     ("overwrite", po::bool_switch(&overwrite), "replace an existing file");
   if (!parse(argc, argv, desc, "Usage: ringattn generate --output F --seq T --heads H --head-dim D [options]")) return kOk;
   const DType dtype = parse_dtype(dtype_text);
@@ -58,6 +60,8 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq,
            " (each document holds at least one token)");
   RA_CHECK(segments == 0 || seq == kv_seq, "--segments needs --kv-seq equal to --seq");
+  RA_CHECK(!cu_seqlens || (segments > 0 && batch == 1), "--cu-seqlens writes the packing of --segments N (given: ",
+           segments, ") for a batch of one row (--batch is ", batch, ")");
   check_output_path(output, "", overwrite);
   if (mpi.world_rank() == 0) {
     std::mt19937_64 rng(seed);
@@ -78,7 +82,16 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
       if (segments > 0) {
         Tensor s(DType::kI32, {batch, seq});
         for (int64_t i = 0; i < s.numel(); ++i) s.data<int32_t>()[i] = int32_t((i % seq) * segments / seq);
-        write(f, "segment_ids", s);
+        if (!cu_seqlens) {
+          write(f, "segment_ids", s);
+        } else {  // the same documents: document d's first token is the first whose id is d
+          Tensor cu(DType::kI32, {segments + 1});
+          for (int64_t d = 0, t = 0; d <= segments; ++d) {
+            while (t < seq && s.data<int32_t>()[t] < d) ++t;
+            cu.data<int32_t>()[d] = int32_t(d == segments ? seq : t);
+          }
+          write(f, "cu_seqlens", cu);
+        }
       }
       if (with_sinks) write(f, "sinks", random_normal(DType::kF32, {heads}, rng));  // late: earlier draws unchanged
       if (with_lse_grad) write(f, "dlse", random_normal(DType::kF32, {batch, heads, seq}, rng));
@@ -92,7 +105,8 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     if (with_bias) extras += ", bias";
     if (with_grad) extras += ", do";
     if (with_lse_grad) extras += ", dlse";
-    if (segments > 0) extras += ", segment_ids (" + std::to_string(segments) + " documents)";
+    if (segments > 0)
+      extras += std::string(cu_seqlens ? ", cu_seqlens (" : ", segment_ids (") + std::to_string(segments) + " documents)";
     if (with_sinks) extras += ", sinks";
     std::printf("wrote %s: q (%ld, %ld, %ld, %ld) k/v (%ld, %ld, %ld, %ld/%ld) %s%s\n", output.c_str(), long(batch),
                 long(seq), long(heads), long(head_dim), long(batch), long(kv_seq), long(kv_heads), long(head_dim),

@@ -403,6 +403,51 @@ Tensor H5File::read_all(const std::string& dataset) const {
   return read(dataset, whole(shape), shape);
 }
 
+std::vector<std::string> H5File::dataset_names(const std::string& group) const {
+  std::vector<std::string> names;
+  if (group != "/") {  // prefixes first, as has() checks them
+    for (size_t at = 0; at != std::string::npos;) {
+      at = group.find('/', at + 1);
+      const std::string prefix = group.substr(0, at);
+      if (!prefix.empty() && prefix != "/" && H5Lexists(file_, prefix.c_str(), H5P_DEFAULT) <= 0) return names;
+    }
+    H5O_info_t object{};
+    if (H5Oget_info_by_name(file_, group.c_str(), &object, H5P_DEFAULT) < 0 || object.type != H5O_TYPE_GROUP)
+      return names;
+  }
+  Id g(H5Gopen2(file_, group.c_str(), H5P_DEFAULT), H5Gclose);
+  H5G_info_t info{};
+  if (!g.valid() || H5Gget_info(g, &info) < 0) return names;
+  const std::string prefix = group == "/" ? "/" : group + "/";
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t length = H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (length <= 0) continue;
+    std::string name(size_t(length), '\0');
+    H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), size_t(length) + 1, H5P_DEFAULT);
+    if (has(prefix + name)) names.push_back(name);
+  }
+  return names;  // HDF5's name index is in order
+}
+
+std::vector<int64_t> H5File::read_integers(const std::string& dataset) const {
+  const std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
+  const DatasetInfo meta = info(dataset);
+  RA_CHECK(meta.shape.rank == 1, where, " has shape ", meta.shape.str(), ", expected 1 dimension");
+  Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
+  Id type(H5Dget_type(ds), H5Tclose);
+  RA_CHECK(H5Tget_class(type) == H5T_INTEGER, where, " holds ", meta.type_name, ", expected integers");
+  Id dcpl(H5Dget_create_plist(ds), H5Pclose);
+  if (dcpl.valid()) {
+    Id space(H5Dget_space(ds), H5Sclose);
+    check_written(ds, dcpl, space, where);
+  }
+  std::vector<int64_t> values(size_t(meta.shape[0]));
+  if (!values.empty())  // HDF5 converts any integer type to int64 (independent I/O: ranks need not agree)
+    RA_CHECK(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0, where,
+             ": read failed; HDF5 says: ", hdf5_error_stack());
+  return values;
+}
+
 void H5File::create_dataset(const std::string& dataset, DType dtype, const Shape& global_shape) {
   std::vector<hsize_t> dims(global_shape.dims.begin(), global_shape.dims.begin() + global_shape.rank);
   Id space(H5Screate_simple(global_shape.rank, dims.data(), nullptr), H5Sclose);

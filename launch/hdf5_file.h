@@ -53,6 +53,11 @@ class H5File {
   Tensor read(const std::string& dataset, const Selection& selection, const Shape& local_shape,
               MemoryKind memory = MemoryKind::kHost) const;
   Tensor read_all(const std::string& dataset) const;
+  // The names of the datasets directly in `group` ("/" for the root), sorted; empty where there is no such group.
+  std::vector<std::string> dataset_names(const std::string& group) const;
+  // A whole 1-dimensional dataset of integers of any width and sign, as int64 (a small index table such as
+  // cu_seqlens); throws naming the dataset for another shape or type. Each rank reads it on its own.
+  std::vector<int64_t> read_integers(const std::string& dataset) const;
 
   void create_dataset(const std::string& dataset, DType dtype, const Shape& global_shape);
   void write(const std::string& dataset, const Selection& selection, const TensorView& data);

@@ -87,7 +87,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   int64_t io_timeout_s = 600;
   po::options_description desc("ringattn run");
   desc.add_options()("help", "this text")
-    ("input", po::value(&input)->required(), "HDF5 file with q, k, v (and optional mask, bias, sinks, segment_ids)")
+    ("input", po::value(&input)->required(), "HDF5 file with q, k, v (and optional mask, bias, sinks, segment_ids or cu_seqlens)")
     ("output", po::value(&output)->required(), "HDF5 file to write o and lse to")
     ("overwrite", po::bool_switch(&overwrite), "replace an existing output file (never the input, never a non-regular file)")
     ("no-space-check", po::bool_switch(&no_space_check), "skip the free-space and file-size-limit check of the output")
@@ -140,6 +140,15 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     RA_CHECK(!with_lse_gradient || !cudnn, "dataset '", dlse_dataset, "' of '", input, "' (dLoss/dlse) needs a backward "
              "that takes it: cudnn's forms rowsum(do * o) itself; use flash_attn2 or sdpa (--impl, or --local-impl of the "
              "ring)");
+  }
+  if (rank == 0 && !quiet) {
+    const std::vector<std::string> unread = unread_datasets(file, datasets.names, {do_dataset, dlse_dataset});
+    std::string list;
+    for (const std::string& name : unread) list += (list.empty() ? "'" : ", '") + name + "'";
+    if (!unread.empty())
+      std::fprintf(stderr, "ringattn run: note: '%s' also holds %s, which run does not read (it reads q, k, v and the "
+                   "optional mask, bias, sinks, segment_ids or cu_seqlens, do, dlse; --mask-dataset, "
+                   "--segment-ids-dataset, --cu-seqlens-dataset ... name others)\n", input.c_str(), list.c_str());
   }
   // Before any allocation: the slices, and on GPUs the device's share, must fit.
   const std::vector<MemoryNeed> slices = local_input_bytes(plan, file);

@@ -110,6 +110,37 @@ Tensor read_pairwise(const H5File& f, const std::string& name, const ShardPlan& 
 // sinks / dsinks (Hq): this rank's heads.
 Selection select_heads(const ShardPlan& p) { return {{{p.hq_offset}, {p.hq_count}, {1}}}; }
 
+// The input's cu_seqlens, checked: packed sequences of one batch row, bounds from 0 to T never decreasing.
+std::vector<int64_t> checked_cu_seqlens(const H5File& f, const DatasetNames& names, const ShardPlan& p) {
+  const std::string at = where(f, names.cu_seqlens);
+  RA_CHECK(!f.has(names.segment_ids), at, " and ", where(f, names.segment_ids), " are both given: give one (segment "
+           "ids (batch, seq_len) int32, or the cumulative lengths [0, l0, l0 + l1, ..., seq_len] of the sequences "
+           "packed into one row)");
+  RA_CHECK(p.batch == 1, at, " packs the sequences of one batch row, but q's batch is ", p.batch,
+           ": write segment_ids (batch, seq_len) int32 instead, or one row");
+  RA_CHECK(p.q_len == p.kv_len, at, " needs q_len == kv_len (", p.q_len, " vs ", p.kv_len, ")");
+  const std::vector<int64_t> cu = f.read_integers(names.cu_seqlens);
+  RA_CHECK(cu.size() >= 2, at, " has ", cu.size(), " entries, expected at least 2 (0 and seq_len = ", p.q_len, ")");
+  RA_CHECK(cu.front() == 0, at, " starts at ", cu.front(), ", expected 0");
+  for (size_t i = 1; i < cu.size(); ++i)
+    RA_CHECK(cu[i] >= cu[i - 1], at, " decreases at entry ", i, " (", cu[i], " after ", cu[i - 1], ")");
+  RA_CHECK(cu.back() == p.q_len, at, " ends at ", cu.back(), ", expected q's seq_len ", p.q_len);
+  return cu;
+}
+
+// (1, rows) int32: the sequence of cu_seqlens each of the runs' rows falls in.
+Tensor segments_from_cu_seqlens(const std::vector<int64_t>& cu, const std::vector<IndexRun>& runs,
+                                MemoryKind memory) {
+  Tensor ids(DType::kI32, {1, run_rows(runs)}, memory);
+  int32_t* out = ids.data<int32_t>();
+  for (const IndexRun& r : runs)
+    for (int64_t i = 0; i < r.count; ++i) {
+      const int64_t row = r.start + i * r.stride;  // in sequence s where cu[s] <= row < cu[s + 1]
+      *out++ = int32_t(std::upper_bound(cu.begin(), cu.end(), row) - cu.begin() - 1);
+    }
+  return ids;
+}
+
 Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs, MemoryKind memory) {
   Selection sel;
   for (const IndexRun& r : runs) sel.push_back({{p.b_offset, r.start}, {p.b_count, r.count}, {1, r.stride}});
@@ -224,7 +255,32 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
     expect_dim(f, names.segment_ids, seg, 0, "batch", p.batch, "(q's batch)");
     expect_dim(f, names.segment_ids, seg, 1, "seq_len", p.q_len, "(q's q_len)");
   }
+  if (f.has(names.cu_seqlens)) p.cu_seqlens = checked_cu_seqlens(f, names, p);
   return p;
+}
+
+std::vector<std::string> unread_datasets(const H5File& f, const DatasetNames& names,
+                                         const std::vector<std::string>& also_read) {
+  auto relative = [](const std::string& path) { return path.empty() || path[0] != '/' ? path : path.substr(1); };
+  const std::string q = relative(names.q);
+  const size_t slash = q.find_last_of('/');
+  const std::string group = slash == std::string::npos ? "" : q.substr(0, slash + 1);  // "a/b/" or "" (the root)
+  auto name_in_group = [&](const std::string& path) {  // "" for a path outside q's group
+    const std::string p = relative(path);
+    const bool inside = p.compare(0, group.size(), group) == 0 && p.find('/', group.size()) == std::string::npos;
+    return inside ? p.substr(group.size()) : std::string();
+  };
+  std::vector<std::string> read = {"do", "dlse", "o", "lse", "dq", "dk", "dv", "dbias", "dsinks"};
+  for (const std::string* n : {&names.q, &names.k, &names.v, &names.mask, &names.bias, &names.sinks,
+                               &names.segment_ids, &names.cu_seqlens})
+    read.push_back(name_in_group(*n));
+  for (const std::string& n : also_read) read.push_back(name_in_group(n));
+  std::string group_path = "/" + group;  // "/a/b" or "/"
+  if (group_path.size() > 1) group_path.pop_back();
+  std::vector<std::string> unread;
+  for (const std::string& name : f.dataset_names(group_path))
+    if (std::find(read.begin(), read.end(), name) == read.end()) unread.push_back(group + name);
+  return unread;
 }
 
 std::vector<MemoryNeed> local_input_bytes(const ShardPlan& p, const H5File& f, bool whole_kv) {
@@ -247,6 +303,7 @@ std::vector<MemoryNeed> local_input_bytes(const ShardPlan& p, const H5File& f, b
   }
   if (f.has(p.names.sinks)) add(p.names.sinks, {p.hq_count}, DType::kF32);
   if (f.has(p.names.segment_ids)) add(p.names.segment_ids, {p.b_count, rows_q + rows_kv}, DType::kI32);
+  if (!p.cu_seqlens.empty()) add("segment ids of " + p.names.cu_seqlens, {p.b_count, rows_q + rows_kv}, DType::kI32);
   return needs;
 }
 
@@ -270,6 +327,10 @@ LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv, Memo
   if (f.has(p.names.segment_ids)) {
     t.q_segment_ids = read_segments(f, p, p.q_runs, memory);
     t.kv_segment_ids = read_segments(f, p, kv_runs, memory);
+  }
+  if (!p.cu_seqlens.empty()) {
+    t.q_segment_ids = segments_from_cu_seqlens(p.cu_seqlens, p.q_runs, memory);
+    t.kv_segment_ids = segments_from_cu_seqlens(p.cu_seqlens, kv_runs, memory);
   }
   return t;
 }

@@ -1,4 +1,4 @@
-// Sharded HDF5 I/O for the CLI: which slice of q, k, v (and mask, bias, sinks, segment_ids) this rank holds
+// Sharded HDF5 I/O for the CLI: which slice of q, k, v (and mask, bias, sinks, segment_ids or cu_seqlens) this rank holds
 // under the mesh (batch over dp, heads over tp, sequence over sp by the layout), reading exactly
 // that slice, and writing o / lse slices into a file that appears under its name only when complete.
 #pragma once
@@ -21,6 +21,9 @@ namespace ra::cli {
 // Where the datasets sit in the input file (paths through groups allowed, e.g. /layer3/attn/q).
 struct DatasetNames {
   std::string q = "q", k = "k", v = "v", mask = "mask", bias = "bias", sinks = "sinks", segment_ids = "segment_ids";
+  // FlashAttention's cumulative sequence lengths [0, l0, l0 + l1, ..., T] of the sequences packed into a
+  // batch of one row: the segment ids they imply (one of the two may be given).
+  std::string cu_seqlens = "cu_seqlens";
 };
 
 struct ShardPlan {
@@ -34,6 +37,7 @@ struct ShardPlan {
   int sp_size = 1, sp_index = 0;
   SequenceLayout layout = SequenceLayout::kContiguous;
   std::vector<IndexRun> q_runs, kv_runs;  // this rank's rows along T and S
+  std::vector<int64_t> cu_seqlens;  // the input's, checked (empty where it gives none)
   int64_t local_q() const;
   int64_t local_kv() const;
 };
@@ -44,6 +48,12 @@ struct ShardPlan {
 // differ by a row; a rank may hold none).
 ShardPlan plan_shards(const H5File& file, const MeshShape& mesh, int rank, SequenceLayout layout,
                       const DatasetNames& names = {});
+
+// The datasets beside q (in q's group) that a run reads none of: not named by `names` or `also_read`, nor
+// ringattn's own (do, dlse, and the outputs o, lse, dq, dk, dv, dbias, dsinks). A user's mask or packed
+// sequences under another name (attention_mask, cu_seqlens_q) would otherwise be ignored without a word.
+std::vector<std::string> unread_datasets(const H5File& file, const DatasetNames& names,
+                                         const std::vector<std::string>& also_read);
 
 // What this rank's slices take once read (with the whole of K/V when `whole_kv`), per dataset, named
 // with the slice's shape and dtype.

@@ -33,6 +33,8 @@ def draw(rnd, backend):
             gen.append(flag)
     if S == T and rnd.random() < 0.3:
         gen += ["--segments", rnd.randint(1, 5)]
+        if B == 1 and rnd.random() < 0.5:  # as FlashAttention's cumulative lengths
+            gen.append("--cu-seqlens")
     attention = []
     if rnd.random() < 0.5:
         attention.append("--causal")

@@ -300,6 +300,51 @@ if $python -c "import h5py; f = h5py.File('b1_out.h5', 'a'); f['dbias'][5] += 1.
   check verify-dbias-wrong-counted-once 1 "dbias vs f64 reference: .*#wrong 1  FAILED" -- mpi 3 "$ra" verify --input b1.h5 \
     --output b1_out.h5 --causal
 fi
+# FlashAttention's packed sequences: cu_seqlens (numpy's int64, or any integer type under another name) are read
+# as the segment ids they imply, equal to those; bad bounds refused by name on every rank. Datasets run reads none
+# of (an HF-style attention_mask) are named in a note, not ignored without a word.
+$python - <<'PY'
+import h5py, numpy as np
+r = np.random.default_rng(7)
+f32 = lambda *s: r.standard_normal(s).astype(np.float32)
+q, k, v, do = f32(1, 61, 4, 16), f32(1, 61, 2, 16), f32(1, 61, 2, 16), f32(1, 61, 4, 16)
+lengths = [9, 0, 30, 1, 21]
+cu = np.concatenate([[0], np.cumsum(lengths)])
+def mk(name, **extra):
+    with h5py.File(name, "w") as f:
+        f["q"], f["k"], f["v"], f["do"] = q, k, v, do
+        for key, value in extra.items():
+            f[key] = value
+mk("cu.h5", cu_seqlens=cu)
+mk("cu_seg.h5", segment_ids=np.repeat(np.arange(len(lengths)), lengths)[None].astype(np.int32))
+mk("cu_grouped.h5", **{"packed/bounds": cu.astype(np.uint16), "attention_mask": np.ones((1, 61), np.int64)})
+mk("cu_both.h5", cu_seqlens=cu, segment_ids=np.zeros((1, 61), np.int32))
+mk("cu_decreasing.h5", cu_seqlens=np.array([0, 30, 20, 61]))
+mk("cu_short.h5", cu_seqlens=np.array([0, 30, 60]))
+mk("cu_float.h5", cu_seqlens=cu.astype(np.float64))
+with h5py.File("cu_batch2.h5", "w") as f:
+    f["q"], f["k"], f["v"], f["cu_seqlens"] = f32(2, 8, 2, 16), f32(2, 8, 2, 16), f32(2, 8, 2, 16), np.array([0, 3, 8])
+PY
+check cu-seqlens-3-ranks-backward 0 "ringattn run: ring" -- mpi 3 "$ra" run --input cu.h5 --output cu_out.h5 --causal --backward
+check cu-seqlens-verify 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input cu.h5 --output cu_out.h5 --causal
+check cu-seqlens-as-segment-ids 0 "ringattn run: ring" -- "$ra" run --input cu_seg.h5 --output cu_seg_out.h5 --causal --backward
+check cu-seqlens-equal-segment-ids 0 "equal" -- $python -c "
+import h5py, numpy as np
+a, b = h5py.File('cu_out.h5', 'r'), h5py.File('cu_seg_out.h5', 'r')
+worst = max(float(np.abs(a[n][...] - b[n][...]).max()) for n in ('o', 'lse', 'dq', 'dk', 'dv'))
+print('equal' if worst < 1e-5 else 'differ by %g' % worst)"
+check cu-seqlens-ignored-without-it-fails 1 "#wrong [1-9]" -- "$ra" verify --input cu_grouped.h5 --output cu_out.h5 --causal
+check cu-seqlens-named-any-integer 0 "#wrong 0  OK" -- "$ra" verify --input cu_grouped.h5 --output cu_out.h5 --causal \
+  --cu-seqlens-dataset packed/bounds
+check unread-dataset-noted 0 "note: 'cu_grouped.h5' also holds 'attention_mask', which run does not read" -- "$ra" run \
+  --input cu_grouped.h5 --output cu_note.h5 --cu-seqlens-dataset packed/bounds
+check cu-seqlens-and-segment-ids 2 "are both given: give one" -r 2 -- mpi 2 "$ra" run --input cu_both.h5 --output x.h5
+check cu-seqlens-decreasing 2 "dataset 'cu_seqlens' of 'cu_decreasing.h5' decreases at entry 2 (20 after 30)" -r 2 -- \
+  mpi 2 "$ra" run --input cu_decreasing.h5 --output x.h5
+check cu-seqlens-short 2 "ends at 60, expected q's seq_len 61" -- "$ra" run --input cu_short.h5 --output x.h5
+check cu-seqlens-float 2 "holds float64, expected integers" -- "$ra" run --input cu_float.h5 --output x.h5
+check cu-seqlens-batch-2 2 "packs the sequences of one batch row, but q's batch is 2" -- "$ra" run --input cu_batch2.h5 \
+  --output x.h5
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
