@@ -174,3 +174,16 @@ def test_ring_varlen_refuses_sequences_the_ring_cannot_align():
     q, k, v = packed(7, [3, 6, 2], [5, 6, 7])[:3]
     with pytest.raises(ValueError, match="sequence 0 ends 2 keys past its queries' end but the batch 7"):
         rt.ring_attention_varlen(q, k, v, [0, 3, 9, 11], [0, 5, 11, 18], causal=True)
+
+
+def test_torch_compile_of_a_function_calling_it_matches_eager():
+    # The lengths are read on the host: a graph break, not an error, under torch.compile.
+    q, k, v, do = packed(8, [5, 7, 18], [5, 7, 18])[:4]
+    cu = torch.tensor([0, 5, 12, 30], dtype=torch.int32)
+    grads = []
+    for fn in (rt.attention_varlen, torch.compile(rt.attention_varlen, backend="aot_eager")):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        fn(*leaves, cu, cu, causal=True).backward(do)
+        grads.append([x.grad for x in leaves])
+    for eager, compiled in zip(*grads):
+        close(compiled, eager, 1e-6)
