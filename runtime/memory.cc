@@ -7,7 +7,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
-#include <utility>
+#include <tuple>
 #include <vector>
 
 #include "runtime/error.h"
@@ -161,29 +161,32 @@ cudaError_t order_after(cudaStream_t waiter, cudaStream_t signaller, cudaEvent_t
   return status;
 }
 
-// The side streams and their events, one pair per (device, thread), made at a thread's first call on a
-// device and kept: a stream and an event made and destroyed by every call cost about 0.1 ms a call, and
-// what implementations keep per stream (cudnn's scratch) was remade with each new one. Never destroyed at
-// exit, where CUDA may be torn down first: release_side_streams() frees them while it is up.
+// The side streams and their events, one pair per (device, thread, caller's stream), made at the first
+// call so and kept: a stream and an event made and destroyed by every call cost about 0.1 ms a call, and
+// what implementations keep per stream (cudnn's scratch) was remade with each new one. Per caller's stream,
+// so that calls a thread queues on two streams of its own still overlap; per thread, so that no two
+// threads record one event at once. Never destroyed at exit, where CUDA may be torn down first:
+// release_side_streams() frees them while it is up.
 struct KeptStream {
   cudaStream_t stream = nullptr;
   cudaEvent_t event = nullptr;
 };
+using KeptStreamKey = std::tuple<int, std::thread::id, cudaStream_t>;
 struct KeptStreams {
   std::mutex mutex;
-  std::map<std::pair<int, std::thread::id>, KeptStream> streams;
+  std::map<KeptStreamKey, KeptStream> streams;
 };
 KeptStreams& kept_streams() {
   static KeptStreams* kept = new KeptStreams;
   return *kept;
 }
 
-KeptStream& side_stream_of_this_thread() {
+KeptStream& side_stream_for(cudaStream_t caller) {
   int device = 0;
   RA_CUDA_CHECK(cudaGetDevice(&device));
   KeptStreams& kept = kept_streams();
   std::lock_guard<std::mutex> lock(kept.mutex);
-  KeptStream& s = kept.streams[{device, std::this_thread::get_id()}];
+  KeptStream& s = kept.streams[{device, std::this_thread::get_id(), caller}];
   if (s.stream == nullptr) {
     RA_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     RA_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
@@ -193,7 +196,7 @@ KeptStream& side_stream_of_this_thread() {
 }  // namespace
 
 SideStream::SideStream(void* caller) : caller_(caller) {
-  KeptStream& kept = side_stream_of_this_thread();
+  KeptStream& kept = side_stream_for(static_cast<cudaStream_t>(caller));
   stream_ = kept.stream;
   event_ = kept.event;
   const cudaError_t status = order_after(kept.stream, static_cast<cudaStream_t>(caller), kept.event);
@@ -206,7 +209,7 @@ SideStream::~SideStream() {
 }
 
 void release_side_streams() {
-  std::map<std::pair<int, std::thread::id>, KeptStream> gone;
+  std::map<KeptStreamKey, KeptStream> gone;
   {
     KeptStreams& kept = kept_streams();
     std::lock_guard<std::mutex> lock(kept.mutex);
