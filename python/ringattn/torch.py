@@ -314,10 +314,10 @@ def _gradients(ctx, grads):
     return (dq, dk, dv, dsinks, dbias) + (None,) * (len(ctx.rest) - 2)
 
 
-def _backward_of(ctx, op):
+def _backward_of(ctx, op, raw):
     """The backward op, or its body where the forward ran eagerly and no graph of the gradients is being
     made (create_graph=True goes through the op, whose autograd refuses a double backward by name)."""
-    return op._ringattn_raw if getattr(ctx, "eager", False) and not torch.is_grad_enabled() else op
+    return raw if getattr(ctx, "eager", False) and not torch.is_grad_enabled() else op
 
 
 def _attention_autograd(ctx, do, dlse):
@@ -326,7 +326,8 @@ def _attention_autograd(ctx, do, dlse):
     rest = list(ctx.rest)
     if dlse is not None and rest[-1] == "cudnn":  # cuDNN's backward takes no dLSE: flash_attn2's kernels do
         rest[-1] = "flash_attn2"
-    return _gradients(ctx, _backward_of(ctx, _attention_backward)(q, k, v, o, lse, do, dlse, *rest))
+    backward = _backward_of(ctx, _attention_backward, _attention_backward_raw)
+    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *rest))
 
 
 def _ring_autograd(ctx, do, dlse):
@@ -336,13 +337,12 @@ def _ring_autograd(ctx, do, dlse):
     local_impl = len(rest) - 4  # ..., global_kv_len, local_impl, timeout, deterministic, grad_wire
     if dlse is not None and rest[local_impl] == "cudnn":
         rest[local_impl] = "flash_attn2"
-    return _gradients(ctx, _backward_of(ctx, _ring_backward)(q, k, v, o, lse, do, dlse, *rest))
+    backward = _backward_of(ctx, _ring_backward, _ring_backward_raw)
+    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *rest))
 
 
 _attention_forward.register_autograd(_attention_autograd, setup_context=_setup_context)
 _ring_forward.register_autograd(_ring_autograd, setup_context=_setup_context)
-_attention_backward._ringattn_raw = _attention_backward_raw
-_ring_backward._ringattn_raw = _ring_backward_raw
 
 
 def _eager_function(forward_raw, autograd):
