@@ -95,10 +95,15 @@ DatasetInfo check_pairwise(const H5File& f, const std::string& name, const Shard
   const Shape shape = pairwise_shape(info.shape);
   const int64_t full[4] = {p.batch, p.q_heads, p.q_len, p.kv_len};
   const int leading = 4 - info.shape.rank;
+  // A (batch, kv_len) key-padding mask (Hugging Face's attention_mask) broadcasts as numpy says, as (T, S).
+  const bool padding_like = info.shape.rank == 2 && info.shape[0] == p.batch && p.batch != p.q_len;
   for (int d = leading; d < 4; ++d)
     RA_CHECK(shape[d] == 1 || shape[d] == full[d], where(f, name), " has shape ", info.shape.str(), ": dimension ",
              d - leading, " is ", shape[d], ", expected 1 or ", full[d], " to broadcast to (B, Hq, T, S) = (", full[0],
-             ", ", full[1], ", ", full[2], ", ", full[3], ")");
+             ", ", full[1], ", ", full[2], ", ", full[3], ")",
+             padding_like ? " (a key-padding mask of shape (batch, kv_len), as Hugging Face's attention_mask, is "
+                            "stored as (batch, 1, 1, kv_len))"
+                          : "");
   return info;
 }
 

@@ -324,6 +324,8 @@ mk("cu_short.h5", cu_seqlens=np.array([0, 30, 60]))
 mk("cu_float.h5", cu_seqlens=cu.astype(np.float64))
 with h5py.File("cu_batch2.h5", "w") as f:
     f["q"], f["k"], f["v"], f["cu_seqlens"] = f32(2, 8, 2, 16), f32(2, 8, 2, 16), f32(2, 8, 2, 16), np.array([0, 3, 8])
+with h5py.File("padding.h5", "w") as f:  # Hugging Face's (batch, kv_len) attention_mask, stored as it is
+    f["q"], f["k"], f["v"], f["attention_mask"] = f32(2, 8, 2, 16), f32(2, 9, 2, 16), f32(2, 9, 2, 16), np.ones((2, 9), bool)
 PY
 check cu-seqlens-3-ranks-backward 0 "ringattn run: ring" -- mpi 3 "$ra" run --input cu.h5 --output cu_out.h5 --causal --backward
 check cu-seqlens-verify 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input cu.h5 --output cu_out.h5 --causal
@@ -345,6 +347,8 @@ check cu-seqlens-short 2 "ends at 60, expected q's seq_len 61" -- "$ra" run --in
 check cu-seqlens-float 2 "holds float64, expected integers" -- "$ra" run --input cu_float.h5 --output x.h5
 check cu-seqlens-batch-2 2 "packs the sequences of one batch row, but q's batch is 2" -- "$ra" run --input cu_batch2.h5 \
   --output x.h5
+check padding-mask-shape-hinted 2 "is stored as (batch, 1, 1, kv_len)" -- "$ra" run --input padding.h5 --output x.h5 \
+  --mask-dataset attention_mask
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
