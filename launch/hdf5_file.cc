@@ -321,19 +321,24 @@ void H5File::close() {
   }
 }
 
-bool H5File::has(const std::string& dataset) const {
-  // H5Lexists fails on a path whose groups are missing, so each prefix is checked in turn.
+namespace {
+// Whether `path` names an object of `type` in `file`. H5Lexists fails on a path whose groups are missing, so
+// each prefix is checked in turn.
+bool is_object(hid_t file, const std::string& path, H5O_type_t type) {
   std::string prefix;
   for (size_t at = 0; at != std::string::npos;) {
-    const size_t next = dataset.find('/', at + 1);
-    prefix = dataset.substr(0, next);
+    const size_t next = path.find('/', at + 1);
+    prefix = path.substr(0, next);
     at = next;
     if (prefix.empty() || prefix == "/") continue;
-    if (H5Lexists(file_, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
   }
   H5O_info_t object{};
-  return H5Oget_info_by_name(file_, dataset.c_str(), &object, H5P_DEFAULT) >= 0 && object.type == H5O_TYPE_DATASET;
+  return H5Oget_info_by_name(file, path.c_str(), &object, H5P_DEFAULT) >= 0 && object.type == type;
 }
+}  // namespace
+
+bool H5File::has(const std::string& dataset) const { return is_object(file_, dataset, H5O_TYPE_DATASET); }
 
 DatasetInfo H5File::info(const std::string& dataset) const {
   std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
@@ -405,16 +410,7 @@ Tensor H5File::read_all(const std::string& dataset) const {
 
 std::vector<std::string> H5File::dataset_names(const std::string& group) const {
   std::vector<std::string> names;
-  if (group != "/") {  // prefixes first, as has() checks them
-    for (size_t at = 0; at != std::string::npos;) {
-      at = group.find('/', at + 1);
-      const std::string prefix = group.substr(0, at);
-      if (!prefix.empty() && prefix != "/" && H5Lexists(file_, prefix.c_str(), H5P_DEFAULT) <= 0) return names;
-    }
-    H5O_info_t object{};
-    if (H5Oget_info_by_name(file_, group.c_str(), &object, H5P_DEFAULT) < 0 || object.type != H5O_TYPE_GROUP)
-      return names;
-  }
+  if (group != "/" && !is_object(file_, group, H5O_TYPE_GROUP)) return names;
   Id g(H5Gopen2(file_, group.c_str(), H5P_DEFAULT), H5Gclose);
   H5G_info_t info{};
   if (!g.valid() || H5Gget_info(g, &info) < 0) return names;

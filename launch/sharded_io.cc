@@ -133,17 +133,13 @@ std::vector<int64_t> checked_cu_seqlens(const H5File& f, const DatasetNames& nam
   return cu;
 }
 
-// (1, rows) int32: the sequence of cu_seqlens each of the runs' rows falls in.
-Tensor segments_from_cu_seqlens(const std::vector<int64_t>& cu, const std::vector<IndexRun>& runs,
-                                MemoryKind memory) {
-  Tensor ids(DType::kI32, {1, run_rows(runs)}, memory);
-  int32_t* out = ids.data<int32_t>();
+// (1, rows) int32: the runs' rows of the whole sequence's segment ids.
+Tensor segments_of_runs(const std::vector<int32_t>& ids, const std::vector<IndexRun>& runs, MemoryKind memory) {
+  Tensor local(DType::kI32, {1, run_rows(runs)}, memory);
+  int32_t* out = local.data<int32_t>();
   for (const IndexRun& r : runs)
-    for (int64_t i = 0; i < r.count; ++i) {
-      const int64_t row = r.start + i * r.stride;  // in sequence s where cu[s] <= row < cu[s + 1]
-      *out++ = int32_t(std::upper_bound(cu.begin(), cu.end(), row) - cu.begin() - 1);
-    }
-  return ids;
+    for (int64_t i = 0; i < r.count; ++i) *out++ = ids[size_t(r.start + i * r.stride)];
+  return local;
 }
 
 Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs, MemoryKind memory) {
@@ -275,7 +271,7 @@ std::vector<std::string> unread_datasets(const H5File& f, const DatasetNames& na
     const bool inside = p.compare(0, group.size(), group) == 0 && p.find('/', group.size()) == std::string::npos;
     return inside ? p.substr(group.size()) : std::string();
   };
-  std::vector<std::string> read = {"do", "dlse", "o", "lse", "dq", "dk", "dv", "dbias", "dsinks"};
+  std::vector<std::string> read = {"do", kLseGradientDataset, "o", "lse", "dq", "dk", "dv", "dbias", "dsinks"};
   for (const std::string* n : {&names.q, &names.k, &names.v, &names.mask, &names.bias, &names.sinks,
                                &names.segment_ids, &names.cu_seqlens})
     read.push_back(name_in_group(*n));
@@ -334,8 +330,9 @@ LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv, Memo
     t.kv_segment_ids = read_segments(f, p, kv_runs, memory);
   }
   if (!p.cu_seqlens.empty()) {
-    t.q_segment_ids = segments_from_cu_seqlens(p.cu_seqlens, p.q_runs, memory);
-    t.kv_segment_ids = segments_from_cu_seqlens(p.cu_seqlens, kv_runs, memory);
+    const std::vector<int32_t> ids = segment_ids_from_cu_seqlens(p.cu_seqlens);  // T ints, once
+    t.q_segment_ids = segments_of_runs(ids, p.q_runs, memory);
+    t.kv_segment_ids = segments_of_runs(ids, kv_runs, memory);
   }
   return t;
 }
