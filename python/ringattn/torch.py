@@ -535,9 +535,7 @@ def ring_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None
     packed = varlen.packed_sequences(cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k,
                                      _masks_aligned(causal, window))
     if not packed.one_call:
-        offset = packed.cu_k[-1] - packed.cu_q[-1]
-        first = next(i for i in range(len(packed.cu_q) - 1) if min(packed.lengths(i)) > 0 and
-                     packed.cu_k[i + 1] - packed.cu_q[i + 1] != offset)
+        first, offset = packed.misaligned, packed.cu_k[-1] - packed.cu_q[-1]
         raise ValueError(f"sequence {first} ends {packed.cu_k[first + 1] - packed.cu_q[first + 1]} keys past its "
                          f"queries' end but the batch {offset}: the ring aligns causal and window once, over the packed "
                          "sequence (pass equal cu_seqlens_q and cu_seqlens_k, or use attention_varlen on one process)")

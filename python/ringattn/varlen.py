@@ -20,7 +20,12 @@ import torch
 class PackedSequences:
     cu_q: list  # cumulative query lengths, host ints
     cu_k: list
-    one_call: bool  # whether one call of batch 1 with segment ids is each sequence's own attention
+    misaligned: Optional[int]  # with causal / window: the first sequence the packed call would misalign
+
+    @property
+    def one_call(self):
+        """Whether one call of batch 1 with segment ids is each sequence's own attention."""
+        return self.misaligned is None
 
     def lengths(self, i):
         return self.cu_q[i + 1] - self.cu_q[i], self.cu_k[i + 1] - self.cu_k[i]
@@ -82,10 +87,9 @@ def packed_sequences(cu_seqlens_q, cu_seqlens_k, total_q: Optional[int], total_k
     # own alignment, and at cu_q[i] + r + (total_k - total_q) in the packed call's: equal for all its rows
     # iff cu_k[i+1] - cu_q[i+1] == total_k - total_q. Sequences with no queries or no keys place nothing.
     offset = cu_k[-1] - cu_q[-1]
-    one_call = not aligned_masks or all(
-        cu_k[i + 1] - cu_q[i + 1] == offset for i in range(len(cu_q) - 1)
-        if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] > cu_k[i])
-    return PackedSequences(cu_q, cu_k, one_call)
+    misaligned = next((i for i in range(len(cu_q) - 1) if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] > cu_k[i]
+                       and cu_k[i + 1] - cu_q[i + 1] != offset), None) if aligned_masks else None
+    return PackedSequences(cu_q, cu_k, misaligned)
 
 
 def check_packed_tensors(q, k, v):
