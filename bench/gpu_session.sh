@@ -47,7 +47,9 @@
 # kv heads, 4 ranks on the GPUs, verified); `lse_gradient_tests` (a loss reading lse: GPU tests, the ring backward's
 # over both transports), `lse_gradient_python` (the Python layer's CUDA tests, then its cost, bench/lse_gradient_cost.py); `varlen` (GPU tests, the ring
 # backward's over both transports, the Python layer's CUDA tests; `varlen_python` the last alone), `varlen_bench` (attention_varlen beside PyTorch's varlen SDPA); `small_calls` (tests, then a small
-# call's cost with and without this build's changes, switched by environment variables); several as a
+# call's cost with and without this build's changes, switched by environment variables); `softcap_documents` (a soft cap
+# beside segment ids: GPU tests, the CLI, the Python layer's), `softcap_bench` (its rows beside segments alone and the cap
+# alone, mma.sync's too, and FlexAttention's); several as a
 # comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
@@ -843,6 +845,46 @@ if has small_calls; then  # a small call's cost: kept side streams, positions no
   done
   timeout 200 $py bench/torch_documents.py 16x128x16 16x128x64 32x128x4 --runs varlen,ringattn_varlen,ringattn_varlen_cudnn \
     2>&1 | grep -v "Warning\|is_fx_tracing" | tee -a "$out/varlen_documents.txt"
+fi
+if has softcap_documents; then  # a soft cap beside segment ids (Gemma 2's packed documents) on both flash kernels' soft-cap instances
+  unit_tests
+  $build/tests/cuda_attention_test --gtest_filter='DeterministicBackward*' 2>&1 | grep -E "^\[ +(OK|FAILED) " | tee "$out/deterministic.log"
+  timeout 250 mpirun -np 2 $build/tests/ring_backward_mpi_test --backend=cuda --gtest_brief=1 2>&1 |
+    tee "$out/ring_backward_mpi_test.log" | grep -v "^\[  SKIPPED\|runs on the host\|^\s*$" | tail -n 3
+  d=$(mktemp -d)  # the CLI on one GPU and on the ring of 2 (sharing it): run --backward, then verify
+  $bin generate --output $d/in.h5 --batch 1 --seq 2000 --heads 8 --kv-heads 2 --head-dim 128 --dtype bf16 --with-grad \
+    --segments 7 >/dev/null
+  for n in 1 2; do
+    mpirun -np $n $bin run --backend cuda --input $d/in.h5 --output $d/out$n.h5 --causal --softcap 30 --backward --quiet &&
+      mpirun -np $n $bin verify --input $d/in.h5 --output $d/out$n.h5 --causal --softcap 30 | tail -n 4
+    echo "softcap + segments on $n rank(s) exit $?"
+  done
+  python_package
+  timeout 300 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py python/tests/test_torch_varlen.py 2>&1 |
+    tee "$out/python_cuda.log" | tail -n 4
+fi
+if has softcap_bench; then  # a soft cap beside segment ids: rows beside segments alone and the cap alone, FlexAttention's
+  for round in 1 2; do  # segments alone, a soft cap alone, both: T = 16384 and 32768, H = 32, D = 128
+    for t in 16384 32768; do
+      for causal in "" "--causal"; do
+        for flags in "--segments 16" "--softcap 50" "--softcap 50 --segments 16"; do
+          echo -n "round $round T=$t $flags $causal: " | tee -a "$out/bench.txt"
+          bench 1 --backward --impl flash_attn2 --seq $t --iters 10 $flags $causal | tr '\n' ' '
+          echo | tee -a "$out/bench.txt"
+        done
+      done
+    done
+    for flags in "" "--softcap 50" "--segments 16" "--softcap 50 --segments 16"; do  # mma.sync (every GPU since Ampere)
+      echo -n "round $round mma_sync T=16384 $flags: " | tee -a "$out/bench.txt"
+      bench 1 --backward --impl flash_attn2 --flash-kernel mma_sync --seq 16384 --iters 6 $flags | tr '\n' ' '
+      echo | tee -a "$out/bench.txt"
+    done
+  done
+  python_package
+  for round in 1 2; do  # beside FlexAttention with the same score_mod and document mask
+    timeout 250 $py bench/torch_documents.py 32x128x16 16x128x64 --softcap 50 --runs flex,ringattn_varlen 2>&1 |
+      grep -v "Warning\|is_fx_tracing" | tee -a "$out/softcap_documents.txt"
+  done
 fi
 if has python_tests; then  # issue 22: the Python package's tests only, one GPU (CUDA tensors, then the host ones)
   python_package

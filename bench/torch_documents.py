@@ -7,13 +7,15 @@ causal), the backward at 2.5x the forward, as ringattn bench counts them. Beside
 importable: ringattn.torch.attention_varlen on the same packed tensors (flash_attn2: one call with segment ids;
 cudnn: a call a document), cu_seqlens on the GPU as a training loop holds them.
 Arguments: HEADSxHEAD_DIMxDOCUMENTS ... (default 16x128x16 16x128x64); --runs NAME,NAME (default all of
-flex, varlen, ringattn_varlen, ringattn_varlen_cudnn)."""
+flex, varlen, ringattn_varlen, ringattn_varlen_cudnn); --softcap CAP: Gemma-2's capped logits on packed documents
+(FlexAttention's score_mod cap * tanh(score / cap), ringattn's softcap; SDPA and cudnn have none: not run)."""
 import sys
 
 import torch
 import torch.nn.functional as F
 
 T = 32768
+SOFTCAP = 0.0  # --softcap
 
 
 def median_ms(fn):
@@ -31,6 +33,7 @@ def median_ms(fn):
 
 
 def report(name, heads, head_dim, docs, causal, forward_ms, backward_ms):
+    name += "_softcap" if SOFTCAP > 0 else ""
     flops = 4 * heads * head_dim * T * T / docs / (2 if causal else 1)
     print(f"{name:12s} H={heads:3d} D={head_dim:4d} T={T} documents={docs:4d} causal={int(causal)} "
           f"fwd_ms={forward_ms:8.3f} fwd_TFLOP/s={flops / forward_ms / 1e9:7.2f} "
@@ -44,17 +47,23 @@ def flex(heads, head_dim, docs, causal):
     def same_document(b, h, q, kv):
         return (doc[q] == doc[kv]) & (q >= kv) if causal else doc[q] == doc[kv]
 
+    def soft_cap(score, b, h, q, kv):
+        return SOFTCAP * torch.tanh(score / SOFTCAP)
+
     mask = create_block_mask(same_document, None, None, T, T, device="cuda")
     attend = torch.compile(flex_attention)
+    score_mod = soft_cap if SOFTCAP > 0 else None
     q, k, v = (torch.randn(1, heads, T, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     d_o = torch.randn(1, heads, T, head_dim, device="cuda", dtype=torch.bfloat16)
-    forward_ms = median_ms(lambda: attend(q, k, v, block_mask=mask))
-    out = attend(q, k, v, block_mask=mask)
+    forward_ms = median_ms(lambda: attend(q, k, v, score_mod=score_mod, block_mask=mask))
+    out = attend(q, k, v, score_mod=score_mod, block_mask=mask)
     backward_ms = median_ms(lambda: torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True))
     report("torch_flex", heads, head_dim, docs, causal, forward_ms, backward_ms)
 
 
 def varlen(heads, head_dim, docs, causal):
+    if SOFTCAP > 0:
+        raise NotImplementedError("SDPA has no soft cap")
     offsets = torch.arange(0, T + 1, T // docs, device="cuda", dtype=torch.int64)
 
     def jagged():
@@ -75,7 +84,9 @@ def ringattn_varlen(heads, head_dim, docs, causal, impl="flash_attn2"):
 
     cu = torch.arange(0, T + 1, T // docs, device="cuda", dtype=torch.int32)
     q, k, v = (torch.randn(T, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    attend = lambda: rt.attention_varlen(q, k, v, cu, cu, causal=causal, impl=impl)  # noqa: E731
+    if SOFTCAP > 0 and impl == "cudnn":
+        raise NotImplementedError("cudnn has no soft cap")
+    attend = lambda: rt.attention_varlen(q, k, v, cu, cu, causal=causal, impl=impl, softcap=SOFTCAP)  # noqa: E731
     forward_ms = median_ms(attend)
     out = attend()
     d_o = torch.randn_like(out)
@@ -94,6 +105,9 @@ chosen = list(RUNS)
 if "--runs" in args:
     at = args.index("--runs")
     chosen, args = args[at + 1].split(","), args[:at] + args[at + 2:]
+if "--softcap" in args:
+    at = args.index("--softcap")
+    SOFTCAP, args = float(args[at + 1]), args[:at] + args[at + 2:]
 shapes = [tuple(int(x) for x in arg.split("x")) for arg in args] or [(16, 128, 16), (16, 128, 64)]
 for causal in (False, True):
     for heads, head_dim, docs in shapes:

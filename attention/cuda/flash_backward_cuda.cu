@@ -55,7 +55,8 @@ struct BackwardTraits {
 // kSegments: an instance that skips query blocks by segment ids and compares them in masked steps (the
 // extras one compares them in pair_logit); the others compile without them (at the register limit).
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
-template <typename T, int D, bool kExtras, bool kSegments, bool kPadded>
+// kSoftCap: P from the capped logits and dS times the cap's derivative (with kSegments, not kExtras).
+template <typename T, int D, bool kExtras, bool kSegments, bool kPadded, bool kSoftCap = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
   using Traits = BackwardTraits<T, D>;
   constexpr int kBlockN = Traits::kBlockN, kQTilesPerWarp = Traits::kQTilesPerWarp;
@@ -165,6 +166,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           const int key = n0 + key_row + (e >= 2 ? 8 : 0), qcol = (q_tile0 + j) * 8 + (lane % 4) * 2 + (e & 1);
           const int query = m0 + qcol;
           float s_log2 = st[j][e] * scale_log2, derivative = 1.0f;
+          if constexpr (kSoftCap) {
+            const float th = tanhf(st[j][e] * a.scale / a.soft_cap);
+            s_log2 = a.soft_cap * kLog2e * th, derivative = 1.0f - th * th;
+          }
           if (masked) {
             if (key >= a.kv_len || query >= a.q_len) {
               s_log2 = -INFINITY;
@@ -273,8 +278,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
 template <typename T, int D, bool kPadded>
 void launch_backward(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   using Traits = BackwardTraits<T, D>;
-  // The extras instance always reads segment ids (it is not at its register limit's edge): three, not four.
+  // The extras and soft-cap instances always read segment ids (the extras are not at the register limit's edge;
+  // the soft cap is rare enough not to double its instances).
   auto kernel = flash_has_extras(g.a)   ? flash_backward_kernel<T, D, true, true, kPadded>
+                : g.a.soft_cap > 0.0f  ? flash_backward_kernel<T, D, false, true, kPadded, true>
                 : g.a.q_segment_ranges ? flash_backward_kernel<T, D, false, true, kPadded>
                                        : flash_backward_kernel<T, D, false, false, kPadded>;
   launch_flash_backward(reinterpret_cast<const void*>(kernel), g, Traits::kBlockN, kThreads, Traits::kSmemBytes,

@@ -44,7 +44,9 @@ __device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b,
 // kSegments: an instance that skips key tiles by segment ids and compares them in masked tiles; the
 // others compile without them. kExtras: every tile masked pair by pair with the soft cap, bias, mask and
 // dropout (always with kSegments). kPadded: head dims narrower than D (dispatch_flash_instance), zero columns.
-template <typename T, int D, bool kExtras, bool kSegments, bool kPadded>
+// kSoftCap: the scores capped into log2 units before the masks (with kSegments, not kExtras): the other
+// instances compile as before.
+template <typename T, int D, bool kExtras, bool kSegments, bool kPadded, bool kSoftCap = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAttentionArgs a) {
   constexpr int kMTiles = kMTilesFor<D>, kBlockM = kBlockMFor<D>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
       // Unmasked tiles keep raw scores and fold the scale into the exponent's FFMA; masked tiles are
       // already in log2 units (-inf where hidden).
       const bool masked = kind == BlockKind::kPartial || kExtras || n0 + kBlockN > a.kv_len;
-      const float sc = masked ? 1.0f : scale_log2;
+      const float sc = masked || kSoftCap ? 1.0f : scale_log2;
 #pragma unroll
       for (int t = 0; t < kMTiles; ++t) {
         const int row0 = warp_row0 + t * 16 + lane / 4;
@@ -166,8 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
           if (a.soft_cap > 0.0f) soft_cap_scores(s[t], a.scale / a.soft_cap, a.soft_cap * kLog2e), to_log2 = 1.0f;
           mask_positions<kSegments>(a, s[t], b, n0, lane, row0, to_log2);
           add_bias_mask(a, s[t], b, h, n0, lane, row0, nullptr);
-        } else if (masked) {
-          mask_positions<kSegments>(a, s[t], b, n0, lane, row0, scale_log2);  // no TileKeys: 6-22% slower here (spills)
+        } else {
+          if constexpr (kSoftCap) soft_cap_scores(s[t], a.scale / a.soft_cap, a.soft_cap * kLog2e);
+          // no TileKeys: 6-22% slower here (spills)
+          if (masked) mask_positions<kSegments>(a, s[t], b, n0, lane, row0, kSoftCap ? 1.0f : scale_log2);
         }
         softmax_step(s[t], o_acc[t], m_row[t], l_row[t], sc);
         if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s[t], b, h, n0, lane, row0, nullptr);
@@ -210,8 +214,10 @@ template <typename T, int D, bool kPadded>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   constexpr int kBlockM = kBlockMFor<D>;
   const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
-  // The extras instance always reads segment ids (it compares every logit anyway): three, not four.
+  // The extras and soft-cap instances always read segment ids (the extras compare every logit anyway; the
+  // soft cap is rare enough not to double its instances).
   auto kernel = flash_has_extras(a)   ? flash_forward_kernel<T, D, true, true, kPadded>
+                : a.soft_cap > 0.0f  ? flash_forward_kernel<T, D, false, true, kPadded, true>
                 : a.q_segment_ranges ? flash_forward_kernel<T, D, false, true, kPadded>
                                      : flash_forward_kernel<T, D, false, false, kPadded>;
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -243,13 +249,7 @@ void check_flash_head_dims(int64_t head_dim, int64_t value_dim, const char* kern
            value_dim, ": ", kernel, " takes head dims that are multiples of 8 up to 256; use --impl sdpa (any)");
 }
 
-bool flash_has_extras(const CudaAttentionArgs& a) {
-  return a.soft_cap > 0.0f || a.bias.data || a.mask.data || a.dropout_prob > 0.0f;
-}
-
-bool flash_wgmma_has_extras(const CudaAttentionArgs& a) {
-  return a.bias.data || a.mask.data || a.dropout_prob > 0.0f || (a.soft_cap > 0.0f && a.q_segment_ids.data);
-}
+bool flash_has_extras(const CudaAttentionArgs& a) { return a.bias.data || a.mask.data || a.dropout_prob > 0.0f; }
 
 bool flash_uses_wgmma(const CudaAttentionArgs& a) {
   const FlashKernel k = a.flash_kernel;

@@ -17,13 +17,10 @@ void check_flash_cuda_supported(const AttentionInputs& in);
 // naming both and the fallbacks otherwise. `kernel` names the caller ("the cuda flash_attn2 backward").
 void check_flash_head_dims(int64_t head_dim, int64_t value_dim, const char* kernel);
 
-// True when the arguments use an option beyond positions and segment ids (soft cap, bias, mask, dropout):
-// the mma.sync kernels then run their instances that form each logit alone.
+// True when the arguments use a bias, a mask or dropout: both flash kernels then run their extras
+// instances, which form each logit pair by pair. A soft cap, beside segment ids or not, has instances of
+// its own.
 bool flash_has_extras(const CudaAttentionArgs& args);
-
-// True when the wgmma kernels run these arguments in their extras instances (bias, mask, dropout, or a
-// soft cap beside segment ids, pair by pair); a soft cap alone has instances of its own.
-bool flash_wgmma_has_extras(const CudaAttentionArgs& args);
 
 // True when the wgmma kernels (forward and backward alike) run these arguments (args.flash_kernel, from
 // AttentionParams): kAuto where this build and GPU have them (every option); kMmaSync never; kWgmma forced

@@ -49,9 +49,9 @@ __device__ __forceinline__ void load_slabs(T* dst, const DeviceView4& src, int b
 // and either branch in the other's code slowed it by 2%.
 enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 
-// kSoftCap: an instance that caps the scores (CudaAttentionArgs::soft_cap; never with segment ids).
+// kSoftCap: an instance that caps the scores (CudaAttentionArgs::soft_cap), with or without segment ids.
 // kExtras: an instance that masks every tile pair by pair with the soft cap, the bias and mask tensors,
-// and drops probabilities (flash_wgmma_has_extras; always with kSegments, never after a carry writer).
+// and drops probabilities (flash_has_extras; always with kSegments, never after a carry writer).
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a,
@@ -263,10 +263,13 @@ static_assert(smem_bytes<__nv_bfloat16, 256>() <= 227 * 1024, "Q and two K and V
 template <typename T, int D, bool kPadded>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
-  const bool extras = flash_wgmma_has_extras(a);
+  const bool extras = flash_has_extras(a);
   // Template arguments after the carry mode: kSegments, kSoftCap, kExtras, kPadded.
   auto kernel = extras ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, false, true, kPadded>
                                      : flash_wgmma_kernel<T, D, kFromCarry, true, false, true, kPadded>)
+                : a.soft_cap > 0.0f && a.q_segment_ranges
+                    ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, true, false, kPadded>
+                                  : flash_wgmma_kernel<T, D, kFromCarry, true, true, false, kPadded>)
                 : a.soft_cap > 0.0f
                     ? (a.o_direct             ? flash_wgmma_kernel<T, D, kDirect, false, true, false, kPadded>
                        : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, true, false, kPadded>

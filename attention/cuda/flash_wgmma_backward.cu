@@ -41,11 +41,13 @@ template <typename T, int D, bool kPadded>
 void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   // The extras spill at D = 96 (beside unsplit dK and dV, 324 bytes a thread) and 32 (760): the 128 instance's
   // split layout and the 64 instance, as before those had instances of their own.
-  if (flash_wgmma_has_extras(g.a)) {
+  if (flash_has_extras(g.a)) {
     constexpr int kExtrasD = D == 96 ? 128 : D == 32 ? 64 : D;
     return launch_instance<T, kExtrasD, kPadded || kExtrasD != D, true, false, true>(g, dq_slices, stream);
   }
-  if (g.a.soft_cap > 0.0f) return launch_instance<T, D, kPadded, false, true, false>(g, dq_slices, stream);
+  if (g.a.soft_cap > 0.0f)
+    return g.a.q_segment_ranges ? launch_instance<T, D, kPadded, true, true, false>(g, dq_slices, stream)
+                                : launch_instance<T, D, kPadded, false, true, false>(g, dq_slices, stream);
   if (g.a.q_segment_ranges) return launch_instance<T, D, kPadded, true, false, false>(g, dq_slices, stream);
   launch_instance<T, D, kPadded, false, false, false>(g, dq_slices, stream);
 }
@@ -54,7 +56,7 @@ void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) 
 
 bool flash_wgmma_backward_orders_dq(const CudaAttentionArgs& a) {
   const int widest = std::max(a.head_dim, a.value_dim);
-  return widest <= 64 || widest > 128 || flash_wgmma_has_extras(a);
+  return widest <= 64 || widest > 128 || flash_has_extras(a);
 }
 
 void flash_wgmma_backward(const FlashBackwardArgs& g, DType dtype, Tensor* dq_slices, cudaStream_t stream) {

@@ -31,7 +31,7 @@ void launch_dq_apart(FlashBackwardArgs g, cudaStream_t stream) {
 }  // namespace
 
 bool flash_wgmma_backward_dq_apart(const CudaAttentionArgs& a) {
-  return (a.head_dim == 192 || a.head_dim == 256) && a.value_dim == a.head_dim && !flash_wgmma_has_extras(a) &&
+  return (a.head_dim == 192 || a.head_dim == 256) && a.value_dim == a.head_dim && !flash_has_extras(a) &&
          a.soft_cap <= 0.0f && !a.q_segment_ranges;
 }
 

@@ -70,10 +70,10 @@ FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
 
 // kSegments: an instance that reads segment ids (skipping query blocks, comparing ids in masked steps);
 // the other compiles without them, as it did before (this kernel spills at any extra live value).
-// kSoftCap: an instance with a soft cap (never with segment ids): P from the capped logits, and dS times
+// kSoftCap: an instance with a soft cap (with kSegments or without): P from the capped logits, and dS times
 // the cap's derivative 1 - tanh^2, tanh recovered from P and LSE rather than kept (no live value more).
 // kExtras: an instance that forms every pair with the soft cap (at run time), the bias and mask tensors
-// and dropout, and adds dS into dBias by atomics (flash_wgmma_has_extras; always with kSegments).
+// and dropout, and adds dS into dBias by atomics (flash_has_extras; always with kSegments).
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 // kOrdered: --deterministic (flash_wgmma_backward_ordered.cu): the key blocks run from the last down, and each
 // adds its dQ into a block of query rows on its turn (DqTurn), after every key block above it that adds there.

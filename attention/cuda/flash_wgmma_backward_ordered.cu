@@ -89,9 +89,11 @@ void launch_ordered(FlashBackwardArgs g, Tensor* scratch, cudaStream_t stream) {
 // Only the instances flash_wgmma_backward_orders_dq sends here: at 128 columns the extras one alone.
 template <typename T, int D, bool kPadded>
 void launch(const FlashBackwardArgs& g, Tensor* scratch, cudaStream_t stream) {
-  if (flash_wgmma_has_extras(g.a)) return launch_ordered<T, D, kPadded, true, false, true>(g, scratch, stream);
+  if (flash_has_extras(g.a)) return launch_ordered<T, D, kPadded, true, false, true>(g, scratch, stream);
   if constexpr (D != 128) {
-    if (g.a.soft_cap > 0.0f) return launch_ordered<T, D, kPadded, false, true, false>(g, scratch, stream);
+    if (g.a.soft_cap > 0.0f)
+      return g.a.q_segment_ranges ? launch_ordered<T, D, kPadded, true, true, false>(g, scratch, stream)
+                                  : launch_ordered<T, D, kPadded, false, true, false>(g, scratch, stream);
     if (g.a.q_segment_ranges) return launch_ordered<T, D, kPadded, true, false, false>(g, scratch, stream);
     return launch_ordered<T, D, kPadded, false, false, false>(g, scratch, stream);
   }

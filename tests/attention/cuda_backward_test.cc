@@ -78,16 +78,16 @@ std::vector<CudaGradCase> cuda_grad_cases() {
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++},
                        FlashKernel::kWgmma});
     }
-  // A soft cap on both kernels forced (wgmma's without segment ids: P from the capped logits, dS times
-  // 1 - tanh^2), D 64 / 128 / 256.
+  // A soft cap on both kernels forced (wgmma's instances of their own, with segment ids too: P from the
+  // capped logits, dS times 1 - tanh^2), D 64 / 128 / 256.
   for (const Shape& sh : {wgmma_shapes[0], wgmma_shapes[1], wide_wgmma_shapes[0], wgmma_shapes[3], wide_wgmma_shapes[2]})
     for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
       for (const Options& opt : soft_cap_option_sets()) {
         const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
         cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
       }
-  // The extras instances (bias with dBias, mask, dropout regenerated, a soft cap beside segment ids) on
-  // each kernel forced, D 64 / 128 / 256.
+  // The extras instances (bias with dBias, mask, dropout regenerated, a soft cap beside a mask) on each
+  // kernel forced, D 64 / 128 / 256.
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
     for (const Options& opt : extras_option_sets())
       for (const Shape& sh : {wgmma_shapes[seed % 2 ? 0 : 3], wgmma_shapes[seed % 2 ? 1 : 2], wide_wgmma_shapes[seed % 3]}) {
@@ -357,12 +357,13 @@ TEST(DeterministicBackward, SameBitsOnEveryRun) {
     FlashKernel kernel;
     ProblemSpec spec;
   };
-  Options plain, causal_window, extras, causal, documents, capped;
+  Options plain, causal_window, extras, causal, documents, capped, capped_documents;
   causal_window.causal = causal_window.window = true;
   extras.bias = extras.dropout = extras.segments = true;
   causal.causal = true;
   documents.segments = documents.causal = true;
   capped.softcap = capped.window = true;
+  capped_documents.softcap = capped_documents.segments = capped_documents.causal = true;
   std::vector<Case> cases;
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync}) {
     cases.push_back({"flash_attn2", kernel, {1, 1200, 2100, 4, 1, 64, 64, DType::kBF16, plain, 960}});
@@ -377,6 +378,8 @@ TEST(DeterministicBackward, SameBitsOnEveryRun) {
     // ordered kernel's writer masks span two words).
     cases.push_back({"flash_attn2", kernel, {2, 1000, 1000, 4, 2, 128, 128, DType::kBF16, documents, 966}});
     cases.push_back({"flash_attn2", kernel, {1, 600, 4700, 4, 1, 64, 64, DType::kF16, capped, 967}});
+    // A soft cap beside packed documents (the ordered kernel's soft-cap instance with segment ids).
+    cases.push_back({"flash_attn2", kernel, {1, 900, 1500, 4, 2, 64, 64, DType::kBF16, capped_documents, 971}});
   }
 #if RA_HAVE_CUDNN
   cases.push_back({"cudnn", FlashKernel::kAuto, {1, 1500, 2100, 4, 1, 128, 128, DType::kBF16, causal, 963}});

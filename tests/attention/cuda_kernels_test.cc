@@ -71,14 +71,15 @@ std::vector<CudaCase> all_cases() {
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, DType::kBF16, opt, seed++}, kernel});
     }
   for (const DocumentCase& c : document_cases({{1, 520, 520, 2, 1, 256}}, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
-  // A soft cap on the wgmma kernel (no segment ids), forced, every head dim.
-  for (const Shape& sh : {shapes[1], shapes[2], wide[0], shapes[3], shapes[4], wide[1]})
-    for (const Options& opt : soft_cap_option_sets()) {
-      const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
-      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, FlashKernel::kWgmma});
-    }
-  // The extras instances (bias, mask, dropout, a soft cap beside segment ids) on each kernel forced, D 64 /
-  // 128 / 256.
+  // A soft cap on each kernel forced (their instances of their own, with segment ids too), every head dim.
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (const Shape& sh : {shapes[1], shapes[2], wide[0], shapes[3], shapes[4], wide[1]})
+      for (const Options& opt : soft_cap_option_sets()) {
+        const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+        cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
+      }
+  // The extras instances (bias, mask, dropout, a soft cap beside a mask) on each kernel forced, D 64 / 128 /
+  // 256.
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
     for (const Options& opt : extras_option_sets())
       for (const Shape& sh : {shapes[seed % 2 ? 2 : 0], shapes[seed % 2 ? 1 : 3], wide[seed % std::size(wide)]}) {

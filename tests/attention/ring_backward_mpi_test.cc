@@ -345,6 +345,10 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   cases.push_back(cudnn_contiguous);
   cases.push_back(gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 96, 96, 4, 2, "flash_attn2", true));
   cases.push_back(gpu(SequenceLayout::kContiguous, opts[0], DType::kF16, 3, 3, 2, 2, "flash_attn2"));  // fewer tokens than ranks
+  Options capped_documents;  // Gemma 2's packed documents: the flash kernels' soft-cap instances with segment ids
+  capped_documents.causal = capped_documents.segments = capped_documents.softcap = true;
+  for (SequenceLayout layout : {SequenceLayout::kZigzag, SequenceLayout::kContiguous})
+    cases.push_back(gpu(layout, capped_documents, DType::kBF16, 230, 230, 4, 2, "flash_attn2"));
   RingBackwardCase wide = gpu(SequenceLayout::kZigzag, opts[6], DType::kBF16, 150, 150, 4, 2, "flash_attn2");
   wide.head_dim = wide.v_head_dim = 256;  // the mma.sync kernel's split of 16 keys over two warps, every option
   cases.push_back(wide);

@@ -25,25 +25,27 @@ inline std::vector<Options> wgmma_option_sets() {
   return sets;
 }
 
-// A soft cap, which the wgmma kernels run in instances of their own without segment ids: alone, causal,
-// and a window with sinks.
+// A soft cap, which both kernels run in instances of their own, beside segment ids too (Gemma 2's packed
+// documents): alone, causal, a window with sinks, packed documents, causal packed documents.
 inline std::vector<Options> soft_cap_option_sets() {
-  std::vector<Options> sets(3);
+  std::vector<Options> sets(5);
   for (Options& o : sets) o.softcap = true;
   sets[1].causal = true;
   sets[2].window = sets[2].sinks = true;
+  sets[3].segments = true;
+  sets[4].causal = sets[4].segments = true;
   return sets;
 }
 
 // The options both kernels run in their extras instances (each logit formed pair by pair): bias, mask and
-// dropout alone; a soft cap beside segment ids; bias and mask with causal; dropout with a window and
-// sinks; every option at once.
+// dropout alone; a soft cap beside a mask and segment ids; bias and mask with causal; dropout with a window
+// and sinks; every option at once.
 inline std::vector<Options> extras_option_sets() {
   std::vector<Options> sets(7);
   sets[0].bias = true;
   sets[1].mask = true;
   sets[2].dropout = true;
-  sets[3].softcap = sets[3].segments = true;
+  sets[3].softcap = sets[3].mask = sets[3].segments = true;
   sets[4].causal = sets[4].bias = sets[4].mask = true;
   sets[5].window = sets[5].sinks = sets[5].dropout = true;
   sets[6] = Options{true, true, true, true, true, true, true, true};
@@ -51,8 +53,8 @@ inline std::vector<Options> extras_option_sets() {
 }
 
 // Packed or cycled documents (segment ids, every case) with the options of case o (0..3): alone, causal,
-// window, causal with sinks; `extras` adds what the extras instances run (soft cap, with a mask in case 2
-// and dropout in case 3).
+// window, causal with sinks; `extras` adds a soft cap (the kernels' soft-cap instances in cases 0 and 1, the
+// extras instances with a mask in case 2 and dropout in case 3).
 inline Options document_options(int o, bool extras) {
   Options opt;
   opt.segments = true;
