@@ -488,8 +488,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     options = dict(causal=causal, window=window, softcap=softcap, scale=scale, sinks=sinks, impl=impl,
                    flash_kernel=flash_kernel, deterministic=deterministic, return_lse=True)
     if packed.one_call and impl != "cudnn":  # cuDNN takes no segment ids: a call a sequence
-        o, lse = attention(q[None], k[None], v[None], segment_ids=packed.segment_ids(q.device),
-                           kv_segment_ids=packed.segment_ids(q.device, keys=True), dropout=dropout,
+        q_ids = packed.segment_ids(q.device)
+        kv_ids = q_ids if packed.cu_k == packed.cu_q else packed.segment_ids(q.device, keys=True)
+        o, lse = attention(q[None], k[None], v[None], segment_ids=q_ids, kv_segment_ids=kv_ids, dropout=dropout,
                            dropout_seed=dropout_seed, **options)
         o, lse = o[0], lse[0]
     else:
