@@ -11,6 +11,8 @@ import torch
 import ringattn.torch as rt
 from ringattn import varlen
 
+from bench_common import median_ms
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--seq", type=int, default=32768)
 parser.add_argument("--heads", type=int, default=16)
@@ -18,19 +20,6 @@ parser.add_argument("--documents", default="16,64")
 parser.add_argument("--profile", action="store_true")
 args = parser.parse_args()
 T, H, D = args.seq, args.heads, 128
-
-
-def median_ms(fn):
-    times = []
-    for i in range(12):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= 2:
-            times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def host_ms(fn, calls=20):
@@ -51,8 +40,8 @@ for docs in (int(n) for n in args.documents.split(",")):
         whole = lambda: rt.attention_varlen(q, k, v, cu, cu, causal=causal)  # noqa: E731
         direct = lambda: rt.attention(q[None], k[None], v[None], segment_ids=ids, kv_segment_ids=ids,  # noqa: E731
                                       causal=causal)
-        print(f"documents={docs} causal={int(causal)} T={T} H={H}: attention_varlen {median_ms(whole):.3f} ms, "
-              f"attention with ids made once {median_ms(direct):.3f} ms; host: packed_sequences "
+        print(f"documents={docs} causal={int(causal)} T={T} H={H}: attention_varlen {median_ms(whole, 10, warmup=2):.3f} ms, "
+              f"attention with ids made once {median_ms(direct, 10, warmup=2):.3f} ms; host: packed_sequences "
               f"{host_ms(lambda: varlen.packed_sequences(cu, cu, T, T)):.3f} ms, segment_ids "
               f"{host_ms(lambda: packed.segment_ids(q.device)):.3f} ms, attention_varlen "
               f"{host_ms(whole):.3f} ms, attention {host_ms(direct):.3f} ms", flush=True)
