@@ -1,7 +1,7 @@
 """Where a packed batch's call through ringattn.torch.attention_varlen spends its time beside the same
 attention called with segment ids made once: CUDA-event time per call (median of 10 after 2 warm-up calls),
-the host's time of each step (cu_seqlens read and checked, segment ids made), then torch.profiler's table of 5
-calls. bf16, B=1, T tokens in N equal documents, H heads, D=128.
+the host's time of each step (cu_seqlens read and checked, segment ids made), calls in a loop (forward alone,
+forward and backward) synchronised after 20 as a training loop runs them, then torch.profiler's table of 5 calls. bf16, B=1, T tokens in N equal documents, H heads, D=128.
 Arguments: --seq T --heads H --documents N,... --profile"""
 import argparse
 import time
@@ -23,6 +23,7 @@ T, H, D = args.seq, args.heads, 128
 
 
 def host_ms(fn, calls=20):
+    fn()  # the first call loads the kernels (lazily) and fills the caches
     torch.cuda.synchronize()
     wall = time.perf_counter()
     for _ in range(calls):
@@ -40,11 +41,14 @@ for docs in (int(n) for n in args.documents.split(",")):
         whole = lambda: rt.attention_varlen(q, k, v, cu, cu, causal=causal)  # noqa: E731
         direct = lambda: rt.attention(q[None], k[None], v[None], segment_ids=ids, kv_segment_ids=ids,  # noqa: E731
                                       causal=causal)
+        do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
         print(f"documents={docs} causal={int(causal)} T={T} H={H}: attention_varlen {median_ms(whole, 10, warmup=2):.3f} ms, "
               f"attention with ids made once {median_ms(direct, 10, warmup=2):.3f} ms; host: packed_sequences "
               f"{host_ms(lambda: varlen.packed_sequences(cu, cu, T, T)):.3f} ms, segment_ids "
               f"{host_ms(lambda: packed.segment_ids(q.device)):.3f} ms, attention_varlen "
-              f"{host_ms(whole):.3f} ms, attention {host_ms(direct):.3f} ms", flush=True)
+              f"{host_ms(whole):.3f} ms, attention {host_ms(direct):.3f} ms; forward + backward in a loop (a "
+              f"synchronisation after 20): attention_varlen {host_ms(lambda: whole().backward(do)):.3f} ms, attention "
+              f"{host_ms(lambda: direct()[0].backward(do)):.3f} ms", flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -226,7 +226,16 @@ def test_deterministic_backward_gives_the_same_bits_on_every_run():
 
 
 VARLEN_BATCHES = {"equal": ([100, 1, 257, 0, 64], [100, 1, 257, 0, 64]),
+                  "one_tensor": ([100, 1, 257, 0, 64], [100, 1, 257, 0, 64]),  # cu_seqlens_k is cu_seqlens_q
                   "cached_keys_each": ([100, 37, 64], [130, 37, 200])}
+
+
+def test_attention_varlen_refuses_bad_lengths_on_the_gpu_after_queueing_its_call():
+    q, k, v = (torch.randn(10, 4, 64, device=GPU, dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 6, 4, 10], dtype=torch.int32, device=GPU)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing: entry 2 is 4 after 6"):
+        rt.attention_varlen(q, k, v, cu, cu, causal=True)
+    torch.cuda.synchronize()  # the queued call ran on ids of any lengths without a fault
 
 
 @pytest.mark.parametrize("impl", ["flash_attn2", "cudnn"])
@@ -245,6 +254,8 @@ def test_attention_varlen_equals_the_f64_reference_of_each_sequence(impl, batch)
     do = torch.randn(sum(lq), H, D, generator=g).to(GPU, dtype)
     dlse = torch.randn(H, sum(lq), generator=g).to(GPU) if impl != "cudnn" else torch.zeros(H, sum(lq), device=GPU)
     cu_q, cu_k = (torch.tensor(cumulative(x), dtype=torch.int32, device=GPU) for x in (lq, lk))
+    if batch == "one_tensor":  # one call queued before the lengths are read back and checked
+        cu_k = cu_q
     o, lse = rt.attention_varlen(q, k, v, cu_q, cu_k, impl=impl, causal=True, return_lse=True)
     ((o * do).sum() + ((lse * dlse).sum() if impl != "cudnn" else 0)).backward()
     want = per_sequence_reference(q, k, v, do, dlse, lq, lk, causal=True)

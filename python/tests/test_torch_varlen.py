@@ -170,6 +170,33 @@ def test_bad_lengths_are_refused_by_name(case, message):
                             causal=True, dropout=case.get("dropout", 0.0))
 
 
+@pytest.mark.parametrize("case,message", [c for c in BAD if "q4" not in c[0] and "dropout" not in c[0]])
+def test_bad_lengths_are_refused_after_the_call_they_did_not_hold_up(monkeypatch, case, message):
+    # Lengths as tensors and no causal mask: one call is sure without them, so it is queued before they are read
+    # back; the bad length still raises by name (the dtype and shape checks before anything runs).
+    q, k, v = packed(6, [4, 6], [4, 6])[:3]
+    cu_q, cu_k = (cu if isinstance(cu, torch.Tensor) else torch.tensor(cu)
+                  for cu in (case.get("cu_q", [0, 4, 10]), case.get("cu_k", [0, 4, 10])))
+    calls = count_calls(monkeypatch)
+    with pytest.raises(ValueError, match=message):
+        rt.attention_varlen(q, k, v, cu_q, cu_k if "cu_k" in case else cu_q, case.get("max_q"))
+    assert calls == ([] if "integers" in message or "1-dimensional" in message else [True]), calls
+
+
+def test_equal_lengths_tensor_runs_one_call_before_its_check(monkeypatch):
+    # cu_seqlens_q is cu_seqlens_k (training): one call with causal, ids made from the tensor itself, the same
+    # result as from lists.
+    lq = [3, 0, 5, 1]
+    q, k, v = packed(8, lq, lq)[:3]
+    cu = torch.tensor([0, 3, 3, 8, 9], dtype=torch.int32)
+    want = rt.attention_varlen(q, k, v, [0, 3, 3, 8, 9], [0, 3, 3, 8, 9], causal=True, return_lse=True)
+    calls = count_calls(monkeypatch)
+    got = rt.attention_varlen(q, k, v, cu, cu, causal=True, return_lse=True)
+    assert calls == [True]
+    close(got[0], want[0], 0.0)
+    close(got[1], want[1], 0.0)
+
+
 def test_ring_varlen_refuses_sequences_the_ring_cannot_align():
     q, k, v = packed(7, [3, 6, 2], [5, 6, 7])[:3]
     with pytest.raises(ValueError, match="sequence 0 ends 2 keys past its queries' end but the batch 7"):
