@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           const int query = m0 + qcol;
           float s_log2 = st[j][e] * scale_log2, derivative = 1.0f;
           if constexpr (kSoftCap) {
-            const float th = tanhf(st[j][e] * a.scale / a.soft_cap);
+            const float th = soft_cap_tanh(st[j][e] * a.scale / a.soft_cap);
             s_log2 = a.soft_cap * kLog2e * th, derivative = 1.0f - th * th;
           }
           if (masked) {
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
               const float logit = pair_logit_cuda(a, st[j][e], b, h, query, key, a.pos.q[query], a.pos.k[key]);
               s_log2 = logit * kLog2e;
               if (a.soft_cap > 0.0f) {
-                const float th = tanhf(st[j][e] * a.scale / a.soft_cap);
+                const float th = soft_cap_tanh(st[j][e] * a.scale / a.soft_cap);
                 derivative = 1.0f - th * th;
               }
             } else if (!position_visible(a.pos.q[query], a.pos.k[key], a.causal, a.window_left, a.window_right) ||
