@@ -165,11 +165,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
         // the column limits of the wgmma extras instance cost this kernel 35% in spills at D = 128 (measured).
         if constexpr (kExtras) {
           float to_log2 = scale_log2;
-          if (a.soft_cap > 0.0f) soft_cap_scores(s[t], a.scale / a.soft_cap, a.soft_cap * kLog2e), to_log2 = 1.0f;
+          if (a.soft_cap > 0.0f) soft_cap_scores<true>(s[t], a.scale / a.soft_cap, a.soft_cap * kLog2e), to_log2 = 1.0f;
           mask_positions<kSegments>(a, s[t], b, n0, lane, row0, to_log2);
           add_bias_mask(a, s[t], b, h, n0, lane, row0, nullptr);
         } else {
-          if constexpr (kSoftCap) soft_cap_scores(s[t], a.scale / a.soft_cap, a.soft_cap * kLog2e);
+          if constexpr (kSoftCap) soft_cap_scores<true>(s[t], a.scale / a.soft_cap, a.soft_cap * kLog2e);
           // no TileKeys: 6-22% slower here (spills)
           if (masked) mask_positions<kSegments>(a, s[t], b, n0, lane, row0, kSoftCap ? 1.0f : scale_log2);
         }

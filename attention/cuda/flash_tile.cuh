@@ -305,10 +305,13 @@ __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float
     }
 }
 
-// tanh for the soft cap in one MUFU operation: tanhf takes two (EX2 and RCP), which beside the softmax's EX2
-// bound the capped kernels. 1 - 2 / (e^2x + 1), the reciprocal by three Newton steps on the FMA pipe from an
-// integer first guess (relative error 1/8, then 2e-2, 2e-4, 6e-8); absolute error about 1e-7. |x| > 9 is
-// +-1 in f32 (and keeps the sum finite); NaN stays NaN.
+// tanh for the soft cap in one MUFU operation, in two forms: tanhf takes two (EX2 and RCP), which beside the
+// softmax's EX2 bound the capped kernels. Which form a pass uses is measured (bench/RESULTS.md, "The wgmma
+// forward at head_dim 192; the soft cap's tanh in eleven instructions").
+// soft_cap_tanh, the backward's: 1 - 2 / (e^2x + 1), the reciprocal by three Newton steps on the FMA pipe from
+// an integer first guess (relative error 1/8, then 2e-2, 2e-4, 6e-8); absolute error about 3.4e-7. |x| > 9 is
+// +-1 in f32 (and keeps the sum finite); NaN stays NaN. Its values live briefly: the short form below held more
+// registers and cost the wgmma backward (at its register limit) 7%.
 __device__ __forceinline__ float soft_cap_tanh(float x) {
   x = x > 9.0f ? 9.0f : x < -9.0f ? -9.0f : x;
   const float d = fast_exp2(x * (2.0f * kLog2e)) + 1.0f;
@@ -318,13 +321,30 @@ __device__ __forceinline__ float soft_cap_tanh(float x) {
   return fmaf(-2.0f, r, 1.0f);
 }
 
-// The soft cap of raw scores s: cap tanh(s scale / cap), in log2 units (as the softmax takes them).
-template <int NT>
+// soft_cap_tanh_short, the forwards': tanh(k x) in eleven instructions with the cap's multiplies (seventeen
+// above), for softmax steps bound by their instruction count (wgmma at head_dim 256 +7%, mma.sync +3%, level at
+// 128). tanh |y| = 2 / (1 + e) - 1 = 1 / h - 1 with e = 2^(-2 |y| log2 e) in (0, 1] (never overflows: no
+// clamp; NaN stays NaN) and h = (1 + e) / 2 in [1/2, 1]; 1 / h from a quadratic first guess (minimax,
+// relative error 1.0e-2) and two Newton steps (1e-4, 1e-8), the last fused with the - 1; absolute error about
+// 3.6e-7. `exponent_scale` is kTanhExponentScale k: k's multiply folded into the exponent's.
+constexpr float kTanhExponentScale = -2.0f * kLog2e;
+__device__ __forceinline__ float soft_cap_tanh_short(float x, float exponent_scale) {
+  const float h = fmaf(fast_exp2(fabsf(x) * exponent_scale), 0.5f, 0.5f);
+  float r = fmaf(fmaf(2.5858586f, h, -5.818182f), h, 4.242424f);
+  r *= fmaf(-h, r, 2.0f);
+  return copysignf(fmaf(r, fmaf(-h, r, 2.0f), -1.0f), x);
+}
+
+// The soft cap of raw scores s: cap tanh(s scale / cap), in log2 units (as the softmax takes them); kShort: by
+// soft_cap_tanh_short (the forwards).
+template <bool kShort, int NT>
 __device__ __forceinline__ void soft_cap_scores(float (&s)[NT][4], float scale_over_cap, float cap_log2) {
+  const float exponent_scale = scale_over_cap * kTanhExponentScale;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = cap_log2 * soft_cap_tanh(s[j][e] * scale_over_cap);
+    for (int e = 0; e < 4; ++e)
+      s[j][e] = cap_log2 * (kShort ? soft_cap_tanh_short(s[j][e], exponent_scale) : soft_cap_tanh(s[j][e] * scale_over_cap));
 }
 
 // The bias and the boolean mask tensors on a fragment of logits in log2 units from key n0 (the extras

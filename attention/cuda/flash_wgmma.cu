@@ -1,6 +1,6 @@
 // FlashAttention forward on Hopper's warpgroup MMA. A block of two warpgroups owns 128 query rows of
-// one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys (64 at head_dim 256, for shared
-// memory) stream through double-buffered shared memory, loaded by TMA. Per tile each warpgroup issues
+// one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys (96 at head_dim 192, 64 at 256, for
+// shared memory) stream through double-buffered shared memory, loaded by TMA. Per tile each warpgroup issues
 // S = Q K^T as wgmma with both operands in shared memory and O += P V for the previous tile with P
 // straight from registers (the accumulator layout of S is wgmma's register layout of A) and V read
 // transposed from shared memory, then runs the online softmax of S while the tensor cores work on P V.
@@ -25,9 +25,10 @@ constexpr int kGroups = 2;                // warpgroups per block
 constexpr int kThreads = kGroups * 128;
 [[maybe_unused]] constexpr int kWarps = kThreads / 32;  // used by the sm_90a body only
 constexpr int kBlockM = kGroups * 64;     // query rows per block
-// Keys per K/V tile: 128, or 64 at head_dim 256 (Q and two K and V buffers then fill 192 KiB).
+// Keys per K/V tile: 128, or what Q and two K and V buffers leave room for in shared memory: 96 at
+// head_dim 192, 64 at 256 (192 KiB each).
 template <int D>
-constexpr int kBlockNFor = D > 128 ? 64 : 128;
+constexpr int kBlockNFor = D == 192 ? 96 : D > 128 ? 64 : 128;
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
@@ -154,18 +155,22 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     wgmma::commit();
   };
   // V is [keys][D]: N-major for this product. 16 keys per k-step; column slabs kBlockN rows apart.
-  // One wgmma spans at most 128 columns of O: head_dim 256 takes two, the second two slabs further.
+  // One wgmma spans at most 128 columns of O and whole slabs (an MN-major operand's N axis): head_dim 256
+  // takes two of 128, 192 one of 128 and one of 64, each starting at its first slab.
   auto issue_pv = [&](int i, const uint32_t(&p)[kBlockN / 16][4]) {
     const uint32_t v_tile = smem_address(v_smem + (i % 2) * kBlockN * D);
-    constexpr int kHalves = D > 128 ? 2 : 1, kTilesHalf = kTilesD / kHalves;
+    constexpr int kTilesFirst = kTilesD > 16 ? 16 : kTilesD, kTilesRest = kTilesD - kTilesFirst;
+    auto& o_first = *reinterpret_cast<float(*)[kTilesFirst][4]>(&o[0]);
 #pragma unroll
-    for (int kc = 0; kc < kBlockN / 16; ++kc)
-#pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
-        auto& o_half = *reinterpret_cast<float(*)[kTilesHalf][4]>(&o[half * kTilesHalf]);
-        const uint32_t slabs = v_tile + half * (kTilesHalf / 8) * kBlockN * kRowBytes;
-        wgmma::mma_rs_tb<T>(o_half, p[kc], wgmma::sw128_desc(slabs + kc * 16 * kRowBytes, kBlockN * kRowBytes, kSwizzleAtom));
+    for (int kc = 0; kc < kBlockN / 16; ++kc) {
+      const uint32_t keys = v_tile + kc * 16 * kRowBytes;
+      wgmma::mma_rs_tb<T>(o_first, p[kc], wgmma::sw128_desc(keys, kBlockN * kRowBytes, kSwizzleAtom));
+      if constexpr (kTilesRest > 0) {
+        auto& o_rest = *reinterpret_cast<float(*)[kTilesRest][4]>(&o[kTilesFirst]);
+        const uint32_t rest = keys + (kTilesFirst / 8) * kBlockN * kRowBytes;
+        wgmma::mma_rs_tb<T>(o_rest, p[kc], wgmma::sw128_desc(rest, kBlockN * kRowBytes, kSwizzleAtom));
       }
+    }
     wgmma::commit();
   };
   // The softmax of S_i in place (probabilities, not yet 16-bit) and the factor that rescales O.
@@ -185,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     const bool masked = kExtras || kind != BlockKind::kFull || (tile + 1) * kBlockN > a.kv_len;
     float scale = scale_log2;  // what turns s into log2-unit logits
     if (kSoftCap || (kExtras && a.soft_cap > 0.0f)) {
-      soft_cap_scores(s, a.scale / a.soft_cap, a.soft_cap * kLog2e);
+      soft_cap_scores<true>(s, a.scale / a.soft_cap, a.soft_cap * kLog2e);
       scale = 1.0f;
     }
     if (masked) mask_positions<kSegments, kTilesN, kColumnLimits>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
@@ -258,7 +263,8 @@ template <typename T, int D>
 constexpr size_t smem_bytes() {
   return size_t(kBlockM + 4 * kBlockNFor<D>) * D * sizeof(T) + kSwizzleAtom;  // + alignment slack
 }
-static_assert(smem_bytes<__nv_bfloat16, 256>() <= 227 * 1024, "Q and two K and V buffers fit Hopper's shared memory");
+static_assert(smem_bytes<__nv_bfloat16, 256>() <= 227 * 1024 && smem_bytes<__nv_bfloat16, 192>() <= 227 * 1024,
+              "Q and two K and V buffers fit Hopper's shared memory");
 
 template <typename T, int D, bool kPadded>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
@@ -311,8 +317,9 @@ bool flash_wgmma_available() {
 void flash_wgmma_accumulate(const CudaAttentionArgs& a, DType dtype, cudaStream_t stream) {
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 kernel", [&](auto element) {
     // Exact head dims of 128 run the padded instance, measured 1.07-1.09x the exact one; at 64 and 256 the exact
-    // ones are 1.06x / 1.03x faster (H100, T = 32768, bf16: bench/RESULTS.md).
-    dispatch_flash_instance<64, 256>(a.head_dim, a.value_dim, "the wgmma flash_attn2 kernel", [&](auto instance, auto padded) {
+    // ones are 1.06x / 1.03x faster (H100, T = 32768, bf16: bench/RESULTS.md). 192 (and the dims between 128
+    // and 192, MLA's 192 / 128) has a padded instance of its own, 96-key tiles.
+    dispatch_flash_instance_of<InstanceDims<64, 128, 192, 256>, 64, 256>(a.head_dim, a.value_dim, "the wgmma flash_attn2 kernel", [&](auto instance, auto padded) {
       launch<decltype(element), decltype(instance)::value, decltype(padded)::value>(a, stream);
     });
   });

@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
     wgmma::wait<1>();
     wgmma::pin(st);
-    if (soft_cap) soft_cap_scores(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
+    if (soft_cap) soft_cap_scores<false>(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
     // The extras instance masks every step: where the step's queries sit at consecutive positions (every
     // layout's but across a chunk's edge) each key's seeing columns, found once, replace positions read
     // and compared per pair; the mask tensor hides, the bias joins the exponent.

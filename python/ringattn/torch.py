@@ -488,26 +488,28 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     varlen.check_packed_tensors(q, k, v)
     options = dict(causal=causal, window=window, softcap=softcap, scale=scale, sinks=sinks, impl=impl,
                    flash_kernel=flash_kernel, deterministic=deterministic, return_lse=True)
+
+    def one_call(q_ids, kv_ids):  # the packed batch as one call of batch 1 with segment ids
+        o, lse = attention(q[None], k[None], v[None], segment_ids=q_ids, kv_segment_ids=kv_ids, dropout=dropout,
+                           dropout_seed=dropout_seed, **options)
+        return o[0], lse[0]
+
     one_call_sure = impl != "cudnn" and (cu_seqlens_q is cu_seqlens_k or not _masks_aligned(causal, window))
     if one_call_sure and all(isinstance(cu, torch.Tensor) and cu.device == q.device for cu in (cu_seqlens_q, cu_seqlens_k)):
         read_q = varlen.start_host_read(cu_seqlens_q, "cu_seqlens_q")
         read_k = read_q if cu_seqlens_k is cu_seqlens_q else varlen.start_host_read(cu_seqlens_k, "cu_seqlens_k")
         q_ids = varlen.segment_ids_of(cu_seqlens_q, q.shape[0])
         kv_ids = q_ids if cu_seqlens_k is cu_seqlens_q else varlen.segment_ids_of(cu_seqlens_k, k.shape[0])
-        o, lse = attention(q[None], k[None], v[None], segment_ids=q_ids, kv_segment_ids=kv_ids, dropout=dropout,
-                           dropout_seed=dropout_seed, **options)
+        o, lse = one_call(q_ids, kv_ids)
         cu_q = read_q()
         varlen.packed_sequences(cu_q, cu_q if read_k is read_q else read_k(), q.shape[0], k.shape[0], max_seqlen_q,
                                 max_seqlen_k)  # raises on a bad length
-        return (o[0], lse[0]) if return_lse else o[0]
+        return (o, lse) if return_lse else o
     packed = varlen.packed_sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k,
                                      _masks_aligned(causal, window))
     if packed.one_call and impl != "cudnn":  # cuDNN takes no segment ids: a call a sequence
         q_ids = packed.segment_ids(q.device)
-        kv_ids = q_ids if packed.cu_k == packed.cu_q else packed.segment_ids(q.device, keys=True)
-        o, lse = attention(q[None], k[None], v[None], segment_ids=q_ids, kv_segment_ids=kv_ids, dropout=dropout,
-                           dropout_seed=dropout_seed, **options)
-        o, lse = o[0], lse[0]
+        o, lse = one_call(q_ids, q_ids if packed.cu_k == packed.cu_q else packed.segment_ids(q.device, keys=True))
     else:
         if dropout and impl != "cudnn":  # (cudnn refuses dropout itself, by name)
             raise ValueError("dropout with causal or window where sequences end at different distances between "

@@ -96,6 +96,20 @@ std::vector<CudaCase> all_cases() {
   std::vector<std::array<int64_t, 5>> padded_shapes;
   for (const Shape& sh : shapes) padded_shapes.push_back({sh.b, sh.t, sh.s, sh.hq, sh.hkv});
   for (const DocumentCase& c : padded_head_dim_cases(padded_shapes, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // The wgmma forward's instance of 192 columns (96-key tiles, O formed by wgmma of 128 and 64 columns):
+  // exact 192 and, in turn, the dims it serves (MLA's 192 / 128, those between 128 and 192) on every option
+  // set the kernel runs, both dtypes, GQA, T = 1, several key tiles with a partial last one.
+  const Shape tiles96[] = {{1, 257, 330, 8, 2, 0}, {2, 1, 97, 4, 4, 0}, {1, 190, 290, 4, 1, 0}, {1, 133, 203, 8, 4, 0}};
+  const std::pair<int64_t, int64_t> dims192[] = {{192, 128}, {160, 160}, {136, 176}, {144, 192}, {192, 136}};
+  std::vector<Options> options192 = wgmma_option_sets();
+  for (const auto& sets : {soft_cap_option_sets(), extras_option_sets()})
+    options192.insert(options192.end(), sets.begin(), sets.end());
+  for (const Options& opt : options192)
+    for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{192, 192}, dims192[seed % std::size(dims192)]}) {
+      const Shape& sh = tiles96[seed % std::size(tiles96)];
+      const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, d, dv, dtype, opt, seed++}, FlashKernel::kWgmma});
+    }
 #if RA_HAVE_CUDNN
   // cudnn: the options it expresses (causal with S >= T, sinks through our finalize), GQA, D 64 / 128 /
   // 256 (where the installed cuDNN runs it, e.g. Hopper; elsewhere its refusal, by name, skips the case).
