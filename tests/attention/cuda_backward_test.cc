@@ -111,10 +111,7 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   const Shape slab32_shapes[] = {{1, 257, 330, 8, 2, 0}, {2, 1, 97, 4, 4, 0}, {1, 190, 190, 4, 1, 0}, {1, 133, 203, 8, 4, 0}};
   const std::pair<int64_t, int64_t> slab32_dims[] = {{80, 80}, {160, 160}, {192, 128}, {96, 64}, {136, 176}, {72, 96},
                                                      {48, 40}, {16, 24}};
-  std::vector<Options> slab32_options = wgmma_option_sets();
-  for (const auto& sets : {soft_cap_option_sets(), extras_option_sets()})
-    slab32_options.insert(slab32_options.end(), sets.begin(), sets.end());
-  for (const Options& opt : slab32_options)
+  for (const Options& opt : every_instance_option_set())
     for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{32, 32}, {96, 96}, {192, 192}, slab32_dims[seed % std::size(slab32_dims)]}) {
       const Shape& sh = slab32_shapes[seed % std::size(slab32_shapes)];
       const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;

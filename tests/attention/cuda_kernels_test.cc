@@ -101,10 +101,7 @@ std::vector<CudaCase> all_cases() {
   // set the kernel runs, both dtypes, GQA, T = 1, several key tiles with a partial last one.
   const Shape tiles96[] = {{1, 257, 330, 8, 2, 0}, {2, 1, 97, 4, 4, 0}, {1, 190, 290, 4, 1, 0}, {1, 133, 203, 8, 4, 0}};
   const std::pair<int64_t, int64_t> dims192[] = {{192, 128}, {160, 160}, {136, 176}, {144, 192}, {192, 136}};
-  std::vector<Options> options192 = wgmma_option_sets();
-  for (const auto& sets : {soft_cap_option_sets(), extras_option_sets()})
-    options192.insert(options192.end(), sets.begin(), sets.end());
-  for (const Options& opt : options192)
+  for (const Options& opt : every_instance_option_set())
     for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{192, 192}, dims192[seed % std::size(dims192)]}) {
       const Shape& sh = tiles96[seed % std::size(tiles96)];
       const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;

@@ -52,6 +52,14 @@ inline std::vector<Options> extras_option_sets() {
   return sets;
 }
 
+// Every option set a flash kernel runs in an instance of its own (positions and segment ids, the soft cap, the
+// extras): what the tests of a head dim's new instances run.
+inline std::vector<Options> every_instance_option_set() {
+  std::vector<Options> sets = wgmma_option_sets();
+  for (const auto& more : {soft_cap_option_sets(), extras_option_sets()}) sets.insert(sets.end(), more.begin(), more.end());
+  return sets;
+}
+
 // Packed or cycled documents (segment ids, every case) with the options of case o (0..3): alone, causal,
 // window, causal with sinks; `extras` adds a soft cap (the kernels' soft-cap instances in cases 0 and 1, the
 // extras instances with a mask in case 2 and dropout in case 3).
