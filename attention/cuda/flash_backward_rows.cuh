@@ -148,6 +148,29 @@ __device__ __forceinline__ bool same_segment(const CudaAttentionArgs& a, const i
   return !kSegments || !a.q_segment_ids.data || step_segments[qcol] == segment_id(a.kv_segment_ids, b, key);
 }
 
+// The query columns of a step of kBlockM rows from m0 that see each of a thread's two keys (causal, window),
+// where the step's queries sit at consecutive positions (every layout's steps but those across a chunk's
+// edge): found once per key, they replace positions read and compared per pair (`consecutive` false: the
+// pairs are compared by position).
+struct StepColumns {
+  int64_t q_first = 0;
+  bool consecutive = false;
+  int2 cols[2] = {};
+  __device__ bool sees(int qcol, int key) const { return qcol >= cols[key].x && qcol < cols[key].y; }
+};
+template <int kBlockM>
+__device__ __forceinline__ StepColumns step_columns(const CudaAttentionArgs& a, int m0, const bool (&key_in)[2],
+                                                    const int64_t (&key_pos)[2]) {
+  StepColumns step;
+  const int width = min(kBlockM, a.q_len - m0);
+  step.q_first = a.pos.q[m0];
+  step.consecutive = a.pos.queries_sorted && a.pos.q[m0 + width - 1] - step.q_first == width - 1;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    step.cols[i] = key_in[i] && step.consecutive ? seeing_columns(a, key_pos[i], step.q_first, width) : make_int2(0, 0);
+  return step;
+}
+
 // dS of one pair (query row `query`, key position kpos of batch b, head h) added into dBias at the bias's
 // broadcast shape (its broadcast dimensions have stride 0: every pair they fold together meets there).
 __device__ __forceinline__ void add_dbias(const FlashBackwardArgs& g, int b, int h, int query, int64_t kpos, float ds) {

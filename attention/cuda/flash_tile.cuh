@@ -259,10 +259,10 @@ __device__ __forceinline__ int64_t key_position(const CudaAttentionArgs& a, cons
 // Positions and segment ids (causal, window, the ends of the sequences, documents; ids in kSegments
 // instances only) on one 16-row fragment of NT column groups starting at key n0; `row0` is this
 // thread's first row. Visible scores become log2 units, hidden ones -inf. kColumnLimits (the wgmma
-// forward but its segment-id instance): a tile of consecutive keys compares each pair's column with its
-// row's visible columns, found once per row, instead of reading and comparing positions per pair (4x
-// the cost of the tile's products, measured). The segment-id instance and the mma.sync kernel keep the
-// per-pair form, whose register use they are tuned to (the column form made them spill more).
+// forward): a tile of consecutive keys compares each pair's column with its row's visible columns, found
+// once per row, instead of reading and comparing positions per pair (4x the cost of the tile's products,
+// measured); where the tile holds one document, a row of another sees none of it. The mma.sync kernel
+// keeps the per-pair form, whose register use it is tuned to (the column form made it spill more).
 template <bool kSegments, int NT, bool kColumnLimits = false>
 __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int n0, int lane,
                                                int row0, float scale_log2, const TileKeys* keys = nullptr) {
@@ -275,15 +275,17 @@ __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float
     int2 cols[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      cols[i] = row0 + 8 * i < a.q_len ? visible_columns(a, i ? qpos1 : qpos0, keys->first_pos, width) : make_int2(0, 0);
+      cols[i] = row0 + 8 * i < a.q_len && (!segments || !keys->one_segment || keys->segment == (i ? qseg1 : qseg0))
+                    ? visible_columns(a, i ? qpos1 : qpos0, keys->first_pos, width)
+                    : make_int2(0, 0);
+    const bool ids_per_pair = segments && !keys->one_segment;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = j * 8 + (lane % 4) * 2 + (e & 1);
         bool visible = c >= cols[e / 2].x && c < cols[e / 2].y;
-        if (segments && visible)
-          visible = (keys->one_segment ? keys->segment : segment_id(a.kv_segment_ids, b, n0 + c)) == (e < 2 ? qseg0 : qseg1);
+        if (ids_per_pair && visible) visible = segment_id(a.kv_segment_ids, b, n0 + c) == (e < 2 ? qseg0 : qseg1);
         s[j][e] = visible ? s[j][e] * scale_log2 : -INFINITY;
       }
     return;

@@ -76,9 +76,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   const int m0 = m_block * kBlockM, h = blockIdx.y, b = blockIdx.z;
   const int kh = h / (a.q_heads / a.kv_heads);
   constexpr int kTilesD = D / 8, kTilesN = kBlockN / 8;
-  // Masked tiles compare columns with each row's visible ones (mask_positions) but in the segment-id
-  // instance, tuned to the per-pair form (the column form made it spill).
-  constexpr bool kColumnLimits = kExtras || !kSegments;
 
   load_slabs<T, D, kBlockM, kPadded>(q_smem, a.q, b, h, m0, a.q_len, a.head_dim, tid);
   copy_commit();
@@ -180,9 +177,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     tile_key_range<kBlockN>(a, tile, lane, k_lo, k_hi);
     // Tiles this warpgroup sees whole keep raw scores and fold the scale into the exponent's FFMA.
     BlockKind kind = classify_block(group_q_lo, group_q_hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
-    TileKeys keys;
-    if (kColumnLimits || (kSegments && a.kv_segment_ranges))
-      keys = TileKeys{a.pos.keys_sorted && k_hi - k_lo == min(kBlockN, a.kv_len - tile * kBlockN) - 1, k_lo};
+    // Masked tiles compare columns with each row's visible ones (mask_positions).
+    TileKeys keys{a.pos.keys_sorted && k_hi - k_lo == min(kBlockN, a.kv_len - tile * kBlockN) - 1, k_lo};
     if (kSegments && a.kv_segment_ranges) {
       kind = with_segments(a, kind, group_seg, tile_seg);
       keys.one_segment = tile_seg.x == tile_seg.y, keys.segment = tile_seg.x;
@@ -193,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
       soft_cap_scores<true>(s, a.scale / a.soft_cap, a.soft_cap * kLog2e);
       scale = 1.0f;
     }
-    if (masked) mask_positions<kSegments, kTilesN, kColumnLimits>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
+    if (masked) mask_positions<kSegments, kTilesN, true>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
     if constexpr (kExtras) add_bias_mask(a, s, b, h, tile * kBlockN, lane, row0, &keys);
     softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale, alpha);
     if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s, b, h, tile * kBlockN, lane, row0, &keys);

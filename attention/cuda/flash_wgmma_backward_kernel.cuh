@@ -231,26 +231,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     wgmma::wait<1>();
     wgmma::pin(st);
     if (soft_cap) soft_cap_scores<false>(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
-    // The extras instance masks every step: where the step's queries sit at consecutive positions (every
-    // layout's but across a chunk's edge) each key's seeing columns, found once, replace positions read
-    // and compared per pair; the mask tensor hides, the bias joins the exponent.
-    [[maybe_unused]] int64_t q_first = 0;
-    [[maybe_unused]] bool q_consecutive = false;
+    // The extras instance masks every step; the mask tensor hides, the bias joins the exponent. Masked
+    // steps of consecutive queries compare columns with each key's seeing ones (step_columns).
+    [[maybe_unused]] StepColumns step;
+    if (kExtras || masked) step = step_columns<kBlockM>(a, m0, key_in, key_pos);
     if constexpr (kExtras) {
-      const int width = min(kBlockM, a.q_len - m0);
-      q_first = a.pos.q[m0];
-      q_consecutive = a.pos.queries_sorted && a.pos.q[m0 + width - 1] - q_first == width - 1;
-      const int2 cols[2] = {key_in[0] && q_consecutive ? seeing_columns(a, key_pos[0], q_first, width) : make_int2(0, 0),
-                            key_in[1] && q_consecutive ? seeing_columns(a, key_pos[1], q_first, width) : make_int2(0, 0)};
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
-          bool visible = q_consecutive ? qcol >= cols[e / 2].x && qcol < cols[e / 2].y
-                                       : key_in[e / 2] && query < a.q_len &&
-                                             position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left,
-                                                              a.window_right);
+          bool visible = step.consecutive ? step.sees(qcol, e / 2)
+                                          : key_in[e / 2] && query < a.q_len &&
+                                                position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left,
+                                                                 a.window_right);
           float bias = 0.0f;
           visible = visible && same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2)) &&
                     pair_bias_mask(a, b, h, query, key_pos[e / 2], bias);
@@ -262,8 +256,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
-          const bool visible = key_in[e / 2] && query < a.q_len &&
-                               position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left, a.window_right) &&
+          const bool visible = (step.consecutive ? step.sees(qcol, e / 2)
+                                                 : key_in[e / 2] && query < a.q_len &&
+                                                       position_visible(a.pos.q[query], key_pos[e / 2], a.causal,
+                                                                        a.window_left, a.window_right)) &&
                                same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2));
           st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
         }
@@ -288,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           const int query = m0 + qcol;
           const int64_t kpos = key_pos[e / 2];
           const float weight =
-              p > 0.0f ? dropout_weight(a, b, h, q_consecutive ? q_first + qcol : a.pos.q[query], kpos, keep_scale) : 1.0f;
+              p > 0.0f ? dropout_weight(a, b, h, step.consecutive ? step.q_first + qcol : a.pos.q[query], kpos, keep_scale) : 1.0f;
           float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
           if (g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, kpos, ds);
           if (soft_cap && p > 0.0f) {  // the bias read again: held from the step above it costs registers

@@ -1,0 +1,54 @@
+#!/bin/bash
+# Short packed documents on the wgmma kernels (bench/RESULTS.md, "Short packed documents: masked tiles by columns"):
+# the kernels on packed documents against the same pairs as a batch of short sequences (no segment ids), a dense
+# control row, PyTorch's FlexAttention on the same documents, and Nsight Compute on one forward / backward kernel.
+#   bash .device/on-device.sh bash bench/documents_probe.sh PACK [ROUNDS [STAGES]]
+# STAGES: a comma list of tests (GPU tests of every masked path), rows, flex, profile (default rows,profile).
+set -u
+b=${1:-build-pack-new}; rounds=${2:-2}; stages=,${3:-rows,profile},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
+mkdir -p "$out"
+[ -f $b/pack.tar.xz ] && tar xJf $b/pack.tar.xz -C $b
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee $out/log.txt
+has() { [[ $stages == *,$1,* ]]; }
+if has tests; then
+  $b/tests/cuda_attention_test --gtest_color=no > $out/unit.log 2>&1
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $out/unit.log | head -20 | tee -a $out/log.txt
+  for t in ring_mpi_test ring_backward_mpi_test; do
+    mpirun -np 2 $b/tests/$t --backend=cuda --gtest_color=no > $out/$t.log 2>&1
+    echo "$t: $(grep -E '^\[  (PASSED|FAILED) ' $out/$t.log | sort -u | tr '\n' ' ')" | tee -a $out/log.txt
+    grep "FAILED  \]" $out/$t.log | head | tee -a $out/log.txt
+  done
+fi
+bench() {
+  mpirun -np 1 $bin bench --backend cuda --impl flash_attn2 --dtype bf16 --warmup 3 --iters 20 --heads 16 --head-dim 128 \
+    --backward "$@" 2>&1 | grep -v '^#' | grep -o "forward  *[0-9.]*  *[0-9.]*\|backward  *[0-9.]*  *[0-9.]*" | head -2 |
+    tr '\n' ' '
+}
+if has rows; then
+  for round in $(seq $rounds); do
+    echo "round $round dense 32768: $(bench --batch 1 --seq 32768)" | tee -a $out/log.txt
+    for causal in "" "--causal"; do
+      for n in 16 64; do
+        echo "round $round docs $n $causal: $(bench --batch 1 --seq 32768 --segments $n $causal)" | tee -a $out/log.txt
+        echo "round $round batch $n x $((32768 / n)) $causal: $(bench --batch $n --seq $((32768 / n)) $causal)" | tee -a $out/log.txt
+      done
+    done
+  done
+fi
+if has flex; then
+  timeout 300 python3 bench/torch_documents.py 16x128x16 16x128x64 --runs flex 2>&1 | grep -v "Warning\|is_fx_tracing" |
+    tee -a $out/log.txt
+fi
+if has profile; then
+  ncu=/usr/local/cuda/bin/ncu
+  for case in "docs64c flash_wgmma_kernel --batch 1 --seq 32768 --segments 64 --backward" \
+    "docs16c_bwd flash_wgmma_backward_kernel --batch 1 --seq 32768 --segments 16 --backward"; do
+    set -- $case; name=$1; kernel=$2; shift 2
+    $ncu --kernel-name regex:$kernel --launch-skip 3 --launch-count 1 --set full --import-source no -o /tmp/$name \
+      $bin bench --causal --backend cuda --impl flash_attn2 --dtype bf16 --warmup 3 --iters 2 --heads 16 --head-dim 128 \
+      "$@" > /dev/null 2>&1
+    $ncu --import /tmp/$name.ncu-rep --print-details all > $out/$name.details.txt 2>&1
+    $ncu --import /tmp/$name.ncu-rep --page source --csv --print-source sass > $out/$name.sass.csv 2>&1
+    grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy" $out/$name.details.txt | head -4 | tee -a $out/log.txt
+  done
+fi
