@@ -27,4 +27,11 @@ InputsCopy copy_inputs(const AttentionInputs& in, MemoryKind memory) {
   return out;
 }
 
+std::optional<int64_t> run_start(std::span<const int64_t> positions) {
+  if (positions.empty()) return std::nullopt;
+  for (size_t i = 1; i < positions.size(); ++i)
+    if (positions[i] != positions[0] + int64_t(i)) return std::nullopt;
+  return positions[0];
+}
+
 }  // namespace ra

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -29,6 +31,10 @@ struct TokenPositions {
   // The single-process case: all T queries against all S keys.
   static TokenPositions dense(int64_t t, int64_t s);
 };
+
+// The first of `positions` where every entry is the first plus its index (one run, as a single call's and the
+// contiguous layout's are), else none: the CUDA kernels then compute a row's position rather than read it.
+std::optional<int64_t> run_start(std::span<const int64_t> positions);
 
 // Contiguous copies of every defined tensor of `in` in `memory` (e.g. host inputs staged to the
 // device for the cuda backend), and the inputs viewing them.

@@ -3,7 +3,7 @@
 # the kernels on packed documents against the same pairs as a batch of short sequences (no segment ids), a dense
 # control row, PyTorch's FlexAttention on the same documents, and Nsight Compute on one forward / backward kernel.
 #   bash .device/on-device.sh bash bench/documents_probe.sh PACK [ROUNDS [STAGES]]
-# STAGES: a comma list of tests (GPU tests of every masked path), rows, flex, profile (default rows,profile).
+# STAGES: a comma list of tests (the GPU tests), rows (wgmma), mma (mma.sync rows), flex, profile (default rows,profile).
 set -u
 b=${1:-build-pack-new}; rounds=${2:-2}; stages=,${3:-rows,profile},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -35,9 +35,17 @@ if has rows; then
     done
   done
 fi
-if has flex; then
-  timeout 300 python3 bench/torch_documents.py 16x128x16 16x128x64 --runs flex 2>&1 | grep -v "Warning\|is_fx_tracing" |
-    tee -a $out/log.txt
+if has mma; then  # the mma.sync kernels (every GPU before Hopper) on the same documents
+  for causal in "" "--causal"; do
+    for n in 16 64; do
+      echo "mma_sync docs $n $causal: $(bench --batch 1 --seq 32768 --segments $n --flash-kernel mma_sync $causal)" |
+        tee -a $out/log.txt
+    done
+  done
+fi
+if has flex; then  # PyTorch's FlexAttention and FlashAttention-2's variable-length kernel on the same documents
+  timeout 300 python3 bench/torch_documents.py 16x128x16 16x128x64 --runs flex,varlen 2>&1 |
+    grep -v "Warning\|is_fx_tracing" | tee -a $out/log.txt
 fi
 if has profile; then
   ncu=/usr/local/cuda/bin/ncu

@@ -1,6 +1,7 @@
 #!/bin/bash
-# Packs a device build (e.g. build-dev, configured with -DCMAKE_CUDA_ARCHITECTURES=90a and, for the Python
-# tests, -DPython_EXECUTABLE=<a python3.12> as the device image's) into a folder that fits a device call's
+# Packs a device build (e.g. build-dev, configured with -DCMAKE_CUDA_ARCHITECTURES=90a-real: machine code only, as
+# 90a's PTX adds about 10 MB of compressed fatbin that no other device can use; and, for the Python tests,
+# -DPython_EXECUTABLE=<a python3.12> as the device image's) into a folder that fits a device call's
 # 64 MiB carry: each statically linked program holds every kernel's fatbin (about 47 MB, which does not
 # compress), so the four layer libraries are linked once into lib/libra_core.so and the CLI, the GPU test
 # programs and the Python module are relinked against it from the build's own objects (their rpath finds it).

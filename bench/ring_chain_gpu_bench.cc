@@ -106,8 +106,8 @@ class Chain {
       if (step > 0 && (variant.between == Between::kWait || variant.between == Between::kRecordAndWait))
         RA_CUDA_CHECK(cudaStreamWaitEvent(stream_, other_done_.get(), 0));
       if (schedule_.skipped(src, params_)) continue;
-      const DevicePositions pos{positions_.q, positions_.k + schedule_.key_offset(src), positions_.total_keys,
-                                positions_.keys_sorted, schedule_.query_positions().data(), schedule_.keys(src).data()};
+      DevicePositions pos = positions_.keys_from(schedule_.key_offset(src));  // as the GPU ring's steps
+      pos.q_host = schedule_.query_positions().data(), pos.k_host = schedule_.keys(src).data();
       local_->set_after_carry_writer(variant.overlap && after_kernel);
       local_->accumulate_device(inputs_.inputs, pos, params_, carry_);
       after_kernel = true;

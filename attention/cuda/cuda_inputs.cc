@@ -89,8 +89,11 @@ DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStre
     uploaded_count_ = count;
   }
   auto* device = device_.data<int64_t>();
-  return DevicePositions{device, device + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end()),
-                         pos.q.data(), pos.k.data(), std::is_sorted(pos.q.begin(), pos.q.end())};
+  DevicePositions uploaded{device, device + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end()),
+                           pos.q.data(), pos.k.data(), std::is_sorted(pos.q.begin(), pos.q.end())};
+  uploaded.q_run = DevicePositions::run_of(pos.q);
+  uploaded.k_run = DevicePositions::run_of(pos.k);
+  return uploaded;
 }
 
 }  // namespace ra

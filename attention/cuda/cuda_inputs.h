@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "attention/carry.h"
 #include "attention/inputs.h"
@@ -24,6 +25,20 @@ struct DevicePositions {
   const int64_t* q_host = nullptr;  // the same positions on the host, when the caller has them
   const int64_t* k_host = nullptr;  //   (cudnn splits blocks by them)
   bool queries_sorted = false;       // q ascending: a block of rows' range is its first and last entry
+  // Where every entry is the first plus its index (run_start: a single call's positions, the contiguous
+  // layout's), that first, else kNotARun: the kernels then compute a position rather than wait for its read.
+  static constexpr int64_t kNotARun = INT64_MIN;
+  int64_t q_run = kNotARun, k_run = kNotARun;
+  static int64_t run_of(std::span<const int64_t> positions) { return run_start(positions).value_or(kNotARun); }
+
+  // The positions of the keys from row `first` on (a block of them): every view of the keys moves together.
+  DevicePositions keys_from(int64_t first) const {
+    DevicePositions block = *this;
+    block.k += first;
+    if (block.k_host != nullptr) block.k_host += first;
+    if (block.k_run != kNotARun) block.k_run += first;
+    return block;
+  }
 };
 
 // A strided 4-D device view (unused dims have stride 0).

@@ -174,13 +174,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
             if (key >= a.kv_len || query >= a.q_len) {
               s_log2 = -INFINITY;
             } else if constexpr (kExtras) {
-              const float logit = pair_logit_cuda(a, st[j][e], b, h, query, key, a.pos.q[query], a.pos.k[key]);
+              const float logit =
+                  pair_logit_cuda(a, st[j][e], b, h, query, key, q_position(a.pos, query), k_position(a.pos, key));
               s_log2 = logit * kLog2e;
               if (a.soft_cap > 0.0f) {
                 const float th = soft_cap_tanh(st[j][e] * a.scale / a.soft_cap);
                 derivative = 1.0f - th * th;
               }
-            } else if (!position_visible(a.pos.q[query], a.pos.k[key], a.causal, a.window_left, a.window_right) ||
+            } else if (!position_visible(q_position(a.pos, query), k_position(a.pos, key), a.causal, a.window_left,
+                                         a.window_right) ||
                        !same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, key)) {
               s_log2 = -INFINITY;
             }
@@ -188,9 +190,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           // LSE in log2 units; a row that saw nothing (-inf) or is past the end gives P = 0.
           const float lse = lse_s[qcol];
           const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
-          const float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
+          const float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, q_position(a.pos, query),
+                                                                    k_position(a.pos, key), keep_scale)
+                                                   : 1.0f;
           const float ds = p * (dpt[j][e] * weight - (query < a.q_len ? delta_s[qcol] : 0.0f));
-          if (kExtras && g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, a.pos.k[key], ds);
+          if (kExtras && g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, k_position(a.pos, key), ds);
           st[j][e] = p * weight;
           dpt[j][e] = ds * derivative;
         }

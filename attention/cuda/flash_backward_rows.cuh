@@ -35,11 +35,12 @@ __device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a,
   const int end = min(m0 + kBlockM, a.q_len);
   BlockKind kind;
   if (a.pos.queries_sorted) {
-    kind = classify_block(a.pos.q[m0], a.pos.q[end - 1], k_lo, k_hi, a.causal, a.window_left, a.window_right);
+    kind = classify_block(q_position(a.pos, m0), q_position(a.pos, end - 1), k_lo, k_hi, a.causal, a.window_left,
+                          a.window_right);
   } else {
     int64_t lo = INT64_MAX, hi = INT64_MIN;
 #pragma unroll 8
-    for (int r = m0; r < end; ++r) lo = min(lo, a.pos.q[r]), hi = max(hi, a.pos.q[r]);
+    for (int r = m0; r < end; ++r) lo = min(lo, q_position(a.pos, r)), hi = max(hi, q_position(a.pos, r));
     kind = classify_block(lo, hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
   }
   if (!kSegments || !a.q_segment_ranges) return kind;
@@ -163,8 +164,8 @@ __device__ __forceinline__ StepColumns step_columns(const CudaAttentionArgs& a, 
                                                     const int64_t (&key_pos)[2]) {
   StepColumns step;
   const int width = min(kBlockM, a.q_len - m0);
-  step.q_first = a.pos.q[m0];
-  step.consecutive = a.pos.queries_sorted && a.pos.q[m0 + width - 1] - step.q_first == width - 1;
+  step.q_first = q_position(a.pos, m0);
+  step.consecutive = a.pos.queries_sorted && q_position(a.pos, m0 + width - 1) - step.q_first == width - 1;
 #pragma unroll
   for (int i = 0; i < 2; ++i)
     step.cols[i] = key_in[i] && step.consecutive ? seeing_columns(a, key_pos[i], step.q_first, width) : make_int2(0, 0);

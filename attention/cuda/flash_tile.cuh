@@ -97,21 +97,30 @@ __device__ __forceinline__ int64_t warp_max(int64_t x) {
   return x;
 }
 
+// A query's / key's position: computed where the positions are one run (DevicePositions::q_run, k_run: no wait
+// for a read on the path to a block's first tile), else read.
+__device__ __forceinline__ int64_t q_position(const DevicePositions& p, int64_t row) {
+  return p.q_run != DevicePositions::kNotARun ? p.q_run + row : p.q[row];
+}
+__device__ __forceinline__ int64_t k_position(const DevicePositions& p, int64_t row) {
+  return p.k_run != DevicePositions::kNotARun ? p.k_run + row : p.k[row];
+}
+
 // The range of key positions of tile `t` (kBlockN keys): its first and last entry when keys are
 // sorted, else a scan by the warp (every warp computes the same, so no synchronisation is needed).
 template <int kBlockN>
 __device__ __forceinline__ void tile_key_range(const CudaAttentionArgs& a, int t, int lane, int64_t& lo, int64_t& hi) {
   const int n0 = t * kBlockN;
   if (a.pos.keys_sorted) {
-    lo = a.pos.k[n0];
-    hi = a.pos.k[min(n0 + kBlockN, a.kv_len) - 1];
+    lo = k_position(a.pos, n0);
+    hi = k_position(a.pos, min(n0 + kBlockN, a.kv_len) - 1);
     return;
   }
   lo = INT64_MAX;
   hi = INT64_MIN;
   for (int j = lane; j < kBlockN; j += 32)
     if (n0 + j < a.kv_len) {
-      const int64_t p = a.pos.k[n0 + j];
+      const int64_t p = k_position(a.pos, n0 + j);
       lo = min(lo, p);
       hi = max(hi, p);
     }
@@ -130,7 +139,7 @@ __device__ void narrow_visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, i
     int lo = first, hi = last + 1;
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
-      if (a.pos.k[min((mid + 1) * kBlockN, a.kv_len) - 1] >= bound) hi = mid;
+      if (k_position(a.pos, min((mid + 1) * kBlockN, a.kv_len) - 1) >= bound) hi = mid;
       else lo = mid + 1;
     }
     first = lo;
@@ -142,7 +151,7 @@ __device__ void narrow_visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, i
     int lo = first - 1, hi = last;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (a.pos.k[mid * kBlockN] <= limit) lo = mid;
+      if (k_position(a.pos, mid * kBlockN) <= limit) lo = mid;
       else hi = mid - 1;
     }
     last = lo;
@@ -253,7 +262,7 @@ __device__ __forceinline__ int2 seeing_columns(const CudaAttentionArgs& a, int64
 
 // A key's position: from the tile's first where they are consecutive, else read.
 __device__ __forceinline__ int64_t key_position(const CudaAttentionArgs& a, const TileKeys* keys, int n0, int col) {
-  return keys != nullptr && keys->consecutive ? keys->first_pos + (col - n0) : a.pos.k[col];
+  return keys != nullptr && keys->consecutive ? keys->first_pos + (col - n0) : k_position(a.pos, col);
 }
 
 // Positions and segment ids (causal, window, the ends of the sequences, documents; ids in kSegments
@@ -266,7 +275,8 @@ __device__ __forceinline__ int64_t key_position(const CudaAttentionArgs& a, cons
 template <bool kSegments, int NT, bool kColumnLimits = false>
 __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int n0, int lane,
                                                int row0, float scale_log2, const TileKeys* keys = nullptr) {
-  const int64_t qpos0 = row0 < a.q_len ? a.pos.q[row0] : 0, qpos1 = row0 + 8 < a.q_len ? a.pos.q[row0 + 8] : 0;
+  const int64_t qpos0 = row0 < a.q_len ? q_position(a.pos, row0) : 0,
+                qpos1 = row0 + 8 < a.q_len ? q_position(a.pos, row0 + 8) : 0;
   const bool segments = kSegments && a.q_segment_ids.data != nullptr;
   const int32_t qseg0 = segments && row0 < a.q_len ? segment_id(a.q_segment_ids, b, row0) : 0;
   const int32_t qseg1 = segments && row0 + 8 < a.q_len ? segment_id(a.q_segment_ids, b, row0 + 8) : 0;
@@ -297,9 +307,10 @@ __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float
       const int col = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
       const int row = row0 + (e < 2 ? 0 : 8);
       const bool consecutive = kSegments && keys != nullptr && keys->consecutive;
-      bool visible = col < a.kv_len && row < a.q_len &&
-                     position_visible(e < 2 ? qpos0 : qpos1, consecutive ? keys->first_pos + (col - n0) : a.pos.k[col],
-                                      a.causal, a.window_left, a.window_right);
+      bool visible =
+          col < a.kv_len && row < a.q_len &&
+          position_visible(e < 2 ? qpos0 : qpos1, consecutive ? keys->first_pos + (col - n0) : k_position(a.pos, col),
+                           a.causal, a.window_left, a.window_right);
       if (segments && visible)
         visible = (keys != nullptr && keys->one_segment ? keys->segment : segment_id(a.kv_segment_ids, b, col)) ==
                   (e < 2 ? qseg0 : qseg1);
@@ -376,7 +387,7 @@ __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, f
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + i * 8;
-    const int64_t qpos = row < a.q_len ? a.pos.q[row] : 0;
+    const int64_t qpos = row < a.q_len ? q_position(a.pos, row) : 0;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -556,7 +567,7 @@ __device__ __forceinline__ void warp_query_range(const CudaAttentionArgs& a, int
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; r += 8) {
     const int row = warp_row0 + r + lane / 4;
-    if (row < a.q_len) lo = min(lo, a.pos.q[row]), hi = max(hi, a.pos.q[row]);
+    if (row < a.q_len) lo = min(lo, q_position(a.pos, row)), hi = max(hi, q_position(a.pos, row));
   }
   lo = warp_min(lo);
   hi = warp_max(hi);

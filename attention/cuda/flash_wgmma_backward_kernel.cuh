@@ -118,7 +118,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   const QueryWindow window = query_window<kBlockN, kSegments>(a, b, n0);
   // This thread's two keys (read by masked steps only); a key past the end is never visible.
   const bool key_in[2] = {n0 + key_row < a.kv_len, n0 + key_row + 8 < a.kv_len};
-  const int64_t key_pos[2] = {key_in[0] ? a.pos.k[n0 + key_row] : 0, key_in[1] ? a.pos.k[n0 + key_row + 8] : 0};
+  const int64_t key_pos[2] = {key_in[0] ? k_position(a.pos, n0 + key_row) : 0,
+                              key_in[1] ? k_position(a.pos, n0 + key_row + 8) : 0};
 
   float dk[kTilesD][4], dv[kTilesD][4];
 #pragma unroll
@@ -233,9 +234,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     if (soft_cap) soft_cap_scores<false>(st, a.scale / a.soft_cap, a.soft_cap * kLog2e);
     // The extras instance masks every step; the mask tensor hides, the bias joins the exponent. Masked
     // steps of consecutive queries compare columns with each key's seeing ones (step_columns).
-    [[maybe_unused]] StepColumns step;
-    if (kExtras || masked) step = step_columns<kBlockM>(a, m0, key_in, key_pos);
+    [[maybe_unused]] StepColumns step;  // (the extras instance's dropout reads it again below)
     if constexpr (kExtras) {
+      step = step_columns<kBlockM>(a, m0, key_in, key_pos);
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
@@ -243,23 +244,24 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
           bool visible = step.consecutive ? step.sees(qcol, e / 2)
                                           : key_in[e / 2] && query < a.q_len &&
-                                                position_visible(a.pos.q[query], key_pos[e / 2], a.causal, a.window_left,
-                                                                 a.window_right);
+                                                position_visible(q_position(a.pos, query), key_pos[e / 2], a.causal,
+                                                                 a.window_left, a.window_right);
           float bias = 0.0f;
           visible = visible && same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2)) &&
                     pair_bias_mask(a, b, h, query, key_pos[e / 2], bias);
           st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, fmaf(bias, kLog2e, -lse_s[qcol]))) : 0.0f;
         }
     } else if (masked) {
+      const StepColumns cols = step_columns<kBlockM>(a, m0, key_in, key_pos);
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1), query = m0 + qcol;
-          const bool visible = (step.consecutive ? step.sees(qcol, e / 2)
+          const bool visible = (cols.consecutive ? cols.sees(qcol, e / 2)
                                                  : key_in[e / 2] && query < a.q_len &&
-                                                       position_visible(a.pos.q[query], key_pos[e / 2], a.causal,
-                                                                        a.window_left, a.window_right)) &&
+                                                       position_visible(q_position(a.pos, query), key_pos[e / 2],
+                                                                        a.causal, a.window_left, a.window_right)) &&
                                same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2));
           st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
         }
@@ -284,7 +286,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           const int query = m0 + qcol;
           const int64_t kpos = key_pos[e / 2];
           const float weight =
-              p > 0.0f ? dropout_weight(a, b, h, step.consecutive ? step.q_first + qcol : a.pos.q[query], kpos, keep_scale) : 1.0f;
+              p > 0.0f ? dropout_weight(a, b, h, step.consecutive ? step.q_first + qcol : q_position(a.pos, query),
+                                        kpos, keep_scale)
+                       : 1.0f;
           float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
           if (g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, kpos, ds);
           if (soft_cap && p > 0.0f) {  // the bias read again: held from the step above it costs registers

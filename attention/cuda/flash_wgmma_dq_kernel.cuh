@@ -161,8 +161,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_dq_kernel(const Flash
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = tile * kBlockN + j * 8 + (lane % 4) * 2 + (e & 1), row = row0 + 8 * (e / 2);
-          const bool visible = key < a.kv_len && row < a.q_len &&
-                               position_visible(a.pos.q[row], a.pos.k[key], a.causal, a.window_left, a.window_right);
+          const bool visible =
+              key < a.kv_len && row < a.q_len &&
+              position_visible(q_position(a.pos, row), k_position(a.pos, key), a.causal, a.window_left, a.window_right);
           s[j][e] = visible ? fast_exp2(fmaf(s[j][e], scale_log2, -lse_log2[e / 2])) : 0.0f;
         }
     } else {  // straight-line: no per-element branch in the common case

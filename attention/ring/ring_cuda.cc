@@ -109,8 +109,8 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       ++stats_.skipped;
     } else {
       const AttentionInputs block = kv.block(step, src);
-      const DevicePositions block_pos{pos.q, pos.k + schedule_.key_offset(src), pos.total_keys, pos.keys_sorted,
-                                      q_host.data(), k_host.data(), pos.queries_sorted};
+      DevicePositions block_pos = pos.keys_from(schedule_.key_offset(src));
+      block_pos.q_host = q_host.data(), block_pos.k_host = k_host.data();
       // After the first kernel of this call, the compute stream holds only this call's kernels (and
       // events): the previous one writes nothing this one reads but the carry.
       local_->set_after_carry_writer(kernels_queued > 0);

@@ -258,10 +258,8 @@ TEST(CudaFlash, BlocksStartingBeforeThePreviousEndsMatchTheReference) {
       AttentionInputs block = chain.dev.inputs;
       block.k = narrow(chain.dev.inputs.k, 1, start, kBlock);
       block.v = narrow(chain.dev.inputs.v, 1, start, kBlock);
-      DevicePositions block_pos = pos;
-      block_pos.k = pos.k + start;
       chain.flash->set_after_carry_writer(overlap && start > 0);
-      chain.flash->accumulate_device(block, block_pos, chain.p.params(), carry);
+      chain.flash->accumulate_device(block, pos.keys_from(start), chain.p.params(), carry);
     }
     Tensor o(spec.dtype, {1, spec.q_len, spec.q_heads, 128}, MemoryKind::kCuda);
     Tensor lse(DType::kF32, {1, spec.q_heads, spec.q_len}, MemoryKind::kCuda);
@@ -309,9 +307,7 @@ TEST(CudaFlash, AGridOfEmptyBlocksStillOrdersTheCarryWriters) {
     chain.flash->accumulate_device(rows(0, a_keys), pos, chain.p.params(), carry);
     chain.flash->set_after_carry_writer(true);
     chain.flash->accumulate_device(rows(a_keys, c_keys), future_pos, chain.p.params(), carry);
-    DevicePositions c_pos = pos;
-    c_pos.k = pos.k + a_keys;
-    chain.flash->accumulate_device(rows(a_keys, c_keys), c_pos, chain.p.params(), carry);
+    chain.flash->accumulate_device(rows(a_keys, c_keys), pos.keys_from(a_keys), chain.p.params(), carry);
     Tensor o(spec.dtype, {1, T, spec.q_heads, 128}, MemoryKind::kCuda);
     Tensor lse(DType::kF32, {1, spec.q_heads, T}, MemoryKind::kCuda);
     finalize(carry, TensorView(), o, lse, chain.stream.get());

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "attention/inputs.h"
 #include "attention/ring/ring_schedule.h"
 
 namespace ra {
@@ -65,6 +67,25 @@ TEST(RingSchedule, HoldsEachRanksKeysAndTheLayoutsQueries) {
     EXPECT_TRUE(s.keys_sorted());
     for (int step = 0; step < 3; ++step) EXPECT_EQ(s.source(step), ring_source_rank(1, step, 3));
   }
+}
+
+// The GPU kernels compute a row's position where the positions are one run (run_start): a single call's and
+// every block of the contiguous layout, and zigzag's last rank (its two chunks meet in the middle); the other
+// zigzag blocks and striped ones are not runs.
+TEST(RunStart, FindsOneRunOfPositions) {
+  EXPECT_EQ(run_start(std::vector<int64_t>{}), std::nullopt);
+  EXPECT_EQ(run_start(std::vector<int64_t>{7}), 7);
+  EXPECT_EQ(run_start(std::vector<int64_t>{5, 6, 7, 8}), 5);
+  EXPECT_EQ(run_start(std::vector<int64_t>{5, 6, 8}), std::nullopt);
+  EXPECT_EQ(run_start(std::vector<int64_t>{3, 2}), std::nullopt);
+  EXPECT_EQ(run_start(TokenPositions::dense(5, 9).q), 4);  // queries aligned to the end of the keys
+  for (SequenceLayout layout : kLayouts)
+    for (int r = 0; r < 3; ++r) {
+      const std::optional<int64_t> run = run_start(layout_indices(layout, 50, 3, r));
+      const bool one_run = layout == SequenceLayout::kContiguous || (layout == SequenceLayout::kZigzag && r == 2);
+      if (one_run) EXPECT_EQ(run, layout_indices(layout, 50, 3, r).front()) << "rank " << r;
+      else EXPECT_EQ(run, std::nullopt) << "rank " << r;
+    }
 }
 
 // Random layouts, ring sizes, lengths (S != T either way, fewer tokens than ranks), masks and windows, and key
