@@ -36,10 +36,12 @@ if has rows; then
   done
 fi
 if has mma; then  # the mma.sync kernels (every GPU before Hopper) on the same documents
-  for causal in "" "--causal"; do
-    for n in 16 64; do
-      echo "mma_sync docs $n $causal: $(bench --batch 1 --seq 32768 --segments $n --flash-kernel mma_sync $causal)" |
-        tee -a $out/log.txt
+  for round in $(seq $rounds); do
+    for causal in "" "--causal"; do
+      for n in 16 64; do
+        echo "round $round mma_sync docs $n $causal: $(bench --batch 1 --seq 32768 --segments $n --flash-kernel mma_sync \
+          $causal)" | tee -a $out/log.txt
+      done
     done
   done
 fi

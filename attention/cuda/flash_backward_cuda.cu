@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   load_rows<T, D, kBlockN, kThreads, kPadded>(v_s, a.v, b, kh, n0, a.kv_len, a.value_dim, tid, swz);
   copy_commit();
   int64_t k_lo, k_hi;
-  tile_key_range<kBlockN>(a, block, lane, k_lo, k_hi);
+  tile_key_range<kBlockN, false>(a, block, lane, k_lo, k_hi);
   const QueryWindow window = query_window<kBlockN, kSegments>(a, b, n0);
 
   float dk[kTilesDPerWarp][4], dv[kTilesDPerWarp][4];
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   // The steps are the (query head, query block) pairs whose positions can see these keys, in order;
   // a step's Q, dO, LSE and delta load while the previous step computes (two buffers).
   auto find_step = [&](int& h, int& m0, BlockKind& kind) {
-    return next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
+    return next_visible_step<kBlockM, kBlockN, kSegments, false>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
   };
   auto load_step = [&](int buffer, int h, int m0) {
     load_rows<T, D, kBlockM, kThreads, kPadded>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, a.head_dim,
@@ -174,15 +174,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
             if (key >= a.kv_len || query >= a.q_len) {
               s_log2 = -INFINITY;
             } else if constexpr (kExtras) {
-              const float logit =
-                  pair_logit_cuda(a, st[j][e], b, h, query, key, q_position(a.pos, query), k_position(a.pos, key));
+              const float logit = pair_logit_cuda(a, st[j][e], b, h, query, key, a.pos.q[query], a.pos.k[key]);
               s_log2 = logit * kLog2e;
               if (a.soft_cap > 0.0f) {
                 const float th = soft_cap_tanh(st[j][e] * a.scale / a.soft_cap);
                 derivative = 1.0f - th * th;
               }
-            } else if (!position_visible(q_position(a.pos, query), k_position(a.pos, key), a.causal, a.window_left,
-                                         a.window_right) ||
+            } else if (!position_visible(a.pos.q[query], a.pos.k[key], a.causal, a.window_left, a.window_right) ||
                        !same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, key)) {
               s_log2 = -INFINITY;
             }
@@ -190,11 +188,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           // LSE in log2 units; a row that saw nothing (-inf) or is past the end gives P = 0.
           const float lse = lse_s[qcol];
           const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
-          const float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, q_position(a.pos, query),
-                                                                    k_position(a.pos, key), keep_scale)
-                                                   : 1.0f;
+          const float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
           const float ds = p * (dpt[j][e] * weight - (query < a.q_len ? delta_s[qcol] : 0.0f));
-          if (kExtras && g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, k_position(a.pos, key), ds);
+          if (kExtras && g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, a.pos.k[key], ds);
           st[j][e] = p * weight;
           dpt[j][e] = ds * derivative;
         }
