@@ -35,8 +35,8 @@ __device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a,
   const int end = min(m0 + kBlockM, a.q_len);
   BlockKind kind;
   if (a.pos.queries_sorted) {
-    kind = classify_block(q_position<kRuns>(a.pos, m0), q_position<kRuns>(a.pos, end - 1), k_lo, k_hi, a.causal, a.window_left,
-                          a.window_right);
+    kind = classify_block(q_position<kRuns>(a.pos, m0), q_position<kRuns>(a.pos, end - 1), k_lo, k_hi, a.causal,
+                          a.window_left, a.window_right);
   } else {
     int64_t lo = INT64_MAX, hi = INT64_MIN;
 #pragma unroll 8
@@ -117,8 +117,9 @@ __device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, in
   for (; h < h_end; ++h, m0 = start)
     for (; m0 < end; m0 += 32 * kBlockM) {
       const int mine_m0 = m0 + lane * kBlockM;
-      const BlockKind mine = !kSegments || mine_m0 < end ? lane_block_kind<kBlockM, kSegments, kRuns>(a, b, k_seg, mine_m0, k_lo, k_hi)
-                                                         : BlockKind::kSkip;
+      const BlockKind mine = !kSegments || mine_m0 < end
+                                 ? lane_block_kind<kBlockM, kSegments, kRuns>(a, b, k_seg, mine_m0, k_lo, k_hi)
+                                 : BlockKind::kSkip;
       const unsigned visible = __ballot_sync(0xffffffffu, mine != BlockKind::kSkip);
       if (visible) {
         const int first = __ffs(visible) - 1;

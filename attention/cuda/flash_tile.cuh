@@ -314,8 +314,9 @@ __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float
       const bool consecutive = kSegments && keys != nullptr && keys->consecutive;
       bool visible =
           col < a.kv_len && row < a.q_len &&
-          position_visible(e < 2 ? qpos0 : qpos1, consecutive ? keys->first_pos + (col - n0) : k_position<kColumnLimits>(a.pos, col),
-                           a.causal, a.window_left, a.window_right);
+          position_visible(e < 2 ? qpos0 : qpos1,
+                           consecutive ? keys->first_pos + (col - n0) : k_position<kColumnLimits>(a.pos, col), a.causal,
+                           a.window_left, a.window_right);
       if (segments && visible)
         visible = (keys != nullptr && keys->one_segment ? keys->segment : segment_id(a.kv_segment_ids, b, col)) ==
                   (e < 2 ? qseg0 : qseg1);
@@ -357,12 +358,14 @@ __device__ __forceinline__ float soft_cap_tanh_short(float x, float exponent_sca
 // soft_cap_tanh_short (the forwards).
 template <bool kShort, int NT>
 __device__ __forceinline__ void soft_cap_scores(float (&s)[NT][4], float scale_over_cap, float cap_log2) {
-  const float exponent_scale = scale_over_cap * kTanhExponentScale;
+  [[maybe_unused]] const float exponent_scale = scale_over_cap * kTanhExponentScale;
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      s[j][e] = cap_log2 * (kShort ? soft_cap_tanh_short(s[j][e], exponent_scale) : soft_cap_tanh(s[j][e] * scale_over_cap));
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (kShort) s[j][e] = cap_log2 * soft_cap_tanh_short(s[j][e], exponent_scale);
+      else s[j][e] = cap_log2 * soft_cap_tanh(s[j][e] * scale_over_cap);
+    }
 }
 
 // The bias and the boolean mask tensors on a fragment of logits in log2 units from key n0 (the extras
