@@ -50,6 +50,15 @@ def registers(operand):
     return found
 
 
+def wide_result(opcode):
+    """The width suffix of an instruction whose result fills a register pair or quad, which its listing names by
+    the first register alone (LDC.64 R2 writes R2 and R3; IMAD.WIDE R4 writes R4 and R5)."""
+    m = re.search(r"\.(64|128)\b", opcode)
+    if m:
+        return "." + m.group(1)
+    return ".64" if opcode.startswith("IMAD.WIDE") else ""
+
+
 def split_branches(instructions):
     """The addresses of the branches on a predicate whose value may differ between the threads of a warp:
     one derived from the thread's index (S2R SR_TID / SR_LANEID), followed through registers in address order,
@@ -68,7 +77,7 @@ def split_branches(instructions):
             if not operands[0] or operands[0].startswith("["):
                 continue  # a store, an atomic without result, a barrier: no register written
             dests = 2 if re.match(r"[A-Z0-9]*SETP|PLOP3|FCHK", opcode) else 1
-            written = [r for o in operands[:dests] for r in registers(o)]
+            written = [r for o in operands[:dests] for r in registers(o + wide_result(opcode))]
             sources = [r for o in operands[dests:] for r in registers(o)] + registers(guard)
             thread_index = opcode == "S2R" and re.search(r"SR_(TID|LANEID)", rest)
             if not opcode.startswith("SYNCS.PHASECHK") and (thread_index or any(r in tainted for r in sources)):

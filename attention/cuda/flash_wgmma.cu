@@ -4,8 +4,9 @@
 // S = Q K^T as wgmma with both operands in shared memory and O += P V for the previous tile with P
 // straight from registers (the accumulator layout of S is wgmma's register layout of A) and V read
 // transposed from shared memory, then runs the online softmax of S while the tensor cores work on P V.
-// Masking and the tile schedule are the mma.sync kernel's (flash_tile.cuh); the body is compiled for
-// sm_90a only.
+// At head_dim 128 (no cap, no segment ids) the two warpgroups take turns issuing their products
+// (FlashAttention-3's ping-pong). Masking and the tile schedule are the mma.sync kernel's (flash_tile.cuh);
+// the body is compiled for sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
 
 #include "attention/cuda/dispatch.cuh"
@@ -111,28 +112,39 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   const int tiles = last - first + 1;  // <= 0: none
   // K and V tiles come by TMA, started by one thread, each buffer's landing counted by its mbarrier: the
   // per-thread copies cost this register-bound kernel 1.11-1.35x.
-  __shared__ alignas(8) uint64_t k_landed[2], v_landed[2];
-  tma::Landings k_in{k_landed}, v_in{v_landed};
+  __shared__ alignas(8) uint64_t k_landed[2], v_landed[2], leader_done[2];
+  tma::Landings k_in{k_landed}, v_in{v_landed}, leader_in{leader_done};
   auto load_tile = [&](T* buffer, const CUtensorMap* map, int tile, uint64_t* landed) {
     tma::load_row_tile<kBlockN, D>(buffer, map, tile * kBlockN, kh, b, landed);
   };
   wgmma::by_thread_zero(tid, [&] {
-    k_in.init(2), v_in.init(2);
+    k_in.init(2), v_in.init(2), leader_in.init(2);
     tma::fence_barrier_init();
     if (tiles > 0) load_tile(k_smem, &maps.k, first, &k_landed[0]);
   });
 
   // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
   const uint32_t q_rows = smem_address(q_smem) + group * 64 * kRowBytes;
-  // Step i: wait for K_i and V_{i-1}, start loading K_{i+1} and V_i into the other buffers.
+  // Step i starts loading K_{i+1} and V_i into the buffers step i - 1 read, and waits for K_i and V_{i-1}.
+  // kTurns: the warpgroups take turns issuing their products (wgmma::IssueTurns), warpgroup 0 first, so that
+  // one's softmax runs while the other's products do; the loads are started by warpgroup 1, which runs
+  // behind: its own step i - 1 is done, and warpgroup 0's is awaited on leader_done (warpgroup 0 arrives
+  // once its products of a step have landed, so it is not held up itself). Otherwise a block barrier a
+  // step keeps the warpgroups in lockstep and thread 0 loads.
+  // Measured on one H200 (bf16, T = 32768, bench/RESULTS.md, "The wgmma forward's warpgroups take turns"):
+  // turns 1.003-1.05x at head_dim 128 (most causal), level at 192, 0.94-0.95x at 256 and 0.985x at 64
+  // (shorter steps: 64-key tiles or 64 columns leave less product to hide a softmax behind); 0.97-0.98x
+  // capped, 0.90-1.06x on causal documents (blocks of few tiles); the extras instance not measured.
+  constexpr bool kTurns = D == 128 && !kSoftCap && !kSegments;
+  const wgmma::IssueTurns turns{group};
+  constexpr int kLoader = kTurns ? 128 : 0;
   auto begin_step = [&](int i) {
     const int tile = first + i;
-    copy_wait_all();               // Q (step 0)
-    wgmma::fence_shared_writes();  // cp.async wrote Q through the generic proxy; wgmma reads through the async one
-    __syncthreads();               // step i - 1's products are done with the buffers loaded next
-    if (tid == 0) {  // (a plain branch per step: see wgmma::by_thread_zero)
+    if constexpr (!kTurns) __syncthreads();  // step i - 1's products are done with the buffers loaded next
+    if (tid == kLoader && i < tiles) {       // (a plain branch per step: see wgmma::by_thread_zero)
+      if (kTurns && i > 0) leader_in.wait((i - 1) % 2);
       if (i + 1 < tiles) load_tile(k_smem + ((i + 1) % 2) * kBlockN * D, &maps.k, tile + 1, &k_landed[(i + 1) % 2]);
-      if (i < tiles) load_tile(v_smem + (i % 2) * kBlockN * D, &maps.v, tile, &v_landed[i % 2]);
+      load_tile(v_smem + (i % 2) * kBlockN * D, &maps.v, tile, &v_landed[i % 2]);
     }
     if (i < tiles) k_in.wait(i % 2);    // K_i
     if (i > 0) v_in.wait((i - 1) % 2);  // V_{i-1}
@@ -204,15 +216,31 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   // softmax of S_i while the tensor cores work on that product. P_i is written to the registers the
   // product reads only once it has landed. The first and last steps are peeled so that every wait
   // has one fixed number of groups in flight.
+  auto take_turn = [&] {
+    if constexpr (kTurns) turns.wait();
+  };
+  auto pass_turn = [&] {
+    if constexpr (kTurns) turns.pass();
+  };
+  auto step_landed = [&](int i) {  // warpgroup 0's products of step i have landed: their buffers may be reloaded
+    if (kTurns && tid == 0 && i + 1 < tiles) tma::arrive(&leader_done[i % 2]);
+  };
+  copy_wait_all();               // Q
+  wgmma::fence_shared_writes();  // cp.async wrote Q through the generic proxy; wgmma reads through the async one
+  __syncthreads();               // every thread's Q rows, and the barriers' initialisation
   if (tiles > 0) {
     uint32_t p[kBlockN / 16][4];  // P_{i-1}: read by the tensor cores during step i
     float alpha[2];               // rescales O from the max before P_{i-1} to P_{i-1}'s
+    if constexpr (kTurns) turns.start();
     {
       float s[kTilesN][4];
       begin_step(0);
+      take_turn();
       wgmma::fence();
       issue_qk(0, s);
+      pass_turn();
       wgmma::wait<0>();
+      step_landed(0);
       wgmma::pin(s);
       softmax_tile(0, s, alpha);
       pack(s, p);
@@ -220,27 +248,32 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     for (int i = 1; i < tiles; ++i) {
       float s[kTilesN][4];
       begin_step(i);
+      take_turn();
       wgmma::fence();
       issue_qk(i, s);
       rescale_rows(o, alpha);
       wgmma::fence();
       issue_pv(i - 1, p);
+      pass_turn();
       wgmma::wait<1>();  // S_i, the older group, has landed
       wgmma::pin(s);
       softmax_tile(i, s, alpha);
       wgmma::wait<0>();
+      step_landed(i);
       wgmma::pin(o);
       wgmma::pin(p);
       pack(s, p);
     }
     begin_step(tiles);
+    take_turn();
     rescale_rows(o, alpha);
     wgmma::fence();
     issue_pv(tiles - 1, p);
+    pass_turn();
     wgmma::wait<0>();
     wgmma::pin(o);
+    if constexpr (kTurns) turns.finish();
   }
-  copy_wait_all();
   if constexpr (kMode == CarryMode::kFromCarry) {
     store_carry<kPadded>(a, carry_row0, row0, lane, o, m_row, l_row);
   } else if constexpr (kMode == CarryMode::kDirect) {

@@ -25,6 +25,11 @@ __device__ __forceinline__ void arrive_expect_bytes(uint64_t* bar, uint32_t byte
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
 }
 
+// One plain arrival (a barrier counting threads, not bytes).
+__device__ __forceinline__ void arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+
 __device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n"

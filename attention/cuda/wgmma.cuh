@@ -86,6 +86,24 @@ __device__ __forceinline__ void by_thread_zero(int tid, Work&& work) {
   __syncwarp();
 }
 
+// Two warpgroups of a block taking turns to issue their products (FlashAttention-3's ping-pong): one
+// issues, passes the turn, and runs its softmax on the CUDA cores while the other's products run on the
+// tensor cores, instead of both waiting for their products at once. Named barriers 1 and 2 (0 is
+// __syncthreads): warpgroup g waits on 1 + g, which the other warpgroup's 128 threads arrive at.
+struct IssueTurns {
+  int group;  // 0 or 1
+  // Warpgroup 0 issues first: warpgroup 1 hands it the first turn.
+  __device__ __forceinline__ void start() const {
+    if (group == 1) pass();
+  }
+  __device__ __forceinline__ void wait() const { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + group) : "memory"); }
+  __device__ __forceinline__ void pass() const { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - group) : "memory"); }
+  // Warpgroup 0 takes the turn warpgroup 1 passed last, so that no arrival is left pending.
+  __device__ __forceinline__ void finish() const {
+    if (group == 0) wait();
+  }
+};
+
 // Keeps the compiler from moving reads or writes of accumulators across a wgmma wait or fence, and
 // keeps A registers alive (not reused) until the wgmma reading them has been waited for.
 template <int NT>

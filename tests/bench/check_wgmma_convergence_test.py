@@ -108,3 +108,24 @@ def test_a_register_overwritten_from_a_constant_is_alike_again():
     # Left derived from the thread's index, it is not.
     body = PARAMETER_BRANCH.replace("R16, RZ, PT", "R10, RZ, PT")
     assert diverged(body) == [(0x40, 0x90, 1)]
+
+
+def test_a_register_pair_loaded_whole_is_alike_again():
+    # R2 and R3 held values derived from the thread's index; LDC.64 R2 overwrites both with a parameter
+    # (the backward's `k_run != kNotARun`, a 64-bit test on the pair): the branch on it is alike for the warp.
+    body = """
+S2R R2, SR_TID.X
+IMAD.MOV.U32 R3, RZ, RZ, R2
+LDC.64 R2, c[0x0][0x3f8]
+BSSY B0, 0x90
+ISETP.NE.U32.AND P3, PT, R2, RZ, PT
+ISETP.NE.AND.EX P3, PT, R3, -0x80000000, PT, P3
+@P3 BRA 0x70
+WARPGROUP.ARRIVE
+HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT
+BSYNC B0
+EXIT
+"""
+    assert diverged(body) == []
+    # A 64-bit load through a per-thread address leaves the whole pair per-thread.
+    assert diverged(body.replace("LDC.64 R2, c[0x0][0x3f8]", "LDG.E.64 R2, desc[UR14][R2.64]")) == [(0x60, 0x90, 1)]
