@@ -6,19 +6,9 @@
 # STAGES: a comma list of tests (the GPU tests), rows (wgmma), mma (mma.sync rows), flex, profile (default rows,profile).
 set -u
 b=${1:-build-pack-new}; rounds=${2:-2}; stages=,${3:-rows,profile},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
-mkdir -p "$out"
-[ -f $b/pack.tar.xz ] && tar xJf $b/pack.tar.xz -C $b
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee $out/log.txt
+source bench/device_tests.sh
 has() { [[ $stages == *,$1,* ]]; }
-if has tests; then
-  $b/tests/cuda_attention_test --gtest_color=no > $out/unit.log 2>&1
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $out/unit.log | head -20 | tee -a $out/log.txt
-  for t in ring_mpi_test ring_backward_mpi_test; do
-    mpirun -np 2 $b/tests/$t --backend=cuda --gtest_color=no > $out/$t.log 2>&1
-    echo "$t: $(grep -E '^\[  (PASSED|FAILED) ' $out/$t.log | sort -u | tr '\n' ' ')" | tee -a $out/log.txt
-    grep "FAILED  \]" $out/$t.log | head | tee -a $out/log.txt
-  done
-fi
+has tests && gpu_tests
 bench() {
   mpirun -np 1 $bin bench --backend cuda --impl flash_attn2 --dtype bf16 --warmup 3 --iters 20 --heads 16 --head-dim 128 \
     --backward "$@" 2>&1 | grep -v '^#' | grep -o "forward  *[0-9.]*  *[0-9.]*\|backward  *[0-9.]*  *[0-9.]*" | head -2 |

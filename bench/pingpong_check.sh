@@ -8,20 +8,9 @@
 #   bash .device/on-device.sh bash bench/pingpong_check.sh PACK [ROUNDS [STAGES]]   (STAGES: tests,rows)
 set -u
 b=${1:-build-pack-new}; rounds=${2:-2}; stages=,${3:-tests,rows},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
-mkdir -p "$out"
-[ -f $b/pack.tar.xz ] && tar xJf $b/pack.tar.xz -C $b
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee $out/log.txt
+source bench/device_tests.sh
 has() { [[ $stages == *,$1,* ]]; }
-if has tests; then
-  python3 bench/check_wgmma_convergence.py $b/lib/*.so* 2>&1 | tail -1 | tee -a $out/log.txt
-  $b/tests/cuda_attention_test --gtest_color=no > $out/unit.log 2>&1
-  grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $out/unit.log | head -20 | tee -a $out/log.txt
-  for t in ring_mpi_test ring_backward_mpi_test; do
-    mpirun -np 2 $b/tests/$t --backend=cuda --gtest_color=no > $out/$t.log 2>&1
-    echo "$t: $(grep -E '^\[  (PASSED|FAILED) ' $out/$t.log | sort -u | tr '\n' ' ')" | tee -a $out/log.txt
-    grep "FAILED  \]" $out/$t.log | head | tee -a $out/log.txt
-  done
-fi
+has tests && gpu_tests
 row() {  # forward (and backward) ms and TFLOP/s of one configuration (--backward: the single-call forward)
   mpirun -np 1 $bin bench --backend cuda --impl flash_attn2 --batch 1 --dtype bf16 --seq 32768 "$@" 2>&1 |
     grep -v '^#' | grep -o "forward  *[0-9.]*  *[0-9.]*\|backward  *[0-9.]*  *[0-9.]*" | tr '\n' ' '
