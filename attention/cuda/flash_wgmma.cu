@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   // Measured on one H200 (bf16, T = 32768, bench/RESULTS.md, "The wgmma forward's warpgroups take turns"):
   // turns 1.003-1.05x at head_dim 128 (most causal), level at 192, 0.94-0.95x at 256 and 0.985x at 64
   // (shorter steps: 64-key tiles or 64 columns leave less product to hide a softmax behind); 0.97-0.98x
-  // capped, 0.90-1.06x on causal documents (blocks of few tiles); the extras instance not measured.
+  // capped, 0.90-1.06x on causal documents (blocks of few tiles; the extras instance has segment ids too).
   constexpr bool kTurns = D == 128 && !kSoftCap && !kSegments;
   const wgmma::IssueTurns turns{group};
   constexpr int kLoader = kTurns ? 128 : 0;
