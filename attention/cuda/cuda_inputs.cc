@@ -89,10 +89,13 @@ DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStre
     uploaded_count_ = count;
   }
   auto* device = device_.data<int64_t>();
-  DevicePositions uploaded{device, device + pos.q.size(), pos.total_keys, std::is_sorted(pos.k.begin(), pos.k.end()),
-                           pos.q.data(), pos.k.data(), std::is_sorted(pos.q.begin(), pos.q.end())};
-  uploaded.q_run = DevicePositions::run_of(pos.q);
-  uploaded.k_run = DevicePositions::run_of(pos.k);
+  // A run is sorted: a single call's positions (runs) are scanned once, not again for their order.
+  const int64_t q_run = DevicePositions::run_of(pos.q), k_run = DevicePositions::run_of(pos.k);
+  const bool keys_sorted = k_run != DevicePositions::kNotARun || std::is_sorted(pos.k.begin(), pos.k.end());
+  const bool queries_sorted = q_run != DevicePositions::kNotARun || std::is_sorted(pos.q.begin(), pos.q.end());
+  DevicePositions uploaded{device,       device + pos.q.size(), pos.total_keys, keys_sorted,
+                           pos.q.data(), pos.k.data(),          queries_sorted};
+  uploaded.q_run = q_run, uploaded.k_run = k_run;
   return uploaded;
 }
 
