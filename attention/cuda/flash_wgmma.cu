@@ -1,10 +1,11 @@
 // FlashAttention forward on Hopper's warpgroup MMA. A block of two warpgroups owns 128 query rows of
 // one (batch, head), 64 rows per warpgroup; K/V tiles of 128 keys (96 at head_dim 192, 64 at 256, for
-// shared memory) stream through double-buffered shared memory, loaded by TMA. Per tile each warpgroup issues
-// S = Q K^T as wgmma with both operands in shared memory and O += P V for the previous tile with P
-// straight from registers (the accumulator layout of S is wgmma's register layout of A) and V read
-// transposed from shared memory, then runs the online softmax of S while the tensor cores work on P V.
-// At head_dim 128 (no cap, no segment ids) the two warpgroups take turns issuing their products
+// shared memory; MLA's 192 / 128 has an instance of its own, V of 128 columns, 128-key tiles) stream
+// through double-buffered shared memory, loaded by TMA. Per tile each warpgroup issues S = Q K^T as wgmma
+// with both operands in shared memory and O += P V for the previous tile with P straight from registers
+// (the accumulator layout of S is wgmma's register layout of A) and V read transposed from shared memory,
+// then runs the online softmax of S while the tensor cores work on P V. At head_dim 128 and in MLA's
+// instance (no cap, no segment ids) the two warpgroups take turns issuing their products
 // (FlashAttention-3's ping-pong). Masking and the tile schedule are the mma.sync kernel's (flash_tile.cuh);
 // the body is compiled for sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
@@ -27,9 +28,11 @@ constexpr int kThreads = kGroups * 128;
 [[maybe_unused]] constexpr int kWarps = kThreads / 32;  // used by the sm_90a body only
 constexpr int kBlockM = kGroups * 64;     // query rows per block
 // Keys per K/V tile: 128, or what Q and two K and V buffers leave room for in shared memory: 96 at
-// head_dim 192, 64 at 256 (192 KiB each).
-template <int D>
-constexpr int kBlockNFor = D == 192 ? 96 : D > 128 ? 64 : 128;
+// head_dim 192, 64 at 256 (192 KiB each); MLA's instance (D = 192, Dv = 128) 128 (208 KiB).
+template <int D, int Dv>
+constexpr int kBlockNFor = D == 192 && Dv == 192 ? 96
+                           : D > 128 && Dv > 128 ? 64
+                                                 : 128;
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
@@ -55,16 +58,18 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // kExtras: an instance that masks every tile pair by pair with the soft cap, the bias and mask tensors,
 // and drops probabilities (flash_has_extras; always with kSegments, never after a carry writer).
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
-template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded>
-__global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAttentionArgs a,
-                                                                   const __grid_constant__ KvMaps maps) {
+// Dv: V's and O's columns, D's but in MLA's instance (D = 192, Dv = 128), whose O would otherwise form 64
+// columns from zeros.
+template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, int Dv = D>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_wgmma_kernel(const CudaAttentionArgs a, const __grid_constant__ KvMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
-  constexpr int kBlockN = kBlockNFor<D>;
+  constexpr int kBlockN = kBlockNFor<D, Dv>;
   T* q_smem = reinterpret_cast<T*>(smem);
   T* k_smem = q_smem + kBlockM * D;      // two buffers of kBlockN x D
-  T* v_smem = k_smem + 2 * kBlockN * D;  // two buffers of kBlockN x D
+  T* v_smem = k_smem + 2 * kBlockN * D;  // two buffers of kBlockN x Dv
   __shared__ int64_t warp_q_lo[kWarps], warp_q_hi[kWarps];
 
   // The next kernel on the stream, when launched as dependent of this one, may start on the SMs this
@@ -76,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   const int m_block = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int m0 = m_block * kBlockM, h = blockIdx.y, b = blockIdx.z;
   const int kh = h / (a.q_heads / a.kv_heads);
-  constexpr int kTilesD = D / 8, kTilesN = kBlockN / 8;
+  constexpr int kTilesDv = Dv / 8, kTilesN = kBlockN / 8;
 
   load_slabs<T, D, kBlockM, kPadded>(q_smem, a.q, b, h, m0, a.q_len, a.head_dim, tid);
   copy_commit();
@@ -94,12 +99,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     if (w / 4 == group) group_q_lo = min(group_q_lo, warp_q_lo[w]), group_q_hi = max(group_q_hi, warp_q_hi[w]);
   }
 
-  float o[kTilesD][4], m_row[2], l_row[2];
+  float o[kTilesDv][4], m_row[2], l_row[2];
   const int64_t carry_row0 = (int64_t(b) * a.q_heads + h) * a.q_len;
   if constexpr (kMode != CarryMode::kFromCarry) {
     m_row[0] = m_row[1] = -INFINITY, l_row[0] = l_row[1] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kTilesD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    for (int j = 0; j < kTilesDv; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   } else {
     load_carry<kPadded>(a, carry_row0, row0, lane, o, m_row, l_row);
   }
@@ -114,13 +119,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   // per-thread copies cost this register-bound kernel 1.11-1.35x.
   __shared__ alignas(8) uint64_t k_landed[2], v_landed[2], leader_done[2];
   tma::Landings k_in{k_landed}, v_in{v_landed}, leader_in{leader_done};
-  auto load_tile = [&](T* buffer, const CUtensorMap* map, int tile, uint64_t* landed) {
-    tma::load_row_tile<kBlockN, D>(buffer, map, tile * kBlockN, kh, b, landed);
+  auto load_k = [&](int buffer, int tile) {
+    tma::load_row_tile<kBlockN, D>(k_smem + buffer * kBlockN * D, &maps.k, tile * kBlockN, kh, b, &k_landed[buffer]);
+  };
+  auto load_v = [&](int buffer, int tile) {
+    tma::load_row_tile<kBlockN, Dv>(v_smem + buffer * kBlockN * Dv, &maps.v, tile * kBlockN, kh, b, &v_landed[buffer]);
   };
   wgmma::by_thread_zero(tid, [&] {
     k_in.init(2), v_in.init(2), leader_in.init(2);
     tma::fence_barrier_init();
-    if (tiles > 0) load_tile(k_smem, &maps.k, first, &k_landed[0]);
+    if (tiles > 0) load_k(0, first);
   });
 
   // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
@@ -134,8 +142,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   // Measured on one H200 (bf16, T = 32768, bench/RESULTS.md, "The wgmma forward's warpgroups take turns"):
   // turns 1.003-1.05x at head_dim 128 (most causal), level at 192, 0.94-0.95x at 256 and 0.985x at 64
   // (shorter steps: 64-key tiles or 64 columns leave less product to hide a softmax behind); 0.97-0.98x
-  // capped, 0.90-1.06x on causal documents (blocks of few tiles; the extras instance has segment ids too).
-  constexpr bool kTurns = D == 128 && !kSoftCap && !kSegments;
+  // capped, 0.90-1.06x on causal documents (blocks of few tiles; the extras instance has segment ids too);
+  // MLA's instance 1.20-1.21x (S's 12 k-steps against 8 at 128: more product to hide a softmax behind;
+  // "MLA's forward: V and O of 128 columns").
+  constexpr bool kTurns = (D == 128 || (D == 192 && Dv == 128)) && !kSoftCap && !kSegments;
   const wgmma::IssueTurns turns{group};
   constexpr int kLoader = kTurns ? 128 : 0;
   auto begin_step = [&](int i) {
@@ -143,8 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
     if constexpr (!kTurns) __syncthreads();  // step i - 1's products are done with the buffers loaded next
     if (tid == kLoader && i < tiles) {       // (a plain branch per step: see wgmma::by_thread_zero)
       if (kTurns && i > 0) leader_in.wait((i - 1) % 2);
-      if (i + 1 < tiles) load_tile(k_smem + ((i + 1) % 2) * kBlockN * D, &maps.k, tile + 1, &k_landed[(i + 1) % 2]);
-      load_tile(v_smem + (i % 2) * kBlockN * D, &maps.v, tile, &v_landed[i % 2]);
+      if (i + 1 < tiles) load_k((i + 1) % 2, tile + 1);
+      load_v(i % 2, tile);
     }
     if (i < tiles) k_in.wait(i % 2);    // K_i
     if (i > 0) v_in.wait((i - 1) % 2);  // V_{i-1}
@@ -167,8 +177,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
   // One wgmma spans at most 128 columns of O and whole slabs (an MN-major operand's N axis): head_dim 256
   // takes two of 128, 192 one of 128 and one of 64, each starting at its first slab.
   auto issue_pv = [&](int i, const uint32_t(&p)[kBlockN / 16][4]) {
-    const uint32_t v_tile = smem_address(v_smem + (i % 2) * kBlockN * D);
-    constexpr int kTilesFirst = kTilesD > 16 ? 16 : kTilesD, kTilesRest = kTilesD - kTilesFirst;
+    const uint32_t v_tile = smem_address(v_smem + (i % 2) * kBlockN * Dv);
+    constexpr int kTilesFirst = kTilesDv > 16 ? 16 : kTilesDv, kTilesRest = kTilesDv - kTilesFirst;
     auto& o_first = *reinterpret_cast<float(*)[kTilesFirst][4]>(&o[0]);
 #pragma unroll
     for (int kc = 0; kc < kBlockN / 16; ++kc) {
@@ -288,44 +298,48 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(const CudaAtte
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, int Dv>
 constexpr size_t smem_bytes() {
-  return size_t(kBlockM + 4 * kBlockNFor<D>) * D * sizeof(T) + kSwizzleAtom;  // + alignment slack
+  constexpr int kBlockN = kBlockNFor<D, Dv>;
+  return size_t(kBlockM * D + 2 * kBlockN * (D + Dv)) * sizeof(T) + kSwizzleAtom;  // + alignment slack
 }
-static_assert(smem_bytes<__nv_bfloat16, 256>() <= 227 * 1024 && smem_bytes<__nv_bfloat16, 192>() <= 227 * 1024,
+static_assert(smem_bytes<__nv_bfloat16, 256, 256>() <= 227 * 1024 &&
+                  smem_bytes<__nv_bfloat16, 192, 192>() <= 227 * 1024 &&
+                  smem_bytes<__nv_bfloat16, 192, 128>() <= 227 * 1024,
               "Q and two K and V buffers fit Hopper's shared memory");
 
-template <typename T, int D, bool kPadded>
+template <typename T, int D, bool kPadded, int Dv = D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
   const bool extras = flash_has_extras(a);
-  // Template arguments after the carry mode: kSegments, kSoftCap, kExtras, kPadded.
-  auto kernel = extras ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, false, true, kPadded>
-                                     : flash_wgmma_kernel<T, D, kFromCarry, true, false, true, kPadded>)
-                : a.soft_cap > 0.0f && a.q_segment_ranges
-                    ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, true, false, kPadded>
-                                  : flash_wgmma_kernel<T, D, kFromCarry, true, true, false, kPadded>)
-                : a.soft_cap > 0.0f
-                    ? (a.o_direct             ? flash_wgmma_kernel<T, D, kDirect, false, true, false, kPadded>
-                       : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, true, false, kPadded>
-                                              : flash_wgmma_kernel<T, D, kFromCarry, false, true, false, kPadded>)
-                : a.o_direct ? (a.q_segment_ranges ? flash_wgmma_kernel<T, D, kDirect, true, false, false, kPadded>
-                                                   : flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded>)
-                : a.q_segment_ranges   ? flash_wgmma_kernel<T, D, kFromCarry, true, false, false, kPadded>
-                : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, false, false, kPadded>
-                                       : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded>;
-  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<T, D>())));
+  // Template arguments after the carry mode: kSegments, kSoftCap, kExtras, kPadded, Dv.
+  auto kernel =
+      extras ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, false, true, kPadded, Dv>
+                           : flash_wgmma_kernel<T, D, kFromCarry, true, false, true, kPadded, Dv>)
+      : a.soft_cap > 0.0f && a.q_segment_ranges
+          ? (a.o_direct ? flash_wgmma_kernel<T, D, kDirect, true, true, false, kPadded, Dv>
+                        : flash_wgmma_kernel<T, D, kFromCarry, true, true, false, kPadded, Dv>)
+      : a.soft_cap > 0.0f
+          ? (a.o_direct             ? flash_wgmma_kernel<T, D, kDirect, false, true, false, kPadded, Dv>
+             : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, true, false, kPadded, Dv>
+                                    : flash_wgmma_kernel<T, D, kFromCarry, false, true, false, kPadded, Dv>)
+      : a.o_direct           ? (a.q_segment_ranges ? flash_wgmma_kernel<T, D, kDirect, true, false, false, kPadded, Dv>
+                                                   : flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, Dv>)
+      : a.q_segment_ranges   ? flash_wgmma_kernel<T, D, kFromCarry, true, false, false, kPadded, Dv>
+      : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, false, false, kPadded, Dv>
+                             : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, Dv>;
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<T, D, Dv>())));
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes<T, D>();
+  config.dynamicSmemBytes = smem_bytes<T, D, Dv>();
   config.stream = stream;
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = a.after_carry_writer && !extras ? 1 : 0;
   config.attrs = &overlap;
   config.numAttrs = 1;
-  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, key_tiles_of<T>(a, kBlockNFor<D>)));
+  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, key_tiles_of<T>(a, kBlockNFor<D, Dv>)));
 }
 
 }  // namespace
@@ -347,7 +361,11 @@ void flash_wgmma_accumulate(const CudaAttentionArgs& a, DType dtype, cudaStream_
   dispatch_half_dtype(dtype, "the wgmma flash_attn2 kernel", [&](auto element) {
     // Exact head dims of 128 run the padded instance, measured 1.07-1.09x the exact one; at 64 and 256 the exact
     // ones are 1.06x / 1.03x faster (H100, T = 32768, bf16: bench/RESULTS.md). 192 (and the dims between 128
-    // and 192, MLA's 192 / 128) has a padded instance of its own, 96-key tiles.
+    // and 192) has a padded instance of its own, 96-key tiles; where V is at most 128 wide (MLA's 192 / 128),
+    // one whose V and O are 128 columns, 128-key tiles.
+    if (a.head_dim > 128 && a.head_dim <= 192 && a.value_dim <= 128) {
+      return launch<decltype(element), 192, true, 128>(a, stream);
+    }
     dispatch_flash_instance_of<InstanceDims<64, 128, 192, 256>, 64, 256>(a.head_dim, a.value_dim, "the wgmma flash_attn2 kernel", [&](auto instance, auto padded) {
       launch<decltype(element), decltype(instance)::value, decltype(padded)::value>(a, stream);
     });

@@ -107,6 +107,16 @@ std::vector<CudaCase> all_cases() {
       const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
       cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, d, dv, dtype, opt, seed++}, FlashKernel::kWgmma});
     }
+  // MLA's instance (D = 192, Dv = 128: V and O of 128 columns, 128-key tiles) and the dims it serves (D above
+  // 128, Dv up to 128), on every option set, both dtypes, each case against the f64 reference.
+  const std::pair<int64_t, int64_t> dims_mla[] = {{192, 128}, {160, 128}, {136, 64}, {184, 120}, {192, 32}};
+  for (const Options& opt : every_instance_option_set())
+    for (DType dtype : {DType::kF16, DType::kBF16}) {
+      const auto& [d, dv] = dims_mla[seed % std::size(dims_mla)];
+      const Shape& sh = tiles96[seed % std::size(tiles96)];
+      cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, d, dv, dtype, opt, seed++},
+                       FlashKernel::kWgmma});
+    }
 #if RA_HAVE_CUDNN
   // cudnn: the options it expresses (causal with S >= T, sinks through our finalize), GQA, D 64 / 128 /
   // 256 (where the installed cuDNN runs it, e.g. Hopper; elsewhere its refusal, by name, skips the case).
