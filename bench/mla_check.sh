@@ -4,7 +4,8 @@
 # warpgroups in lockstep (RA_MLA_AB=lockstep), interleaved in one call (bench/RESULTS.md, "MLA's forward: V and O
 # of 128 columns"). RA_MLA_AB needs the experiment's build (results/h200_2026-11-29_mla_ab_switch.patch); on the
 # committed kernel it does nothing and the three rows time the same kernel.
-#   bash .device/on-device.sh bash bench/mla_check.sh PACK [ROUNDS [STAGES]]   (STAGES: tests,mla_tests,rows)
+#   bash .device/on-device.sh bash bench/mla_check.sh PACK [ROUNDS [STAGES]]   (STAGES: tests,mla_tests,rows,torch;
+# torch: PyTorch's SDPA forward at 192 / 128 (cuDNN; FlashAttention-2 refuses Dv != D) after the rows)
 set -u
 b=${1:-build-pack-new}; rounds=${2:-2}; stages=,${3:-tests,rows},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
 source bench/device_tests.sh
@@ -38,4 +39,7 @@ if has rows; then
         tee -a $out/log.txt
     done
   done
+fi
+if has torch; then
+  python3 bench/torch_backward.py --forward 16x192x128 2>&1 | grep -v Warning | tee -a $out/log.txt
 fi
