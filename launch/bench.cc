@@ -21,6 +21,7 @@
 #include "launch/bench_extras.h"
 #include "launch/bench_timing.h"
 #include "launch/commands.h"
+#include "launch/option_scope.h"
 #include "launch/output_path.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
@@ -73,7 +74,10 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
      "step's kernel from starting before the previous one ends, so the ring runs a little slower); with "
      "--backward, every rank's computes, adds, transfers and waits of the last iteration");
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
-  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn bench --seq T --heads H --head-dim D [options]")) return kOk;
+  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn bench --seq T --heads H --head-dim D [options]", nullptr,
+             &opts.given))
+    return kOk;
+  check_options_apply(opts);
   if (kv_heads == 0) kv_heads = heads;
   if (v_head_dim == 0) v_head_dim = head_dim;
   for (auto [v, name] : {std::pair{batch, "batch"}, {seq, "seq"}, {heads, "heads"}, {kv_heads, "kv-heads"},

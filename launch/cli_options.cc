@@ -127,7 +127,8 @@ void check_named_datasets(const DatasetOptions& o, const H5File& file) {
              "' does not have (or it is a group, not a dataset)");
 }
 
-bool parse(int argc, char** argv, const po::options_description& desc, const char* usage, DatasetOptions* datasets) {
+bool parse(int argc, char** argv, const po::options_description& desc, const char* usage, DatasetOptions* datasets,
+           std::vector<std::string>* given) {
   po::variables_map vm;
   try {
     // The default style minus guessing: "--no" never stands for one of --no-space-check and
@@ -161,6 +162,9 @@ bool parse(int argc, char** argv, const po::options_description& desc, const cha
   if (datasets != nullptr)
     for (const char* option : {"mask-dataset", "bias-dataset", "sinks-dataset", "segment-ids-dataset", "cu-seqlens-dataset"})
       if (vm.count(option) && !vm[option].defaulted()) datasets->named.push_back({option, vm[option].as<std::string>()});
+  if (given != nullptr)
+    for (const auto& [option, value] : vm)
+      if (!value.defaulted()) given->push_back(option);
   return true;
 }
 

@@ -23,6 +23,7 @@ struct AttentionOptions {
   int64_t block_q = 64, block_k = 64, timeout_s = 60;
   bool no_block_checksums = false, allow_nonfinite = false, deterministic = false;
   uint64_t seed = 0;
+  std::vector<std::string> given;  // the options on the command line (parse), for check_options_apply
 };
 
 // --grad-wire: the dtype of the backward's dK/dV accumulators between ring steps ("f32" or "bf16").
@@ -50,9 +51,9 @@ std::string mesh_text(const AttentionOptions& opts, int world_size);  // default
 
 // Parses argv after the subcommand; prints help and returns false on --help. A word that is no option
 // ("causal" for "--causal") and an option prefix that matches several options are errors. Fills
-// `datasets->named` when given.
+// `datasets->named` and `given` (every option on the command line, by name) when given.
 bool parse(int argc, char** argv, const po::options_description& desc, const char* usage,
-           DatasetOptions* datasets = nullptr);
+           DatasetOptions* datasets = nullptr, std::vector<std::string>* given = nullptr);
 
 // Positive integers that must not wrap: "--heads -1" is an error naming the option.
 int64_t positive(int64_t value, const char* option);

@@ -12,6 +12,7 @@
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
 #include "launch/commands.h"
+#include "launch/option_scope.h"
 #include "launch/output_path.h"
 #include "launch/sharded_io.h"
 #include "launch/watchdog.h"
@@ -104,13 +105,17 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
     ("io-timeout", po::value(&io_timeout_s)->default_value(600), "seconds reading, checking or writing may take before the job is aborted");
   add_dataset_options(desc, datasets);
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
-  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]", &datasets)) return kOk;
+  if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn run --input F --output G [options]", &datasets,
+             &opts.given))
+    return kOk;
+  check_options_apply(opts);
   const AttentionParams whole_params = to_params(opts);  // the output's attribute: every rank writes the same
   positive(io_timeout_s, "io-timeout");
   RA_CHECK(backward || (!f32_gradients && do_dataset == "do" && dlse_dataset == kLseGradientDataset &&
                         grad_wire == "f32"),
            "--f32-gradients, --do-dataset, --dlse-dataset and --grad-wire apply to the backward pass: add --backward");
   const DType gradient_wire = parse_gradient_wire(grad_wire, "--grad-wire");
+  check_ring_modes(opts.deterministic, gradient_wire, parse_backend(opts.backend));
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   const auto started = std::chrono::steady_clock::now();

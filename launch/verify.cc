@@ -10,6 +10,7 @@
 #include "attention/compare.h"
 #include "attention/registry.h"
 #include "launch/commands.h"
+#include "launch/option_scope.h"
 #include "launch/output_manifest.h"
 #include "launch/sharded_io.h"
 #include "runtime/error.h"
@@ -116,8 +117,9 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   add_dataset_options(desc, datasets);
   add_attention_options(desc, opts, AttentionRegistry::builtin().list_implementations());
   if (!parse(argc, argv, desc, "Usage: mpirun -np N ringattn verify --input F --output G [same attention options]",
-             &datasets))
+             &datasets, &opts.given))
     return kOk;
+  check_options_apply(opts);  // before the files open, on every rank
   Job job(opts, mpi, args_text(argc, argv));
   const int rank = job.world.rank();
   H5File in_file(input, H5File::Mode::kRead, job.world.comm());

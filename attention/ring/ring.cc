@@ -34,6 +34,13 @@ DType parse_gradient_wire(const std::string& text, const char* option) {
   return text == "bf16" ? DType::kBF16 : DType::kF32;
 }
 
+void check_ring_modes(bool deterministic, DType gradient_wire, Backend backend) {
+  // The host ring's exact sums travel as fixed-point integers: a bf16 wire would change nothing.
+  RA_CHECK(!deterministic || gradient_wire == DType::kF32 || backend == Backend::kCuda, "gradient wire ",
+           dtype_name(gradient_wire), " with deterministic on the host ring: its dK/dV travel as exact fixed-point "
+           "sums, the same bits on any ring, so the wire would change nothing; pass one of the two");
+}
+
 const char* ring_transport_name(RingTransport transport) {
   switch (transport) {
     case RingTransport::kAuto: return "auto";
@@ -100,6 +107,9 @@ AttentionInputs KvBlockLayout::view(const AttentionInputs& in, char* base, int64
 RingAttention::RingAttention(RingContext ctx, Backend backend)
     : ctx_(std::move(ctx)), schedule_(ring_schedule(ctx_)), backend_(backend) {
   RA_CHECK(ctx_.local_impl != "ring", "the ring's local kernel cannot be 'ring'");
+  RA_CHECK(ctx_.transport == RingTransport::kAuto, "ring transport ", ring_transport_name(ctx_.transport),
+           " moves the GPU ring's blocks; the host ring (backend ", backend_name(backend), ") sends them over MPI");
+  check_ring_modes(ctx_.deterministic, ctx_.gradient_wire, backend);
   local_ = AttentionRegistry::builtin().create(ctx_.local_impl, backend);
 }
 

@@ -32,6 +32,8 @@ const char* ring_transport_name(RingTransport transport);
 // The backward's dK/dV accumulators on the wire (RingContext::gradient_wire): "f32" or "bf16"; `option`
 // names the setting in the error ("--grad-wire", "grad_wire").
 DType parse_gradient_wire(const std::string& text, const char* option);
+// Refuses a bf16 wire beside deterministic on the host ring (which sums exactly, in fixed point, on its wire).
+void check_ring_modes(bool deterministic, DType gradient_wire, Backend backend);
 
 struct RingContext {
   Communicator* comm = nullptr;                      // the sequence-parallel axis

@@ -258,6 +258,29 @@ TEST(RingMpi, LibraryRingIgnoresTheFaultVariable) {
   EXPECT_EQ(ctx.fault.kind, FaultPlan::Kind::kNone);
 }
 
+// Settings the host ring cannot honour are refused when it is made, on every rank, naming them: a GPU
+// transport (it sends over MPI), and a bf16 gradient wire beside deterministic (its exact sums travel in fixed point).
+TEST(RingMpi, HostRingRefusesSettingsItCannotHonour) {
+  if (g_args.cuda) GTEST_SKIP() << "the host ring's case";
+  auto refusal = [](RingContext ctx) {
+    try {
+      AttentionRegistry::builtin().create("ring", Backend::kCpu, &ctx);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("made");
+  };
+  const RingContext plain{g_world, SequenceLayout::kZigzag, 24, 24, "flash_attn2", std::chrono::milliseconds(30000)};
+  RingContext transport = plain, wire = plain;
+  transport.transport = RingTransport::kNccl;
+  wire.deterministic = true;
+  wire.gradient_wire = DType::kBF16;
+  EXPECT_NE(refusal(transport).find("ring transport nccl moves the GPU ring's blocks"), std::string::npos);
+  EXPECT_NE(refusal(wire).find("gradient wire bf16 with deterministic on the host ring"), std::string::npos);
+  wire.gradient_wire = DType::kF32;
+  EXPECT_EQ(refusal(wire), "made");
+}
+
 #if RA_HAVE_CUDA
 // One ring shift of every rank's id over `comm` through device memory: what arrived, on the host.
 int shifted_rank_id(NcclCommunicator& comm, int id) {

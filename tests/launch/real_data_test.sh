@@ -349,6 +349,29 @@ check cu-seqlens-batch-2 2 "packs the sequences of one batch row, but q's batch 
   --output x.h5
 check padding-mask-shape-hinted 2 "is stored as (batch, 1, 1, kv_len)" -- "$ra" run --input padding.h5 --output x.h5 \
   --mask-dataset attention_mask
+# 17. Options that shape only some implementations' work, given where they would change nothing: refused by
+# name on every rank (they ran as if left out), as is --dropout-seed without --dropout and a bf16 gradient wire
+# beside the host ring's deterministic sums (exact fixed point on its wire).
+check block-q-not-blockwise 2 "\-\-block-q applies to --impl blockwise" -r 2 -- mpi 2 "$ra" run --input in.h5 --output x.h5 \
+  --block-q 32
+check block-k-not-blockwise 2 "\-\-block-k applies to --impl blockwise" -- "$ra" run --input in.h5 --output x.h5 \
+  --impl flash_attn2 --block-k 32
+check block-q-blockwise 0 "ringattn run: blockwise" -- "$ra" run --input in.h5 --output bw.h5 --impl blockwise --block-q 32 \
+  --block-k 16 --quiet
+check local-impl-not-ring 2 "\-\-local-impl applies to --impl ring" -- "$ra" run --input in.h5 --output x.h5 --impl sdpa \
+  --local-impl sdpa
+check layout-not-ring 2 "\-\-layout applies to --impl ring" -- "$ra" verify --input in.h5 --output bw.h5 --impl blockwise \
+  --layout zigzag
+check checksums-not-ring 2 "\-\-no-block-checksums applies to --impl ring" -- "$ra" run --input in.h5 --output x.h5 \
+  --impl flash_attn2 --no-block-checksums
+check transport-host-ring 2 "\-\-ring-transport applies to the GPU ring" -r 2 -- mpi 2 "$ra" run --input in.h5 \
+  --output x.h5 --ring-transport nccl
+check grad-wire-not-ring 2 "\-\-grad-wire applies to --impl ring" -- "$ra" run --input foreign_in.h5 --output x.h5 \
+  --impl sdpa --backward --grad-wire bf16
+check dropout-seed-alone 2 "\-\-dropout-seed 7 without --dropout" -r 2 -- mpi 2 "$ra" run --input in.h5 --output x.h5 \
+  --dropout-seed 7
+check deterministic-bf16-wire 2 "gradient wire bf16 with deterministic on the host ring" -r 2 -- mpi 2 "$ra" run \
+  --input foreign_in.h5 --output x.h5 --backward --deterministic --grad-wire bf16
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
