@@ -89,10 +89,6 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
-  RA_CHECK(!backward || !step_times ||
-               (AttentionRegistry::builtin().canonical_name(opts.impl) == "ring" && opts.backend == "cuda"),
-           "--step-times with --backward times the ring on GPUs (--impl ring --backend cuda); got --impl ", opts.impl,
-           " --backend ", opts.backend);
   Job job(opts, mpi, args_text(argc, argv));
   RA_CHECK(backward || grad_wire == "f32", "--grad-wire applies to --backward");
   RA_CHECK(backward || !f32_gradients, "--f32-gradients applies to --backward");

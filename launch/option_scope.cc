@@ -24,6 +24,7 @@ void check_options_apply(const AttentionOptions& o) {
   applies(ring, "no-block-checksums", "--impl ring (the blocks in flight)");
   applies(ring, "grad-wire", "--impl ring (the dK/dV accumulators in flight)");
   applies(gpu_ring, "ring-transport", "the GPU ring (--impl ring --backend cuda; the host ring sends over MPI)");
+  applies(gpu_ring, "step-times", "the GPU ring (--impl ring --backend cuda: its steps' device times)");  // bench's
   RA_CHECK(given("dropout") || !given("dropout-seed"), "--dropout-seed ", o.seed,
            " without --dropout: no pair is dropped, so the seed would change nothing (add --dropout P)");
 }

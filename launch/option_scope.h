@@ -9,7 +9,8 @@
 namespace ra::cli {
 
 // --block-q / --block-k apply to blockwise; --local-impl, --layout, --no-block-checksums and --grad-wire to the
-// ring; --ring-transport to the GPU ring; --dropout-seed needs --dropout. Reads opts.given (parse).
+// ring; --ring-transport and bench's --step-times to the GPU ring; --dropout-seed needs --dropout. Reads opts.given
+// (parse).
 void check_options_apply(const AttentionOptions& opts);
 
 }  // namespace ra::cli

@@ -248,8 +248,10 @@ if $python -c "import h5py; h5py.File('wire32-out.h5', 'a').attrs.__delitem__('g
   expect "f32 over the bf16 wire: f32's tolerance fails it" 1 "dk vs f64 reference.*FAILED" "$mpiexec" --oversubscribe \
     -np 4 "$ra" verify --input wire32.h5 --output wire32-out.h5 --causal
 fi
-expect "bench --backward --step-times off the GPU ring" 2 "--step-times with --backward times the ring on GPUs" \
+expect "bench --backward --step-times off the GPU ring" 2 "--step-times applies to the GPU ring" \
   "$mpiexec" --oversubscribe -np 2 "$ra" bench --backward --seq 16 --heads 2 --head-dim 16 --iters 1 --step-times
+expect "bench --step-times off the GPU ring" 2 "--step-times applies to the GPU ring" \
+  "$mpiexec" --oversubscribe -np 2 "$ra" bench --seq 16 --heads 2 --head-dim 16 --iters 1 --step-times
 expect "bench --backward --json refused" 2 "--json applies to the forward bench" "$ra" bench --backward --seq 16 \
   --heads 2 --head-dim 16 --iters 1 --json x.json
 expect "bench --f32-gradients without --backward" 2 "--f32-gradients applies to --backward" "$ra" bench --seq 16 \
