@@ -59,14 +59,33 @@ def wide_result(opcode):
     return ".64" if opcode.startswith("IMAD.WIDE") else ""
 
 
+TARGET = re.compile(r"\b0x([0-9a-f]+)\b")
+
+
+def joins(instructions):
+    """The addresses control may reach other than from the instruction before: the targets of branches, calls
+    and convergence barriers."""
+    found = set()
+    for _, text in instructions:
+        body = text.partition(" ")[2] if text.startswith("@") else text
+        if body.startswith(("BRA", "BRX", "BSSY", "CALL", "JMP")):
+            found.update(int(target, 16) for target in TARGET.findall(body))
+    return found
+
+
 def split_branches(instructions):
     """The addresses of the branches on a predicate whose value may differ between the threads of a warp:
     one derived from the thread's index (S2R SR_TID / SR_LANEID), followed through registers in address order,
     twice round (for loops). Constants, uniform registers, what is computed from them alone, and an mbarrier's
-    phase test (it reads the barrier once for the whole warp) are alike for the warp."""
-    tainted, split = set(), set()
+    phase test (it reads the barrier once for the whole warp) are alike for the warp. A register written under a
+    guard from values alike for the warp keeps, for a read under the same guard, that write's value: where the
+    guard holds both ran (ptxas pairs such guarded instructions; no write to the guard, no join between them)."""
+    tainted, split, joined = set(), set(), joins(instructions)
     for _ in range(2):
+        under = {}  # register -> the guard of its last write, clean, since the last join
         for at, text in instructions:
+            if at in joined:
+                under.clear()
             guard, _, body = text.partition(" ") if text.startswith("@") else ("", "", text)
             opcode, _, rest = body.partition(" ")
             if opcode.startswith("BRA") and not opcode.startswith("BRA.U") and guard:
@@ -78,12 +97,23 @@ def split_branches(instructions):
                 continue  # a store, an atomic without result, a barrier: no register written
             dests = 2 if re.match(r"[A-Z0-9]*SETP|PLOP3|FCHK", opcode) else 1
             written = [r for o in operands[:dests] for r in registers(o + wide_result(opcode))]
-            sources = [r for o in operands[dests:] for r in registers(o)] + registers(guard)
+            sources = [r for o in operands[dests:] for r in registers(o) if not (guard and under.get(r) == guard)]
+            sources += registers(guard)
             thread_index = opcode == "S2R" and re.search(r"SR_(TID|LANEID)", rest)
             if not opcode.startswith("SYNCS.PHASECHK") and (thread_index or any(r in tainted for r in sources)):
                 tainted.update(written)
+                clean = False
             elif not guard:
                 tainted.difference_update(written)  # overwritten with a value alike for the warp
+                clean = False
+            else:  # where the guard fails the old value (and its taint) stays; reads under this guard see the new one
+                clean = not any(r in registers(guard) for r in written)  # unless the guard itself is rewritten
+            for r in written:
+                under.pop(r, None)
+                for other in [o for o, g in under.items() if r in registers(g)]:
+                    del under[other]  # the guard changed
+                if clean:
+                    under[r] = guard
     return split
 
 

@@ -129,3 +129,36 @@ EXIT
     assert diverged(body) == []
     # A 64-bit load through a per-thread address leaves the whole pair per-thread.
     assert diverged(body.replace("LDC.64 R2, c[0x0][0x3f8]", "LDG.E.64 R2, desc[UR14][R2.64]")) == [(0x60, 0x90, 1)]
+
+
+# The backward walk's `hides` test as ptxas paired it: P5 held a per-thread value from the last trip round the
+# loop, is written again under @!P4 (a parameter's test) and read at once under the same guard, so where that
+# read runs P5 holds the new value, alike for the warp (BSSY at 0x10 names 0xb0).
+GUARDED_PAIR = """
+S2R R10, SR_TID.X
+BSSY B0, 0xb0
+ISETP.GE.AND P5, PT, R10, RZ, PT
+LDC R16, c[0x0][0x418]
+PLOP3.LUT P2, PT, PT, PT, PT, 0x80, 0x0
+ISETP.NE.AND P4, PT, R16, RZ, PT
+@!P4 ISETP.GT.AND P5, PT, R16, -0x1, PT
+@!P4 ISETP.GT.AND P2, PT, R16, RZ, P5
+@!P2 BRA 0xb0
+WARPGROUP.ARRIVE
+HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT
+BSYNC B0
+EXIT
+"""
+
+
+def test_a_write_and_a_read_under_one_guard_pair_up():
+    assert diverged(GUARDED_PAIR) == []
+    # Control joining between them (a branch to the read) may bring P5's per-thread value: named.
+    joined = GUARDED_PAIR.replace("BSSY B0, 0xb0", "BSSY B0, 0xc0").replace("@!P2 BRA 0xb0", "@!P2 BRA 0xc0").replace(
+        "@!P4 ISETP.GT.AND P5, PT, R16, -0x1, PT\n", "@!P4 ISETP.GT.AND P5, PT, R16, -0x1, PT\n@P4 BRA 0x80\n")
+    assert diverged(joined) == [(0x90, 0xc0, 1)]
+    # The guard rewritten between them: the read's guard is no longer the write's.
+    rewritten = joined.replace("@P4 BRA 0x80", "ISETP.NE.AND P4, PT, R16, 0x1, PT")
+    assert diverged(rewritten) == [(0x90, 0xc0, 1)]
+    # Without the pairing rule (the write under another guard) the per-thread P5 reaches the branch.
+    assert diverged(GUARDED_PAIR.replace("@!P4 ISETP.GT.AND P5", "@P4 ISETP.GT.AND P5")) == [(0x80, 0xb0, 1)]
