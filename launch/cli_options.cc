@@ -57,6 +57,10 @@ void add_attention_options(po::options_description& desc, AttentionOptions& o,
     ("allow-nonfinite", po::bool_switch(&o.allow_nonfinite), "run even when inputs hold NaN or Inf (reported either way)");
 }
 
+bool was_given(const AttentionOptions& o, const char* option) {
+  return std::find(o.given.begin(), o.given.end(), option) != o.given.end();
+}
+
 int64_t positive(int64_t value, const char* option) {
   RA_CHECK(value > 0, "--", option, " is ", value, ", expected a positive integer");
   return value;

@@ -55,6 +55,9 @@ std::string mesh_text(const AttentionOptions& opts, int world_size);  // default
 bool parse(int argc, char** argv, const po::options_description& desc, const char* usage,
            DatasetOptions* datasets = nullptr, std::vector<std::string>* given = nullptr);
 
+// Whether `option` (its name without dashes) was on the command line (parse's `given`).
+bool was_given(const AttentionOptions& opts, const char* option);
+
 // Positive integers that must not wrap: "--heads -1" is an error naming the option.
 int64_t positive(int64_t value, const char* option);
 

@@ -1,7 +1,5 @@
 #include "launch/option_scope.h"
 
-#include <algorithm>
-
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
 #include "runtime/error.h"
@@ -12,7 +10,7 @@ void check_options_apply(const AttentionOptions& o) {
   const std::string impl = AttentionRegistry::builtin().canonical_name(o.impl);
   const bool ring = impl == "ring", gpu_ring = ring && parse_backend(o.backend) == Backend::kCuda;
   (void)parse_ring_transport(o.ring_transport);  // an unknown name is named as such first
-  auto given = [&](const char* option) { return std::find(o.given.begin(), o.given.end(), option) != o.given.end(); };
+  auto given = [&](const char* option) { return was_given(o, option); };
   auto applies = [&](bool where, const char* option, const char* to) {
     RA_CHECK(where || !given(option), "--", option, " applies to ", to, ", not to --impl ", impl, " on --backend ",
              o.backend, ", where it would change nothing: leave it out");
