@@ -15,13 +15,16 @@ float element(const TensorView& t, int64_t i) { return load_as_f32(t.data(), t.d
 
 }  // namespace
 
-int64_t count_nonfinite(const TensorView& t) {
+int64_t count_nonfinite(const TensorView& t, bool minus_infinity_hides) {
   if (!t.defined()) return 0;
   const DType d = t.dtype();
   if (d != DType::kF32 && d != DType::kF16 && d != DType::kBF16 && d != DType::kF64) return 0;
   RA_CHECK(host_accessible(t.memory()) && t.is_contiguous(), "count_nonfinite needs a contiguous host tensor");
   int64_t bad = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) bad += !std::isfinite(element(t, i));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float x = element(t, i);
+    bad += !std::isfinite(x) && !(minus_infinity_hides && x == -INFINITY);
+  }
   return bad;
 }
 

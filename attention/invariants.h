@@ -11,8 +11,9 @@
 
 namespace ra {
 
-// NaN and Inf values in a host tensor of any float dtype (0 for integer dtypes).
-int64_t count_nonfinite(const TensorView& t);
+// NaN and Inf values in a host tensor of any float dtype (0 for integer dtypes). With `minus_infinity_hides`, -inf
+// is not counted: in a bias it hides its pair (PyTorch's float attn_mask), which every kernel takes as masked.
+int64_t count_nonfinite(const TensorView& t, bool minus_infinity_hides = false);
 
 // Throws with the first offending element unless every O feature lies within V's range over all
 // keys of the sequence (reduced over `sequence_axis`, which holds the other K/V shards), widened to

@@ -131,6 +131,40 @@ void check_named_datasets(const DatasetOptions& o, const H5File& file) {
              "' does not have (or it is a group, not a dataset)");
 }
 
+namespace {
+
+// One dataset in two roles: a role named on the command line takes the path from an optional role's default name
+// (--bias-dataset mask: a float mask, 0 / -inf, read as the bias is not also read as a mask, which the file's
+// "mask" would otherwise be); an optional role given the path another role was given is refused. (q, k and v may
+// share one: tied projections.)
+void give_each_dataset_one_role(const po::variables_map& vm, DatasetNames& names) {
+  struct Role {
+    const char* option;
+    std::string* path;
+    bool optional;
+  };
+  const Role roles[] = {{"q-dataset", &names.q, false},
+                        {"k-dataset", &names.k, false},
+                        {"v-dataset", &names.v, false},
+                        {"mask-dataset", &names.mask, true},
+                        {"bias-dataset", &names.bias, true},
+                        {"sinks-dataset", &names.sinks, true},
+                        {"segment-ids-dataset", &names.segment_ids, true},
+                        {"cu-seqlens-dataset", &names.cu_seqlens, true}};
+  const auto given = [&](const Role& r) { return vm.count(r.option) && !vm[r.option].defaulted(); };
+  std::vector<std::string*> taken;  // optional roles' default paths that a named role took
+  for (const Role& a : roles)
+    for (const Role& b : roles) {
+      if (&a == &b || *a.path != *b.path || !given(a) || !b.optional) continue;
+      RA_CHECK(!given(b), "--", a.option, " and --", b.option, " both name dataset '", *a.path,
+               "': one dataset cannot be both");
+      taken.push_back(b.path);
+    }
+  for (std::string* path : taken) path->clear();  // an empty path names no dataset: that role is absent
+}
+
+}  // namespace
+
 bool parse(int argc, char** argv, const po::options_description& desc, const char* usage, DatasetOptions* datasets,
            std::vector<std::string>* given) {
   po::variables_map vm;
@@ -163,9 +197,11 @@ bool parse(int argc, char** argv, const po::options_description& desc, const cha
   } catch (const po::error& e) {
     RA_FAIL(e.what(), " (see --help)");
   }
-  if (datasets != nullptr)
+  if (datasets != nullptr) {
     for (const char* option : {"mask-dataset", "bias-dataset", "sinks-dataset", "segment-ids-dataset", "cu-seqlens-dataset"})
       if (vm.count(option) && !vm[option].defaulted()) datasets->named.push_back({option, vm[option].as<std::string>()});
+    give_each_dataset_one_role(vm, datasets->names);
+  }
   if (given != nullptr)
     for (const auto& [option, value] : vm)
       if (!value.defaulted()) given->push_back(option);

@@ -325,6 +325,7 @@ namespace {
 // Whether `path` names an object of `type` in `file`. H5Lexists fails on a path whose groups are missing, so
 // each prefix is checked in turn.
 bool is_object(hid_t file, const std::string& path, H5O_type_t type) {
+  if (path.empty()) return false;  // (a role whose default path another role took)
   std::string prefix;
   for (size_t at = 0; at != std::string::npos;) {
     const size_t next = path.find('/', at + 1);

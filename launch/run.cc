@@ -37,16 +37,19 @@ int64_t check_finite_inputs(const LocalTensors& local, const ShardPlan& plan, co
                                                                     {&local.sinks, &names.sinks}};
   constexpr int kCount = 5;
   int64_t counts[kCount], all = 0;
-  for (int i = 0; i < kCount; ++i) counts[i] = counts_here[i] ? count_nonfinite(datasets[i].first->view()) : 0;
+  constexpr int kBias = 3;  // its -inf hides a pair, as a float attn_mask's: not counted
+  for (int i = 0; i < kCount; ++i)
+    counts[i] = counts_here[i] ? count_nonfinite(datasets[i].first->view(), /*minus_infinity_hides=*/i == kBias) : 0;
   job.world.all_reduce(counts, kCount, ReduceOp::kSum);
   for (int i = 0; i < kCount; ++i) {
     if (counts[i] == 0) continue;
     all += counts[i];
-    RA_CHECK(allow, "input '", input, "' dataset '", *datasets[i].second, "' holds ", counts[i],
-             " NaN or Inf values; pass --allow-nonfinite to run anyway");
+    const char* what = i == kBias ? "NaN or +Inf values (-inf, which hides its pair, is taken)" : "NaN or Inf values";
+    RA_CHECK(allow, "input '", input, "' dataset '", *datasets[i].second, "' holds ", counts[i], " ", what,
+             "; pass --allow-nonfinite to run anyway");
     if (job.world.rank() == 0)
-      std::fprintf(stderr, "ringattn run: warning: dataset '%s' holds %ld NaN or Inf values (--allow-nonfinite)\n",
-                   datasets[i].second->c_str(), long(counts[i]));
+      std::fprintf(stderr, "ringattn run: warning: dataset '%s' holds %ld %s (--allow-nonfinite)\n",
+                   datasets[i].second->c_str(), long(counts[i]), what);
   }
   return all;
 }

@@ -242,7 +242,9 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   p.q_runs = layout_runs(layout, p.q_len, p.sp_size, p.sp_index);
   p.kv_runs = layout_runs(layout, p.kv_len, p.sp_size, p.sp_index);
   if (f.has(names.mask))
-    expect_dtype(f, names.mask, check_pairwise(f, names.mask, p), {DType::kU8}, "bool or uint8 (non-zero = attend)");
+    expect_dtype(f, names.mask, check_pairwise(f, names.mask, p), {DType::kU8},
+                 "bool or uint8 (non-zero = attend; a float mask that is added to the logits, 0 where seen and -inf "
+                 "where hidden as PyTorch's, is a bias: --bias-dataset names it, while .astype(bool) would invert it)");
   if (f.has(names.bias)) expect_dtype(f, names.bias, check_pairwise(f, names.bias, p), {DType::kF32}, "float32");
   if (f.has(names.sinks)) {
     DatasetInfo sinks = required(f, names.sinks, 1, "(q_heads): one logit per query head");

@@ -274,23 +274,26 @@ TEST(GradientTolerance, CancellingGradientsPassByTheirTermsAndErrorsStillFail) {
 TEST(GradientTolerance, LargeLogitsPassByTheirRoundingWhichUnitInputsDoNotNeed) {
   const ProblemSpec spec{1, 48, 48, 4, 2, 64, 64, DType::kF32, Options{}, 23};
   Problem problem(spec);
-  const double unit_rounding = logit_rounding(problem.inputs(), problem.params());
+  const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+  const auto largest = [](const std::vector<double>& rows) { return *std::max_element(rows.begin(), rows.end()); };
+  const double unit_rounding = largest(logit_rounding(
+      problem.inputs(), problem.params(), reference_attention_f64(problem.inputs(), problem.params(), pos).lse));
   EXPECT_LT(unit_rounding, 5e-5);
   for (Tensor* t : {&problem.q, &problem.k})
     for (int64_t i = 0; i < t->view().numel(); ++i) t->data<float>()[i] *= 30.0f;
   const AttentionInputs in = problem.inputs();
-  const double rounding = logit_rounding(in, problem.params());
-  EXPECT_GT(rounding, 100 * unit_rounding);
   const Tensor d_o = random_d_o(spec, DType::kF32);
-  const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
   const ReferenceGradients ref = reference_attention_backward_f64(in, problem.params(), pos, d_o);
+  const std::vector<double> row_rounding = logit_rounding(in, problem.params(), ref.forward.lse);
+  const double rounding = largest(row_rounding);
+  EXPECT_GT(rounding, 100 * unit_rounding);
   const double max_v = max_abs_value(in.v);
   for (const char* name : {"sdpa", "flash_attn2"}) {
     SCOPED_TRACE(name);
     auto impl = AttentionRegistry::builtin().create(name, Backend::kCpu);
     const AttentionOutput out = impl->forward(in, problem.params(), pos);
-    const Comparison fwd = compare(out.o, out.lse, ref.forward, output_tolerance(DType::kF32, max_v) + 2 * max_v * rounding,
-                                   kLseTolerance + rounding);
+    const Comparison fwd =
+        compare(out.o, out.lse, ref.forward, output_tolerance(DType::kF32, max_v), kLseTolerance, &row_rounding, max_v);
     EXPECT_EQ(fwd.wrong, 0) << "o " << fwd.max_abs_error << ", lse " << fwd.max_lse_error;
     const Gradients g = impl->backward(in, problem.params(), d_o);
     for (auto [got, want, terms, what] : {std::tuple{&g.dq, &ref.dq, &ref.dq_terms, "dq"},
@@ -300,6 +303,46 @@ TEST(GradientTolerance, LargeLogitsPassByTheirRoundingWhichUnitInputsDoNotNeed) 
       EXPECT_EQ(c.wrong, 0) << what << ": max |error| " << c.max_abs_error << ", tolerance " << c.tolerance;
     }
   }
+}
+
+// A bias that hides pairs by a large value (-1e9 as HF writes masks, or -inf) gives them no weight: the rows that
+// see other keys keep a unit-scale tolerance, where the largest |bias| once made every check vacuous. A row whose keys
+// a finite -1e9 hides all alike has logits f32 cannot resolve: its allowance says so.
+TEST(GradientTolerance, PairsABiasHidesDoNotLoosenTheRowsThatSeeOthers) {
+  ProblemSpec spec{1, 40, 40, 2, 2, 32, 32, DType::kF32, Options{}, 29};
+  spec.options.bias = true;
+  Problem problem(spec);
+  float* bias = problem.bias.data<float>();
+  const int64_t T = spec.q_len, S = spec.kv_len, unresolved_row = 7;
+  for (int64_t h = 0; h < spec.q_heads; ++h)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < S; ++j) {
+        float& x = bias[(h * T + t) * S + j];
+        if ((j % 3 == 0 && std::isfinite(x)) || (h == 1 && t == unresolved_row)) x = -1e9f;
+      }
+  const AttentionInputs in = problem.inputs();
+  const TokenPositions pos = TokenPositions::dense(T, S);
+  const ReferenceOutput ref = reference_attention_f64(in, problem.params(), pos);
+  const std::vector<double> rounding = logit_rounding(in, problem.params(), ref.lse);
+  for (int64_t h = 0; h < spec.q_heads; ++h)
+    for (int64_t t = 0; t < T; ++t) {
+      const double r = rounding[size_t(h * T + t)];
+      if (!std::isfinite(ref.lse[size_t(h * T + t)])) {  // head 0's row T / 3: all -inf
+        EXPECT_EQ(r, 0.0);
+      } else if (h == 1 && t == unresolved_row) {
+        EXPECT_GE(r, kUnresolvedLogitRounding);
+      } else {
+        EXPECT_LT(r, 5e-5) << "head " << h << " row " << t;
+      }
+    }
+  auto impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCpu);
+  const AttentionOutput out = impl->forward(in, problem.params(), pos);
+  const double max_v = max_abs_value(in.v), tol = output_tolerance(DType::kF32, max_v);
+  EXPECT_EQ(compare(out.o, out.lse, ref, tol, kLseTolerance, &rounding, max_v).wrong, 0);
+  // An error of 10 tolerances in a row that sees other keys is found; the unresolved row is allowed V's range.
+  Tensor changed = f32_copy(out.o.view());
+  changed.data<float>()[(3 * spec.q_heads + 1) * spec.v_head_dim] += float(10 * tol);
+  EXPECT_EQ(compare(changed.view(), out.lse, ref, tol, kLseTolerance, &rounding, max_v).wrong, 1);
 }
 
 class BackwardVsReference : public testing::TestWithParam<GradCase> {};

@@ -291,7 +291,7 @@ with h5py.File("nan_bias.h5", "w") as f:
     f["q"], f["k"], f["v"], f["bias"] = f32(2, 40, 4, 16), f32(2, 40, 2, 16), f32(2, 40, 2, 16), bias
 PY
 check nonfinite-sinks-counted-once 2 "dataset 'sinks' holds 1 NaN or Inf values;" -r 3 -- mpi 3 "$ra" run --input inf_sinks.h5 --output x.h5
-check nonfinite-bias-counted-once 2 "dataset 'bias' holds 1 NaN or Inf values;" -r 4 -- mpi 4 "$ra" run --input nan_bias.h5 --output x.h5 \
+check nonfinite-bias-counted-once 2 "dataset 'bias' holds 1 NaN or +Inf values (-inf, which hides its pair, is taken);" -r 4 -- mpi 4 "$ra" run --input nan_bias.h5 --output x.h5 \
   --mesh dp=2,sp=2
 check nonfinite-shared-kv-head-counted-once 2 "dataset 'k' holds 1 NaN or Inf values;" -r 4 -- mpi 4 "$ra" run \
   --input nan_shared_k.h5 --output x.h5 --mesh tp=2,sp=2
@@ -374,6 +374,51 @@ check do-dataset-default-named 2 "apply to the backward pass: add --backward" --
   --output x.h5 --do-dataset do
 check deterministic-bf16-wire 2 "gradient wire bf16 with deterministic on the host ring" -r 2 -- mpi 2 "$ra" run \
   --input foreign_in.h5 --output x.h5 --backward --deterministic --grad-wire bf16
+# A bias that hides pairs as PyTorch's float attn_mask does (-inf), or as HF writes masks (-1e9): -inf is taken
+# without --allow-nonfinite, and neither loosens verify (the largest |bias| made every tolerance infinite, passing
+# any output); rows whose keys -1e9 hides all alike are named as ones f32 cannot resolve. A float mask of 0 / -inf
+# under the name "mask" is refused with the way to read it as the bias it is.
+$python - <<'PY'
+import h5py, numpy as np
+r = np.random.default_rng(7)
+f32 = lambda *s: r.standard_normal(s).astype(np.float32)
+q, k, v, do = f32(1, 48, 4, 16), f32(1, 48, 2, 16), f32(1, 48, 2, 16), f32(1, 48, 4, 16)
+hidden = r.random((4, 48, 48)) < 0.3
+for name, value, unresolved in [("bias_inf", -np.inf, False), ("bias_1e9", -1e9, True)]:
+    bias = np.where(hidden, value, f32(4, 48, 48)).astype(np.float32)
+    bias[2, 5, :] = -np.inf  # a row the bias hides whole: o = 0, lse = -inf
+    if unresolved:
+        bias[1, 9, :] = value
+    with h5py.File(name + ".h5", "w") as f:
+        f["q"], f["k"], f["v"], f["do"], f["bias"] = q, k, v, do, bias
+with h5py.File("float_mask.h5", "w") as f:
+    f["q"], f["k"], f["v"] = q, k, v
+    f["mask"] = np.where(np.tril(np.ones((48, 48), bool)), 0.0, -np.inf).astype(np.float32)
+PY
+check minus-inf-bias-taken 0 "ringattn run: ring" -- mpi 2 "$ra" run --input bias_inf.h5 --output bias_inf_out.h5 --backward
+check minus-inf-bias-verified 0 "dbias vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input bias_inf.h5 \
+  --output bias_inf_out.h5
+check minus-inf-bias-tight 0 "tolerance [0-9.]*e-0[45]), lse" -- "$ra" verify --input bias_inf.h5 --output bias_inf_out.h5
+check large-bias-run 0 "ringattn run: ring" -- mpi 3 "$ra" run --input bias_1e9.h5 --output bias_1e9_out.h5 --backward
+check large-bias-unresolved-rows-named 0 "1 query rows have logits of about 1e+09" -- mpi 3 "$ra" verify \
+  --input bias_1e9.h5 --output bias_1e9_out.h5
+if $python -c "
+import h5py
+for n in ('bias_inf', 'bias_1e9'):
+    with h5py.File(n + '_out.h5') as g, h5py.File(n + '_foreign.h5', 'w') as h:
+        h['o'], h['lse'] = g['o'][...], g['lse'][...]
+        h['o'][0, 20, 3, 4] += 0.01  # a row that sees keys: 0.01 is 100 of its tolerances
+"; then
+  check minus-inf-bias-wrong-found 1 "#wrong 1  FAILED" -- "$ra" verify --input bias_inf.h5 --output bias_inf_foreign.h5
+  check large-bias-wrong-found 1 "#wrong 1  FAILED" -- mpi 2 "$ra" verify --input bias_1e9.h5 --output bias_1e9_foreign.h5
+else fails=$((fails+1)); echo "FAIL could not change the bias outputs"; fi
+check float-mask-hinted 2 "a float mask that is added to the logits, .* is a bias: --bias-dataset names it" -r 2 -- mpi 2 \
+  "$ra" run --input float_mask.h5 --output x.h5
+check float-mask-as-bias 0 "ringattn run: ring" -- "$ra" run --input float_mask.h5 --output float_mask_out.h5 --bias-dataset mask
+check float-mask-as-bias-verified 0 "#wrong 0  OK" -- "$ra" verify --input float_mask.h5 --output float_mask_out.h5 \
+  --bias-dataset mask
+check float-mask-both-roles 2 "\-\-mask-dataset and --bias-dataset both name dataset 'mask'" -r 2 -- mpi 2 "$ra" run \
+  --input float_mask.h5 --output x.h5 --bias-dataset mask --mask-dataset mask
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

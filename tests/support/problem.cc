@@ -67,7 +67,15 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
     params_.dropout_seed = spec.seed * 7919;
   }
   if (o.sinks) sinks = random_normal(DType::kF32, {Hq}, rng, 1.0f);
-  if (o.bias) bias = random_normal(DType::kF32, {1, Hq, T, S}, rng, 1.0f);  // broadcast over batch
+  if (o.bias) {  // broadcast over batch
+    bias = random_normal(DType::kF32, {1, Hq, T, S}, rng, 1.0f);
+    // -inf hides a pair, as PyTorch's float attn_mask writes it: about one pair in eight, and all of head 0's
+    // row T / 3, which must come out as a fully masked row (O = 0, LSE = -inf or the sink, zero gradients).
+    float* x = bias.data<float>();
+    for (int64_t i = 0; i < bias.numel(); ++i)
+      if (rng() % 8 == 0) x[i] = -INFINITY;
+    std::fill(x + (T / 3) * S, x + (T / 3 + 1) * S, -INFINITY);
+  }
   if (o.mask) {
     mask = Tensor(DType::kU8, {B, 1, T, S});  // broadcast over heads
     uint8_t* m = mask.data<uint8_t>();
