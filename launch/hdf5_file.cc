@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <optional>
@@ -358,17 +359,15 @@ DatasetInfo H5File::info(const std::string& dataset) const {
     if (H5Pget_layout(dcpl) == H5D_VIRTUAL) check_virtual_sources(dcpl, path_, where);
   }
   const std::optional<DType> dtype = classify(type);
-  DatasetInfo out{dtype.value_or(DType::kU8), Shape{}, dtype.has_value(), type_name(type)};
+  DatasetInfo out{dtype.value_or(DType::kU8), Shape{}, dtype.has_value(), type_name(type),
+                  H5Tget_class(type) == H5T_INTEGER};
   for (int i = 0; i < rank; ++i) out.shape.dims[out.shape.rank++] = int64_t(dims[i]);
   return out;
 }
 
-Tensor H5File::read(const std::string& dataset, const Selection& selection, const Shape& local_shape,
-                    MemoryKind memory) const {
-  RA_CHECK(host_accessible(memory), "dataset '", dataset, "' of '", path_, "': HDF5 reads into host memory");
+void H5File::read_selection(const std::string& dataset, const Selection& selection, const Shape& local_shape,
+                            int64_t memory_type, void* buffer) const {
   std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
-  DatasetInfo meta = info(dataset);
-  RA_CHECK(meta.supported, where, " holds ", meta.type_name, ", which ringattn does not read");
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
   bool collective = collective_;
   Id dcpl(H5Dget_create_plist(ds), H5Pclose);
@@ -393,14 +392,41 @@ Tensor H5File::read(const std::string& dataset, const Selection& selection, cons
   RA_CHECK(H5Sget_select_npoints(selected) == local_shape.numel(), where, ": selection of ",
            H5Sget_select_npoints(selected), " elements does not fill the local shape ", local_shape.str());
   Id mem_space = memory_space(local_shape.numel());
-  Id mem_type(memory_type_of(meta.dtype), H5Tclose);
   Id dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
 #ifdef H5_HAVE_PARALLEL
   if (collective) H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
 #endif
-  Tensor out(meta.dtype, local_shape, memory);
-  RA_CHECK(H5Dread(ds, mem_type, mem_space, selected, dxpl, out.view().data()) >= 0, where,
+  RA_CHECK(H5Dread(ds, hid_t(memory_type), mem_space, selected, dxpl, buffer) >= 0, where,
            ": read failed; HDF5 says: ", hdf5_error_stack());
+}
+
+Tensor H5File::read(const std::string& dataset, const Selection& selection, const Shape& local_shape,
+                    MemoryKind memory) const {
+  RA_CHECK(host_accessible(memory), "dataset '", dataset, "' of '", path_, "': HDF5 reads into host memory");
+  DatasetInfo meta = info(dataset);
+  RA_CHECK(meta.supported, "dataset '", dataset, "' of '", path_, "' holds ", meta.type_name,
+           ", which ringattn does not read");
+  Id mem_type(memory_type_of(meta.dtype), H5Tclose);
+  Tensor out(meta.dtype, local_shape, memory);
+  read_selection(dataset, selection, local_shape, mem_type, out.view().data());
+  return out;
+}
+
+Tensor H5File::read_int32(const std::string& dataset, const Selection& selection, const Shape& local_shape,
+                          MemoryKind memory) const {
+  RA_CHECK(host_accessible(memory), "dataset '", dataset, "' of '", path_, "': HDF5 reads into host memory");
+  const DatasetInfo meta = info(dataset);
+  RA_CHECK(meta.integer, "dataset '", dataset, "' of '", path_, "' holds ", meta.type_name, ", expected integers");
+  // HDF5 converts any integer type to int64 exactly (uint64 past 2^63 clips: refused below as out of range).
+  std::vector<int64_t> wide(size_t(local_shape.numel()));
+  read_selection(dataset, selection, local_shape, H5T_NATIVE_INT64, wide.data());
+  Tensor out(DType::kI32, local_shape, memory);
+  int32_t* narrow = out.data<int32_t>();
+  for (size_t i = 0; i < wide.size(); ++i) {
+    RA_CHECK(wide[i] >= INT32_MIN && wide[i] <= INT32_MAX, "dataset '", dataset, "' of '", path_, "' holds ", wide[i],
+             " (", meta.type_name, "), outside int32's range: ids are compared as int32");
+    narrow[i] = int32_t(wide[i]);
+  }
   return out;
 }
 

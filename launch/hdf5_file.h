@@ -30,6 +30,7 @@ struct DatasetInfo {
   Shape shape;
   bool supported = true;  // false: a type ringattn does not read (dtype is then meaningless)
   std::string type_name;  // what the file holds, e.g. "float32", "int64", "bfloat16"
+  bool integer = false;   // integers of any width and sign (read_int32 takes them)
 };
 
 class H5File {
@@ -53,6 +54,10 @@ class H5File {
   Tensor read(const std::string& dataset, const Selection& selection, const Shape& local_shape,
               MemoryKind memory = MemoryKind::kHost) const;
   Tensor read_all(const std::string& dataset) const;
+  // As read, from integers of any width and sign into int32 (ids such as segment ids, numpy's and torch's int64
+  // among them); throws naming the dataset for another type or a value outside int32.
+  Tensor read_int32(const std::string& dataset, const Selection& selection, const Shape& local_shape,
+                    MemoryKind memory = MemoryKind::kHost) const;
   // The names of the datasets directly in `group` ("/" for the root), sorted; empty where there is no such group.
   std::vector<std::string> dataset_names(const std::string& group) const;
   // A whole 1-dimensional dataset of integers of any width and sign, as int64 (a small index table such as
@@ -70,6 +75,9 @@ class H5File {
   std::string path_;
   int64_t file_ = -1;  // hid_t
   bool collective_ = false;
+  // The body of read and read_int32: the selection into `buffer` as HDF5 memory type `memory_type` (a hid_t).
+  void read_selection(const std::string& dataset, const Selection& selection, const Shape& local_shape,
+                      int64_t memory_type, void* buffer) const;
   // Virtual datasets are read through a second, per-rank handle: this libhdf5 cannot read them over
   // MPI-IO. Opened on first need.
   mutable int64_t serial_file_ = -1;

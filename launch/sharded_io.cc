@@ -119,10 +119,10 @@ Selection select_heads(const ShardPlan& p) { return {{{p.hq_offset}, {p.hq_count
 std::vector<int64_t> checked_cu_seqlens(const H5File& f, const DatasetNames& names, const ShardPlan& p) {
   const std::string at = where(f, names.cu_seqlens);
   RA_CHECK(!f.has(names.segment_ids), at, " and ", where(f, names.segment_ids), " are both given: give one (segment "
-           "ids (batch, seq_len) int32, or the cumulative lengths [0, l0, l0 + l1, ..., seq_len] of the sequences "
+           "ids (batch, seq_len) of integers, or the cumulative lengths [0, l0, l0 + l1, ..., seq_len] of the sequences "
            "packed into one row)");
   RA_CHECK(p.batch == 1, at, " packs the sequences of one batch row, but q's batch is ", p.batch,
-           ": write segment_ids (batch, seq_len) int32 instead, or one row");
+           ": write segment_ids (batch, seq_len) instead, or one row");
   RA_CHECK(p.q_len == p.kv_len, at, " needs q_len == kv_len (", p.q_len, " vs ", p.kv_len, ")");
   const std::vector<int64_t> cu = f.read_integers(names.cu_seqlens);
   RA_CHECK(cu.size() >= 2, at, " has ", cu.size(), " entries, expected at least 2 (0 and seq_len = ", p.q_len, ")");
@@ -145,7 +145,7 @@ Tensor segments_of_runs(const std::vector<int32_t>& ids, const std::vector<Index
 Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<IndexRun>& runs, MemoryKind memory) {
   Selection sel;
   for (const IndexRun& r : runs) sel.push_back({{p.b_offset, r.start}, {p.b_count, r.count}, {1, r.stride}});
-  return f.read(p.names.segment_ids, sel, {p.b_count, run_rows(runs)}, memory);
+  return f.read_int32(p.names.segment_ids, sel, {p.b_count, run_rows(runs)}, memory);
 }
 
 }  // namespace
@@ -253,7 +253,8 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   }
   if (f.has(names.segment_ids)) {
     DatasetInfo seg = required(f, names.segment_ids, 2, "(batch, seq_len)");
-    expect_dtype(f, names.segment_ids, seg, {DType::kI32}, "int32");
+    RA_CHECK(seg.integer, where(f, names.segment_ids), " holds ", seg.type_name, ", expected integers (any width: "
+             "read as int32)");
     RA_CHECK(p.q_len == p.kv_len, where(f, names.segment_ids), " needs q_len == kv_len (", p.q_len, " vs ", p.kv_len, ")");
     expect_dim(f, names.segment_ids, seg, 0, "batch", p.batch, "(q's batch)");
     expect_dim(f, names.segment_ids, seg, 1, "seq_len", p.q_len, "(q's q_len)");

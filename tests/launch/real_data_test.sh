@@ -49,7 +49,13 @@ for dim, shape in [("T", (1, 0, 4, 32)), ("B", (0, 8, 4, 32)), ("H", (1, 8, 0, 3
     kv = list(shape); kv[1] = 8 if dim != "T" else 0
     mk(f"zero_{dim}.h5", np.zeros(shape, np.float32), np.zeros(kv, np.float32), np.zeros(kv, np.float32))
 mk("zero_S.h5", f32(1, 8, 4, 32), np.zeros((1, 0, 4, 32), np.float32), np.zeros((1, 0, 4, 32), np.float32))
-mk("i64seg.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), f32(1, 16, 4, 32), segment_ids=np.zeros((1, 16), np.int64))
+docs = np.repeat(np.array([0, 1, 2, 3]), [5, 9, 1, 8])[None]
+qkv = f32(2, 23, 4, 32), f32(2, 23, 2, 32), f32(2, 23, 2, 32)
+mk("i64seg.h5", *qkv, do=f32(2, 23, 4, 32), segment_ids=np.repeat(docs, 2, 0) * 10**6)
+mk("u8seg.h5", *qkv, segment_ids=np.repeat(docs, 2, 0).astype(np.uint8))
+mk("i32seg.h5", *qkv, segment_ids=np.repeat(docs, 2, 0).astype(np.int32))
+mk("f64seg.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), f32(1, 16, 4, 32), segment_ids=np.zeros((1, 16)))
+mk("hugeseg.h5", f32(1, 16, 4, 32), f32(1, 16, 4, 32), f32(1, 16, 4, 32), segment_ids=np.full((1, 16), 2**40))
 mk("i64q.h5", r.integers(0, 3, (1, 16, 4, 32)), f32(1, 16, 4, 32), f32(1, 16, 4, 32))
 bits = lambda *s: r.integers(0, 65535, s).astype(np.uint16)  # bfloat16 bits as numpy holds them
 mk("bits.h5", bits(1, 16, 4, 32), bits(1, 16, 2, 32), bits(1, 16, 2, 32))
@@ -166,7 +172,20 @@ check not-hdf5 2 "'text.h5' for reading: it is not an HDF5 file" -- "$ra" run --
 head -c 2000 in.h5 > cut.h5
 check truncated-file 2 "'cut.h5' for reading: it is truncated" -- "$ra" run --input cut.h5 --output x.h5
 # 10. Datatypes: what was found, what is expected.
-check int64-segment-ids 2 "dataset 'segment_ids' of 'i64seg.h5' holds int64, expected int32" -- "$ra" run --input i64seg.h5 --output x.h5
+# Segment ids of any integer type (numpy's and torch's int64), as Python's API and cu_seqlens take them; compared as int32.
+check int64-segment-ids 0 "ringattn run: ring" -- mpi 3 "$ra" run --input i64seg.h5 --output i64seg_out.h5 --causal --backward
+check int64-segment-ids-verified 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input i64seg.h5 \
+  --output i64seg_out.h5 --causal
+check uint8-segment-ids 0 "ringattn run: ring" -- "$ra" run --input u8seg.h5 --output u8seg_out.h5 --causal
+check int32-segment-ids 0 "ringattn run: ring" -- "$ra" run --input i32seg.h5 --output i32seg_out.h5 --causal
+check segment-ids-any-width-alike 0 "same" -- $python -c "
+import h5py, numpy as np
+o = [h5py.File(n + '_out.h5')['o'][...] for n in ('i64seg', 'u8seg', 'i32seg')]
+assert np.allclose(o[0], o[1], atol=1e-6) and np.array_equal(o[1], o[2]); print('same')"
+check float-segment-ids 2 "dataset 'segment_ids' of 'f64seg.h5' holds float64, expected integers" -- "$ra" run \
+  --input f64seg.h5 --output x.h5
+check huge-segment-ids 2 "dataset 'segment_ids' of 'hugeseg.h5' holds 1099511627776 (int64), outside int32's range" -r 2 \
+  -- mpi 2 "$ra" run --input hugeseg.h5 --output x.h5
 check never-written 2 "dataset 'q' of 'unwritten.h5' was created but never written" -r 2 -- mpi 2 "$ra" run --input unwritten.h5 --output x.h5
 check partly-written 2 "dataset 'q' of 'half_written.h5' is only partly written: 2 of its 4 chunks" -r 2 -- mpi 2 "$ra" run --input half_written.h5 --output x.h5
 no_output partly-written-no-output x.h5
