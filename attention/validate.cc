@@ -102,7 +102,9 @@ void validate_attention(const AttentionInputs& in, const AttentionParams& p, con
     broadcast_to(in.bias, full, "bias");
   }
   if (in.mask.defined()) {
-    RA_CHECK(in.mask.dtype() == DType::kU8, "mask has dtype ", dtype_name(in.mask.dtype()), ", expected bool/u8");
+    RA_CHECK(in.mask.dtype() == DType::kU8, "mask has dtype ", dtype_name(in.mask.dtype()), ", expected bool/u8",
+             in.mask.dtype() == DType::kI32 ? "" : " (a float mask that is added to the logits, 0 where seen and -inf "
+             "where hidden as PyTorch's attn_mask, is a bias: pass it as the bias)");
     broadcast_to(in.mask, full, "mask");
   }
   if (in.sinks.defined()) {

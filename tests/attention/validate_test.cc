@@ -84,6 +84,17 @@ TEST_F(BadInput, MaskOfWrongShape) {
   EXPECT_NE(error_of(in, p.params()).find("mask dimension 2 is 15"), std::string::npos) << error_of(in, p.params());
 }
 
+// A float mask of 0 / -inf is PyTorch's additive attn_mask: the refusal says to pass it as the bias, which it is.
+TEST_F(BadInput, FloatMaskIsNamedTheBiasItIs) {
+  Tensor mask(DType::kF32, {2, 1, 16, 24});
+  AttentionInputs in = p.inputs();
+  in.mask = mask;
+  const std::string error = error_of(in, p.params());
+  EXPECT_NE(error.find("mask has dtype f32, expected bool/u8 (a float mask that is added to the logits"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("is a bias: pass it as the bias"), std::string::npos) << error;
+}
+
 TEST_F(BadInput, BiasOfWrongDtype) {
   Tensor bias(DType::kF16, {2, 4, 16, 24});
   AttentionInputs in = p.inputs();
