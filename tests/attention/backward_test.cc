@@ -401,10 +401,11 @@ TEST_P(LseInTheLoss, MatchesF64Gradients) {
   expect_gradient(g.dv, ref.dv, "dv");
   if (in.bias.defined()) expect_gradient(g.dbias, ref.dbias, "dbias");
   if (in.sinks.defined()) expect_gradient(g.dsinks, ref.dsinks, "dsinks");
-  if (c.spec.options.mask)  // Problem masks row T/2 of every batch entirely
+  if (c.spec.options.mask) {  // Problem masks row T/2 of every batch entirely
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < Hq * c.spec.head_dim; ++i)
         ASSERT_EQ(load_as_f32(g.dq.data<void>(), g.dq.dtype(), size_t((b * T + T / 2) * Hq * c.spec.head_dim + i)), 0.0f);
+  }
   // dLSE moves the gradients: the same call without it differs (unless the mask hides the only row).
   if (c.spec.options.mask && T == 1) return;
   const Gradients without = impl->backward(in, problem.params(), pos, d_o, ForwardViews{o.view(), lse.view()});
