@@ -26,8 +26,8 @@ Comparison compare(const TensorView& o, const TensorView& lse, const ReferenceOu
   for (int64_t i = 0; lse.defined() && i < lse.numel(); ++i) {  // (verify: an output of another library may lack lse)
     const double x = lse.data_as<float>()[i], r = ref.lse[size_t(i)];
     if (std::isnan(x)) ++c.nan;
-    if (std::isinf(r) || std::isinf(x)) {
-      if (x != r) ++c.wrong;
+    if (std::isinf(r) || std::isinf(x)) {  // a row that sees no key: exactly -inf, unless f32 cannot resolve the row
+      if (x != r && rounding(i) < kUnresolvedLogitRounding) ++c.wrong;  // (its logits overflow to -inf on the GPU)
       continue;
     }
     const double e = std::fabs(x - r);

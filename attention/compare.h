@@ -11,6 +11,11 @@
 
 namespace ra {
 
+// Past this, f32's rounding of a row's logits moves its probabilities by a tenth or more: no f32 kernel resolves
+// them, and the row's check allows any convex combination of V, and an LSE of -inf (logits of -3.4e38, finfo.min,
+// overflow to -inf in a kernel's log2 units: the row then sees no key); verify says so.
+inline constexpr double kUnresolvedLogitRounding = 0.1;
+
 struct Comparison {
   double max_abs_error = 0, max_rel_error = 0, max_lse_error = 0;
   int64_t wrong = 0, nan = 0;
@@ -47,8 +52,5 @@ GradientComparison compare_gradient(const TensorView& got, const std::vector<dou
 // f32 cannot resolve its P.
 std::vector<double> logit_rounding(const AttentionInputs& in, const AttentionParams& params,
                                    const std::vector<double>& reference_lse);
-// Past this, f32's rounding of a row's logits moves its probabilities by a tenth or more: no f32 kernel resolves
-// them, and the row's check allows any convex combination of V (verify says so).
-inline constexpr double kUnresolvedLogitRounding = 0.1;
 
 }  // namespace ra

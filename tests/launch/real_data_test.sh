@@ -403,7 +403,8 @@ r = np.random.default_rng(7)
 f32 = lambda *s: r.standard_normal(s).astype(np.float32)
 q, k, v, do = f32(1, 48, 4, 16), f32(1, 48, 2, 16), f32(1, 48, 2, 16), f32(1, 48, 4, 16)
 hidden = r.random((4, 48, 48)) < 0.3
-for name, value, unresolved in [("bias_inf", -np.inf, False), ("bias_1e9", -1e9, True)]:
+lowest = np.finfo(np.float32).min  # HF's mask value: a kernel working in log2 units overflows it to -inf
+for name, value, unresolved in [("bias_inf", -np.inf, False), ("bias_1e9", -1e9, True), ("bias_min", lowest, True)]:
     bias = np.where(hidden, value, f32(4, 48, 48)).astype(np.float32)
     bias[2, 5, :] = -np.inf  # a row the bias hides whole: o = 0, lse = -inf
     if unresolved:
@@ -430,6 +431,17 @@ for n in ('bias_inf', 'bias_1e9'):
 "; then
   check minus-inf-bias-wrong-found 1 "#wrong 1  FAILED" -- "$ra" verify --input bias_inf.h5 --output bias_inf_foreign.h5
   check large-bias-wrong-found 1 "#wrong 1  FAILED" -- mpi 2 "$ra" verify --input bias_1e9.h5 --output bias_1e9_foreign.h5
+  # What a GPU writes for the row finfo.min hides whole (o = 0, lse = -inf; the CPU's f32 gives V's mean): allowed.
+  check lowest-bias-run 0 "ringattn run: ring" -- "$ra" run --input bias_min.h5 --output bias_min_out.h5
+  $python -c "
+import h5py, numpy as np
+with h5py.File('bias_min_out.h5') as g, h5py.File('bias_min_gpu.h5', 'w') as h:
+    o, lse = g['o'][...], g['lse'][...]
+    o[0, 9, 1, :], lse[0, 1, 9] = 0.0, -np.inf
+    h['o'], h['lse'] = o, lse
+"
+  check lowest-bias-row-as-no-key 0 "1 query rows have logits of about 3.4e+38" -- "$ra" verify --input bias_min.h5 \
+    --output bias_min_gpu.h5
 else fails=$((fails+1)); echo "FAIL could not change the bias outputs"; fi
 check float-mask-hinted 2 "a float mask that is added to the logits, .* is a bias: --bias-dataset names it" -r 2 -- mpi 2 \
   "$ra" run --input float_mask.h5 --output x.h5
