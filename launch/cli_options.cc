@@ -133,6 +133,10 @@ void check_named_datasets(const DatasetOptions& o, const H5File& file) {
 
 namespace {
 
+bool on_command_line(const po::variables_map& vm, const std::string& option) {
+  return vm.count(option) && !vm[option].defaulted();
+}
+
 // One dataset in two roles: a role named on the command line takes the path from an optional role's default name
 // (--bias-dataset mask: a float mask, 0 / -inf, read as the bias is not also read as a mask, which the file's
 // "mask" would otherwise be); an optional role given the path another role was given is refused. (q, k and v may
@@ -151,7 +155,7 @@ void give_each_dataset_one_role(const po::variables_map& vm, DatasetNames& names
                         {"sinks-dataset", &names.sinks, true},
                         {"segment-ids-dataset", &names.segment_ids, true},
                         {"cu-seqlens-dataset", &names.cu_seqlens, true}};
-  const auto given = [&](const Role& r) { return vm.count(r.option) && !vm[r.option].defaulted(); };
+  const auto given = [&](const Role& r) { return on_command_line(vm, r.option); };
   std::vector<std::string*> taken;  // optional roles' default paths that a named role took
   for (const Role& a : roles)
     for (const Role& b : roles) {
@@ -199,7 +203,7 @@ bool parse(int argc, char** argv, const po::options_description& desc, const cha
   }
   if (datasets != nullptr) {
     for (const char* option : {"mask-dataset", "bias-dataset", "sinks-dataset", "segment-ids-dataset", "cu-seqlens-dataset"})
-      if (vm.count(option) && !vm[option].defaulted()) datasets->named.push_back({option, vm[option].as<std::string>()});
+      if (on_command_line(vm, option)) datasets->named.push_back({option, vm[option].as<std::string>()});
     give_each_dataset_one_role(vm, datasets->names);
   }
   if (given != nullptr)

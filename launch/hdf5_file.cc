@@ -340,10 +340,14 @@ bool is_object(hid_t file, const std::string& path, H5O_type_t type) {
 }
 }  // namespace
 
+std::string H5File::describe(const std::string& dataset) const {
+  return "dataset '" + dataset + "' of '" + path_ + "'";
+}
+
 bool H5File::has(const std::string& dataset) const { return is_object(file_, dataset, H5O_TYPE_DATASET); }
 
 DatasetInfo H5File::info(const std::string& dataset) const {
-  std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
+  const std::string where = describe(dataset);
   RA_CHECK(has(dataset), where, " does not exist");
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
   RA_CHECK(ds.valid(), where, " cannot be opened (HDF5 says: ", hdf5_error_stack(), ")");
@@ -367,7 +371,7 @@ DatasetInfo H5File::info(const std::string& dataset) const {
 
 void H5File::read_selection(const std::string& dataset, const Selection& selection, const Shape& local_shape,
                             int64_t memory_type, void* buffer) const {
-  std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
+  const std::string where = describe(dataset);
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
   bool collective = collective_;
   Id dcpl(H5Dget_create_plist(ds), H5Pclose);
@@ -402,10 +406,9 @@ void H5File::read_selection(const std::string& dataset, const Selection& selecti
 
 Tensor H5File::read(const std::string& dataset, const Selection& selection, const Shape& local_shape,
                     MemoryKind memory) const {
-  RA_CHECK(host_accessible(memory), "dataset '", dataset, "' of '", path_, "': HDF5 reads into host memory");
+  RA_CHECK(host_accessible(memory), describe(dataset), ": HDF5 reads into host memory");
   DatasetInfo meta = info(dataset);
-  RA_CHECK(meta.supported, "dataset '", dataset, "' of '", path_, "' holds ", meta.type_name,
-           ", which ringattn does not read");
+  RA_CHECK(meta.supported, describe(dataset), " holds ", meta.type_name, ", which ringattn does not read");
   Id mem_type(memory_type_of(meta.dtype), H5Tclose);
   Tensor out(meta.dtype, local_shape, memory);
   read_selection(dataset, selection, local_shape, mem_type, out.view().data());
@@ -414,17 +417,17 @@ Tensor H5File::read(const std::string& dataset, const Selection& selection, cons
 
 Tensor H5File::read_int32(const std::string& dataset, const Selection& selection, const Shape& local_shape,
                           MemoryKind memory) const {
-  RA_CHECK(host_accessible(memory), "dataset '", dataset, "' of '", path_, "': HDF5 reads into host memory");
+  RA_CHECK(host_accessible(memory), describe(dataset), ": HDF5 reads into host memory");
   const DatasetInfo meta = info(dataset);
-  RA_CHECK(meta.integer, "dataset '", dataset, "' of '", path_, "' holds ", meta.type_name, ", expected integers");
+  RA_CHECK(meta.integer, describe(dataset), " holds ", meta.type_name, ", expected integers");
   // HDF5 converts any integer type to int64 exactly (uint64 past 2^63 clips: refused below as out of range).
   std::vector<int64_t> wide(size_t(local_shape.numel()));
   read_selection(dataset, selection, local_shape, H5T_NATIVE_INT64, wide.data());
   Tensor out(DType::kI32, local_shape, memory);
   int32_t* narrow = out.data<int32_t>();
   for (size_t i = 0; i < wide.size(); ++i) {
-    RA_CHECK(wide[i] >= INT32_MIN && wide[i] <= INT32_MAX, "dataset '", dataset, "' of '", path_, "' holds ", wide[i],
-             " (", meta.type_name, "), outside int32's range: ids are compared as int32");
+    RA_CHECK(wide[i] >= INT32_MIN && wide[i] <= INT32_MAX, describe(dataset), " holds ", wide[i], " (", meta.type_name,
+             "), outside int32's range: ids are compared as int32");
     narrow[i] = int32_t(wide[i]);
   }
   return out;
@@ -453,12 +456,11 @@ std::vector<std::string> H5File::dataset_names(const std::string& group) const {
 }
 
 std::vector<int64_t> H5File::read_integers(const std::string& dataset) const {
-  const std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
+  const std::string where = describe(dataset);
   const DatasetInfo meta = info(dataset);
   RA_CHECK(meta.shape.rank == 1, where, " has shape ", meta.shape.str(), ", expected 1 dimension");
+  RA_CHECK(meta.integer, where, " holds ", meta.type_name, ", expected integers");
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
-  Id type(H5Dget_type(ds), H5Tclose);
-  RA_CHECK(H5Tget_class(type) == H5T_INTEGER, where, " holds ", meta.type_name, ", expected integers");
   Id dcpl(H5Dget_create_plist(ds), H5Pclose);
   if (dcpl.valid()) {
     Id space(H5Dget_space(ds), H5Sclose);
@@ -480,7 +482,7 @@ void H5File::create_dataset(const std::string& dataset, DType dtype, const Shape
 }
 
 void H5File::write(const std::string& dataset, const Selection& selection, const TensorView& data) {
-  std::string where = "dataset '" + dataset + "' of '" + path_ + "'";
+  const std::string where = describe(dataset);
   RA_CHECK(data.is_contiguous(), where, ": writes need a contiguous tensor");
   Id ds(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT), H5Dclose);
   RA_CHECK(ds.valid(), where, " does not exist");

@@ -75,6 +75,7 @@ class H5File {
   std::string path_;
   int64_t file_ = -1;  // hid_t
   bool collective_ = false;
+  std::string describe(const std::string& dataset) const;  // "dataset 'q' of 'in.h5'", as errors name it
   // The body of read and read_int32: the selection into `buffer` as HDF5 memory type `memory_type` (a hid_t).
   void read_selection(const std::string& dataset, const Selection& selection, const Shape& local_shape,
                       int64_t memory_type, void* buffer) const;
