@@ -122,7 +122,9 @@ void add_dataset_options(po::options_description& desc, DatasetOptions& o) {
      "path of the optional segment ids")
     ("cu-seqlens-dataset", po::value(&o.names.cu_seqlens)->default_value(o.names.cu_seqlens),
      "path of the optional cumulative sequence lengths [0, l0, l0 + l1, ..., seq_len] (any integer type) of the "
-     "sequences packed into a batch of one row, in place of segment ids");
+     "sequences packed into a batch of one row, in place of segment ids")
+    ("bhtd", po::bool_switch(&o.bhtd), "q, k, v and do are (batch, heads, len, dim), as PyTorch's "
+     "scaled_dot_product_attention takes them, instead of (batch, len, heads, dim); o, dq, dk, dv are written so too");
 }
 
 void check_named_datasets(const DatasetOptions& o, const H5File& file) {
@@ -205,6 +207,7 @@ bool parse(int argc, char** argv, const po::options_description& desc, const cha
     for (const char* option : {"mask-dataset", "bias-dataset", "sinks-dataset", "segment-ids-dataset", "cu-seqlens-dataset"})
       if (on_command_line(vm, option)) datasets->named.push_back({option, vm[option].as<std::string>()});
     give_each_dataset_one_role(vm, datasets->names);
+    datasets->names.order = vm.count("bhtd") && vm["bhtd"].as<bool>() ? TensorOrder::kBHTD : TensorOrder::kBTHD;
   }
   if (given != nullptr)
     for (const auto& [option, value] : vm)

@@ -59,10 +59,13 @@ OutputChecksums output_checksums(const ShardPlan& p, const TensorView& o, const 
 
 std::string manifest_json(const ShardPlan& p, DType o_dtype, const OutputChecksums& sums,
                           const std::map<std::string, std::string>& attributes) {
+  const bool bhtd = p.names.order == TensorOrder::kBHTD;
+  const std::vector<int64_t> o_shape = bhtd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.v_head_dim}
+                                            : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.v_head_dim};
   nlohmann::json m = {
       {"format", "ringattn-output-1"},
       {"datasets",
-       {{"o", {{"shape", {p.batch, p.q_len, p.q_heads, p.v_head_dim}}, {"dtype", dtype_name(o_dtype)}, {"checksum", hex(sums.o)}}},
+       {{"o", {{"shape", o_shape}, {"dtype", dtype_name(o_dtype)}, {"checksum", hex(sums.o)}}},
         {"lse", {{"shape", {p.batch, p.q_heads, p.q_len}}, {"dtype", "f32"}, {"checksum", hex(sums.lse)}}}}},
       {"run", attributes}};
   return m.dump();

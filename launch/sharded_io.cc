@@ -5,6 +5,7 @@
 #include "launch/output_manifest.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "mesh/sharding.h"
@@ -16,7 +17,7 @@ namespace {
 
 std::string where(const H5File& f, const std::string& dataset) { return "dataset '" + dataset + "' of '" + f.path() + "'"; }
 
-DatasetInfo required(const H5File& f, const std::string& name, int rank, const char* layout) {
+DatasetInfo required(const H5File& f, const std::string& name, int rank, const std::string& layout) {
   RA_CHECK(f.has(name), "input '", f.path(), "' has no dataset '", name, "' ", layout);
   DatasetInfo info = f.info(name);
   RA_CHECK(info.shape.rank == rank, where(f, name), " has rank ", info.shape.rank, " (shape ", info.shape.str(),
@@ -57,13 +58,69 @@ void expect_dim(const H5File& f, const std::string& name, const DatasetInfo& inf
            ", expected ", expected, " ", because);
 }
 
-// A selection of a 4-d (B, L, H, X) dataset: batch and head ranges, the given runs along L.
-Selection select_bshx(const ShardPlan& p, const std::vector<IndexRun>& runs, int64_t h_off, int64_t h_count,
-                      int64_t x) {
+// A shape that would be the expected one with its dimensions 1 and 2 swapped: the file is in the other order.
+std::string order_hint(TensorOrder order, const Shape& found, const Shape& expected) {
+  const bool swapped = found.rank == 4 && !(found == expected) && found[0] == expected[0] &&
+                       found[1] == expected[2] && found[2] == expected[1] && found[3] == expected[3];
+  if (!swapped) return "";
+  return order == TensorOrder::kBTHD ? " (its dimensions 1 and 2 swapped: in (batch, heads, len, dim) order? --bhtd "
+                                       "reads the files so)"
+                                     : " (its dimensions 1 and 2 swapped: in (batch, len, heads, dim) order? without "
+                                       "--bhtd the files are read so)";
+}
+
+// Where a 4-d tensor's length (T or S) and heads sit in the file.
+int len_dim(TensorOrder order) { return order == TensorOrder::kBHTD ? 2 : 1; }
+int heads_dim(TensorOrder order) { return 3 - len_dim(order); }
+
+// "(batch, q_len, q_heads, head_dim)" in the file's order.
+std::string dims_text(TensorOrder order, const char* len, const char* heads, const char* x) {
+  const bool bhtd = order == TensorOrder::kBHTD;
+  return std::string("(batch, ") + (bhtd ? heads : len) + ", " + (bhtd ? len : heads) + ", " + x + ")";
+}
+
+// A (B, L, H, X) tensor's shape in the file's order.
+Shape file_shape(TensorOrder order, int64_t b, int64_t len, int64_t heads, int64_t x) {
+  return order == TensorOrder::kBHTD ? Shape{b, heads, len, x} : Shape{b, len, heads, x};
+}
+
+// A selection of a 4-d (B, L, H, X) tensor's dataset: batch and head ranges, the given runs along L.
+Selection select_tokens(const ShardPlan& p, const std::vector<IndexRun>& runs, int64_t h_off, int64_t h_count,
+                        int64_t x) {
+  const bool bhtd = p.names.order == TensorOrder::kBHTD;
   Selection sel;
   for (const IndexRun& r : runs)
-    sel.push_back({{p.b_offset, r.start, h_off, 0}, {p.b_count, r.count, h_count, x}, {1, r.stride, 1, 1}});
+    if (bhtd)
+      sel.push_back({{p.b_offset, h_off, r.start, 0}, {p.b_count, h_count, r.count, x}, {1, 1, r.stride, 1}});
+    else
+      sel.push_back({{p.b_offset, r.start, h_off, 0}, {p.b_count, r.count, h_count, x}, {1, r.stride, 1, 1}});
   return sel;
+}
+
+
+int64_t run_rows(const std::vector<IndexRun>& runs) {
+  int64_t n = 0;
+  for (const IndexRun& r : runs) n += r.count;
+  return n;
+}
+
+// This rank's slice of a 4-d tensor, in memory's (B, rows, H, X) whatever the file's order.
+Tensor read_tokens(const H5File& f, const std::string& name, const ShardPlan& p, const std::vector<IndexRun>& runs,
+                   int64_t h_off, int64_t h_count, int64_t x, MemoryKind memory = MemoryKind::kHost) {
+  const int64_t rows = run_rows(runs);
+  const Selection sel = select_tokens(p, runs, h_off, h_count, x);
+  if (p.names.order == TensorOrder::kBTHD) return f.read(name, sel, {p.b_count, rows, h_count, x}, memory);
+  return swap_len_and_heads(f.read(name, sel, {p.b_count, h_count, rows, x}).view(), memory);
+}
+
+// Creates a 4-d output dataset in the file's order and writes this rank's (B, rows, H, X) slice into it.
+void write_tokens(H5File& f, const char* name, const ShardPlan& p, int64_t len, int64_t heads,
+                  const std::vector<IndexRun>& runs, int64_t h_off, int64_t h_count, const TensorView& t) {
+  const int64_t x = t.shape()[3];
+  f.create_dataset(name, t.dtype(), file_shape(p.names.order, p.batch, len, heads, x));
+  const Selection sel = select_tokens(p, runs, h_off, h_count, x);
+  if (p.names.order == TensorOrder::kBTHD) return f.write(name, sel, t);
+  f.write(name, sel, swap_len_and_heads(t, MemoryKind::kHost).view());
 }
 
 // lse (B, Hq, T): batch and head ranges, the query runs along T.
@@ -78,12 +135,6 @@ Selection select_lse(const ShardPlan& p) {
 // dimensions whole (shared with the ranks that split that dimension).
 std::vector<IndexRun> pairwise_runs(const ShardPlan& p, const Shape& shape) {
   return shape[2] == 1 ? std::vector<IndexRun>{{0, 1, 1}} : p.q_runs;
-}
-
-int64_t run_rows(const std::vector<IndexRun>& runs) {
-  int64_t n = 0;
-  for (const IndexRun& r : runs) n += r.count;
-  return n;
 }
 
 // mask / bias: rank 1-4, broadcast as numpy does (missing leading dimensions are 1), each dimension 1 or
@@ -150,6 +201,30 @@ Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<Inde
 
 }  // namespace
 
+Tensor swap_len_and_heads(const TensorView& t, MemoryKind memory) {
+  const Shape& s = t.shape();
+  Tensor out(t.dtype(), {s[0], s[2], s[1], s[3]}, memory);
+  const size_t row = size_t(s[3]) * dtype_size(t.dtype());
+  const char* from = static_cast<const char*>(t.data());
+  char* to = static_cast<char*>(out.view().data());
+  for (int64_t a = 0; a < s[0]; ++a)
+    for (int64_t b = 0; b < s[1]; ++b)
+      for (int64_t c = 0; c < s[2]; ++c)
+        std::memcpy(to + size_t((a * s[2] + c) * s[1] + b) * row, from + size_t((a * s[1] + b) * s[2] + c) * row, row);
+  return out;
+}
+
+const char* tensor_order_name(TensorOrder order) { return order == TensorOrder::kBHTD ? "BHTD" : "BTHD"; }
+
+std::string tensor_order_note(const ShardPlan& p, const std::string& path) {
+  constexpr int64_t kMostHeads = 256;  // more query heads than any model has (128 the most seen)
+  if (p.names.order != TensorOrder::kBTHD || p.q_heads <= kMostHeads || p.q_heads <= p.q_len) return "";
+  return "note: '" + p.names.q + "' of '" + path + "' read as (batch, q_len, q_heads, head_dim) has " +
+         std::to_string(p.q_heads) + " heads and " + std::to_string(p.q_len) +
+         " tokens: if it holds (batch, heads, len, dim), as PyTorch's scaled_dot_product_attention takes it, pass "
+         "--bhtd";
+}
+
 AttentionParams on_slice(AttentionParams params, const ShardPlan& plan) {
   params.batch_offset = plan.b_offset;
   params.head_offset = plan.hq_offset;
@@ -195,38 +270,45 @@ int64_t ShardPlan::local_q() const { return run_rows(q_runs); }
 int64_t ShardPlan::local_kv() const { return run_rows(kv_runs); }
 
 ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, SequenceLayout layout, const DatasetNames& names) {
-  DatasetInfo q = required(f, names.q, 4, "(batch, q_len, q_heads, head_dim)");
-  DatasetInfo k = required(f, names.k, 4, "(batch, kv_len, kv_heads, head_dim)");
-  DatasetInfo v = required(f, names.v, 4, "(batch, kv_len, kv_heads, v_head_dim)");
+  const TensorOrder order = names.order;
+  const int L = len_dim(order), H = heads_dim(order);
+  const std::string q_dims = dims_text(order, "q_len", "q_heads", "head_dim"),
+                    k_dims = dims_text(order, "kv_len", "kv_heads", "head_dim"),
+                    v_dims = dims_text(order, "kv_len", "kv_heads", "v_head_dim");
+  DatasetInfo q = required(f, names.q, 4, q_dims);
+  DatasetInfo k = required(f, names.k, 4, k_dims);
+  DatasetInfo v = required(f, names.v, 4, v_dims);
   for (auto [name, info] : {std::pair{&names.q, &q}, std::pair{&names.k, &k}, std::pair{&names.v, &v}})
     expect_float(f, *name, *info);
-  expect_nonempty(f, names.q, q, "(batch, q_len, q_heads, head_dim)");
-  expect_nonempty(f, names.k, k, "(batch, kv_len, kv_heads, head_dim)");
-  expect_nonempty(f, names.v, v, "(batch, kv_len, kv_heads, v_head_dim)");
+  expect_nonempty(f, names.q, q, q_dims.c_str());
+  expect_nonempty(f, names.k, k, k_dims.c_str());
+  expect_nonempty(f, names.v, v, v_dims.c_str());
   RA_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, "q, k and v of '", f.path(), "' must share a dtype (q is ",
            dtype_name(q.dtype), ", k ", dtype_name(k.dtype), ", v ", dtype_name(v.dtype), ")");
   expect_dim(f, names.k, k, 0, "batch", q.shape[0], "(q's batch)");
   expect_dim(f, names.v, v, 0, "batch", q.shape[0], "(q's batch)");
   expect_dim(f, names.k, k, 3, "head_dim", q.shape[3], "(q's head_dim)");
-  expect_dim(f, names.v, v, 1, "kv_len", k.shape[1], "(k's kv_len)");
-  expect_dim(f, names.v, v, 2, "kv_heads", k.shape[2], "(k's kv_heads)");
-  RA_CHECK(q.shape[2] % k.shape[2] == 0, where(f, names.q), " dimension 2 (q_heads) is ", q.shape[2],
-           ", expected a multiple of k's kv_heads = ", k.shape[2]);
+  expect_dim(f, names.v, v, L, "kv_len", k.shape[L], "(k's kv_len)");
+  expect_dim(f, names.v, v, H, "kv_heads", k.shape[H], "(k's kv_heads)");
+  RA_CHECK(q.shape[H] % k.shape[H] == 0, where(f, names.q), " dimension ", H, " (q_heads) is ", q.shape[H],
+           ", expected a multiple of k's kv_heads = ", k.shape[H]);
 
-  ShardPlan p{names, q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], q.dtype};
+  ShardPlan p{names, q.shape[0], q.shape[L], k.shape[L], q.shape[H], k.shape[H], q.shape[3], v.shape[3], q.dtype};
   auto spec_for = [&](const char* axis) { return mesh.has_axis(axis) ? std::vector<std::string>{axis} : std::vector<std::string>{}; };
   NamedSharding sharding(mesh, PartitionSpec{spec_for("dp"), {}, spec_for("tp"), {}});
-  LocalSlice qs = sharding.local_slice(q.shape, rank, "q");
+  // The mesh splits (B, L, H, X) whatever the file's order.
+  const Shape q_shape{p.batch, p.q_len, p.q_heads, p.head_dim}, k_shape{p.batch, p.kv_len, p.kv_heads, p.head_dim};
+  LocalSlice qs = sharding.local_slice(q_shape, rank, "q");
   p.b_offset = qs.offset[0];
   p.b_count = qs.extent[0];
   p.hq_offset = qs.offset[2];
   p.hq_count = qs.extent[2];
   const int64_t tp = mesh.has_axis("tp") ? mesh.axis_size("tp") : 1;
-  RA_CHECK(p.kv_heads % tp == 0 || tp % p.kv_heads == 0, where(f, names.k), " dimension 2 (kv_heads) is ", p.kv_heads,
+  RA_CHECK(p.kv_heads % tp == 0 || tp % p.kv_heads == 0, where(f, names.k), " dimension ", H, " (kv_heads) is ", p.kv_heads,
            ": over mesh axis 'tp' of size ", tp, " the kv heads must divide into ", tp,
            " parts, or ", tp, " be a multiple of them (each kv head then held by the tp ranks of its query heads)");
   if (p.kv_heads % tp == 0) {  // kv heads split over tp
-    LocalSlice ks = sharding.local_slice(k.shape, rank, "k");
+    LocalSlice ks = sharding.local_slice(k_shape, rank, "k");
     p.hkv_offset = ks.offset[2];
     p.hkv_count = ks.extent[2];
   } else {  // more tp ranks than kv heads: each kv head held whole by the tp / Hkv ranks of its query heads
@@ -317,14 +399,10 @@ AttentionInputs LocalTensors::inputs() const {
 
 LocalTensors read_local(const H5File& f, const ShardPlan& p, bool whole_kv, MemoryKind memory) {
   const std::vector<IndexRun> kv_runs = whole_kv ? std::vector<IndexRun>{{0, p.kv_len, 1}} : p.kv_runs;
-  const int64_t kv_rows = run_rows(kv_runs);
   LocalTensors t;
-  t.q = f.read(p.names.q, select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim),
-               {p.b_count, p.local_q(), p.hq_count, p.head_dim}, memory);
-  t.k = f.read(p.names.k, select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.head_dim),
-               {p.b_count, kv_rows, p.hkv_count, p.head_dim}, memory);
-  t.v = f.read(p.names.v, select_bshx(p, kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim),
-               {p.b_count, kv_rows, p.hkv_count, p.v_head_dim}, memory);
+  t.q = read_tokens(f, p.names.q, p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim, memory);
+  t.k = read_tokens(f, p.names.k, p, kv_runs, p.hkv_offset, p.hkv_count, p.head_dim, memory);
+  t.v = read_tokens(f, p.names.v, p, kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim, memory);
   if (f.has(p.names.mask)) t.mask = read_pairwise(f, p.names.mask, p, memory);  // types checked by plan_shards
   if (f.has(p.names.bias)) t.bias = read_pairwise(f, p.names.bias, p, memory);
   if (f.has(p.names.sinks)) t.sinks = f.read(p.names.sinks, select_heads(p), {p.hq_count}, memory);
@@ -351,18 +429,13 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
   set_partial_output(temp.c_str());  // removed if anything below fails
   {
     H5File f(temp, H5File::Mode::kCreate, comm);
-    f.create_dataset("o", o.dtype(), {p.batch, p.q_len, p.q_heads, p.v_head_dim});
+    write_tokens(f, "o", p, p.q_len, p.q_heads, p.q_runs, p.hq_offset, p.hq_count, o);
     f.create_dataset("lse", DType::kF32, {p.batch, p.q_heads, p.q_len});
-    f.write("o", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim), o);
     f.write("lse", select_lse(p), lse);
     if (gradients != nullptr) {
-      const DType dtype = gradients->dq.dtype();
-      f.create_dataset("dq", dtype, {p.batch, p.q_len, p.q_heads, p.head_dim});
-      f.create_dataset("dk", dtype, {p.batch, p.kv_len, p.kv_heads, p.head_dim});
-      f.create_dataset("dv", dtype, {p.batch, p.kv_len, p.kv_heads, p.v_head_dim});
-      f.write("dq", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim), gradients->dq);
-      f.write("dk", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.head_dim), gradients->dk);
-      f.write("dv", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim), gradients->dv);
+      write_tokens(f, "dq", p, p.q_len, p.q_heads, p.q_runs, p.hq_offset, p.hq_count, gradients->dq);
+      write_tokens(f, "dk", p, p.kv_len, p.kv_heads, p.kv_runs, p.hkv_offset, p.hkv_count, gradients->dk);
+      write_tokens(f, "dv", p, p.kv_len, p.kv_heads, p.kv_runs, p.hkv_offset, p.hkv_count, gradients->dv);
       if (gradients->dbias.defined()) {  // the bias's shape; ranks sharing a broadcast part write the same sums
         f.create_dataset("dbias", DType::kF32, gradients->bias_shape);
         f.write("dbias", select_pairwise(p, gradients->bias_shape), gradients->dbias);
@@ -383,9 +456,11 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
 }
 
 void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse, bool lse_optional) {
-  DatasetInfo oi = required(f, "o", 4, "(batch, q_len, q_heads, v_head_dim)");
-  const Shape expect{p.batch, p.q_len, p.q_heads, p.v_head_dim};
-  RA_CHECK(oi.shape == expect, where(f, "o"), " has shape ", oi.shape.str(), ", expected ", expect.str());
+  const std::string dims = dims_text(p.names.order, "q_len", "q_heads", "v_head_dim");
+  DatasetInfo oi = required(f, "o", 4, dims);
+  const Shape expect = file_shape(p.names.order, p.batch, p.q_len, p.q_heads, p.v_head_dim);
+  RA_CHECK(oi.shape == expect, where(f, "o"), " has shape ", oi.shape.str(), ", expected ", expect.str(), " ", dims,
+           order_hint(p.names.order, oi.shape, expect));
   expect_float(f, "o", oi);
   const bool with_lse = !lse_optional || f.has("lse");
   if (with_lse) {
@@ -394,25 +469,35 @@ void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse, b
     RA_CHECK(li.shape == (Shape{p.batch, p.q_heads, p.q_len}), where(f, "lse"), " has shape ", li.shape.str(),
              ", expected (", p.batch, ", ", p.q_heads, ", ", p.q_len, ")");
   }
-  o = f.read("o", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim), {p.b_count, p.local_q(), p.hq_count, p.v_head_dim});
+  o = read_tokens(f, "o", p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim);
   if (with_lse) lse = f.read("lse", select_lse(p), {p.b_count, p.hq_count, p.local_q()});
 }
 
 void check_upstream_gradient(const H5File& f, const ShardPlan& p, const std::string& name) {
-  RA_CHECK(f.has(name), "--backward needs dO: '", f.path(), "' has no dataset '", name, "' of shape (", p.batch, ", ",
-           p.q_len, ", ", p.q_heads, ", ", p.v_head_dim, ") (write one with generate --with-grad, or name it with "
-           "--do-dataset)");
-  const DatasetInfo info = required(f, name, 4, "(batch, q_len, q_heads, v_head_dim)");
-  expect_dim(f, name, info, 0, "batch", p.batch, "(q's batch)");
-  expect_dim(f, name, info, 1, "q_len", p.q_len, "(q's q_len)");
-  expect_dim(f, name, info, 2, "q_heads", p.q_heads, "(q's q_heads)");
-  expect_dim(f, name, info, 3, "v_head_dim", p.v_head_dim, "(v's v_head_dim)");
+  const TensorOrder order = p.names.order;
+  const std::string dims = dims_text(order, "q_len", "q_heads", "v_head_dim");
+  RA_CHECK(f.has(name), "--backward needs dO: '", f.path(), "' has no dataset '", name, "' of shape ",
+           file_shape(order, p.batch, p.q_len, p.q_heads, p.v_head_dim).str(), " ", dims,
+           " (write one with generate --with-grad, or name it with --do-dataset)");
+  const DatasetInfo info = required(f, name, 4, dims);
+  const Shape expected = file_shape(order, p.batch, p.q_len, p.q_heads, p.v_head_dim);
+  const std::string hint = order_hint(order, info.shape, expected);
+  RA_CHECK(hint.empty(), where(f, name), " has shape ", info.shape.str(), ", expected ", expected.str(), " ", dims, hint);
+  struct Dim {
+    const char* name;
+    int64_t size;
+    const char* because;
+  };
+  const Dim len{"q_len", p.q_len, "(q's q_len)"}, heads{"q_heads", p.q_heads, "(q's q_heads)"};
+  const bool bhtd = order == TensorOrder::kBHTD;
+  const Dim in_file[4] = {{"batch", p.batch, "(q's batch)"}, bhtd ? heads : len, bhtd ? len : heads,
+                          {"v_head_dim", p.v_head_dim, "(v's v_head_dim)"}};
+  for (int d = 0; d < 4; ++d) expect_dim(f, name, info, d, in_file[d].name, in_file[d].size, in_file[d].because);
   expect_dtype(f, name, info, {p.dtype, DType::kF32}, "q's dtype or float32");
 }
 
 Tensor read_upstream_gradient(const H5File& f, const ShardPlan& p, const std::string& name, MemoryKind memory) {
-  return f.read(name, select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim),
-                {p.b_count, p.local_q(), p.hq_count, p.v_head_dim}, memory);
+  return read_tokens(f, name, p, p.q_runs, p.hq_offset, p.hq_count, p.v_head_dim, memory);
 }
 
 bool check_lse_gradient(const H5File& f, const ShardPlan& p, const std::string& name) {
@@ -435,20 +520,20 @@ Tensor read_lse_gradient(const H5File& f, const ShardPlan& p, const std::string&
 
 void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias,
                     Tensor& dsinks) {
-  const std::pair<const char*, Shape> expected[] = {{"dq", {p.batch, p.q_len, p.q_heads, p.head_dim}},
-                                                    {"dk", {p.batch, p.kv_len, p.kv_heads, p.head_dim}},
-                                                    {"dv", {p.batch, p.kv_len, p.kv_heads, p.v_head_dim}}};
+  const TensorOrder order = p.names.order;
+  const std::pair<const char*, Shape> expected[] = {{"dq", file_shape(order, p.batch, p.q_len, p.q_heads, p.head_dim)},
+                                                    {"dk", file_shape(order, p.batch, p.kv_len, p.kv_heads, p.head_dim)},
+                                                    {"dv", file_shape(order, p.batch, p.kv_len, p.kv_heads, p.v_head_dim)}};
   for (const auto& [name, shape] : expected) {
-    const DatasetInfo info = required(f, name, 4, "(batch, len, heads, dim)");
-    RA_CHECK(info.shape == shape, where(f, name), " has shape ", info.shape.str(), ", expected ", shape.str());
+    const std::string dims = dims_text(order, "len", "heads", "dim");
+    const DatasetInfo info = required(f, name, 4, dims);
+    RA_CHECK(info.shape == shape, where(f, name), " has shape ", info.shape.str(), ", expected ", shape.str(), " ", dims,
+             order_hint(order, info.shape, shape));
     expect_float(f, name, info);
   }
-  dq = f.read("dq", select_bshx(p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim),
-              {p.b_count, p.local_q(), p.hq_count, p.head_dim});
-  dk = f.read("dk", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.head_dim),
-              {p.b_count, p.local_kv(), p.hkv_count, p.head_dim});
-  dv = f.read("dv", select_bshx(p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim),
-              {p.b_count, p.local_kv(), p.hkv_count, p.v_head_dim});
+  dq = read_tokens(f, "dq", p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim);
+  dk = read_tokens(f, "dk", p, p.kv_runs, p.hkv_offset, p.hkv_count, p.head_dim);
+  dv = read_tokens(f, "dv", p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim);
   if (f.has("dbias")) {
     const DatasetInfo info = check_pairwise(f, "dbias", p);
     expect_dtype(f, "dbias", info, {DType::kF32}, "float32");

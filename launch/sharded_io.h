@@ -18,12 +18,23 @@
 
 namespace ra::cli {
 
-// Where the datasets sit in the input file (paths through groups allowed, e.g. /layer3/attn/q).
+// The order of the dimensions of the 4-d tensors (q, k, v, do and the outputs o, dq, dk, dv) in the files:
+// ringattn's and FlashAttention's (batch, len, heads, dim), or PyTorch's scaled_dot_product_attention's
+// (batch, heads, len, dim). Masks, biases and lse are (batch, heads, ...) in both.
+enum class TensorOrder { kBTHD, kBHTD };
+const char* tensor_order_name(TensorOrder order);  // "BTHD" / "BHTD", as the seeds' flag calls them
+// A 4-d host tensor with dimensions 1 and 2 swapped: (B, H, L, X) as a BHTD file holds it to memory's (B, L, H, X),
+// and back.
+Tensor swap_len_and_heads(const TensorView& t, MemoryKind memory = MemoryKind::kHost);
+
+// Where the datasets sit in the input file (paths through groups allowed, e.g. /layer3/attn/q), and how
+// their 4-d tensors order their dimensions (the outputs take the same order).
 struct DatasetNames {
   std::string q = "q", k = "k", v = "v", mask = "mask", bias = "bias", sinks = "sinks", segment_ids = "segment_ids";
   // FlashAttention's cumulative sequence lengths [0, l0, l0 + l1, ..., T] of the sequences packed into a
   // batch of one row: the segment ids they imply (one of the two may be given).
   std::string cu_seqlens = "cu_seqlens";
+  TensorOrder order = TensorOrder::kBTHD;
 };
 
 struct ShardPlan {
@@ -48,6 +59,10 @@ struct ShardPlan {
 // differ by a row; a rank may hold none).
 ShardPlan plan_shards(const H5File& file, const MeshShape& mesh, int rank, SequenceLayout layout,
                       const DatasetNames& names = {});
+
+// A note where q's shape looks like (batch, heads, len, dim) read as (batch, len, heads, dim): more "heads" than any
+// model has and than "tokens" (empty when it does not look so, or when the order is BHTD already).
+std::string tensor_order_note(const ShardPlan& plan, const std::string& path);
 
 // The datasets beside q (in q's group) that a run reads none of: not named by `names` or `also_read`, nor
 // ringattn's own (do, dlse, and the outputs o, lse, dq, dk, dv, dbias, dsinks). A user's mask or packed
@@ -94,7 +109,8 @@ bool first_holder_of_kv_heads(const ShardPlan& plan);
 Selection select_pairwise(const ShardPlan& p, const Shape& file_shape);
 Shape pairwise_local_shape(const ShardPlan& p, const Shape& file_shape);
 
-// Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices (and the gradients, when given) collectively to
+// Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices (and the gradients, when given; the 4-d ones in the plan's
+// TensorOrder, from slices in memory's (B, T, H, X)) collectively to
 // `path` through a temporary name, renamed by rank 0 after every rank has closed the file. Refuses an
 // existing file unless overwrite.
 void write_outputs(const std::string& path, const ShardPlan& plan, const TensorView& o, const TensorView& lse,
@@ -105,7 +121,7 @@ void write_outputs(const std::string& path, const ShardPlan& plan, const TensorV
 // not written by run).
 void read_outputs(const H5File& file, const ShardPlan& plan, Tensor& o, Tensor& lse, bool lse_optional = false);
 
-// dO (B, T, Hq, Dv), the backward's input: checked (shape, dtype q's or f32, naming file, dataset and
+// dO (B, T, Hq, Dv) (in the plan's TensorOrder), the backward's input: checked (shape, dtype q's or f32, naming file, dataset and
 // dimension) and read as this rank's slice of the query rows.
 void check_upstream_gradient(const H5File& file, const ShardPlan& plan, const std::string& name);
 Tensor read_upstream_gradient(const H5File& file, const ShardPlan& plan, const std::string& name,

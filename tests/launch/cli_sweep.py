@@ -62,6 +62,9 @@ def draw(rnd, backend):
             run += ["--grad-wire", "bf16"]
     if rnd.random() < 0.2:
         run.append("--f32-gradients")
+    if rnd.random() < 0.25:  # PyTorch's (B, H, T, D) files, read and written so (drawn last: earlier draws unchanged)
+        gen.append("--bhtd")
+        attention.append("--bhtd")
     return [str(x) for x in gen], attention, ranks, run
 
 

@@ -450,6 +450,54 @@ check float-mask-as-bias-verified 0 "#wrong 0  OK" -- "$ra" verify --input float
   --bias-dataset mask
 check float-mask-both-roles 2 "\-\-mask-dataset and --bias-dataset both name dataset 'mask'" -r 2 -- mpi 2 "$ra" run \
   --input float_mask.h5 --output x.h5 --bias-dataset mask --mask-dataset mask
+# 18. PyTorch's (batch, heads, len, dim) order (scaled_dot_product_attention's), read with --bhtd: the same bits as the
+# same values in ringattn's order, outputs written in the input's order, and a file in the other order named as such.
+$python - <<'PY'
+import h5py, numpy as np
+r = np.random.default_rng(13)
+q, k, v, do = (r.standard_normal(s).astype(np.float32) for s in ((2, 45, 4, 16), (2, 31, 2, 16), (2, 31, 2, 8), (2, 45, 4, 8)))
+swap = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+for name, t in (("bthd.h5", lambda x: x), ("bhtd.h5", swap)):
+    with h5py.File(name, "w") as f:
+        f["q"], f["k"], f["v"], f["do"] = t(q), t(k), t(v), t(do)
+        f["bias"] = r.standard_normal((1, 4, 45, 31)).astype(np.float32) if name == "bthd.h5" else h5py.File("bthd.h5")["bias"][...]
+with h5py.File("bhtd_do_bthd.h5", "w") as f:
+    f["q"], f["k"], f["v"], f["do"] = swap(q), swap(k), swap(v), do
+with h5py.File("long_bhtd.h5", "w") as f:  # 300 tokens of 4 heads: read as BTHD, 300 heads of 4 tokens
+    f["q"] = f["k"] = f["v"] = r.standard_normal((1, 4, 300, 16)).astype(np.float32)
+PY
+check bhtd-run 0 "ringattn run: ring" -- mpi 3 "$ra" run --input bhtd.h5 --output bhtd_out.h5 --bhtd --causal --backward
+check bthd-run 0 "ringattn run: ring" -- mpi 3 "$ra" run --input bthd.h5 --output bthd_out.h5 --causal --backward
+check bhtd-same-bits 0 "same" -- $python -c "
+import h5py, numpy as np
+a, b = h5py.File('bthd_out.h5'), h5py.File('bhtd_out.h5')
+for n in ('o', 'dq', 'dk', 'dv'): assert np.array_equal(a[n][...], b[n][...].transpose(0, 2, 1, 3)), n
+for n in ('lse', 'dbias'): assert np.array_equal(a[n][...], b[n][...]), n
+print('same')"
+check bhtd-verified 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input bhtd.h5 --output bhtd_out.h5 \
+  --bhtd --causal
+check bhtd-verify-without-flag 2 "was written by run from BHTD tensors but verify reads BTHD ones" -r 2 -- mpi 2 "$ra" \
+  verify --input bthd.h5 --output bhtd_out.h5 --causal
+check bhtd-foreign-output-order-named 2 "its dimensions 1 and 2 swapped: in (batch, heads, len, dim) order" -- $python -c "
+import h5py, subprocess, sys
+with h5py.File('bhtd_out.h5') as g, h5py.File('bhtd_foreign.h5', 'w') as h:
+    h['o'] = g['o'][...]  # another library's o, in PyTorch's order
+sys.exit(subprocess.run(['$ra', 'verify', '--input', 'bthd.h5', '--output', 'bhtd_foreign.h5', '--causal']).returncode)"
+check bhtd-do-in-other-order 2 "dataset 'do' of 'bhtd_do_bthd.h5' has shape (2, 45, 4, 8), expected (2, 4, 45, 8) (batch, q_heads, q_len, v_head_dim) .*dimensions 1 and 2 swapped" -r 2 -- mpi 2 \
+  "$ra" run --input bhtd_do_bthd.h5 --output x.h5 --bhtd --backward
+check bhtd-likely-noted 0 "has 300 heads and 4 tokens: if it holds (batch, heads, len, dim).* pass --bhtd" -- "$ra" run \
+  --input long_bhtd.h5 --output long_bhtd_out.h5
+check bhtd-note-gone-with-flag 0 "ringattn run: ring" -- "$ra" run --input long_bhtd.h5 --output long_bhtd_out2.h5 --bhtd
+if "$ra" run --input long_bhtd.h5 --output long_bhtd_out3.h5 --bhtd 2>&1 | grep -q "pass --bhtd"; then
+  fails=$((fails+1)); echo "FAIL bhtd-no-note-with-flag"; else passes=$((passes+1)); echo "ok   bhtd-no-note-with-flag"; fi
+"$ra" generate --output gen_bthd.h5 --seq 9 --kv-seq 7 --heads 4 --kv-heads 2 --head-dim 8 --with-grad --seed 5 >/dev/null
+check generate-bhtd 0 "(batch, heads, len, dim)" -- "$ra" generate --output gen_bhtd.h5 --seq 9 --kv-seq 7 --heads 4 \
+  --kv-heads 2 --head-dim 8 --with-grad --seed 5 --bhtd
+check generate-bhtd-same-values 0 "same" -- $python -c "
+import h5py, numpy as np
+a, b = h5py.File('gen_bthd.h5'), h5py.File('gen_bhtd.h5')
+for n in ('q', 'k', 'v', 'do'): assert np.array_equal(a[n][...], b[n][...].transpose(0, 2, 1, 3)), n
+print('same')"
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
