@@ -37,15 +37,21 @@ int64_t check_finite_inputs(const LocalTensors& local, const ShardPlan& plan, co
                                                                     {&local.sinks, &names.sinks}};
   constexpr int kCount = 5;
   int64_t counts[kCount], all = 0;
-  // A bias's -inf hides its pair, as a float attn_mask's: not counted.
+  // A bias's -inf hides its pair, as a float attn_mask's, and a sink of -inf is no sink (its head's rows as without
+  // one): not counted.
   const auto is_bias = [&](int i) { return datasets[i].first == &local.bias; };
+  const auto is_sinks = [&](int i) { return datasets[i].first == &local.sinks; };
   for (int i = 0; i < kCount; ++i)
-    counts[i] = counts_here[i] ? count_nonfinite(datasets[i].first->view(), /*minus_infinity_hides=*/is_bias(i)) : 0;
+    counts[i] = counts_here[i] ? count_nonfinite(datasets[i].first->view(),
+                                                 /*minus_infinity_hides=*/is_bias(i) || is_sinks(i))
+                               : 0;
   job.world.all_reduce(counts, kCount, ReduceOp::kSum);
   for (int i = 0; i < kCount; ++i) {
     if (counts[i] == 0) continue;
     all += counts[i];
-    const char* what = is_bias(i) ? "NaN or +Inf values (-inf, which hides its pair, is taken)" : "NaN or Inf values";
+    const char* what = is_bias(i)    ? "NaN or +Inf values (-inf, which hides its pair, is taken)"
+                       : is_sinks(i) ? "NaN or +Inf values (-inf, which is no sink, is taken)"
+                                     : "NaN or Inf values";
     RA_CHECK(allow, "input '", input, "' dataset '", *datasets[i].second, "' holds ", counts[i], " ", what,
              "; pass --allow-nonfinite to run anyway");
     if (job.world.rank() == 0)

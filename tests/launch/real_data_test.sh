@@ -309,7 +309,37 @@ with h5py.File("inf_sinks.h5", "w") as f:
 with h5py.File("nan_bias.h5", "w") as f:
     f["q"], f["k"], f["v"], f["bias"] = f32(2, 40, 4, 16), f32(2, 40, 2, 16), f32(2, 40, 2, 16), bias
 PY
-check nonfinite-sinks-counted-once 2 "dataset 'sinks' holds 1 NaN or Inf values;" -r 3 -- mpi 3 "$ra" run --input inf_sinks.h5 --output x.h5
+check nonfinite-sinks-counted-once 2 "dataset 'sinks' holds 1 NaN or +Inf values (-inf, which is no sink, is taken);" -r 3 \
+  -- mpi 3 "$ra" run --input inf_sinks.h5 --output x.h5
+# A sink of -inf is no sink (a head without one, as files with per-head sinks write it): taken, and its head's rows are
+# those of the same file without sinks, a fully masked row's too (o = 0, lse = -inf, no NaN), the gradients verified.
+$python - <<'PY'
+import h5py, numpy as np
+r = np.random.default_rng(16)
+f32 = lambda *s: r.standard_normal(s).astype(np.float32)
+q, k, v, do = f32(2, 33, 4, 16), f32(2, 33, 2, 16), f32(2, 33, 2, 16), f32(2, 33, 4, 16)
+mask = np.ones((2, 1, 33, 33), bool)
+mask[:, :, 20] = False  # a fully masked query row
+for name, extra in (("no_sink.h5", {"sinks": np.array([0.3, -np.inf, 1.0, -np.inf], np.float32)}), ("sinkless.h5", {})):
+    with h5py.File(name, "w") as f:
+        f["q"], f["k"], f["v"], f["do"], f["mask"] = q, k, v, do, mask
+        for key, value in extra.items():
+            f[key] = value
+PY
+check minus-inf-sinks-taken 0 "ringattn run: ring" -- mpi 3 "$ra" run --input no_sink.h5 --output no_sink_out.h5 --causal \
+  --backward
+"$ra" run --input sinkless.h5 --output sinkless_out.h5 --causal --backward --quiet >/dev/null 2>&1
+check minus-inf-sinks-verified 0 "dsinks vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input no_sink.h5 \
+  --output no_sink_out.h5 --causal
+check minus-inf-sink-is-no-sink 0 "same" -- $python -c "
+import h5py, numpy as np
+a, b = h5py.File('no_sink_out.h5'), h5py.File('sinkless_out.h5')
+for h in (1, 3):
+    assert np.allclose(a['o'][:, :, h], b['o'][:, :, h], atol=1e-6) and np.allclose(a['lse'][:, h], b['lse'][:, h], atol=1e-6)
+    assert np.allclose(a['dq'][:, :, h], b['dq'][:, :, h], atol=1e-6)
+assert np.all(a['o'][:, 20] == 0) and np.all(np.isneginf(a['lse'][:, 1::2, 20])) and np.all(a['lse'][:, 0::2, 20] > -1e9)
+assert a['dsinks'][1] == 0 and a['dsinks'][3] == 0 and not np.isnan(a['dq'][...]).any()
+print('same')"
 check nonfinite-bias-counted-once 2 "dataset 'bias' holds 1 NaN or +Inf values (-inf, which hides its pair, is taken);" -r 4 -- mpi 4 "$ra" run --input nan_bias.h5 --output x.h5 \
   --mesh dp=2,sp=2
 check nonfinite-shared-kv-head-counted-once 2 "dataset 'k' holds 1 NaN or Inf values;" -r 4 -- mpi 4 "$ra" run \

@@ -66,7 +66,11 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
     params_.dropout_prob = 0.2f;
     params_.dropout_seed = spec.seed * 7919;
   }
-  if (o.sinks) sinks = random_normal(DType::kF32, {Hq}, rng, 1.0f);
+  if (o.sinks) {
+    sinks = random_normal(DType::kF32, {Hq}, rng, 1.0f);
+    // A sink of -inf is no sink (gpt-oss-style files give heads without one so): the last head's, beside finite ones.
+    if (Hq > 1) sinks.data<float>()[Hq - 1] = -INFINITY;
+  }
   if (o.bias) {  // broadcast over batch
     bias = random_normal(DType::kF32, {1, Hq, T, S}, rng, 1.0f);
     // -inf hides a pair, as PyTorch's float attn_mask writes it: about one pair in eight, and all of head 0's
