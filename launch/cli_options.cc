@@ -123,8 +123,10 @@ void add_dataset_options(po::options_description& desc, DatasetOptions& o) {
     ("cu-seqlens-dataset", po::value(&o.names.cu_seqlens)->default_value(o.names.cu_seqlens),
      "path of the optional cumulative sequence lengths [0, l0, l0 + l1, ..., seq_len] (any integer type) of the "
      "sequences packed into a batch of one row, in place of segment ids")
-    ("bhtd", po::bool_switch(&o.bhtd), "q, k, v and do are (batch, heads, len, dim), as PyTorch's "
-     "scaled_dot_product_attention takes them, instead of (batch, len, heads, dim); o, dq, dk, dv are written so too");
+    ("qkv-format", po::value(&o.qkv_format)->default_value(o.qkv_format), "how q, k, v and do hold their "
+     "dimensions, by TransformerEngine's names (o, dq, dk, dv are written alike): bshd (batch, len, heads, dim) | bhsd "
+     "(batch, heads, len, dim: PyTorch's scaled_dot_product_attention) | sbhd (len, batch, heads, dim: Megatron's) | "
+     "thd (tokens, heads, dim: FlashAttention's varlen, one batch row; cu_seqlens packs sequences)");
 }
 
 void check_named_datasets(const DatasetOptions& o, const H5File& file) {
@@ -207,7 +209,7 @@ bool parse(int argc, char** argv, const po::options_description& desc, const cha
     for (const char* option : {"mask-dataset", "bias-dataset", "sinks-dataset", "segment-ids-dataset", "cu-seqlens-dataset"})
       if (on_command_line(vm, option)) datasets->named.push_back({option, vm[option].as<std::string>()});
     give_each_dataset_one_role(vm, datasets->names);
-    datasets->names.order = vm.count("bhtd") && vm["bhtd"].as<bool>() ? TensorOrder::kBHTD : TensorOrder::kBTHD;
+    datasets->names.format = parse_qkv_format(datasets->qkv_format);
   }
   if (given != nullptr)
     for (const auto& [option, value] : vm)

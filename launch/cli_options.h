@@ -39,7 +39,7 @@ void add_attention_options(po::options_description& desc, AttentionOptions& opts
 struct DatasetOptions {
   DatasetNames names;
   std::vector<std::pair<std::string, std::string>> named;  // (option, dataset) given on the command line
-  bool bhtd = false;  // --bhtd: names.order is TensorOrder::kBHTD (set by parse)
+  std::string qkv_format = "bshd";  // --qkv-format: names.format (set by parse)
 };
 void add_dataset_options(po::options_description& desc, DatasetOptions& opts);
 void check_named_datasets(const DatasetOptions& opts, const H5File& file);

@@ -2,7 +2,6 @@
 // written by rank 0 through a temporary name.
 #include <filesystem>
 #include <random>
-#include <tuple>
 
 #include "launch/commands.h"
 #include "launch/output_path.h"
@@ -20,10 +19,10 @@ void write(H5File& f, const char* name, const Tensor& t) {
   f.write(name, whole(t.shape()), t);
 }
 
-// q, k, v, do: drawn as (B, L, H, X), so that one seed gives the same values in either order.
-void write_tokens(H5File& f, const char* name, const Tensor& t, bool bhtd) {
-  if (!bhtd) return write(f, name, t);
-  write(f, name, swap_len_and_heads(t.view()));
+// q, k, v, do: drawn as (B, L, H, X), so that one seed gives the same values in every format.
+void write_tokens(H5File& f, const char* name, const Tensor& t, QkvFormat format) {
+  if (format == QkvFormat::kBSHD) return write(f, name, t);
+  write(f, name, reorder_qkv(t.view(), format, /*to_format=*/true));
 }
 
 }  // namespace
@@ -33,7 +32,8 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
   int64_t batch = 1, seq = 0, kv_seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, segments = 0;
   uint64_t seed = 0;
   bool with_mask = false, with_bias = false, with_sinks = false, with_grad = false, with_lse_grad = false,
-       overwrite = false, cu_seqlens = false, bhtd = false;
+       overwrite = false, cu_seqlens = false;
+  std::string qkv_format = "bshd";
   po::options_description desc("ringattn generate");
   desc.add_options()("help", "this text")
     ("output", po::value(&output)->required(), "HDF5 file to write")
@@ -55,11 +55,12 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     ("segments", po::value(&segments)->default_value(0), "pack N sequences: segment_ids (B, T) (needs S == T)")
     ("cu-seqlens", po::bool_switch(&cu_seqlens), "with --segments and --batch 1: write the packing as FlashAttention's "
      "cumulative lengths cu_seqlens (N + 1) int32 instead of segment_ids")
-    ("bhtd", po::bool_switch(&bhtd), "write q, k, v and do as (batch, heads, len, dim), PyTorch's order (run and "
-     "verify read them with --bhtd); the same values as without it")
+    ("qkv-format", po::value(&qkv_format)->default_value(qkv_format), "bshd | bhsd | sbhd | thd: how q, k, v and do "
+     "hold their dimensions (run's --qkv-format); the same values in each (thd: --batch 1)")
     ("overwrite", po::bool_switch(&overwrite), "replace an existing file");
   if (!parse(argc, argv, desc, "Usage: ringattn generate --output F --seq T --heads H --head-dim D [options]")) return kOk;
   const DType dtype = parse_dtype(dtype_text);
+  const QkvFormat format = parse_qkv_format(qkv_format);
   if (kv_seq == 0) kv_seq = seq;
   if (kv_heads == 0) kv_heads = heads;
   if (v_head_dim == 0) v_head_dim = head_dim;
@@ -67,6 +68,7 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
                          {kv_heads, "kv-heads"}, {head_dim, "head-dim"}, {v_head_dim, "v-head-dim"}})
     positive(v, name);
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
+  RA_CHECK(format != QkvFormat::kTHD || batch == 1, "--qkv-format thd holds one batch row (--batch is ", batch, ")");
   RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq,
            " (each document holds at least one token)");
   RA_CHECK(segments == 0 || seq == kv_seq, "--segments needs --kv-seq equal to --seq");
@@ -79,16 +81,16 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     set_partial_output(temp.c_str());  // removed if writing fails
     {
       H5File f(temp, H5File::Mode::kCreate);
-      write_tokens(f, "q", random_normal(dtype, {batch, seq, heads, head_dim}, rng), bhtd);
-      write_tokens(f, "k", random_normal(dtype, {batch, kv_seq, kv_heads, head_dim}, rng), bhtd);
-      write_tokens(f, "v", random_normal(dtype, {batch, kv_seq, kv_heads, v_head_dim}, rng), bhtd);
+      write_tokens(f, "q", random_normal(dtype, {batch, seq, heads, head_dim}, rng), format);
+      write_tokens(f, "k", random_normal(dtype, {batch, kv_seq, kv_heads, head_dim}, rng), format);
+      write_tokens(f, "v", random_normal(dtype, {batch, kv_seq, kv_heads, v_head_dim}, rng), format);
       if (with_mask) {
         Tensor m(DType::kU8, {1, 1, seq, kv_seq});
         for (int64_t i = 0; i < m.numel(); ++i) m.data<uint8_t>()[i] = (rng() % 8) != 0;
         write(f, "mask", m);
       }
       if (with_bias) write(f, "bias", random_normal(DType::kF32, {1, heads, seq, kv_seq}, rng));
-      if (with_grad) write_tokens(f, "do", random_normal(dtype, {batch, seq, heads, v_head_dim}, rng), bhtd);
+      if (with_grad) write_tokens(f, "do", random_normal(dtype, {batch, seq, heads, v_head_dim}, rng), format);
       if (segments > 0) {
         Tensor s(DType::kI32, {batch, seq});
         for (int64_t i = 0; i < s.numel(); ++i) s.data<int32_t>()[i] = int32_t((i % seq) * segments / seq);
@@ -118,11 +120,11 @@ int cmd_generate(int argc, char** argv, const MpiSession& mpi) {
     if (segments > 0)
       extras += std::string(cu_seqlens ? ", cu_seqlens (" : ", segment_ids (") + std::to_string(segments) + " documents)";
     if (with_sinks) extras += ", sinks";
-    const auto [len_q, heads_q, len_kv, heads_kv] = bhtd ? std::tuple{heads, seq, kv_heads, kv_seq}
-                                                         : std::tuple{seq, heads, kv_seq, kv_heads};
-    std::printf("wrote %s: q (%ld, %ld, %ld, %ld) k/v (%ld, %ld, %ld, %ld/%ld) %s%s%s\n", output.c_str(), long(batch),
-                long(len_q), long(heads_q), long(head_dim), long(batch), long(len_kv), long(heads_kv), long(head_dim),
-                long(v_head_dim), dtype_text.c_str(), bhtd ? " (batch, heads, len, dim)" : "", extras.c_str());
+    std::printf("wrote %s: q %s k %s v %s (%s) %s%s\n", output.c_str(),
+                qkv_shape(format, batch, seq, heads, head_dim).str().c_str(),
+                qkv_shape(format, batch, kv_seq, kv_heads, head_dim).str().c_str(),
+                qkv_shape(format, batch, kv_seq, kv_heads, v_head_dim).str().c_str(), qkv_format.c_str(),
+                dtype_text.c_str(), extras.c_str());
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return kOk;

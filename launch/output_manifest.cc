@@ -59,9 +59,8 @@ OutputChecksums output_checksums(const ShardPlan& p, const TensorView& o, const 
 
 std::string manifest_json(const ShardPlan& p, DType o_dtype, const OutputChecksums& sums,
                           const std::map<std::string, std::string>& attributes) {
-  const bool bhtd = p.names.order == TensorOrder::kBHTD;
-  const std::vector<int64_t> o_shape = bhtd ? std::vector<int64_t>{p.batch, p.q_heads, p.q_len, p.v_head_dim}
-                                            : std::vector<int64_t>{p.batch, p.q_len, p.q_heads, p.v_head_dim};
+  const Shape file_o = qkv_shape(p.names.format, p.batch, p.q_len, p.q_heads, p.v_head_dim);
+  const std::vector<int64_t> o_shape(file_o.dims.begin(), file_o.dims.begin() + file_o.rank);
   nlohmann::json m = {
       {"format", "ringattn-output-1"},
       {"datasets",

@@ -157,8 +157,8 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
              "ring)");
   }
   if (rank == 0 && !quiet) {
-    const std::string order_note = tensor_order_note(plan, input);
-    if (!order_note.empty()) std::fprintf(stderr, "ringattn run: %s\n", order_note.c_str());
+    const std::string format_note = qkv_format_note(plan, input);
+    if (!format_note.empty()) std::fprintf(stderr, "ringattn run: %s\n", format_note.c_str());
     const std::vector<std::string> unread = unread_datasets(file, datasets.names, {do_dataset, dlse_dataset});
     std::string list;
     for (const std::string& name : unread) list += (list.empty() ? "'" : ", '") + name + "'";
@@ -268,7 +268,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
       {"mesh", job.shape.str()}, {"layout", layout_name(ctx.layout)}, {"params", whole_params.describe()},
       {"input", input}, {"dtype", std::string(dtype_name(plan.dtype))},
       {"attention", attention_semantics(whole_params, plan.head_dim)},
-      {"tensor_order", tensor_order_name(plan.names.order)}};
+      {"qkv_format", qkv_format_name(plan.names.format)}};
   if (backward && impl->name() == std::string_view("ring")) {  // what verify allows the bf16 wire's roundings
     attributes["grad_wire"] = dtype_name(gradient_wire);
     attributes["sequence_ranks"] = std::to_string(job.sequence_axis().size());

@@ -58,45 +58,69 @@ void expect_dim(const H5File& f, const std::string& name, const DatasetInfo& inf
            ", expected ", expected, " ", because);
 }
 
-// A shape that would be the expected one with its dimensions 1 and 2 swapped: the file is in the other order.
-std::string order_hint(TensorOrder order, const Shape& found, const Shape& expected) {
-  const bool swapped = found.rank == 4 && !(found == expected) && found[0] == expected[0] &&
-                       found[1] == expected[2] && found[2] == expected[1] && found[3] == expected[3];
-  if (!swapped) return "";
-  return order == TensorOrder::kBTHD ? " (its dimensions 1 and 2 swapped: in (batch, heads, len, dim) order? --bhtd "
-                                       "reads the files so)"
-                                     : " (its dimensions 1 and 2 swapped: in (batch, len, heads, dim) order? without "
-                                       "--bhtd the files are read so)";
+// The file's dimensions as (B, L, H, X)'s (0 batch, 1 len, 2 heads, 3 dim), in the file's order.
+std::vector<int> file_dims(QkvFormat format) {
+  switch (format) {
+    case QkvFormat::kBHSD: return {0, 2, 1, 3};
+    case QkvFormat::kSBHD: return {1, 0, 2, 3};
+    case QkvFormat::kTHD: return {1, 2, 3};
+    case QkvFormat::kBSHD: break;
+  }
+  return {0, 1, 2, 3};
 }
 
-// Where a 4-d tensor's length (T or S) and heads sit in the file.
-int len_dim(TensorOrder order) { return order == TensorOrder::kBHTD ? 2 : 1; }
-int heads_dim(TensorOrder order) { return 3 - len_dim(order); }
+// Where (B, L, H, X)'s dimension `dim` sits in the file (-1: thd has no batch dimension).
+int file_dim(QkvFormat format, int dim) {
+  const std::vector<int> dims = file_dims(format);
+  for (size_t d = 0; d < dims.size(); ++d)
+    if (dims[d] == dim) return int(d);
+  return -1;
+}
+
+// The size of (B, L, H, X)'s `dim` in a file's shape (thd's batch: 1).
+int64_t size_of(QkvFormat format, const Shape& shape, int dim) {
+  const int d = file_dim(format, dim);
+  return d < 0 ? 1 : shape[d];
+}
 
 // "(batch, q_len, q_heads, head_dim)" in the file's order.
-std::string dims_text(TensorOrder order, const char* len, const char* heads, const char* x) {
-  const bool bhtd = order == TensorOrder::kBHTD;
-  return std::string("(batch, ") + (bhtd ? heads : len) + ", " + (bhtd ? len : heads) + ", " + x + ")";
+std::string dims_text(QkvFormat format, const char* len, const char* heads, const char* x) {
+  const char* names[4] = {"batch", len, heads, x};
+  std::string text;
+  for (int d : file_dims(format)) text += (text.empty() ? "(" : ", ") + std::string(names[d]);
+  return text + ")";
 }
 
-// A (B, L, H, X) tensor's shape in the file's order.
-Shape file_shape(TensorOrder order, int64_t b, int64_t len, int64_t heads, int64_t x) {
-  return order == TensorOrder::kBHTD ? Shape{b, heads, len, x} : Shape{b, len, heads, x};
+// A shape that is the expected one in another format: the file holds that one (named, with the option to read it).
+std::string format_hint(QkvFormat format, const Shape& found, const Shape& canonical_expected) {
+  const Shape& e = canonical_expected;
+  for (QkvFormat other : {QkvFormat::kBSHD, QkvFormat::kBHSD, QkvFormat::kSBHD, QkvFormat::kTHD}) {
+    if (other == format || (other == QkvFormat::kTHD && e[0] != 1)) continue;
+    if (found == qkv_shape(other, e[0], e[1], e[2], e[3]) && !(found == qkv_shape(format, e[0], e[1], e[2], e[3])))
+      return std::string(" (the shape of ") + qkv_format_name(other) + " " + dims_text(other, "len", "heads", "dim") +
+             ": --qkv-format " + qkv_format_name(other) + " reads the files so)";
+  }
+  return "";
 }
 
-// A selection of a 4-d (B, L, H, X) tensor's dataset: batch and head ranges, the given runs along L.
+// A selection of a (B, L, H, X) tensor's dataset: batch and head ranges, the given runs along L.
 Selection select_tokens(const ShardPlan& p, const std::vector<IndexRun>& runs, int64_t h_off, int64_t h_count,
                         int64_t x) {
-  const bool bhtd = p.names.order == TensorOrder::kBHTD;
+  const std::vector<int> dims = file_dims(p.names.format);
   Selection sel;
-  for (const IndexRun& r : runs)
-    if (bhtd)
-      sel.push_back({{p.b_offset, h_off, r.start, 0}, {p.b_count, h_count, r.count, x}, {1, 1, r.stride, 1}});
-    else
-      sel.push_back({{p.b_offset, r.start, h_off, 0}, {p.b_count, r.count, h_count, x}, {1, r.stride, 1, 1}});
+  for (const IndexRun& r : runs) {
+    const int64_t start[4] = {p.b_offset, r.start, h_off, 0}, count[4] = {p.b_count, r.count, h_count, x},
+                  stride[4] = {1, r.stride, 1, 1};
+    Hyperslab slab;
+    for (int d : dims) {
+      slab.start.push_back(start[d]);
+      slab.count.push_back(count[d]);
+      slab.stride.push_back(stride[d]);
+    }
+    sel.push_back(std::move(slab));
+  }
   return sel;
 }
-
 
 int64_t run_rows(const std::vector<IndexRun>& runs) {
   int64_t n = 0;
@@ -104,23 +128,27 @@ int64_t run_rows(const std::vector<IndexRun>& runs) {
   return n;
 }
 
-// This rank's slice of a 4-d tensor, in memory's (B, rows, H, X) whatever the file's order.
+// This rank's slice of a token-major tensor, in memory's (B, rows, H, X) whatever the file's format. (HDF5 reads the
+// selection in the file's row-major order; bshd and thd need no reorder.)
 Tensor read_tokens(const H5File& f, const std::string& name, const ShardPlan& p, const std::vector<IndexRun>& runs,
                    int64_t h_off, int64_t h_count, int64_t x, MemoryKind memory = MemoryKind::kHost) {
-  const int64_t rows = run_rows(runs);
+  const QkvFormat format = p.names.format;
+  const Shape local{p.b_count, run_rows(runs), h_count, x};
   const Selection sel = select_tokens(p, runs, h_off, h_count, x);
-  if (p.names.order == TensorOrder::kBTHD) return f.read(name, sel, {p.b_count, rows, h_count, x}, memory);
-  return swap_len_and_heads(f.read(name, sel, {p.b_count, h_count, rows, x}).view(), memory);
+  if (format == QkvFormat::kBSHD || format == QkvFormat::kTHD) return f.read(name, sel, local, memory);
+  const Tensor in_file = f.read(name, sel, qkv_shape(format, local[0], local[1], local[2], local[3]));
+  return reorder_qkv(in_file.view(), format, /*to_format=*/false, memory);
 }
 
-// Creates a 4-d output dataset in the file's order and writes this rank's (B, rows, H, X) slice into it.
+// Creates a token-major output dataset in the file's format and writes this rank's (B, rows, H, X) slice into it.
 void write_tokens(H5File& f, const char* name, const ShardPlan& p, int64_t len, int64_t heads,
                   const std::vector<IndexRun>& runs, int64_t h_off, int64_t h_count, const TensorView& t) {
+  const QkvFormat format = p.names.format;
   const int64_t x = t.shape()[3];
-  f.create_dataset(name, t.dtype(), file_shape(p.names.order, p.batch, len, heads, x));
+  f.create_dataset(name, t.dtype(), qkv_shape(format, p.batch, len, heads, x));
   const Selection sel = select_tokens(p, runs, h_off, h_count, x);
-  if (p.names.order == TensorOrder::kBTHD) return f.write(name, sel, t);
-  f.write(name, sel, swap_len_and_heads(t, MemoryKind::kHost).view());
+  if (format == QkvFormat::kBSHD || format == QkvFormat::kTHD) return f.write(name, sel, t);
+  f.write(name, sel, reorder_qkv(t, format, /*to_format=*/true).view());
 }
 
 // lse (B, Hq, T): batch and head ranges, the query runs along T.
@@ -201,28 +229,68 @@ Tensor read_segments(const H5File& f, const ShardPlan& p, const std::vector<Inde
 
 }  // namespace
 
-Tensor swap_len_and_heads(const TensorView& t, MemoryKind memory) {
-  const Shape& s = t.shape();
-  Tensor out(t.dtype(), {s[0], s[2], s[1], s[3]}, memory);
+Shape qkv_shape(QkvFormat format, int64_t b, int64_t len, int64_t heads, int64_t x) {
+  const int64_t sizes[4] = {b, len, heads, x};
+  std::vector<int64_t> shape;
+  for (int d : file_dims(format)) shape.push_back(sizes[d]);
+  return Shape::of(shape);
+}
+
+QkvFormat parse_qkv_format(const std::string& text) {
+  for (QkvFormat format : {QkvFormat::kBSHD, QkvFormat::kBHSD, QkvFormat::kSBHD, QkvFormat::kTHD})
+    if (text == qkv_format_name(format)) return format;
+  RA_FAIL("--qkv-format '", text, "' is none of bshd (batch, len, heads, dim), bhsd (batch, heads, len, dim: PyTorch's "
+          "scaled_dot_product_attention), sbhd (len, batch, heads, dim: Megatron's, TransformerEngine's default), thd "
+          "(tokens, heads, dim: FlashAttention's varlen, one batch row)");
+}
+
+const char* qkv_format_name(QkvFormat format) {
+  switch (format) {
+    case QkvFormat::kBHSD: return "bhsd";
+    case QkvFormat::kSBHD: return "sbhd";
+    case QkvFormat::kTHD: return "thd";
+    case QkvFormat::kBSHD: break;
+  }
+  return "bshd";
+}
+
+Tensor reorder_qkv(const TensorView& t, QkvFormat format, bool to_format, MemoryKind memory) {
+  const Shape s = t.shape();
+  if (format == QkvFormat::kTHD) {  // one batch row: the same elements, without (or with) its dimension
+    RA_CHECK(!to_format || s[0] == 1, "thd holds one batch row; this tensor has ", s[0]);
+    Tensor out(t.dtype(), to_format ? Shape{s[1], s[2], s[3]} : Shape{1, s[0], s[1], s[2]}, memory);
+    std::memcpy(out.view().data(), t.data(), size_t(s.numel()) * dtype_size(t.dtype()));
+    return out;
+  }
+  // bhsd and sbhd each swap two of (batch, len, heads): the same swap goes to the format and back from it.
+  const std::vector<int> perm = file_dims(format);
+  Tensor out(t.dtype(), {s[perm[0]], s[perm[1]], s[perm[2]], s[3]}, memory);
   const size_t row = size_t(s[3]) * dtype_size(t.dtype());
   const char* from = static_cast<const char*>(t.data());
   char* to = static_cast<char*>(out.view().data());
-  for (int64_t a = 0; a < s[0]; ++a)
-    for (int64_t b = 0; b < s[1]; ++b)
-      for (int64_t c = 0; c < s[2]; ++c)
-        std::memcpy(to + size_t((a * s[2] + c) * s[1] + b) * row, from + size_t((a * s[1] + b) * s[2] + c) * row, row);
+  int64_t in_index[3];
+  for (in_index[0] = 0; in_index[0] < s[0]; ++in_index[0])
+    for (in_index[1] = 0; in_index[1] < s[1]; ++in_index[1])
+      for (in_index[2] = 0; in_index[2] < s[2]; ++in_index[2]) {
+        const int64_t a = in_index[perm[0]], b = in_index[perm[1]], c = in_index[perm[2]];
+        const int64_t at = (a * s[perm[1]] + b) * s[perm[2]] + c, from_at = (in_index[0] * s[1] + in_index[1]) * s[2] + in_index[2];
+        std::memcpy(to + size_t(at) * row, from + size_t(from_at) * row, row);
+      }
   return out;
 }
 
-const char* tensor_order_name(TensorOrder order) { return order == TensorOrder::kBHTD ? "BHTD" : "BTHD"; }
-
-std::string tensor_order_note(const ShardPlan& p, const std::string& path) {
+std::string qkv_format_note(const ShardPlan& p, const std::string& path) {
+  if (p.names.format != QkvFormat::kBSHD) return "";
   constexpr int64_t kMostHeads = 256;  // more query heads than any model has (128 the most seen)
-  if (p.names.order != TensorOrder::kBTHD || p.q_heads <= kMostHeads || p.q_heads <= p.q_len) return "";
-  return "note: '" + p.names.q + "' of '" + path + "' read as (batch, q_len, q_heads, head_dim) has " +
-         std::to_string(p.q_heads) + " heads and " + std::to_string(p.q_len) +
-         " tokens: if it holds (batch, heads, len, dim), as PyTorch's scaled_dot_product_attention takes it, pass "
-         "--bhtd";
+  const std::string read_as = "note: '" + p.names.q + "' of '" + path + "' read as bshd (batch, q_len, q_heads, head_dim) ";
+  if (p.q_heads > kMostHeads && p.q_heads > p.q_len)
+    return read_as + "has " + std::to_string(p.q_heads) + " heads and " + std::to_string(p.q_len) +
+           " tokens: if it holds (batch, heads, len, dim), as PyTorch's scaled_dot_product_attention takes it, pass "
+           "--qkv-format bhsd";
+  if (p.q_len == 1 && p.kv_len == 1 && p.batch > 1)
+    return read_as + "has " + std::to_string(p.batch) + " batch rows of one token and one key: if it holds (len, batch, "
+           "heads, dim), as Megatron and TransformerEngine do, pass --qkv-format sbhd";
+  return "";
 }
 
 AttentionParams on_slice(AttentionParams params, const ShardPlan& plan) {
@@ -270,14 +338,22 @@ int64_t ShardPlan::local_q() const { return run_rows(q_runs); }
 int64_t ShardPlan::local_kv() const { return run_rows(kv_runs); }
 
 ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, SequenceLayout layout, const DatasetNames& names) {
-  const TensorOrder order = names.order;
-  const int L = len_dim(order), H = heads_dim(order);
-  const std::string q_dims = dims_text(order, "q_len", "q_heads", "head_dim"),
-                    k_dims = dims_text(order, "kv_len", "kv_heads", "head_dim"),
-                    v_dims = dims_text(order, "kv_len", "kv_heads", "v_head_dim");
-  DatasetInfo q = required(f, names.q, 4, q_dims);
-  DatasetInfo k = required(f, names.k, 4, k_dims);
-  DatasetInfo v = required(f, names.v, 4, v_dims);
+  const QkvFormat format = names.format;
+  const int B = file_dim(format, 0), L = file_dim(format, 1), H = file_dim(format, 2), X = file_dim(format, 3);
+  const int rank_in_file = int(file_dims(format).size());
+  const std::string q_dims = dims_text(format, "q_len", "q_heads", "head_dim"),
+                    k_dims = dims_text(format, "kv_len", "kv_heads", "head_dim"),
+                    v_dims = dims_text(format, "kv_len", "kv_heads", "v_head_dim");
+  // A 3-d q where 4 dimensions are expected is likely FlashAttention's varlen layout, and a 4-d one under thd the other.
+  RA_CHECK(!f.has(names.q) || f.info(names.q).shape.rank == rank_in_file, where(f, names.q), " has rank ",
+           f.has(names.q) ? f.info(names.q).shape.rank : 0, " (shape ", f.has(names.q) ? f.info(names.q).shape.str() : "",
+           "), expected ", rank_in_file, " ", q_dims,
+           format == QkvFormat::kTHD ? " (a 4-d one is bshd, bhsd or sbhd: --qkv-format names which)"
+                                     : " (a 3-d (tokens, heads, dim), as FlashAttention's varlen functions take it, is "
+                                       "read with --qkv-format thd)");
+  DatasetInfo q = required(f, names.q, rank_in_file, q_dims);
+  DatasetInfo k = required(f, names.k, rank_in_file, k_dims);
+  DatasetInfo v = required(f, names.v, rank_in_file, v_dims);
   for (auto [name, info] : {std::pair{&names.q, &q}, std::pair{&names.k, &k}, std::pair{&names.v, &v}})
     expect_float(f, *name, *info);
   expect_nonempty(f, names.q, q, q_dims.c_str());
@@ -285,18 +361,21 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   expect_nonempty(f, names.v, v, v_dims.c_str());
   RA_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, "q, k and v of '", f.path(), "' must share a dtype (q is ",
            dtype_name(q.dtype), ", k ", dtype_name(k.dtype), ", v ", dtype_name(v.dtype), ")");
-  expect_dim(f, names.k, k, 0, "batch", q.shape[0], "(q's batch)");
-  expect_dim(f, names.v, v, 0, "batch", q.shape[0], "(q's batch)");
-  expect_dim(f, names.k, k, 3, "head_dim", q.shape[3], "(q's head_dim)");
+  if (B >= 0) {
+    expect_dim(f, names.k, k, B, "batch", q.shape[B], "(q's batch)");
+    expect_dim(f, names.v, v, B, "batch", q.shape[B], "(q's batch)");
+  }
+  expect_dim(f, names.k, k, X, "head_dim", q.shape[X], "(q's head_dim)");
   expect_dim(f, names.v, v, L, "kv_len", k.shape[L], "(k's kv_len)");
   expect_dim(f, names.v, v, H, "kv_heads", k.shape[H], "(k's kv_heads)");
   RA_CHECK(q.shape[H] % k.shape[H] == 0, where(f, names.q), " dimension ", H, " (q_heads) is ", q.shape[H],
            ", expected a multiple of k's kv_heads = ", k.shape[H]);
 
-  ShardPlan p{names, q.shape[0], q.shape[L], k.shape[L], q.shape[H], k.shape[H], q.shape[3], v.shape[3], q.dtype};
+  ShardPlan p{names,      size_of(format, q.shape, 0), q.shape[L], k.shape[L], q.shape[H], k.shape[H], q.shape[X],
+              v.shape[X], q.dtype};
   auto spec_for = [&](const char* axis) { return mesh.has_axis(axis) ? std::vector<std::string>{axis} : std::vector<std::string>{}; };
   NamedSharding sharding(mesh, PartitionSpec{spec_for("dp"), {}, spec_for("tp"), {}});
-  // The mesh splits (B, L, H, X) whatever the file's order.
+  // The mesh splits (B, L, H, X) whatever the file's format.
   const Shape q_shape{p.batch, p.q_len, p.q_heads, p.head_dim}, k_shape{p.batch, p.kv_len, p.kv_heads, p.head_dim};
   LocalSlice qs = sharding.local_slice(q_shape, rank, "q");
   p.b_offset = qs.offset[0];
@@ -456,11 +535,13 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
 }
 
 void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse, bool lse_optional) {
-  const std::string dims = dims_text(p.names.order, "q_len", "q_heads", "v_head_dim");
-  DatasetInfo oi = required(f, "o", 4, dims);
-  const Shape expect = file_shape(p.names.order, p.batch, p.q_len, p.q_heads, p.v_head_dim);
+  const QkvFormat format = p.names.format;
+  const std::string dims = dims_text(format, "q_len", "q_heads", "v_head_dim");
+  const Shape expect = qkv_shape(format, p.batch, p.q_len, p.q_heads, p.v_head_dim);
+  RA_CHECK(f.has("o"), "output '", f.path(), "' has no dataset 'o' ", dims);
+  DatasetInfo oi = f.info("o");
   RA_CHECK(oi.shape == expect, where(f, "o"), " has shape ", oi.shape.str(), ", expected ", expect.str(), " ", dims,
-           order_hint(p.names.order, oi.shape, expect));
+           format_hint(format, oi.shape, {p.batch, p.q_len, p.q_heads, p.v_head_dim}));
   expect_float(f, "o", oi);
   const bool with_lse = !lse_optional || f.has("lse");
   if (with_lse) {
@@ -474,25 +555,19 @@ void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse, b
 }
 
 void check_upstream_gradient(const H5File& f, const ShardPlan& p, const std::string& name) {
-  const TensorOrder order = p.names.order;
-  const std::string dims = dims_text(order, "q_len", "q_heads", "v_head_dim");
-  RA_CHECK(f.has(name), "--backward needs dO: '", f.path(), "' has no dataset '", name, "' of shape ",
-           file_shape(order, p.batch, p.q_len, p.q_heads, p.v_head_dim).str(), " ", dims,
-           " (write one with generate --with-grad, or name it with --do-dataset)");
-  const DatasetInfo info = required(f, name, 4, dims);
-  const Shape expected = file_shape(order, p.batch, p.q_len, p.q_heads, p.v_head_dim);
-  const std::string hint = order_hint(order, info.shape, expected);
+  const QkvFormat format = p.names.format;
+  const std::string dims = dims_text(format, "q_len", "q_heads", "v_head_dim");
+  const Shape expected = qkv_shape(format, p.batch, p.q_len, p.q_heads, p.v_head_dim);
+  RA_CHECK(f.has(name), "--backward needs dO: '", f.path(), "' has no dataset '", name, "' of shape ", expected.str(),
+           " ", dims, " (write one with generate --with-grad, or name it with --do-dataset)");
+  const DatasetInfo info = required(f, name, expected.rank, dims);
+  const std::string hint = format_hint(format, info.shape, {p.batch, p.q_len, p.q_heads, p.v_head_dim});
   RA_CHECK(hint.empty(), where(f, name), " has shape ", info.shape.str(), ", expected ", expected.str(), " ", dims, hint);
-  struct Dim {
-    const char* name;
-    int64_t size;
-    const char* because;
-  };
-  const Dim len{"q_len", p.q_len, "(q's q_len)"}, heads{"q_heads", p.q_heads, "(q's q_heads)"};
-  const bool bhtd = order == TensorOrder::kBHTD;
-  const Dim in_file[4] = {{"batch", p.batch, "(q's batch)"}, bhtd ? heads : len, bhtd ? len : heads,
-                          {"v_head_dim", p.v_head_dim, "(v's v_head_dim)"}};
-  for (int d = 0; d < 4; ++d) expect_dim(f, name, info, d, in_file[d].name, in_file[d].size, in_file[d].because);
+  const char* names[4] = {"batch", "q_len", "q_heads", "v_head_dim"};
+  const char* because[4] = {"(q's batch)", "(q's q_len)", "(q's q_heads)", "(v's v_head_dim)"};
+  const std::vector<int> in_file = file_dims(format);
+  for (int d = 0; d < expected.rank; ++d)
+    expect_dim(f, name, info, d, names[in_file[size_t(d)]], expected[d], because[in_file[size_t(d)]]);
   expect_dtype(f, name, info, {p.dtype, DType::kF32}, "q's dtype or float32");
 }
 
@@ -520,15 +595,17 @@ Tensor read_lse_gradient(const H5File& f, const ShardPlan& p, const std::string&
 
 void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dbias,
                     Tensor& dsinks) {
-  const TensorOrder order = p.names.order;
-  const std::pair<const char*, Shape> expected[] = {{"dq", file_shape(order, p.batch, p.q_len, p.q_heads, p.head_dim)},
-                                                    {"dk", file_shape(order, p.batch, p.kv_len, p.kv_heads, p.head_dim)},
-                                                    {"dv", file_shape(order, p.batch, p.kv_len, p.kv_heads, p.v_head_dim)}};
-  for (const auto& [name, shape] : expected) {
-    const std::string dims = dims_text(order, "len", "heads", "dim");
-    const DatasetInfo info = required(f, name, 4, dims);
+  const QkvFormat format = p.names.format;
+  const std::pair<const char*, Shape> expected[] = {{"dq", {p.batch, p.q_len, p.q_heads, p.head_dim}},
+                                                    {"dk", {p.batch, p.kv_len, p.kv_heads, p.head_dim}},
+                                                    {"dv", {p.batch, p.kv_len, p.kv_heads, p.v_head_dim}}};
+  for (const auto& [name, e] : expected) {
+    const std::string dims = dims_text(format, "len", "heads", "dim");
+    const Shape shape = qkv_shape(format, e[0], e[1], e[2], e[3]);
+    RA_CHECK(f.has(name), "output '", f.path(), "' has no dataset '", name, "' ", dims);
+    const DatasetInfo info = f.info(name);
     RA_CHECK(info.shape == shape, where(f, name), " has shape ", info.shape.str(), ", expected ", shape.str(), " ", dims,
-             order_hint(order, info.shape, shape));
+             format_hint(format, info.shape, e));
     expect_float(f, name, info);
   }
   dq = read_tokens(f, "dq", p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim);

@@ -18,23 +18,27 @@
 
 namespace ra::cli {
 
-// The order of the dimensions of the 4-d tensors (q, k, v, do and the outputs o, dq, dk, dv) in the files:
-// ringattn's and FlashAttention's (batch, len, heads, dim), or PyTorch's scaled_dot_product_attention's
-// (batch, heads, len, dim). Masks, biases and lse are (batch, heads, ...) in both.
-enum class TensorOrder { kBTHD, kBHTD };
-const char* tensor_order_name(TensorOrder order);  // "BTHD" / "BHTD", as the seeds' flag calls them
-// A 4-d host tensor with dimensions 1 and 2 swapped: (B, H, L, X) as a BHTD file holds it to memory's (B, L, H, X),
-// and back.
-Tensor swap_len_and_heads(const TensorView& t, MemoryKind memory = MemoryKind::kHost);
+// How the files hold q, k, v, do and the outputs o, dq, dk, dv, by TransformerEngine's names: bshd, (batch, len,
+// heads, dim) as ringattn and FlashAttention keep them; bhsd, PyTorch's scaled_dot_product_attention's; sbhd,
+// Megatron's and TransformerEngine's default (len first); thd, FlashAttention's varlen (tokens, heads, dim), one batch
+// row without its dimension (cu_seqlens packs the sequences). Masks, biases and lse are (batch, heads, ...) in all.
+enum class QkvFormat { kBSHD, kBHSD, kSBHD, kTHD };
+QkvFormat parse_qkv_format(const std::string& text);  // refuses any other name, naming --qkv-format
+const char* qkv_format_name(QkvFormat format);       // "bshd", ...
+// A (B, L, H, X) tensor's shape in `format`.
+Shape qkv_shape(QkvFormat format, int64_t b, int64_t len, int64_t heads, int64_t x);
+// A (B, L, H, X) host tensor in `format`'s order (thd: B must be 1, the shape (L, H, X)), or back from it to
+// (B, L, H, X) (`to_format` false; `t` then in the format's order).
+Tensor reorder_qkv(const TensorView& t, QkvFormat format, bool to_format, MemoryKind memory = MemoryKind::kHost);
 
 // Where the datasets sit in the input file (paths through groups allowed, e.g. /layer3/attn/q), and how
-// their 4-d tensors order their dimensions (the outputs take the same order).
+// they hold their tensors (the outputs take the same format).
 struct DatasetNames {
   std::string q = "q", k = "k", v = "v", mask = "mask", bias = "bias", sinks = "sinks", segment_ids = "segment_ids";
   // FlashAttention's cumulative sequence lengths [0, l0, l0 + l1, ..., T] of the sequences packed into a
   // batch of one row: the segment ids they imply (one of the two may be given).
   std::string cu_seqlens = "cu_seqlens";
-  TensorOrder order = TensorOrder::kBTHD;
+  QkvFormat format = QkvFormat::kBSHD;
 };
 
 struct ShardPlan {
@@ -60,9 +64,9 @@ struct ShardPlan {
 ShardPlan plan_shards(const H5File& file, const MeshShape& mesh, int rank, SequenceLayout layout,
                       const DatasetNames& names = {});
 
-// A note where q's shape looks like (batch, heads, len, dim) read as (batch, len, heads, dim): more "heads" than any
-// model has and than "tokens" (empty when it does not look so, or when the order is BHTD already).
-std::string tensor_order_note(const ShardPlan& plan, const std::string& path);
+// A note where q's shape looks like another format read as bshd: more "heads" than any model has and than "tokens"
+// (bhsd), or one token of one key in each of many "batch rows" (sbhd); empty where it does not, or for other formats.
+std::string qkv_format_note(const ShardPlan& plan, const std::string& path);
 
 // The datasets beside q (in q's group) that a run reads none of: not named by `names` or `also_read`, nor
 // ringattn's own (do, dlse, and the outputs o, lse, dq, dk, dv, dbias, dsinks). A user's mask or packed
@@ -109,8 +113,8 @@ bool first_holder_of_kv_heads(const ShardPlan& plan);
 Selection select_pairwise(const ShardPlan& p, const Shape& file_shape);
 Shape pairwise_local_shape(const ShardPlan& p, const Shape& file_shape);
 
-// Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices (and the gradients, when given; the 4-d ones in the plan's
-// TensorOrder, from slices in memory's (B, T, H, X)) collectively to
+// Writes o (B, T, Hq, Dv) and lse (B, Hq, T) slices (and the gradients, when given; the token-major ones in the plan's
+// QkvFormat, from slices in memory's (B, T, H, X)) collectively to
 // `path` through a temporary name, renamed by rank 0 after every rank has closed the file. Refuses an
 // existing file unless overwrite.
 void write_outputs(const std::string& path, const ShardPlan& plan, const TensorView& o, const TensorView& lse,
@@ -121,7 +125,7 @@ void write_outputs(const std::string& path, const ShardPlan& plan, const TensorV
 // not written by run).
 void read_outputs(const H5File& file, const ShardPlan& plan, Tensor& o, Tensor& lse, bool lse_optional = false);
 
-// dO (B, T, Hq, Dv) (in the plan's TensorOrder), the backward's input: checked (shape, dtype q's or f32, naming file, dataset and
+// dO (B, T, Hq, Dv) (in the plan's QkvFormat), the backward's input: checked (shape, dtype q's or f32, naming file, dataset and
 // dimension) and read as this rank's slice of the query rows.
 void check_upstream_gradient(const H5File& file, const ShardPlan& plan, const std::string& name);
 Tensor read_upstream_gradient(const H5File& file, const ShardPlan& plan, const std::string& name,

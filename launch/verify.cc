@@ -158,13 +158,14 @@ int cmd_verify(int argc, char** argv, const MpiSession& mpi) {
   const std::string asked = attention_semantics(params, plan.head_dim);
   RA_CHECK(recorded.empty() || recorded == asked, "output '", output, "' was written by run with the options ", recorded,
            " but verify was given ", asked, ": give verify the attention options run had");
-  // run's outputs take its input's order: verify given another would read o's rows as heads.
-  const std::string recorded_order = out_file.string_attribute("tensor_order");
-  const char* asked_order = tensor_order_name(plan.names.order);
-  RA_CHECK(recorded_order.empty() || recorded_order == asked_order, "output '", output, "' was written by run from ",
-           recorded_order, " tensors but verify reads ", asked_order, " ones: give verify --bhtd where run had it");
-  const std::string order_note = tensor_order_note(plan, input);
-  if (rank == 0 && !order_note.empty()) std::fprintf(stderr, "ringattn verify: %s\n", order_note.c_str());
+  // run's outputs take its input's format: verify given another would read o's rows as heads.
+  const std::string recorded_format = out_file.string_attribute("qkv_format");
+  const char* asked_format = qkv_format_name(plan.names.format);
+  RA_CHECK(recorded_format.empty() || recorded_format == asked_format, "output '", output, "' was written by run from ",
+           "--qkv-format ", recorded_format, " files but verify reads ", asked_format, ": give verify the --qkv-format "
+           "run had");
+  const std::string format_note = qkv_format_note(plan, input);
+  if (rank == 0 && !format_note.empty()) std::fprintf(stderr, "ringattn verify: %s\n", format_note.c_str());
   LocalTensors local = read_local(in_file, plan, /*whole_kv=*/true);
   // A file without run's manifest (another library's outputs written with h5py) is checked by its values alone,
   // against the options given here; its lse, if it has none, is left out.

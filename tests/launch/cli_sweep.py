@@ -62,9 +62,10 @@ def draw(rnd, backend):
             run += ["--grad-wire", "bf16"]
     if rnd.random() < 0.2:
         run.append("--f32-gradients")
-    if rnd.random() < 0.25:  # PyTorch's (B, H, T, D) files, read and written so (drawn last: earlier draws unchanged)
-        gen.append("--bhtd")
-        attention.append("--bhtd")
+    if rnd.random() < 0.3:  # another tensor format, read and written so (drawn last: earlier draws unchanged)
+        fmt = rnd.choice(["bhsd", "sbhd"] + (["thd"] if B == 1 else []))
+        gen += ["--qkv-format", fmt]
+        attention += ["--qkv-format", fmt]
     return [str(x) for x in gen], attention, ranks, run
 
 

@@ -480,54 +480,82 @@ check float-mask-as-bias-verified 0 "#wrong 0  OK" -- "$ra" verify --input float
   --bias-dataset mask
 check float-mask-both-roles 2 "\-\-mask-dataset and --bias-dataset both name dataset 'mask'" -r 2 -- mpi 2 "$ra" run \
   --input float_mask.h5 --output x.h5 --bias-dataset mask --mask-dataset mask
-# 18. PyTorch's (batch, heads, len, dim) order (scaled_dot_product_attention's), read with --bhtd: the same bits as the
-# same values in ringattn's order, outputs written in the input's order, and a file in the other order named as such.
+# 18. Other tensor formats (--qkv-format, TransformerEngine's names): PyTorch's bhsd, Megatron's sbhd, FlashAttention's
+# varlen thd. Each gives the same bits as the same values in bshd, its outputs written in its format; a file in
+# another format than the one given is named so.
 $python - <<'PY'
 import h5py, numpy as np
 r = np.random.default_rng(13)
 q, k, v, do = (r.standard_normal(s).astype(np.float32) for s in ((2, 45, 4, 16), (2, 31, 2, 16), (2, 31, 2, 8), (2, 45, 4, 8)))
-swap = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))
-for name, t in (("bthd.h5", lambda x: x), ("bhtd.h5", swap)):
-    with h5py.File(name, "w") as f:
-        f["q"], f["k"], f["v"], f["do"] = t(q), t(k), t(v), t(do)
-        f["bias"] = r.standard_normal((1, 4, 45, 31)).astype(np.float32) if name == "bthd.h5" else h5py.File("bthd.h5")["bias"][...]
-with h5py.File("bhtd_do_bthd.h5", "w") as f:
-    f["q"], f["k"], f["v"], f["do"] = swap(q), swap(k), swap(v), do
-with h5py.File("long_bhtd.h5", "w") as f:  # 300 tokens of 4 heads: read as BTHD, 300 heads of 4 tokens
+bias = r.standard_normal((1, 4, 45, 31)).astype(np.float32)
+formats = {"bshd": lambda x: x, "bhsd": lambda x: x.transpose(0, 2, 1, 3), "sbhd": lambda x: x.transpose(1, 0, 2, 3)}
+for name, t in formats.items():
+    with h5py.File(name + ".h5", "w") as f:
+        f["q"], f["k"], f["v"], f["do"], f["bias"] = t(q), t(k), t(v), t(do), bias
+with h5py.File("thd.h5", "w") as f:  # batch row 1 as packed tokens with FlashAttention's cu_seqlens
+    f["q"], f["k"], f["v"], f["do"], f["cu_seqlens"] = q[1, :31], k[1], v[1], do[1, :31], np.array([0, 12, 31])
+with h5py.File("bshd_1.h5", "w") as f:
+    f["q"], f["k"], f["v"], f["do"], f["cu_seqlens"] = q[1:, :31], k[1:], v[1:], do[1:, :31], np.array([0, 12, 31])
+with h5py.File("bhsd_do_bshd.h5", "w") as f:
+    f["q"], f["k"], f["v"], f["do"] = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), do
+with h5py.File("long_bhsd.h5", "w") as f:  # 300 tokens of 4 heads: read as bshd, 300 heads of 4 tokens
     f["q"] = f["k"] = f["v"] = r.standard_normal((1, 4, 300, 16)).astype(np.float32)
 PY
-check bhtd-run 0 "ringattn run: ring" -- mpi 3 "$ra" run --input bhtd.h5 --output bhtd_out.h5 --bhtd --causal --backward
-check bthd-run 0 "ringattn run: ring" -- mpi 3 "$ra" run --input bthd.h5 --output bthd_out.h5 --causal --backward
-check bhtd-same-bits 0 "same" -- $python -c "
+for format in bshd bhsd sbhd; do
+  check $format-run 0 "ringattn run: ring" -- mpi 3 "$ra" run --input $format.h5 --output ${format}_out.h5 \
+    --qkv-format $format --causal --backward
+done
+check thd-run 0 "ringattn run: ring" -- mpi 3 "$ra" run --input thd.h5 --output thd_out.h5 --qkv-format thd --causal --backward
+mpi 3 "$ra" run --input bshd_1.h5 --output bshd_1_out.h5 --causal --backward --quiet >/dev/null 2>&1
+check formats-same-bits 0 "same" -- $python -c "
 import h5py, numpy as np
-a, b = h5py.File('bthd_out.h5'), h5py.File('bhtd_out.h5')
-for n in ('o', 'dq', 'dk', 'dv'): assert np.array_equal(a[n][...], b[n][...].transpose(0, 2, 1, 3)), n
-for n in ('lse', 'dbias'): assert np.array_equal(a[n][...], b[n][...]), n
+a = h5py.File('bshd_out.h5')
+for name, back in (('bhsd', (0, 2, 1, 3)), ('sbhd', (1, 0, 2, 3))):
+    b = h5py.File(name + '_out.h5')
+    for n in ('o', 'dq', 'dk', 'dv'): assert np.array_equal(a[n][...], b[n][...].transpose(back)), (name, n)
+    for n in ('lse', 'dbias'): assert np.array_equal(a[n][...], b[n][...]), (name, n)
+a, b = h5py.File('bshd_1_out.h5'), h5py.File('thd_out.h5')
+for n in ('o', 'dq', 'dk', 'dv'): assert b[n].ndim == 3 and np.array_equal(a[n][0], b[n][...]), ('thd', n)
+assert np.array_equal(a['lse'][...], b['lse'][...])
 print('same')"
-check bhtd-verified 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input bhtd.h5 --output bhtd_out.h5 \
-  --bhtd --causal
-check bhtd-verify-without-flag 2 "was written by run from BHTD tensors but verify reads BTHD ones" -r 2 -- mpi 2 "$ra" \
-  verify --input bthd.h5 --output bhtd_out.h5 --causal
-check bhtd-foreign-output-order-named 2 "its dimensions 1 and 2 swapped: in (batch, heads, len, dim) order" -- $python -c "
+check bhsd-verified 0 "dv vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input bhsd.h5 --output bhsd_out.h5 \
+  --qkv-format bhsd --causal
+check sbhd-verified 0 "dbias vs f64 reference: .*#wrong 0  OK" -- mpi 2 "$ra" verify --input sbhd.h5 --output sbhd_out.h5 \
+  --qkv-format sbhd --causal
+check thd-verified 0 "dv vs f64 reference: .*#wrong 0  OK" -- "$ra" verify --input thd.h5 --output thd_out.h5 \
+  --qkv-format thd --causal
+check format-verify-other 2 "was written by run from --qkv-format bhsd files but verify reads bshd" -r 2 -- mpi 2 "$ra" \
+  verify --input bshd.h5 --output bhsd_out.h5 --causal
+check format-foreign-output-named 2 "the shape of bhsd (batch, heads, len, dim): --qkv-format bhsd reads the files so" -- \
+  $python -c "
 import h5py, subprocess, sys
-with h5py.File('bhtd_out.h5') as g, h5py.File('bhtd_foreign.h5', 'w') as h:
+with h5py.File('bhsd_out.h5') as g, h5py.File('bhsd_foreign.h5', 'w') as h:
     h['o'] = g['o'][...]  # another library's o, in PyTorch's order
-sys.exit(subprocess.run(['$ra', 'verify', '--input', 'bthd.h5', '--output', 'bhtd_foreign.h5', '--causal']).returncode)"
-check bhtd-do-in-other-order 2 "dataset 'do' of 'bhtd_do_bthd.h5' has shape (2, 45, 4, 8), expected (2, 4, 45, 8) (batch, q_heads, q_len, v_head_dim) .*dimensions 1 and 2 swapped" -r 2 -- mpi 2 \
-  "$ra" run --input bhtd_do_bthd.h5 --output x.h5 --bhtd --backward
-check bhtd-likely-noted 0 "has 300 heads and 4 tokens: if it holds (batch, heads, len, dim).* pass --bhtd" -- "$ra" run \
-  --input long_bhtd.h5 --output long_bhtd_out.h5
-check bhtd-note-gone-with-flag 0 "ringattn run: ring" -- "$ra" run --input long_bhtd.h5 --output long_bhtd_out2.h5 --bhtd
-if "$ra" run --input long_bhtd.h5 --output long_bhtd_out3.h5 --bhtd 2>&1 | grep -q "pass --bhtd"; then
-  fails=$((fails+1)); echo "FAIL bhtd-no-note-with-flag"; else passes=$((passes+1)); echo "ok   bhtd-no-note-with-flag"; fi
-"$ra" generate --output gen_bthd.h5 --seq 9 --kv-seq 7 --heads 4 --kv-heads 2 --head-dim 8 --with-grad --seed 5 >/dev/null
-check generate-bhtd 0 "(batch, heads, len, dim)" -- "$ra" generate --output gen_bhtd.h5 --seq 9 --kv-seq 7 --heads 4 \
-  --kv-heads 2 --head-dim 8 --with-grad --seed 5 --bhtd
-check generate-bhtd-same-values 0 "same" -- $python -c "
+sys.exit(subprocess.run(['$ra', 'verify', '--input', 'bshd.h5', '--output', 'bhsd_foreign.h5', '--causal']).returncode)"
+check format-do-other 2 "dataset 'do' of 'bhsd_do_bshd.h5' has shape (2, 45, 4, 8), expected (2, 4, 45, 8) (batch, q_heads, q_len, v_head_dim) (the shape of bshd" -r 2 -- mpi 2 \
+  "$ra" run --input bhsd_do_bshd.h5 --output x.h5 --qkv-format bhsd --backward
+check thd-file-as-bshd 2 "has rank 3 (shape (31, 4, 16)), expected 4 .*read with --qkv-format thd" -r 2 -- mpi 2 "$ra" run \
+  --input thd.h5 --output x.h5
+check bshd-file-as-thd 2 "has rank 4 (shape (2, 45, 4, 16)), expected 3 (q_len, q_heads, head_dim)" -- "$ra" run \
+  --input bshd.h5 --output x.h5 --qkv-format thd
+check format-unknown 2 "\-\-qkv-format 'bthd' is none of bshd" -- "$ra" run --input bshd.h5 --output x.h5 --qkv-format bthd
+check bhsd-likely-noted 0 "has 300 heads and 4 tokens: if it holds (batch, heads, len, dim).* pass --qkv-format bhsd" -- \
+  "$ra" run --input long_bhsd.h5 --output long_bhsd_out.h5
+if "$ra" run --input long_bhsd.h5 --output long_bhsd_out2.h5 --qkv-format bhsd 2>&1 | grep -q "note: 'q'"; then
+  fails=$((fails+1)); echo "FAIL bhsd-no-note-with-format"; else passes=$((passes+1)); echo "ok   bhsd-no-note-with-format"; fi
+for format in bshd bhsd sbhd; do
+  "$ra" generate --output gen_$format.h5 --batch 2 --seq 9 --kv-seq 7 --heads 4 --kv-heads 2 --head-dim 8 --with-grad \
+    --seed 5 --qkv-format $format >/dev/null
+done
+check generate-formats-same-values 0 "same" -- $python -c "
 import h5py, numpy as np
-a, b = h5py.File('gen_bthd.h5'), h5py.File('gen_bhtd.h5')
-for n in ('q', 'k', 'v', 'do'): assert np.array_equal(a[n][...], b[n][...].transpose(0, 2, 1, 3)), n
+a = h5py.File('gen_bshd.h5')
+for name, back in (('bhsd', (0, 2, 1, 3)), ('sbhd', (1, 0, 2, 3))):
+    b = h5py.File('gen_' + name + '.h5')
+    for n in ('q', 'k', 'v', 'do'): assert np.array_equal(a[n][...], b[n][...].transpose(back)), (name, n)
 print('same')"
+check generate-thd-one-row 2 "\-\-qkv-format thd holds one batch row (--batch is 2)" -- "$ra" generate --output x.h5 \
+  --batch 2 --seq 9 --heads 4 --head-dim 8 --qkv-format thd
 no_output nothing-left-behind x.h5
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
