@@ -53,9 +53,9 @@ void expect_nonempty(const H5File& f, const std::string& name, const DatasetInfo
 }
 
 void expect_dim(const H5File& f, const std::string& name, const DatasetInfo& info, int dim, const char* dim_name,
-                int64_t expected, const char* because) {
+                int64_t expected, const char* because, const std::string& hint = "") {
   RA_CHECK(info.shape[dim] == expected, where(f, name), " dimension ", dim, " (", dim_name, ") is ", info.shape[dim],
-           ", expected ", expected, " ", because);
+           ", expected ", expected, " ", because, hint);
 }
 
 // The file's dimensions as (B, L, H, X)'s (0 batch, 1 len, 2 heads, 3 dim), in the file's order.
@@ -101,6 +101,16 @@ std::string format_hint(QkvFormat format, const Shape& found, const Shape& canon
              ": --qkv-format " + qkv_format_name(other) + " reads the files so)";
   }
   return "";
+}
+
+// Whether q, k and v's shapes agree as `format` reads them: batch and head_dim alike, v's len and heads k's, q's
+// heads a multiple of k's.
+bool shapes_agree(QkvFormat format, const Shape& q, const Shape& k, const Shape& v) {
+  const int rank = int(file_dims(format).size());
+  if (q.rank != rank || k.rank != rank || v.rank != rank) return false;
+  auto size = [&](const Shape& s, int dim) { return size_of(format, s, dim); };
+  return size(k, 2) > 0 && size(k, 0) == size(q, 0) && size(v, 0) == size(q, 0) && size(k, 3) == size(q, 3) && size(v, 1) == size(k, 1) &&
+         size(v, 2) == size(k, 2) && size(q, 2) % size(k, 2) == 0;
 }
 
 // A selection of a (B, L, H, X) tensor's dataset: batch and head ranges, the given runs along L.
@@ -354,6 +364,7 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   DatasetInfo q = required(f, names.q, rank_in_file, q_dims);
   DatasetInfo k = required(f, names.k, rank_in_file, k_dims);
   DatasetInfo v = required(f, names.v, rank_in_file, v_dims);
+
   for (auto [name, info] : {std::pair{&names.q, &q}, std::pair{&names.k, &k}, std::pair{&names.v, &v}})
     expect_float(f, *name, *info);
   expect_nonempty(f, names.q, q, q_dims.c_str());
@@ -361,15 +372,22 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   expect_nonempty(f, names.v, v, v_dims.c_str());
   RA_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, "q, k and v of '", f.path(), "' must share a dtype (q is ",
            dtype_name(q.dtype), ", k ", dtype_name(k.dtype), ", v ", dtype_name(v.dtype), ")");
+  // Shapes that disagree as this format reads them but agree as another: each error below names that one.
+  std::string other_format;
+  if (!shapes_agree(format, q.shape, k.shape, v.shape))
+    for (QkvFormat other : {QkvFormat::kBSHD, QkvFormat::kBHSD, QkvFormat::kSBHD})
+      if (other_format.empty() && shapes_agree(other, q.shape, k.shape, v.shape))
+        other_format = std::string(" (q, k and v agree as ") + qkv_format_name(other) + " " +
+                       dims_text(other, "len", "heads", "dim") + ": --qkv-format " + qkv_format_name(other) + "?)";
   if (B >= 0) {
-    expect_dim(f, names.k, k, B, "batch", q.shape[B], "(q's batch)");
-    expect_dim(f, names.v, v, B, "batch", q.shape[B], "(q's batch)");
+    expect_dim(f, names.k, k, B, "batch", q.shape[B], "(q's batch)", other_format);
+    expect_dim(f, names.v, v, B, "batch", q.shape[B], "(q's batch)", other_format);
   }
-  expect_dim(f, names.k, k, X, "head_dim", q.shape[X], "(q's head_dim)");
-  expect_dim(f, names.v, v, L, "kv_len", k.shape[L], "(k's kv_len)");
-  expect_dim(f, names.v, v, H, "kv_heads", k.shape[H], "(k's kv_heads)");
+  expect_dim(f, names.k, k, X, "head_dim", q.shape[X], "(q's head_dim)", other_format);
+  expect_dim(f, names.v, v, L, "kv_len", k.shape[L], "(k's kv_len)", other_format);
+  expect_dim(f, names.v, v, H, "kv_heads", k.shape[H], "(k's kv_heads)", other_format);
   RA_CHECK(q.shape[H] % k.shape[H] == 0, where(f, names.q), " dimension ", H, " (q_heads) is ", q.shape[H],
-           ", expected a multiple of k's kv_heads = ", k.shape[H]);
+           ", expected a multiple of k's kv_heads = ", k.shape[H], other_format);
 
   ShardPlan p{names,      size_of(format, q.shape, 0), q.shape[L], k.shape[L], q.shape[H], k.shape[H], q.shape[X],
               v.shape[X], q.dtype};

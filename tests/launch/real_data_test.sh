@@ -498,6 +498,8 @@ with h5py.File("bshd_1.h5", "w") as f:
     f["q"], f["k"], f["v"], f["do"], f["cu_seqlens"] = q[1:, :31], k[1:], v[1:], do[1:, :31], np.array([0, 12, 31])
 with h5py.File("bhsd_do_bshd.h5", "w") as f:
     f["q"], f["k"], f["v"], f["do"] = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), do
+with h5py.File("sbhd_1.h5", "w") as f:  # Megatron's batch of one, T != S: read as bshd, batch rows that disagree
+    f["q"], f["k"], f["v"] = q[:1].transpose(1, 0, 2, 3), k[:1].transpose(1, 0, 2, 3), v[:1].transpose(1, 0, 2, 3)
 with h5py.File("long_bhsd.h5", "w") as f:  # 300 tokens of 4 heads: read as bshd, 300 heads of 4 tokens
     f["q"] = f["k"] = f["v"] = r.standard_normal((1, 4, 300, 16)).astype(np.float32)
 PY
@@ -538,6 +540,10 @@ check thd-file-as-bshd 2 "has rank 3 (shape (31, 4, 16)), expected 4 .*read with
   --input thd.h5 --output x.h5
 check bshd-file-as-thd 2 "has rank 4 (shape (2, 45, 4, 16)), expected 3 (q_len, q_heads, head_dim)" -- "$ra" run \
   --input bshd.h5 --output x.h5 --qkv-format thd
+check sbhd-file-as-bshd 2 "dataset 'k' of 'sbhd_1.h5' dimension 0 (batch) is 31, expected 45 (q's batch) (q, k and v agree as sbhd (len, batch, heads, dim): --qkv-format sbhd?)" -r 2 -- \
+  mpi 2 "$ra" run --input sbhd_1.h5 --output x.h5
+check bhsd-file-as-bshd 2 "q_heads) is 45, expected a multiple of k's kv_heads = 31 (q, k and v agree as bhsd" -- "$ra" run \
+  --input bhsd.h5 --output x.h5
 check format-unknown 2 "\-\-qkv-format 'bthd' is none of bshd" -- "$ra" run --input bshd.h5 --output x.h5 --qkv-format bthd
 check bhsd-likely-noted 0 "has 300 heads and 4 tokens: if it holds (batch, heads, len, dim).* pass --qkv-format bhsd" -- \
   "$ra" run --input long_bhsd.h5 --output long_bhsd_out.h5
