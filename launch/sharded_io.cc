@@ -17,11 +17,12 @@ namespace {
 
 std::string where(const H5File& f, const std::string& dataset) { return "dataset '" + dataset + "' of '" + f.path() + "'"; }
 
-DatasetInfo required(const H5File& f, const std::string& name, int rank, const std::string& layout) {
+DatasetInfo required(const H5File& f, const std::string& name, int rank, const std::string& layout,
+                     const char* rank_hint = "") {
   RA_CHECK(f.has(name), "input '", f.path(), "' has no dataset '", name, "' ", layout);
   DatasetInfo info = f.info(name);
   RA_CHECK(info.shape.rank == rank, where(f, name), " has rank ", info.shape.rank, " (shape ", info.shape.str(),
-           "), expected ", rank, " ", layout);
+           "), expected ", rank, " ", layout, rank_hint);
   return info;
 }
 
@@ -355,13 +356,11 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
                     k_dims = dims_text(format, "kv_len", "kv_heads", "head_dim"),
                     v_dims = dims_text(format, "kv_len", "kv_heads", "v_head_dim");
   // A 3-d q where 4 dimensions are expected is likely FlashAttention's varlen layout, and a 4-d one under thd the other.
-  RA_CHECK(!f.has(names.q) || f.info(names.q).shape.rank == rank_in_file, where(f, names.q), " has rank ",
-           f.has(names.q) ? f.info(names.q).shape.rank : 0, " (shape ", f.has(names.q) ? f.info(names.q).shape.str() : "",
-           "), expected ", rank_in_file, " ", q_dims,
-           format == QkvFormat::kTHD ? " (a 4-d one is bshd, bhsd or sbhd: --qkv-format names which)"
-                                     : " (a 3-d (tokens, heads, dim), as FlashAttention's varlen functions take it, is "
-                                       "read with --qkv-format thd)");
-  DatasetInfo q = required(f, names.q, rank_in_file, q_dims);
+  DatasetInfo q = required(f, names.q, rank_in_file, q_dims,
+                           format == QkvFormat::kTHD
+                               ? " (a 4-d one is bshd, bhsd or sbhd: --qkv-format names which)"
+                               : " (a 3-d (tokens, heads, dim), as FlashAttention's varlen functions take it, is read "
+                                 "with --qkv-format thd)");
   DatasetInfo k = required(f, names.k, rank_in_file, k_dims);
   DatasetInfo v = required(f, names.v, rank_in_file, v_dims);
 
