@@ -90,8 +90,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const DType dtype = parse_dtype(dtype_text);
   const AttentionParams params = to_params(opts);
   Job job(opts, mpi, args_text(argc, argv));
-  RA_CHECK(backward || !was_given(opts, "grad-wire"), "--grad-wire applies to --backward");
-  RA_CHECK(backward || !f32_gradients, "--f32-gradients applies to --backward");
+  check_backward_options_apply(opts, backward, {"grad-wire", "f32-gradients"});
   if (backward) {
     RA_CHECK(json_path.empty(), "--json applies to the forward bench, not --backward");
     return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, v_head_dim, iters, warmup, dtype,

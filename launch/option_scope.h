@@ -4,6 +4,8 @@
 // it asks the registry for an implementation's canonical name.
 #pragma once
 
+#include <initializer_list>
+
 #include "launch/cli_options.h"
 
 namespace ra::cli {
@@ -12,5 +14,9 @@ namespace ra::cli {
 // ring; --ring-transport and bench's --step-times to the GPU ring; --dropout-seed needs --dropout. Reads opts.given
 // (parse).
 void check_options_apply(const AttentionOptions& opts);
+
+// The command's options that shape only the backward pass (run's --do-dataset, bench's --f32-gradients, ...), given
+// without --backward: refused, each by name. Reads opts.given.
+void check_backward_options_apply(const AttentionOptions& opts, bool backward, std::initializer_list<const char*> options);
 
 }  // namespace ra::cli

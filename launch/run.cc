@@ -121,9 +121,7 @@ int cmd_run(int argc, char** argv, const MpiSession& mpi) {
   check_options_apply(opts);
   const AttentionParams whole_params = to_params(opts);  // the output's attribute: every rank writes the same
   positive(io_timeout_s, "io-timeout");
-  RA_CHECK(backward || (!f32_gradients && !was_given(opts, "do-dataset") && !was_given(opts, "dlse-dataset") &&
-                        !was_given(opts, "grad-wire")),
-           "--f32-gradients, --do-dataset, --dlse-dataset and --grad-wire apply to the backward pass: add --backward");
+  check_backward_options_apply(opts, backward, {"f32-gradients", "do-dataset", "dlse-dataset", "grad-wire"});
   const DType gradient_wire = parse_gradient_wire(grad_wire, "--grad-wire");
   check_ring_modes(opts.deterministic, gradient_wire, parse_backend(opts.backend));
   Job job(opts, mpi, args_text(argc, argv));

@@ -95,7 +95,7 @@ std::string dims_text(QkvFormat format, const char* len, const char* heads, cons
 // A shape that is the expected one in another format: the file holds that one (named, with the option to read it).
 std::string format_hint(QkvFormat format, const Shape& found, const Shape& canonical_expected) {
   const Shape& e = canonical_expected;
-  for (QkvFormat other : {QkvFormat::kBSHD, QkvFormat::kBHSD, QkvFormat::kSBHD, QkvFormat::kTHD}) {
+  for (QkvFormat other : kQkvFormats) {
     if (other == format || (other == QkvFormat::kTHD && e[0] != 1)) continue;
     if (found == qkv_shape(other, e[0], e[1], e[2], e[3]) && !(found == qkv_shape(format, e[0], e[1], e[2], e[3])))
       return std::string(" (the shape of ") + qkv_format_name(other) + " " + dims_text(other, "len", "heads", "dim") +
@@ -112,6 +112,18 @@ bool shapes_agree(QkvFormat format, const Shape& q, const Shape& k, const Shape&
   auto size = [&](const Shape& s, int dim) { return size_of(format, s, dim); };
   return size(k, 2) > 0 && size(k, 0) == size(q, 0) && size(v, 0) == size(q, 0) && size(k, 3) == size(q, 3) && size(v, 1) == size(k, 1) &&
          size(v, 2) == size(k, 2) && size(q, 2) % size(k, 2) == 0;
+}
+
+// An output dataset of a (B, L, H, X) tensor: present, of `canonical`'s shape in the file's format (naming another
+// format whose shape it has), floating point.
+void expect_token_output(const H5File& f, QkvFormat format, const char* name, const Shape& canonical,
+                         const std::string& dims) {
+  const Shape shape = qkv_shape(format, canonical[0], canonical[1], canonical[2], canonical[3]);
+  RA_CHECK(f.has(name), "output '", f.path(), "' has no dataset '", name, "' ", dims);
+  const DatasetInfo info = f.info(name);
+  RA_CHECK(info.shape == shape, where(f, name), " has shape ", info.shape.str(), ", expected ", shape.str(), " ", dims,
+           format_hint(format, info.shape, canonical));
+  expect_float(f, name, info);
 }
 
 // A selection of a (B, L, H, X) tensor's dataset: batch and head ranges, the given runs along L.
@@ -140,13 +152,13 @@ int64_t run_rows(const std::vector<IndexRun>& runs) {
 }
 
 // This rank's slice of a token-major tensor, in memory's (B, rows, H, X) whatever the file's format. (HDF5 reads the
-// selection in the file's row-major order; bshd and thd need no reorder.)
+// selection in the file's row-major order.)
 Tensor read_tokens(const H5File& f, const std::string& name, const ShardPlan& p, const std::vector<IndexRun>& runs,
                    int64_t h_off, int64_t h_count, int64_t x, MemoryKind memory = MemoryKind::kHost) {
   const QkvFormat format = p.names.format;
   const Shape local{p.b_count, run_rows(runs), h_count, x};
   const Selection sel = select_tokens(p, runs, h_off, h_count, x);
-  if (format == QkvFormat::kBSHD || format == QkvFormat::kTHD) return f.read(name, sel, local, memory);
+  if (in_memory_order(format)) return f.read(name, sel, local, memory);
   const Tensor in_file = f.read(name, sel, qkv_shape(format, local[0], local[1], local[2], local[3]));
   return reorder_qkv(in_file.view(), format, /*to_format=*/false, memory);
 }
@@ -158,7 +170,7 @@ void write_tokens(H5File& f, const char* name, const ShardPlan& p, int64_t len, 
   const int64_t x = t.shape()[3];
   f.create_dataset(name, t.dtype(), qkv_shape(format, p.batch, len, heads, x));
   const Selection sel = select_tokens(p, runs, h_off, h_count, x);
-  if (format == QkvFormat::kBSHD || format == QkvFormat::kTHD) return f.write(name, sel, t);
+  if (in_memory_order(format)) return f.write(name, sel, t);
   f.write(name, sel, reorder_qkv(t, format, /*to_format=*/true).view());
 }
 
@@ -248,7 +260,7 @@ Shape qkv_shape(QkvFormat format, int64_t b, int64_t len, int64_t heads, int64_t
 }
 
 QkvFormat parse_qkv_format(const std::string& text) {
-  for (QkvFormat format : {QkvFormat::kBSHD, QkvFormat::kBHSD, QkvFormat::kSBHD, QkvFormat::kTHD})
+  for (QkvFormat format : kQkvFormats)
     if (text == qkv_format_name(format)) return format;
   RA_FAIL("--qkv-format '", text, "' is none of bshd (batch, len, heads, dim), bhsd (batch, heads, len, dim: PyTorch's "
           "scaled_dot_product_attention), sbhd (len, batch, heads, dim: Megatron's, TransformerEngine's default), thd "
@@ -374,7 +386,7 @@ ShardPlan plan_shards(const H5File& f, const MeshShape& mesh, int rank, Sequence
   // Shapes that disagree as this format reads them but agree as another: each error below names that one.
   std::string other_format;
   if (!shapes_agree(format, q.shape, k.shape, v.shape))
-    for (QkvFormat other : {QkvFormat::kBSHD, QkvFormat::kBHSD, QkvFormat::kSBHD})
+    for (QkvFormat other : kQkvFormats)
       if (other_format.empty() && shapes_agree(other, q.shape, k.shape, v.shape))
         other_format = std::string(" (q, k and v agree as ") + qkv_format_name(other) + " " +
                        dims_text(other, "len", "heads", "dim") + ": --qkv-format " + qkv_format_name(other) + "?)";
@@ -553,13 +565,8 @@ void write_outputs(const std::string& path, const ShardPlan& p, const TensorView
 
 void read_outputs(const H5File& f, const ShardPlan& p, Tensor& o, Tensor& lse, bool lse_optional) {
   const QkvFormat format = p.names.format;
-  const std::string dims = dims_text(format, "q_len", "q_heads", "v_head_dim");
-  const Shape expect = qkv_shape(format, p.batch, p.q_len, p.q_heads, p.v_head_dim);
-  RA_CHECK(f.has("o"), "output '", f.path(), "' has no dataset 'o' ", dims);
-  DatasetInfo oi = f.info("o");
-  RA_CHECK(oi.shape == expect, where(f, "o"), " has shape ", oi.shape.str(), ", expected ", expect.str(), " ", dims,
-           format_hint(format, oi.shape, {p.batch, p.q_len, p.q_heads, p.v_head_dim}));
-  expect_float(f, "o", oi);
+  expect_token_output(f, format, "o", {p.batch, p.q_len, p.q_heads, p.v_head_dim},
+                      dims_text(format, "q_len", "q_heads", "v_head_dim"));
   const bool with_lse = !lse_optional || f.has("lse");
   if (with_lse) {
     DatasetInfo li = required(f, "lse", 3, "(batch, q_heads, q_len)");
@@ -616,15 +623,7 @@ void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk,
   const std::pair<const char*, Shape> expected[] = {{"dq", {p.batch, p.q_len, p.q_heads, p.head_dim}},
                                                     {"dk", {p.batch, p.kv_len, p.kv_heads, p.head_dim}},
                                                     {"dv", {p.batch, p.kv_len, p.kv_heads, p.v_head_dim}}};
-  for (const auto& [name, e] : expected) {
-    const std::string dims = dims_text(format, "len", "heads", "dim");
-    const Shape shape = qkv_shape(format, e[0], e[1], e[2], e[3]);
-    RA_CHECK(f.has(name), "output '", f.path(), "' has no dataset '", name, "' ", dims);
-    const DatasetInfo info = f.info(name);
-    RA_CHECK(info.shape == shape, where(f, name), " has shape ", info.shape.str(), ", expected ", shape.str(), " ", dims,
-             format_hint(format, info.shape, e));
-    expect_float(f, name, info);
-  }
+  for (const auto& [name, e] : expected) expect_token_output(f, format, name, e, dims_text(format, "len", "heads", "dim"));
   dq = read_tokens(f, "dq", p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim);
   dk = read_tokens(f, "dk", p, p.kv_runs, p.hkv_offset, p.hkv_count, p.head_dim);
   dv = read_tokens(f, "dv", p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim);

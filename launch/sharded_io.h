@@ -23,6 +23,9 @@ namespace ra::cli {
 // Megatron's and TransformerEngine's default (len first); thd, FlashAttention's varlen (tokens, heads, dim), one batch
 // row without its dimension (cu_seqlens packs the sequences). Masks, biases and lse are (batch, heads, ...) in all.
 enum class QkvFormat { kBSHD, kBHSD, kSBHD, kTHD };
+inline constexpr QkvFormat kQkvFormats[] = {QkvFormat::kBSHD, QkvFormat::kBHSD, QkvFormat::kSBHD, QkvFormat::kTHD};
+// bshd and thd hold a (B, L, H, X) tensor's elements in memory's order: read and written without a reorder.
+constexpr bool in_memory_order(QkvFormat format) { return format == QkvFormat::kBSHD || format == QkvFormat::kTHD; }
 QkvFormat parse_qkv_format(const std::string& text);  // refuses any other name, naming --qkv-format
 const char* qkv_format_name(QkvFormat format);       // "bshd", ...
 // A (B, L, H, X) tensor's shape in `format`.

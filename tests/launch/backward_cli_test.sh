@@ -233,7 +233,7 @@ expect "ring -np 3 --grad-wire bf16 verify" 0 "dv vs f64 reference.*#wrong 0  OK
 expect "--grad-wire without --backward" 2 "add --backward" "$ra" run --input ring.h5 --output x.h5 --grad-wire bf16
 expect "--grad-wire f16 refused" 2 "--grad-wire 'f16': expected f32 or bf16" "$ra" run --input ring.h5 --output x.h5 \
   --backward --grad-wire f16
-expect "bench --grad-wire without --backward" 2 "--grad-wire applies to --backward" "$ra" bench --seq 16 --heads 2 \
+expect "bench --grad-wire without --backward" 2 "--grad-wire applies to the backward pass" "$ra" bench --seq 16 --heads 2 \
   --head-dim 16 --grad-wire bf16
 no_output "grad-wire refusals leave no output" x.h5
 # An f32 file over the bf16 wire: verify allows the hops' bf16 roundings (the run's grad_wire and sequence_ranks
@@ -254,7 +254,7 @@ expect "bench --step-times off the GPU ring" 2 "--step-times applies to the GPU 
   "$mpiexec" --oversubscribe -np 2 "$ra" bench --seq 16 --heads 2 --head-dim 16 --iters 1 --step-times
 expect "bench --backward --json refused" 2 "--json applies to the forward bench" "$ra" bench --backward --seq 16 \
   --heads 2 --head-dim 16 --iters 1 --json x.json
-expect "bench --f32-gradients without --backward" 2 "--f32-gradients applies to --backward" "$ra" bench --seq 16 \
+expect "bench --f32-gradients without --backward" 2 "--f32-gradients applies to the backward pass" "$ra" bench --seq 16 \
   --heads 2 --head-dim 16 --iters 1 --f32-gradients
 expect "bench --backward --f32-gradients" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward --impl flash_attn2 \
   --seq 33 --heads 2 --head-dim 16 --iters 1 --f32-gradients

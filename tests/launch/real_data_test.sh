@@ -419,7 +419,7 @@ check grad-wire-not-ring 2 "\-\-grad-wire applies to --impl ring" -- "$ra" run -
   --impl sdpa --backward --grad-wire bf16
 check dropout-seed-alone 2 "\-\-dropout-seed 7 without --dropout" -r 2 -- mpi 2 "$ra" run --input in.h5 --output x.h5 \
   --dropout-seed 7
-check do-dataset-default-named 2 "apply to the backward pass: add --backward" -- "$ra" run --input foreign_in.h5 \
+check do-dataset-default-named 2 "\\-\\-do-dataset applies to the backward pass, where it would change nothing without it: add --backward" -- "$ra" run --input foreign_in.h5 \
   --output x.h5 --do-dataset do
 check deterministic-bf16-wire 2 "gradient wire bf16 with deterministic on the host ring" -r 2 -- mpi 2 "$ra" run \
   --input foreign_in.h5 --output x.h5 --backward --deterministic --grad-wire bf16
