@@ -8,8 +8,12 @@ implementations, its work queued on `stream` (a cudaStream_t as an integer; None
 stream), so the results are ready for later work on that stream, as DLPack's exchange expects. With
 `out=` the results are written into the caller's arrays (contiguous, where q lives; o in q's dtype or
 float32, lse float32; gradients in q's dtype or float32) and those are returned: no allocation for them. Shapes follow
-PyTorch and the seeds: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (B, T, Hq, Dv);
-lse (B, Hq, T) float32, natural log. Keyword options, by the seeds' names: causal, window=(left, right)
+the seeds: q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv); o (B, T, Hq, Dv); lse (B, Hq, T) float32,
+natural log. qkv_format= (TransformerEngine's names, the CLI's --qkv-format) takes q, k, v, o, do and returns
+o and the gradients in another order: "bshd" (the above, the default), "bhsd" (B, H, T, D: PyTorch's
+scaled_dot_product_attention), "sbhd" (T, B, H, D: Megatron's); as views, without copies. Given none, a q that
+looks like another format (more heads than any model and than its tokens; batch rows of one query and one key)
+draws a warning naming it. Keyword options, by the seeds' names: causal, window=(left, right)
 (-1: unbounded), softcap, scale (0: 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32,
 mask (the same shape, bool / uint8, true = attend; both may drop leading 1s, as a (T, S) mask),
 segment_ids (B, T) int32 and kv_segment_ids (B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed, flash_kernel
@@ -22,6 +26,7 @@ GPUs and rings take float32, float16 and bfloat16.
 import atexit
 
 from . import _core
+from .formats import axes_of as _axes_of, explained as _explained, note_layout as _note_layout, reorder as _reorder
 
 # The implementations kept between calls (their streams, device buffers, cuDNN graphs) are destroyed at
 # interpreter exit, while CUDA is up, not by the process's exit handlers beside CUDA's own teardown.
@@ -89,17 +94,39 @@ def _in_bias_shape(grads, options):
     return tuple(grads)
 
 
-def attention(q, k, v, *, impl="flash_attn2", return_lse=False, out=None, stream=None, **options):
+def _in_format(axes, results, count):
+    """results (an array, or a tuple whose first `count` are token-major) back in the caller's format."""
+    if axes is None:
+        return results
+    if not isinstance(results, tuple):
+        return _reorder(results, axes, "o")
+    return tuple(_reorder(x, axes, "result") if i < count else x for i, x in enumerate(results))
+
+
+def _format_out(out, qkv_format):
+    """out=, which the core writes as contiguous (B, T, H, X) arrays: refused beside another qkv_format."""
+    if out is not None and _axes_of(qkv_format) is not None:
+        raise ValueError("out= takes contiguous (batch, len, heads, dim) arrays, which qkv_format %r does not hold: "
+                         "leave out= out (the results come back as %r views)" % (qkv_format, qkv_format))
+    return out
+
+
+def attention(q, k, v, *, impl="flash_attn2", return_lse=False, out=None, stream=None, qkv_format=None, **options):
     """o = attention of q over k and v on this process; (o, lse) with return_lse=True.
 
     impl: "flash_attn2", "sdpa" or "blockwise" on the host; "flash_attn2", "sdpa" or "cudnn" on a GPU.
-    out: None, or (o, lse) arrays to write into.
+    out: None, or (o, lse) arrays to write into. qkv_format: "bshd" (None), "bhsd" or "sbhd" (module docstring).
     """
-    return _core.attention(q, k, v, impl, _call_options(options), return_lse, out, _stream(stream), q)
+    axes, out = _axes_of(qkv_format), _format_out(out, qkv_format)
+    _note_layout(q, k, qkv_format)
+    q, k, v = (_reorder(x, axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    results = _explained(qkv_format, lambda: _core.attention(q, k, v, impl, _call_options(options), return_lse,
+                                                             out, _stream(stream), q))
+    return _in_format(axes, results, 1)
 
 
 def attention_backward(q, k, v, o, lse, do, *, dlse=None, impl="flash_attn2", f32_gradients=False, out=None,
-                       stream=None, **options):
+                       stream=None, qkv_format=None, **options):
     """(dq, dk, dv[, dbias][, dsinks]) of attention(q, k, v, **options), given its o, lse and do = dLoss/do.
 
     dlse: None, or dLoss/dlse (B, Hq, T) float32 where the loss reads lse too (as merging partial outputs by
@@ -109,14 +136,19 @@ def attention_backward(q, k, v, o, lse, do, *, dlse=None, impl="flash_attn2", f3
     dbias in the bias's shape, dsinks (Hq,) float32. out: None, or (dq, dk, dv) arrays to write into.
     deterministic=True (an option, as FlashAttention's): on a GPU the same bits on every run (dQ summed in
     a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are.
+    qkv_format: the forward's; o and do in it, dq, dk, dv returned in it.
     """
-    return _in_bias_shape(_core.attention_backward(q, k, v, o, lse, do, dlse, impl, _call_options(options), f32_gradients,
-                                                   out, _stream(stream), q), options)
+    axes, out = _axes_of(qkv_format), _format_out(out, qkv_format)
+    q, k, v, o, do = (_reorder(x, axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do")))
+    grads = _explained(qkv_format, lambda: _core.attention_backward(
+        q, k, v, o, lse, do, dlse, impl, _call_options(options), f32_gradients, out,
+        _stream(stream), q))
+    return _in_bias_shape(_in_format(axes, tuple(grads), 3), options)
 
 
 def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
                    local_impl="flash_attn2", timeout=60.0, deterministic=False, return_lse=False, out=None, stream=None,
-                   **options):
+                   qkv_format=None, **options):
     """Ring attention of this rank's shard over every rank of `comm` (an mpi4py communicator, or an NcclComm
     for CUDA arrays without MPI).
 
@@ -131,14 +163,20 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     deterministic=True: host arrays give the same bits for any number of ranks and any layout (exact sums,
     tens of times slower), its backward too when ring_attention_backward is called with it; CUDA arrays the
     same bits on every run for this number of ranks and layout (the backward's sums in a fixed order).
+    qkv_format: as attention's (shard() cuts the format's len axis: 2 for "bhsd", 0 for "sbhd").
     """
-    return _core.ring_attention(q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
-                                bool(deterministic), "f32", _call_options(options), return_lse, out, _stream(stream), q)
+    axes, out = _axes_of(qkv_format), _format_out(out, qkv_format)
+    _note_layout(q, k, qkv_format)
+    q, k, v = (_reorder(x, axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    results = _explained(qkv_format, lambda: _core.ring_attention(
+        q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), "f32",
+        _call_options(options), return_lse, out, _stream(stream), q))
+    return _in_format(axes, results, 1)
 
 
 def ring_attention_backward(q, k, v, o, lse, do, *, comm, dlse=None, layout="zigzag", global_q_len=None,
                             global_kv_len=None, local_impl="flash_attn2", timeout=60.0, deterministic=False,
-                            grad_wire="f32", f32_gradients=False, out=None, stream=None, **options):
+                            grad_wire="f32", f32_gradients=False, out=None, stream=None, qkv_format=None, **options):
     """This rank's (dq, dk, dv[, dbias][, dsinks]) of ring_attention(), given its o, lse and do (and dlse, this
     rank's rows of dLoss/dlse, where the loss reads lse: as attention_backward's).
 
@@ -147,11 +185,15 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, dlse=None, layout="zig
     rows are summed over the ranks. deterministic=True: host arrays give the same bits for any number of
     ranks and any layout, given o and lse of a deterministic forward; CUDA arrays the same bits on every run
     for this number of ranks and layout (dQ summed in a fixed order: up to 16 float32 copies of dq).
+    qkv_format: the forward's; o and do in it, dq, dk, dv returned in it.
     """
-    grads = _core.ring_attention_backward(q, k, v, o, lse, do, dlse, comm, layout, global_q_len, global_kv_len,
-                                          local_impl, float(timeout), bool(deterministic), grad_wire,
-                                          _call_options(options), f32_gradients, out, _stream(stream), q)
-    return _in_bias_shape(grads, options)
+    axes, out = _axes_of(qkv_format), _format_out(out, qkv_format)
+    q, k, v, o, do = (_reorder(x, axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do")))
+    grads = _explained(qkv_format, lambda: _core.ring_attention_backward(
+        q, k, v, o, lse, do, dlse, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
+        bool(deterministic), grad_wire, _call_options(options), f32_gradients, out,
+        _stream(stream), q))
+    return _in_bias_shape(_in_format(axes, tuple(grads), 3), options)
 
 
 def ring_stats():

@@ -8,8 +8,8 @@ formula that runs ringattn's backward (dq, dk, dv; dbias and dsinks where given)
 the C++ core through DLPack without copies when contiguous.
 
 Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv) -> o (B, T, Hq, Dv);
-with layout_bhtd=True they are (B, H, T, D) as F.scaled_dot_product_attention takes them (transposed
-copies are made). lse (B, Hq, T) float32 comes back with return_lse=True and is differentiable: a loss that reads
+qkv_format="bhsd" (or layout_bhtd=True) takes them (B, H, T, D) as F.scaled_dot_product_attention does, "sbhd"
+(T, B, H, D) as Megatron does (views in, o back as a view; ringattn.formats). lse (B, Hq, T) float32 comes back with return_lse=True and is differentiable: a loss that reads
 it (merging partial outputs by their lse, a z-loss) gets its gradient (with impl="cudnn", whose backward takes no
 dlse, such a backward runs on flash_attn2's kernels). Under torch.autocast, q, k and v are cast to its dtype, as
 F.scaled_dot_product_attention takes them.
@@ -33,6 +33,7 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _core, varlen
 from . import _four_dims, _int32_segments
+from .formats import axes_of, explained, note_layout, reorder
 from . import shard as ringattn_shard
 
 __all__ = ["attention", "ring_attention", "attention_varlen", "ring_attention_varlen", "DistributedComm"]
@@ -398,8 +399,13 @@ def _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids,
             int(head_offset), str(flash_kernel))
 
 
-def _to_bthd(x, layout_bhtd):
-    return x.transpose(1, 2) if layout_bhtd else x
+def _format_of(qkv_format, layout_bhtd):
+    """The call's qkv_format: layout_bhtd=True is "bhsd" (its older name)."""
+    if not layout_bhtd:
+        return qkv_format
+    if qkv_format not in (None, "bhsd"):
+        raise ValueError("layout_bhtd=True is qkv_format='bhsd', which qkv_format=%r contradicts: pass one" % (qkv_format,))
+    return "bhsd"
 
 
 def _autocast(q, k, v):
@@ -415,20 +421,26 @@ def _autocast(q, k, v):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, sinks=None, bias=None, mask=None,
               segment_ids=None, kv_segment_ids=None, dropout=0.0, dropout_seed=0, batch_offset=0, head_offset=0,
-              impl="flash_attn2", flash_kernel="auto", deterministic=False, layout_bhtd=False, return_lse=False):
+              impl="flash_attn2", flash_kernel="auto", deterministic=False, qkv_format=None, layout_bhtd=False,
+              return_lse=False):
     """Attention of q over k and v on this process, differentiable: o, or (o, lse) with return_lse=True.
 
     impl: "flash_attn2", "sdpa" or "blockwise" on CPU tensors; "flash_attn2", "sdpa" or "cudnn" on CUDA
     tensors. Gradients flow to q, k, v, and to bias and sinks where given. deterministic=True (as
     FlashAttention's): on CUDA tensors the backward gives the same bits on every run (dQ summed in a fixed
-    order, slower); CPU backwards do anyway.
+    order, slower); CPU backwards do anyway. qkv_format: "bshd" (None: (B, T, H, D)), "bhsd" ((B, H, T, D), as
+    F.scaled_dot_product_attention; layout_bhtd=True says the same) or "sbhd" ((T, B, H, D), Megatron's): q, k,
+    v and o in it, as views.
     """
+    qkv_format = _format_of(qkv_format, layout_bhtd)
+    axes = axes_of(qkv_format)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    q, k, v = _autocast(q, k, v)
-    o, lse = _eager_call(_attention_forward, _AttentionEager, _to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd),
-                         _to_bthd(v, layout_bhtd), *args, bool(deterministic), impl)
-    o = _to_bthd(o, layout_bhtd)
+    note_layout(q, k, qkv_format)
+    q, k, v = _autocast(*(reorder(x, axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
+    o, lse = explained(qkv_format, lambda: _eager_call(_attention_forward, _AttentionEager, q, k, v, *args,
+                                                       bool(deterministic), impl))
+    o = reorder(o, axes, "o")
     return (o, lse) if return_lse else o
 
 
@@ -437,7 +449,7 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
                    dropout=0.0, dropout_seed=0, batch_offset=0, head_offset=0, local_impl="flash_attn2", flash_kernel="auto",
                    timeout=60.0,
                    deterministic=False,
-                   grad_wire="f32", layout_bhtd=False, return_lse=False):
+                   grad_wire="f32", qkv_format=None, layout_bhtd=False, return_lse=False):
     """Ring attention of this rank's shard over every rank of `comm`, differentiable.
 
     comm: an mpi4py communicator (under mpirun; CPU tensors, or CUDA tensors over the GPU ring), or a
@@ -452,14 +464,18 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     rank that stops makes the others fail after `timeout` seconds. deterministic=True: on CPU tensors the same
     bits, forward and gradients, for any number of ranks and any layout (exact sums; tens of times slower); on
     CUDA tensors the same bits on every run for this number of ranks and layout (dQ summed in a fixed order).
+    qkv_format: as attention's (ringattn.shard cuts the format's len axis).
     """
+    qkv_format = _format_of(qkv_format, layout_bhtd)
+    axes = axes_of(qkv_format)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    q, k, v = _autocast(q, k, v)
-    o, lse = _eager_call(_ring_forward, _RingEager, _to_bthd(q, layout_bhtd), _to_bthd(k, layout_bhtd),
-                         _to_bthd(v, layout_bhtd), *args, _handle_of(comm, group, float(timeout), q.device), layout,
-                         global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), str(grad_wire))
-    o = _to_bthd(o, layout_bhtd)
+    note_layout(q, k, qkv_format)
+    q, k, v = _autocast(*(reorder(x, axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
+    o, lse = explained(qkv_format, lambda: _eager_call(
+        _ring_forward, _RingEager, q, k, v, *args, _handle_of(comm, group, float(timeout), q.device), layout,
+        global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), str(grad_wire)))
+    o = reorder(o, axes, "o")
     return (o, lse) if return_lse else o
 
 

@@ -2,6 +2,8 @@
 the forward and the backward, each host implementation, GQA, S != T, fully masked rows, strided views,
 and errors as ValueError naming the tensor."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -216,6 +218,52 @@ def test_dropout_on_a_slice_of_batch_and_heads_with_its_offsets_drops_what_the_w
                      ((os_, part(o, slice(2, 4))), (lses, lse[1:, 2:4]), (gs[0], part(grads[0], slice(2, 4))),
                       (gs[1], part(grads[1], slice(1, 2))), (gs[2], part(grads[2], slice(1, 2))))]
             assert all(close) if same else not close[0], (impl, offsets, close)  # (lse ignores dropout)
+
+
+FORMAT_AXES = {"bhsd": (0, 2, 1, 3), "sbhd": (1, 0, 2, 3)}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qkv_format", list(FORMAT_AXES))
+def test_every_qkv_format_gives_the_bits_of_bshd(impl, qkv_format):
+    # The same values held (B, H, T, D) or (T, B, H, D): o and the gradients are bshd's, in the format's order.
+    q, k, v, do, extra = problem(12, T=29, S=41, D=16, Dv=8, **OPTION_SETS["everything"])
+    o, lse = ringattn.attention(q, k, v, impl=impl, return_lse=True, **extra)
+    grads = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, **extra)
+    axes = FORMAT_AXES[qkv_format]
+    to = lambda x: np.ascontiguousarray(x.transpose(axes))  # noqa: E731
+    o_f, lse_f = ringattn.attention(to(q), to(k), to(v), impl=impl, return_lse=True, qkv_format=qkv_format, **extra)
+    assert o_f.shape == to(o).shape and np.array_equal(o_f, to(o)) and np.array_equal(lse_f, lse)
+    grads_f = ringattn.attention_backward(to(q), to(k), to(v), o_f, lse_f, to(do), impl=impl, qkv_format=qkv_format,
+                                          **extra)
+    assert len(grads_f) == len(grads)
+    for got, want in zip(grads_f[:3], grads[:3]):
+        assert got.shape == to(want).shape and np.array_equal(got, to(want))
+    for got, want in zip(grads_f[3:], grads[3:]):  # dbias, dsinks: (batch, heads, ...) in every format
+        assert np.array_equal(got, want)
+
+
+def test_qkv_format_refusals_and_warnings():
+    q, k, v, _, _ = problem(13)
+    with pytest.raises(ValueError, match="qkv_format 'thd' is none of 'bshd'.*segment_ids"):
+        ringattn.attention(q, k, v, qkv_format="thd")
+    with pytest.raises(ValueError, match="out= takes contiguous .* leave out= out"):
+        ringattn.attention(q, k, v, qkv_format="bhsd", out=(np.empty_like(q), np.empty((2, 4, 37), np.float32)))
+    with pytest.raises(ValueError, match=r"k dimension 3 \(head_dim\) is 16.*qkv_format 'sbhd': shapes named as "
+                                         r"\(batch, len, heads, dim\), the tensors' \(len, batch, heads, dim\)"):
+        ringattn.attention(q, k[..., :16], v, qkv_format="sbhd")
+    with pytest.raises(ValueError, match="q has 3 dimensions"):
+        ringattn.attention(q[0], k, v, qkv_format="bhsd")
+    # Given no format: a (B, H, T, D) q of many heads, and (T, B, H, D) ones read as batch rows of one token.
+    bhsd = np.zeros((1, 4, 300, 8), np.float32)
+    with pytest.warns(UserWarning, match="300 heads and 4 tokens.*qkv_format='bhsd'"):
+        ringattn.attention(bhsd, bhsd, bhsd)
+    sbhd = np.zeros((16, 1, 2, 8), np.float32)
+    with pytest.warns(UserWarning, match="16 batch rows of one query and one key.*qkv_format='sbhd'"):
+        ringattn.attention(sbhd, sbhd, sbhd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ringattn.attention(sbhd, sbhd, sbhd, qkv_format="bshd")  # said so: no warning
 
 
 def test_strided_views_without_copies():

@@ -76,6 +76,25 @@ def test_gqa_and_s_not_t():
     np.testing.assert_allclose(dk, ringattn.shard(g1[1], 1, "zigzag", RANK, SIZE), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("qkv_format, len_axis, axes", [("bhsd", 2, (0, 2, 1, 3)), ("sbhd", 0, (1, 0, 2, 3))])
+def test_ring_in_another_qkv_format_gives_bshd_bits(qkv_format, len_axis, axes):
+    # Each rank's shard cut along the format's len axis: o and the gradients are the bshd ring's, reordered.
+    q, k, v, do, extra = problem(23, T=45, S=45, H=4, Hkv=2, causal=True, with_sinks=True)
+    part = lambda x: ringattn.shard(x, 1, "zigzag", RANK, SIZE)  # noqa: E731
+    o, lse = ringattn.ring_attention(part(q), part(k), part(v), comm=COMM, return_lse=True, **extra)
+    g = ringattn.ring_attention_backward(part(q), part(k), part(v), o, lse, part(do), comm=COMM, **extra)
+    to = lambda x: np.ascontiguousarray(x.transpose(axes))  # noqa: E731
+    part_f = lambda x: ringattn.shard(to(x), len_axis, "zigzag", RANK, SIZE)  # noqa: E731
+    o_f, lse_f = ringattn.ring_attention(part_f(q), part_f(k), part_f(v), comm=COMM, return_lse=True,
+                                         qkv_format=qkv_format, **extra)
+    assert np.array_equal(o_f, to(o)) and np.array_equal(lse_f, lse)
+    g_f = ringattn.ring_attention_backward(part_f(q), part_f(k), part_f(v), o_f, lse_f, part_f(do), comm=COMM,
+                                           qkv_format=qkv_format, **extra)
+    for got, want in zip(g_f[:3], g[:3]):
+        assert np.array_equal(got, to(want))
+    assert np.array_equal(g_f[3], g[3])  # dsinks
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 def test_shard_unshard_round_trip(layout):
     x = np.arange(2 * 23 * 3).reshape(2, 23, 3)

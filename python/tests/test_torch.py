@@ -76,6 +76,23 @@ def test_bhtd_layout_and_a_float_bias_with_its_gradient_equal_sdpa(bias_dims):
         close(got, ref.grad)
 
 
+@pytest.mark.parametrize("qkv_format, axes", [("bhsd", (0, 2, 1, 3)), ("sbhd", (1, 0, 2, 3))])
+def test_qkv_format_gives_bshd_results_and_gradients(qkv_format, axes):
+    q, k, v, do = tensors(14, T=29, S=23)
+    o = rt.attention(q, k, v, causal=True)
+    o.backward(do)
+    leaves = [x.detach().permute(axes).contiguous().requires_grad_() for x in (q, k, v)]
+    o_f = rt.attention(*leaves, causal=True, qkv_format=qkv_format)
+    assert torch.equal(o_f, o.detach().permute(axes))
+    o_f.backward(do.permute(axes))
+    for got, want in zip(leaves, (q, k, v)):
+        assert torch.equal(got.grad, want.grad.permute(axes))
+    if qkv_format == "bhsd":  # layout_bhtd=True, its older name, is the same
+        assert torch.equal(rt.attention(*leaves, causal=True, layout_bhtd=True), o_f)
+        with pytest.raises(ValueError, match="layout_bhtd=True is qkv_format='bhsd', which qkv_format='sbhd'"):
+            rt.attention(*leaves, layout_bhtd=True, qkv_format="sbhd")
+
+
 def test_a_two_dimensional_boolean_mask_as_sdpa_takes_it():
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 4, n, 16, generator=g, dtype=torch.float64) for n in (23, 31, 31))
