@@ -4,6 +4,9 @@ SDPA cannot express; gradcheck; torch.library.opcheck of the ops' registrations;
 that calls it. Under mpirun (CTest python_torch_ring_N_ranks) ring_attention's shard of o and of the
 gradients equals the same rows of one process's attention. Skipped where PyTorch is not installed."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -91,6 +94,15 @@ def test_qkv_format_gives_bshd_results_and_gradients(qkv_format, axes):
         assert torch.equal(rt.attention(*leaves, causal=True, layout_bhtd=True), o_f)
         with pytest.raises(ValueError, match="layout_bhtd=True is qkv_format='bhsd', which qkv_format='sbhd'"):
             rt.attention(*leaves, layout_bhtd=True, qkv_format="sbhd")
+
+
+@pytest.mark.parametrize("imports", ["import ringattn; import torch", "import ringattn.torch"])
+def test_ringattn_imported_before_torch(imports):
+    # A fresh interpreter importing ringattn first: its core's NVIDIA libraries are the ones PyTorch loads (the CUDA
+    # toolkit's older NCCL, loaded first, had left `import torch` failing on an undefined NCCL symbol).
+    done = subprocess.run([sys.executable, "-c", imports + "; import torch; print(torch.zeros(2).sum().item())"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "0.0", done.stderr[-2000:]
 
 
 def test_a_two_dimensional_boolean_mask_as_sdpa_takes_it():

@@ -1,0 +1,42 @@
+"""The NVIDIA libraries the core links, loaded from NVIDIA's wheels (PyTorch's and JAX's CUDA builds bring them)
+where the environment has them, before the core.
+
+A process loads a shared library once per soname: whichever of ringattn and PyTorch loads libnccl.so.2 first decides
+the copy both use. Loaded by the core from the CUDA toolkit, an NCCL older than PyTorch's own left PyTorch without
+symbols it needs (`import ringattn` before `import torch` failed: "undefined symbol: ncclCommResume"); the wheels'
+copies are the ones PyTorch and JAX load themselves. Without the wheels nothing is loaded here and the core finds
+the toolkit's libraries as it was linked to."""
+
+import ctypes
+import glob
+import os
+import sys
+
+# In dependency order: cuBLAS loads cuBLASLt.
+_SONAMES = ("libcublasLt.so.13", "libcublas.so.13", "libnvrtc.so.13", "libnccl.so.2", "libcudnn.so.9")
+
+
+def _in_wheels(soname):
+    """The first nvidia/<package>/lib/<soname> along sys.path, or None."""
+    for entry in sys.path:
+        found = sorted(glob.glob(os.path.join(entry or os.curdir, "nvidia", "*", "lib", soname)))
+        if found:
+            return found[0]
+    return None
+
+
+def load_from_wheels():
+    """Loads each library the wheels hold (globally, as PyTorch does); returns the paths loaded."""
+    loaded = []
+    if not sys.platform.startswith("linux"):
+        return loaded
+    for soname in _SONAMES:
+        path = _in_wheels(soname)
+        if path is None:
+            continue
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            loaded.append(path)
+        except OSError:  # not loadable here (another CUDA's wheel): the core's own search decides
+            pass
+    return loaded
