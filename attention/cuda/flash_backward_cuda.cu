@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   load_rows<T, D, kBlockN, kThreads, kPadded>(v_s, a.v, b, kh, n0, a.kv_len, a.value_dim, tid, swz);
   copy_commit();
   int64_t k_lo, k_hi;
-  tile_key_range<kBlockN, false>(a, block, lane, k_lo, k_hi);
+  tile_key_range<kBlockN, Positions::kRead>(a, block, lane, k_lo, k_hi);
   const QueryWindow window = query_window<kBlockN, kSegments>(a, b, n0);
 
   float dk[kTilesDPerWarp][4], dv[kTilesDPerWarp][4];
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   // The steps are the (query head, query block) pairs whose positions can see these keys, in order;
   // a step's Q, dO, LSE and delta load while the previous step computes (two buffers).
   auto find_step = [&](int& h, int& m0, BlockKind& kind) {
-    return next_visible_step<kBlockM, kBlockN, kSegments, false>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
+    return next_visible_step<kBlockM, kBlockN, kSegments, Positions::kRead>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
   };
   auto load_step = [&](int buffer, int h, int m0) {
     load_rows<T, D, kBlockM, kThreads, kPadded>(q_buffers + buffer * kBlockM * D, a.q, b, h, m0, a.q_len, a.head_dim,

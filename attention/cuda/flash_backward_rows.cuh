@@ -28,19 +28,19 @@ __device__ __forceinline__ void position_range(const int64_t* positions, int row
 // k_seg, scanned by one lane alone (kSkip past the end). kSegments: the kernel instance that reads
 // segment ids (the others compile without a trace of them: the backward kernels sit at their register
 // limit, where any more live values spill).
-template <int kBlockM, bool kSegments, bool kRuns = true>
+template <int kBlockM, bool kSegments, Positions kFrom = Positions::kComputedWhereRun>
 __device__ __forceinline__ BlockKind lane_block_kind(const CudaAttentionArgs& a, int b, int2 k_seg, int m0,
                                                      int64_t k_lo, int64_t k_hi) {
   if (m0 >= a.q_len) return BlockKind::kSkip;
   const int end = min(m0 + kBlockM, a.q_len);
   BlockKind kind;
   if (a.pos.queries_sorted) {
-    kind = classify_block(q_position<kRuns>(a.pos, m0), q_position<kRuns>(a.pos, end - 1), k_lo, k_hi, a.causal,
+    kind = classify_block(q_position<kFrom>(a.pos, m0), q_position<kFrom>(a.pos, end - 1), k_lo, k_hi, a.causal,
                           a.window_left, a.window_right);
   } else {
     int64_t lo = INT64_MAX, hi = INT64_MIN;
 #pragma unroll 8
-    for (int r = m0; r < end; ++r) lo = min(lo, q_position<kRuns>(a.pos, r)), hi = max(hi, q_position<kRuns>(a.pos, r));
+    for (int r = m0; r < end; ++r) lo = min(lo, q_position<kFrom>(a.pos, r)), hi = max(hi, q_position<kFrom>(a.pos, r));
     kind = classify_block(lo, hi, k_lo, k_hi, a.causal, a.window_left, a.window_right);
   }
   if (!kSegments || !a.q_segment_ranges) return kind;
@@ -75,7 +75,7 @@ __device__ __forceinline__ QueryWindow query_window(const CudaAttentionArgs& a, 
 // checks its own candidate, 32 at a time, so that a causal block's long run of hidden query blocks (or
 // unsorted documents') costs a few rounds instead of one round trip to memory each. A block inside one
 // document (QueryWindow) is classified by positions alone: no segment ranges read in the walk's usual step.
-template <int kBlockM, int kBlockN, bool kSegments, bool kRuns = true>
+template <int kBlockM, int kBlockN, bool kSegments, Positions kFrom = Positions::kComputedWhereRun>
 __device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, int b, int kh, int n0, int64_t k_lo,
                                                   int64_t k_hi, QueryWindow window, int lane, int& h, int& m0,
                                                   BlockKind& kind) {
@@ -102,8 +102,8 @@ __device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, in
     return kSegments && a.kv_segment_ranges ? segment_range(a.kv_segment_ranges, a.kv_len, b, n0, kBlockN) : int2{};
   };
   if (a.pos.queries_sorted) {  // the block's first and last rows bound it: no scan
-    kind = in_document(m0) ? lane_block_kind<kBlockM, false, kRuns>(a, b, int2{}, m0, k_lo, k_hi)
-                           : lane_block_kind<kBlockM, kSegments, kRuns>(a, b, key_segments(), m0, k_lo, k_hi);
+    kind = in_document(m0) ? lane_block_kind<kBlockM, false, kFrom>(a, b, int2{}, m0, k_lo, k_hi)
+                           : lane_block_kind<kBlockM, kSegments, kFrom>(a, b, key_segments(), m0, k_lo, k_hi);
   } else {
     int64_t q_lo, q_hi;
     position_range(a.pos.q, m0, kBlockM, a.q_len, lane, q_lo, q_hi);
@@ -118,7 +118,7 @@ __device__ __forceinline__ bool next_visible_step(const CudaAttentionArgs& a, in
     for (; m0 < end; m0 += 32 * kBlockM) {
       const int mine_m0 = m0 + lane * kBlockM;
       const BlockKind mine = !kSegments || mine_m0 < end
-                                 ? lane_block_kind<kBlockM, kSegments, kRuns>(a, b, k_seg, mine_m0, k_lo, k_hi)
+                                 ? lane_block_kind<kBlockM, kSegments, kFrom>(a, b, k_seg, mine_m0, k_lo, k_hi)
                                  : BlockKind::kSkip;
       const unsigned visible = __ballot_sync(0xffffffffu, mine != BlockKind::kSkip);
       if (visible) {

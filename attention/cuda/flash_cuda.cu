@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   const int warp_row0 = m0 + warp * 16 * kMTiles;
   {
     int64_t lo, hi;
-    warp_query_range<16 * kMTiles, false>(a, warp_row0, lane, lo, hi);
+    warp_query_range<16 * kMTiles, Positions::kRead>(a, warp_row0, lane, lo, hi);
     if (lane == 0) warp_q_lo[warp] = lo, warp_q_hi[warp] = hi;
   }
   __syncthreads();
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   const float scale_log2 = a.scale * kLog2e;
 
   int first, last;
-  block_visible_tiles<kBlockN, kBlockM, kSegments, false>(a, b, m0, block_q_lo, block_q_hi, first, last);
+  block_visible_tiles<kBlockN, kBlockM, kSegments, Positions::kRead>(a, b, m0, block_q_lo, block_q_hi, first, last);
   first = next_segment_tile<kBlockN, kSegments>(a, b, block_seg, first, last, lane);
   if (first <= last) {
     load_tile<T, D, kPadded>(k_smem, a.k, b, kh, first * kBlockN, a.kv_len, a.head_dim, tid);
@@ -102,14 +102,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   }
   copy_commit();
   int64_t k_lo = 0, k_hi = 0;
-  if (first <= last) tile_key_range<kBlockN, false>(a, first, lane, k_lo, k_hi);
+  if (first <= last) tile_key_range<kBlockN, Positions::kRead>(a, first, lane, k_lo, k_hi);
 
   int buffer = 0;
   for (int tile = first; tile <= last;) {
     // The next tile and its key range, loaded now and used on the next iteration (their latency hides here).
     const int next = next_segment_tile<kBlockN, kSegments>(a, b, block_seg, tile + 1, last, lane);
     int64_t next_lo = 0, next_hi = 0;
-    if (next <= last && a.pos.keys_sorted) tile_key_range<kBlockN, false>(a, next, lane, next_lo, next_hi);
+    if (next <= last && a.pos.keys_sorted) tile_key_range<kBlockN, Positions::kRead>(a, next, lane, next_lo, next_hi);
     copy_wait_all();
     __syncthreads();  // this tile (and Q) visible to all; everyone is done with the other buffer
     if (next <= last) {
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
     }
     if (next <= last) {
       if (a.pos.keys_sorted) k_lo = next_lo, k_hi = next_hi;
-      else tile_key_range<kBlockN, false>(a, next, lane, k_lo, k_hi);
+      else tile_key_range<kBlockN, Positions::kRead>(a, next, lane, k_lo, k_hi);
     }
     buffer = 1 - buffer;
     tile = next;

@@ -98,32 +98,33 @@ __device__ __forceinline__ int64_t warp_max(int64_t x) {
 }
 
 // A query's / key's position: computed where the positions are one run (DevicePositions::q_run, k_run: no wait
-// for a read on the path to a block's first tile), else read. kRuns false: always read, as the mma.sync kernels
-// do (at their register limit, the computed form cost their instances up to 56 bytes more stack in spills).
-template <bool kRuns = true>
+// for a read on the path to a block's first tile), else read. Positions::kRead: always read, as the mma.sync
+// kernels do (at their register limit, the computed form cost their instances up to 56 bytes more stack in spills).
+enum class Positions { kComputedWhereRun, kRead };
+template <Positions kFrom = Positions::kComputedWhereRun>
 __device__ __forceinline__ int64_t q_position(const DevicePositions& p, int64_t row) {
-  return kRuns && p.q_run != DevicePositions::kNotARun ? p.q_run + row : p.q[row];
+  return kFrom == Positions::kComputedWhereRun && p.q_run != DevicePositions::kNotARun ? p.q_run + row : p.q[row];
 }
-template <bool kRuns = true>
+template <Positions kFrom = Positions::kComputedWhereRun>
 __device__ __forceinline__ int64_t k_position(const DevicePositions& p, int64_t row) {
-  return kRuns && p.k_run != DevicePositions::kNotARun ? p.k_run + row : p.k[row];
+  return kFrom == Positions::kComputedWhereRun && p.k_run != DevicePositions::kNotARun ? p.k_run + row : p.k[row];
 }
 
 // The range of key positions of tile `t` (kBlockN keys): its first and last entry when keys are
 // sorted, else a scan by the warp (every warp computes the same, so no synchronisation is needed).
-template <int kBlockN, bool kRuns = true>
+template <int kBlockN, Positions kFrom = Positions::kComputedWhereRun>
 __device__ __forceinline__ void tile_key_range(const CudaAttentionArgs& a, int t, int lane, int64_t& lo, int64_t& hi) {
   const int n0 = t * kBlockN;
   if (a.pos.keys_sorted) {
-    lo = k_position<kRuns>(a.pos, n0);
-    hi = k_position<kRuns>(a.pos, min(n0 + kBlockN, a.kv_len) - 1);
+    lo = k_position<kFrom>(a.pos, n0);
+    hi = k_position<kFrom>(a.pos, min(n0 + kBlockN, a.kv_len) - 1);
     return;
   }
   lo = INT64_MAX;
   hi = INT64_MIN;
   for (int j = lane; j < kBlockN; j += 32)
     if (n0 + j < a.kv_len) {
-      const int64_t p = k_position<kRuns>(a.pos, n0 + j);
+      const int64_t p = k_position<kFrom>(a.pos, n0 + j);
       lo = min(lo, p);
       hi = max(hi, p);
     }
@@ -134,7 +135,7 @@ __device__ __forceinline__ void tile_key_range(const CudaAttentionArgs& a, int t
 // The tiles [first, last] within [first, last] as given that can hold a key visible to a query in
 // [q_lo, q_hi]. With sorted keys the visible tiles are one interval (the mask is monotone in the key
 // position): two binary searches over the given tiles.
-template <int kBlockN, bool kRuns = true>
+template <int kBlockN, Positions kFrom = Positions::kComputedWhereRun>
 __device__ void narrow_visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t q_hi, int& first, int& last) {
   if (!a.pos.keys_sorted || first > last) return;
   if (a.window_left >= 0) {  // first tile whose last key >= q_lo - left
@@ -142,7 +143,7 @@ __device__ void narrow_visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, i
     int lo = first, hi = last + 1;
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
-      if (k_position<kRuns>(a.pos, min((mid + 1) * kBlockN, a.kv_len) - 1) >= bound) hi = mid;
+      if (k_position<kFrom>(a.pos, min((mid + 1) * kBlockN, a.kv_len) - 1) >= bound) hi = mid;
       else lo = mid + 1;
     }
     first = lo;
@@ -154,7 +155,7 @@ __device__ void narrow_visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, i
     int lo = first - 1, hi = last;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (k_position<kRuns>(a.pos, mid * kBlockN) <= limit) lo = mid;
+      if (k_position<kFrom>(a.pos, mid * kBlockN) <= limit) lo = mid;
       else hi = mid - 1;
     }
     last = lo;
@@ -162,11 +163,11 @@ __device__ void narrow_visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, i
 }
 
 // The same over all the key tiles.
-template <int kBlockN, bool kRuns = true>
+template <int kBlockN, Positions kFrom = Positions::kComputedWhereRun>
 __device__ void visible_tiles(const CudaAttentionArgs& a, int64_t q_lo, int64_t q_hi, int& first, int& last) {
   first = 0;
   last = (a.kv_len + kBlockN - 1) / kBlockN - 1;
-  narrow_visible_tiles<kBlockN, kRuns>(a, q_lo, q_hi, first, last);
+  narrow_visible_tiles<kBlockN, kFrom>(a, q_lo, q_hi, first, last);
 }
 
 // The segment id of row `row` of batch b (ids is q_segment_ids or kv_segment_ids).
@@ -218,16 +219,16 @@ __device__ __forceinline__ int next_segment_tile(const CudaAttentionArgs& a, int
 // The key tiles [first, last] that the kBlockM queries from m0 (positions [q_lo, q_hi]) can see. A kSegments
 // instance with segment ids looks only among the tiles of the block's documents' keys (all tiles where the
 // ids are not sorted), so that the position search spans only them.
-template <int kBlockN, int kBlockM, bool kSegments, bool kRuns = true>
+template <int kBlockN, int kBlockM, bool kSegments, Positions kFrom = Positions::kComputedWhereRun>
 __device__ __forceinline__ void block_visible_tiles(const CudaAttentionArgs& a, int b, int m0, int64_t q_lo, int64_t q_hi,
                                                     int& first, int& last) {
   if (kSegments && a.q_key_windows) {
     const int2 keys = segment_range(a.q_key_windows, a.q_len, b, m0, kBlockM);
     first = keys.x / kBlockN;
     last = keys.y > 0 ? (keys.y - 1) / kBlockN : -1;
-    narrow_visible_tiles<kBlockN, kRuns>(a, q_lo, q_hi, first, last);
+    narrow_visible_tiles<kBlockN, kFrom>(a, q_lo, q_hi, first, last);
   } else {
-    visible_tiles<kBlockN, kRuns>(a, q_lo, q_hi, first, last);
+    visible_tiles<kBlockN, kFrom>(a, q_lo, q_hi, first, last);
   }
 }
 
@@ -280,8 +281,9 @@ template <bool kSegments, int NT, bool kColumnLimits = false>
 __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int n0, int lane,
                                                int row0, float scale_log2, const TileKeys* keys = nullptr) {
   // Positions computed where they run in the wgmma forward (kColumnLimits), read in the mma.sync kernel.
-  const int64_t qpos0 = row0 < a.q_len ? q_position<kColumnLimits>(a.pos, row0) : 0,
-                qpos1 = row0 + 8 < a.q_len ? q_position<kColumnLimits>(a.pos, row0 + 8) : 0;
+  constexpr Positions kFrom = kColumnLimits ? Positions::kComputedWhereRun : Positions::kRead;
+  const int64_t qpos0 = row0 < a.q_len ? q_position<kFrom>(a.pos, row0) : 0,
+                qpos1 = row0 + 8 < a.q_len ? q_position<kFrom>(a.pos, row0 + 8) : 0;
   const bool segments = kSegments && a.q_segment_ids.data != nullptr;
   const int32_t qseg0 = segments && row0 < a.q_len ? segment_id(a.q_segment_ids, b, row0) : 0;
   const int32_t qseg1 = segments && row0 + 8 < a.q_len ? segment_id(a.q_segment_ids, b, row0 + 8) : 0;
@@ -315,7 +317,7 @@ __device__ __forceinline__ void mask_positions(const CudaAttentionArgs& a, float
       bool visible =
           col < a.kv_len && row < a.q_len &&
           position_visible(e < 2 ? qpos0 : qpos1,
-                           consecutive ? keys->first_pos + (col - n0) : k_position<kColumnLimits>(a.pos, col), a.causal,
+                           consecutive ? keys->first_pos + (col - n0) : k_position<kFrom>(a.pos, col), a.causal,
                            a.window_left, a.window_right);
       if (segments && visible)
         visible = (keys != nullptr && keys->one_segment ? keys->segment : segment_id(a.kv_segment_ids, b, col)) ==
@@ -567,7 +569,7 @@ __device__ __forceinline__ void merge_into_carry(const CudaAttentionArgs& a, int
 }
 
 // The query-position range [lo, hi] of this warp's rows (lo > hi when none is below q_len).
-template <int kRowsPerWarp, bool kRuns = true>
+template <int kRowsPerWarp, Positions kFrom = Positions::kComputedWhereRun>
 __device__ __forceinline__ void warp_query_range(const CudaAttentionArgs& a, int warp_row0, int lane, int64_t& lo,
                                                  int64_t& hi) {
   lo = INT64_MAX;
@@ -575,7 +577,7 @@ __device__ __forceinline__ void warp_query_range(const CudaAttentionArgs& a, int
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; r += 8) {
     const int row = warp_row0 + r + lane / 4;
-    if (row < a.q_len) lo = min(lo, q_position<kRuns>(a.pos, row)), hi = max(hi, q_position<kRuns>(a.pos, row));
+    if (row < a.q_len) lo = min(lo, q_position<kFrom>(a.pos, row)), hi = max(hi, q_position<kFrom>(a.pos, row));
   }
   lo = warp_min(lo);
   hi = warp_max(hi);

@@ -115,24 +115,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   int first, last;
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   const int tiles = last - first + 1;  // <= 0: none
-  // K and V tiles come by TMA, started by one thread, each buffer's landing counted by its mbarrier: the
-  // per-thread copies cost this register-bound kernel 1.11-1.35x.
-  __shared__ alignas(8) uint64_t k_landed[2], v_landed[2], leader_done[2];
-  tma::Landings k_in{k_landed}, v_in{v_landed}, leader_in{leader_done};
-  auto load_k = [&](int buffer, int tile) {
-    tma::load_row_tile<kBlockN, D>(k_smem + buffer * kBlockN * D, &maps.k, tile * kBlockN, kh, b, &k_landed[buffer]);
-  };
-  auto load_v = [&](int buffer, int tile) {
-    tma::load_row_tile<kBlockN, Dv>(v_smem + buffer * kBlockN * Dv, &maps.v, tile * kBlockN, kh, b, &v_landed[buffer]);
-  };
-  wgmma::by_thread_zero(tid, [&] {
-    k_in.init(2), v_in.init(2), leader_in.init(2);
-    tma::fence_barrier_init();
-    if (tiles > 0) load_k(0, first);
-  });
-
-  // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
-  const uint32_t q_rows = smem_address(q_smem) + group * 64 * kRowBytes;
   // Step i starts loading K_{i+1} and V_i into the buffers step i - 1 read, and waits for K_i and V_{i-1}.
   // kTurns: the warpgroups take turns issuing their products (wgmma::IssueTurns), warpgroup 0 first, so that
   // one's softmax runs while the other's products do; the loads are started by warpgroup 1, which runs
@@ -148,6 +130,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kTurns = (D == 128 || (D == 192 && Dv == 128)) && !kSoftCap && !kSegments;
   const wgmma::IssueTurns turns{group};
   constexpr int kLoader = kTurns ? 128 : 0;
+  // K and V tiles come by TMA, started by one thread, each buffer's landing counted by its mbarrier: the
+  // per-thread copies cost this register-bound kernel 1.11-1.35x.
+  __shared__ alignas(8) uint64_t k_landed[2], v_landed[2], leader_done[2];
+  tma::Landings k_in{k_landed}, v_in{v_landed}, leader_in{leader_done};
+  auto load_k = [&](int buffer, int tile) {
+    tma::load_row_tile<kBlockN, D>(k_smem + buffer * kBlockN * D, &maps.k, tile * kBlockN, kh, b, &k_landed[buffer]);
+  };
+  auto load_v = [&](int buffer, int tile) {
+    tma::load_row_tile<kBlockN, Dv>(v_smem + buffer * kBlockN * Dv, &maps.v, tile * kBlockN, kh, b, &v_landed[buffer]);
+  };
+  wgmma::by_thread_zero(tid, [&] {
+    k_in.init(2), v_in.init(2);
+    if constexpr (kTurns) leader_in.init(2);
+    tma::fence_barrier_init();
+    if (tiles > 0) load_k(0, first);
+  });
+
+  // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
+  const uint32_t q_rows = smem_address(q_smem) + group * 64 * kRowBytes;
   auto begin_step = [&](int i) {
     const int tile = first + i;
     if constexpr (!kTurns) __syncthreads();  // step i - 1's products are done with the buffers loaded next
