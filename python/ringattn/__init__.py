@@ -30,7 +30,8 @@ from . import _nvidia
 _nvidia.load_from_wheels()  # before the core links them: the copies PyTorch and JAX use (ringattn/_nvidia.py)
 
 from . import _core  # noqa: E402
-from .formats import axes_of as _axes_of  # noqa: E402, explained as _explained, note_layout as _note_layout, reorder as _reorder
+from .formats import axes_of as _axes_of, explained as _explained, note_layout as _note_layout  # noqa: E402
+from .formats import reorder as _reorder  # noqa: E402
 
 # The implementations kept between calls (their streams, device buffers, cuDNN graphs) are destroyed at
 # interpreter exit, while CUDA is up, not by the process's exit handlers beside CUDA's own teardown.
