@@ -29,9 +29,18 @@ def reorder(x, axes, name):
     (numpy, JAX, CuPy)."""
     if x is None or axes is None:
         return x
+    expect_array(x, name)
     if len(x.shape) != 4:
         raise ValueError("%s has %d dimensions %s: a qkv_format reorders 4" % (name, len(x.shape), tuple(x.shape)))
     return x.permute(axes) if type(x).__module__.startswith("torch") else x.transpose(axes)
+
+
+def expect_array(x, name):
+    """x, refused by name where it is no array (the core's own refusal names no argument)."""
+    if not hasattr(x, "__dlpack__"):
+        raise ValueError("%s is a %s, expected an array (numpy, PyTorch, JAX or CuPy: anything with __dlpack__)" %
+                         (name, type(x).__name__))
+    return x
 
 
 def explained(qkv_format, call):

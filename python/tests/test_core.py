@@ -254,6 +254,11 @@ def test_qkv_format_refusals_and_warnings():
         ringattn.attention(q, k[..., :16], v, qkv_format="sbhd")
     with pytest.raises(ValueError, match="q has 3 dimensions"):
         ringattn.attention(q[0], k, v, qkv_format="bhsd")
+    for fmt in (None, "bhsd"):  # what is no array is named (the core's own TypeError names no argument)
+        with pytest.raises(ValueError, match="k is a list, expected an array"):
+            ringattn.attention(q, k.tolist(), v, qkv_format=fmt)
+        with pytest.raises(ValueError, match="do is a NoneType, expected an array"):
+            ringattn.attention_backward(q, k, v, q, np.zeros((2, 4, 37), np.float32), None, qkv_format=fmt)
     # Given no format: a (B, H, T, D) q of many heads, and (T, B, H, D) ones read as batch rows of one token.
     bhsd = np.zeros((1, 4, 300, 8), np.float32)
     with pytest.warns(UserWarning, match="300 heads and 4 tokens.*qkv_format='bhsd'"):
