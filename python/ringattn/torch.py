@@ -33,7 +33,7 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _core, varlen
 from . import _four_dims, _int32_segments
-from .formats import axes_of, explained, note_layout, reorder
+from .formats import axes_of, expect_array, explained, note_layout, reorder
 from . import shard as ringattn_shard
 
 __all__ = ["attention", "ring_attention", "attention_varlen", "ring_attention_varlen", "DistributedComm"]
@@ -436,8 +436,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     axes = axes_of(qkv_format)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    note_layout(q, k, qkv_format)
-    q, k, v = _autocast(*(reorder(x, axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
+    note_layout(expect_array(q, "q"), expect_array(k, "k"), qkv_format)
+    q, k, v = _autocast(*(reorder(expect_array(x, name), axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
     o, lse = explained(qkv_format, lambda: _eager_call(_attention_forward, _AttentionEager, q, k, v, *args,
                                                        bool(deterministic), impl))
     o = reorder(o, axes, "o")
@@ -470,8 +470,8 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     axes = axes_of(qkv_format)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    note_layout(q, k, qkv_format)
-    q, k, v = _autocast(*(reorder(x, axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
+    note_layout(expect_array(q, "q"), expect_array(k, "k"), qkv_format)
+    q, k, v = _autocast(*(reorder(expect_array(x, name), axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
     o, lse = explained(qkv_format, lambda: _eager_call(
         _ring_forward, _RingEager, q, k, v, *args, _handle_of(comm, group, float(timeout), q.device), layout,
         global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), str(grad_wire)))

@@ -90,6 +90,8 @@ def test_qkv_format_gives_bshd_results_and_gradients(qkv_format, axes):
     o_f.backward(do.permute(axes))
     for got, want in zip(leaves, (q, k, v)):
         assert torch.equal(got.grad, want.grad.permute(axes))
+    with pytest.raises(ValueError, match="v is a list, expected an array"):
+        rt.attention(q, k, v.tolist(), qkv_format=qkv_format)
     if qkv_format == "bhsd":  # layout_bhtd=True, its older name, is the same
         assert torch.equal(rt.attention(*leaves, causal=True, layout_bhtd=True), o_f)
         with pytest.raises(ValueError, match="layout_bhtd=True is qkv_format='bhsd', which qkv_format='sbhd'"):
