@@ -9,9 +9,9 @@ the C++ core through DLPack without copies when contiguous.
 
 Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv) -> o (B, T, Hq, Dv);
 qkv_format="bhsd" (or layout_bhtd=True) takes them (B, H, T, D) as F.scaled_dot_product_attention does, "sbhd"
-(T, B, H, D) as Megatron does (views in, o back as a view; ringattn.formats). lse (B, Hq, T) float32 comes back with return_lse=True and is differentiable: a loss that reads
-it (merging partial outputs by their lse, a z-loss) gets its gradient (with impl="cudnn", whose backward takes no
-dlse, such a backward runs on flash_attn2's kernels). Under torch.autocast, q, k and v are cast to its dtype, as
+(T, B, H, D) as Megatron does (views in, o back as a view; ringattn.formats). lse (B, Hq, T) float32 comes back
+with return_lse=True and is differentiable: a loss that reads it (merging partial outputs by their lse, a z-loss)
+gets its gradient (with impl="cudnn", whose backward takes no dlse, such a backward runs on flash_attn2's kernels). Under torch.autocast, q, k and v are cast to its dtype, as
 F.scaled_dot_product_attention takes them.
 float64 tensors (CPU, impl="sdpa") run the f64 reference forward and backward, lse float64 too: what
 torch.autograd.gradcheck needs. Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
