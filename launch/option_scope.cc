@@ -27,7 +27,8 @@ void check_options_apply(const AttentionOptions& o) {
            " without --dropout: no pair is dropped, so the seed would change nothing (add --dropout P)");
 }
 
-void check_backward_options_apply(const AttentionOptions& o, bool backward, std::initializer_list<const char*> options) {
+void check_backward_options_apply(const AttentionOptions& o, bool backward,
+                                  std::initializer_list<const char*> options) {
   for (const char* option : options)
     RA_CHECK(backward || !was_given(o, option), "--", option, " applies to the backward pass, where it would change "
              "nothing without it: add --backward, or leave it out");

@@ -17,6 +17,7 @@ void check_options_apply(const AttentionOptions& opts);
 
 // The command's options that shape only the backward pass (run's --do-dataset, bench's --f32-gradients, ...), given
 // without --backward: refused, each by name. Reads opts.given.
-void check_backward_options_apply(const AttentionOptions& opts, bool backward, std::initializer_list<const char*> options);
+void check_backward_options_apply(const AttentionOptions& opts, bool backward,
+                                  std::initializer_list<const char*> options);
 
 }  // namespace ra::cli

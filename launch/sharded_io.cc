@@ -110,8 +110,8 @@ bool shapes_agree(QkvFormat format, const Shape& q, const Shape& k, const Shape&
   const int rank = int(file_dims(format).size());
   if (q.rank != rank || k.rank != rank || v.rank != rank) return false;
   auto size = [&](const Shape& s, int dim) { return size_of(format, s, dim); };
-  return size(k, 2) > 0 && size(k, 0) == size(q, 0) && size(v, 0) == size(q, 0) && size(k, 3) == size(q, 3) && size(v, 1) == size(k, 1) &&
-         size(v, 2) == size(k, 2) && size(q, 2) % size(k, 2) == 0;
+  return size(k, 2) > 0 && size(k, 0) == size(q, 0) && size(v, 0) == size(q, 0) && size(k, 3) == size(q, 3) &&
+         size(v, 1) == size(k, 1) && size(v, 2) == size(k, 2) && size(q, 2) % size(k, 2) == 0;
 }
 
 // An output dataset of a (B, L, H, X) tensor: present, of `canonical`'s shape in the file's format (naming another
@@ -296,7 +296,8 @@ Tensor reorder_qkv(const TensorView& t, QkvFormat format, bool to_format, Memory
     for (in_index[1] = 0; in_index[1] < s[1]; ++in_index[1])
       for (in_index[2] = 0; in_index[2] < s[2]; ++in_index[2]) {
         const int64_t a = in_index[perm[0]], b = in_index[perm[1]], c = in_index[perm[2]];
-        const int64_t at = (a * s[perm[1]] + b) * s[perm[2]] + c, from_at = (in_index[0] * s[1] + in_index[1]) * s[2] + in_index[2];
+        const int64_t at = (a * s[perm[1]] + b) * s[perm[2]] + c,
+                      from_at = (in_index[0] * s[1] + in_index[1]) * s[2] + in_index[2];
         std::memcpy(to + size_t(at) * row, from + size_t(from_at) * row, row);
       }
   return out;
@@ -305,7 +306,8 @@ Tensor reorder_qkv(const TensorView& t, QkvFormat format, bool to_format, Memory
 std::string qkv_format_note(const ShardPlan& p, const std::string& path) {
   if (p.names.format != QkvFormat::kBSHD) return "";
   constexpr int64_t kMostHeads = 256;  // more query heads than any model has (128 the most seen)
-  const std::string read_as = "note: '" + p.names.q + "' of '" + path + "' read as bshd (batch, q_len, q_heads, head_dim) ";
+  const std::string read_as =
+      "note: '" + p.names.q + "' of '" + path + "' read as bshd (batch, q_len, q_heads, head_dim) ";
   if (p.q_heads > kMostHeads && p.q_heads > p.q_len)
     return read_as + "has " + std::to_string(p.q_heads) + " heads and " + std::to_string(p.q_len) +
            " tokens: if it holds (batch, heads, len, dim), as PyTorch's scaled_dot_product_attention takes it, pass "
@@ -623,7 +625,8 @@ void read_gradients(const H5File& f, const ShardPlan& p, Tensor& dq, Tensor& dk,
   const std::pair<const char*, Shape> expected[] = {{"dq", {p.batch, p.q_len, p.q_heads, p.head_dim}},
                                                     {"dk", {p.batch, p.kv_len, p.kv_heads, p.head_dim}},
                                                     {"dv", {p.batch, p.kv_len, p.kv_heads, p.v_head_dim}}};
-  for (const auto& [name, e] : expected) expect_token_output(f, format, name, e, dims_text(format, "len", "heads", "dim"));
+  for (const auto& [name, e] : expected)
+    expect_token_output(f, format, name, e, dims_text(format, "len", "heads", "dim"));
   dq = read_tokens(f, "dq", p, p.q_runs, p.hq_offset, p.hq_count, p.head_dim);
   dk = read_tokens(f, "dk", p, p.kv_runs, p.hkv_offset, p.hkv_count, p.head_dim);
   dv = read_tokens(f, "dv", p, p.kv_runs, p.hkv_offset, p.hkv_count, p.v_head_dim);

@@ -31,7 +31,7 @@ _nvidia.load_from_wheels()  # before the core links them: the copies PyTorch and
 
 from . import _core  # noqa: E402
 from .formats import axes_of as _axes_of, explained as _explained, note_layout as _note_layout  # noqa: E402
-from .formats import expect_array as _expect_array, reorder as _reorder  # noqa: E402
+from .formats import reorder as _reorder, to_core as _to_core  # noqa: E402
 
 # The implementations kept between calls (their streams, device buffers, cuDNN graphs) are destroyed at
 # interpreter exit, while CUDA is up, not by the process's exit handlers beside CUDA's own teardown.
@@ -122,9 +122,9 @@ def attention(q, k, v, *, impl="flash_attn2", return_lse=False, out=None, stream
     impl: "flash_attn2", "sdpa" or "blockwise" on the host; "flash_attn2", "sdpa" or "cudnn" on a GPU.
     out: None, or (o, lse) arrays to write into. qkv_format: "bshd" (None), "bhsd" or "sbhd" (module docstring).
     """
-    axes, out = _axes_of(qkv_format), _format_out(out, qkv_format)
-    _note_layout(_expect_array(q, "q"), _expect_array(k, "k"), qkv_format)
-    q, k, v = (_reorder(_expect_array(x, name), axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    out = _format_out(out, qkv_format)
+    axes, (q, k, v) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
+    _note_layout(q, k, qkv_format)  # (given no format, q and k as given)
     results = _explained(qkv_format, lambda: _core.attention(q, k, v, impl, _call_options(options), return_lse,
                                                              out, _stream(stream), q))
     return _in_format(axes, results, 1)
@@ -143,9 +143,8 @@ def attention_backward(q, k, v, o, lse, do, *, dlse=None, impl="flash_attn2", f3
     a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are.
     qkv_format: the forward's; o and do in it, dq, dk, dv returned in it.
     """
-    axes, out = _axes_of(qkv_format), _format_out(out, qkv_format)
-    q, k, v, o, do = (_reorder(_expect_array(x, name), axes, name)
-                      for x, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do")))
+    out = _format_out(out, qkv_format)
+    axes, (q, k, v, o, do) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
     grads = _explained(qkv_format, lambda: _core.attention_backward(
         q, k, v, o, lse, do, dlse, impl, _call_options(options), f32_gradients, out,
         _stream(stream), q))
@@ -171,9 +170,9 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     same bits on every run for this number of ranks and layout (the backward's sums in a fixed order).
     qkv_format: as attention's (shard() cuts the format's len axis: 2 for "bhsd", 0 for "sbhd").
     """
-    axes, out = _axes_of(qkv_format), _format_out(out, qkv_format)
-    _note_layout(_expect_array(q, "q"), _expect_array(k, "k"), qkv_format)
-    q, k, v = (_reorder(_expect_array(x, name), axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    out = _format_out(out, qkv_format)
+    axes, (q, k, v) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
+    _note_layout(q, k, qkv_format)  # (given no format, q and k as given)
     results = _explained(qkv_format, lambda: _core.ring_attention(
         q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), "f32",
         _call_options(options), return_lse, out, _stream(stream), q))
@@ -193,9 +192,8 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, dlse=None, layout="zig
     for this number of ranks and layout (dQ summed in a fixed order: up to 16 float32 copies of dq).
     qkv_format: the forward's; o and do in it, dq, dk, dv returned in it.
     """
-    axes, out = _axes_of(qkv_format), _format_out(out, qkv_format)
-    q, k, v, o, do = (_reorder(_expect_array(x, name), axes, name)
-                      for x, name in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do")))
+    out = _format_out(out, qkv_format)
+    axes, (q, k, v, o, do) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
     grads = _explained(qkv_format, lambda: _core.ring_attention_backward(
         q, k, v, o, lse, do, dlse, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
         bool(deterministic), grad_wire, _call_options(options), f32_gradients, out,

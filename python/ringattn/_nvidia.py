@@ -16,22 +16,21 @@ import sys
 _SONAMES = ("libcublasLt.so.13", "libcublas.so.13", "libnvrtc.so.13", "libnccl.so.2", "libcudnn.so.9")
 
 
-def _in_wheels(soname):
-    """The first nvidia/<package>/lib/<soname> along sys.path, or None."""
-    for entry in sys.path:
-        found = sorted(glob.glob(os.path.join(entry or os.curdir, "nvidia", "*", "lib", soname)))
-        if found:
-            return found[0]
-    return None
+def _wheel_libs():
+    """Every nvidia/<package>/lib folder along sys.path, in its order."""
+    return [lib for entry in sys.path
+            for lib in sorted(glob.glob(os.path.join(entry or os.curdir, "nvidia", "*", "lib")))]
 
 
 def load_from_wheels():
-    """Loads each library the wheels hold (globally, as PyTorch does); returns the paths loaded."""
+    """Loads each library the wheels hold (globally, as PyTorch does), the first copy along sys.path; returns the
+    paths loaded."""
     loaded = []
     if not sys.platform.startswith("linux"):
         return loaded
+    libs = _wheel_libs()
     for soname in _SONAMES:
-        path = _in_wheels(soname)
+        path = next((os.path.join(lib, soname) for lib in libs if os.path.exists(os.path.join(lib, soname))), None)
         if path is None:
             continue
         try:

@@ -24,12 +24,18 @@ def axes_of(qkv_format):
     return _AXES[qkv_format]
 
 
+def to_core(qkv_format, named):
+    """The axes of `qkv_format` (axes_of) and the arrays of `named` ((name, array), ...), each refused by name where
+    it is no array, as the core's (B, L, H, X) views."""
+    axes = axes_of(qkv_format)
+    return axes, [reorder(expect_array(x, name), axes, name) for name, x in named]
+
+
 def reorder(x, axes, name):
     """x's view with its axes moved by `axes` (None: x itself). Any framework: PyTorch's permute, else transpose
     (numpy, JAX, CuPy)."""
     if x is None or axes is None:
         return x
-    expect_array(x, name)
     if len(x.shape) != 4:
         raise ValueError("%s has %d dimensions %s: a qkv_format reorders 4" % (name, len(x.shape), tuple(x.shape)))
     return x.permute(axes) if type(x).__module__.startswith("torch") else x.transpose(axes)

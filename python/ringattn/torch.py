@@ -11,8 +11,8 @@ Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S,
 qkv_format="bhsd" (or layout_bhtd=True) takes them (B, H, T, D) as F.scaled_dot_product_attention does, "sbhd"
 (T, B, H, D) as Megatron does (views in, o back as a view; ringattn.formats). lse (B, Hq, T) float32 comes back
 with return_lse=True and is differentiable: a loss that reads it (merging partial outputs by their lse, a z-loss)
-gets its gradient (with impl="cudnn", whose backward takes no dlse, such a backward runs on flash_attn2's kernels). Under torch.autocast, q, k and v are cast to its dtype, as
-F.scaled_dot_product_attention takes them.
+gets its gradient (with impl="cudnn", whose backward takes no dlse, such a backward runs on flash_attn2's kernels).
+Under torch.autocast, q, k and v are cast to its dtype, as F.scaled_dot_product_attention takes them.
 float64 tensors (CPU, impl="sdpa") run the f64 reference forward and backward, lse float64 too: what
 torch.autograd.gradcheck needs. Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend;
@@ -33,7 +33,7 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _core, varlen
 from . import _four_dims, _int32_segments
-from .formats import axes_of, expect_array, explained, note_layout, reorder
+from .formats import explained, note_layout, reorder, to_core
 from . import shard as ringattn_shard
 
 __all__ = ["attention", "ring_attention", "attention_varlen", "ring_attention_varlen", "DistributedComm"]
@@ -404,7 +404,8 @@ def _format_of(qkv_format, layout_bhtd):
     if not layout_bhtd:
         return qkv_format
     if qkv_format not in (None, "bhsd"):
-        raise ValueError("layout_bhtd=True is qkv_format='bhsd', which qkv_format=%r contradicts: pass one" % (qkv_format,))
+        raise ValueError("layout_bhtd=True is qkv_format='bhsd', which qkv_format=%r contradicts: pass one" %
+                         (qkv_format,))
     return "bhsd"
 
 
@@ -433,11 +434,11 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     v and o in it, as views.
     """
     qkv_format = _format_of(qkv_format, layout_bhtd)
-    axes = axes_of(qkv_format)
+    axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
+    note_layout(q, k, qkv_format)  # (given no format, q and k as given)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    note_layout(expect_array(q, "q"), expect_array(k, "k"), qkv_format)
-    q, k, v = _autocast(*(reorder(expect_array(x, name), axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
+    q, k, v = _autocast(q, k, v)
     o, lse = explained(qkv_format, lambda: _eager_call(_attention_forward, _AttentionEager, q, k, v, *args,
                                                        bool(deterministic), impl))
     o = reorder(o, axes, "o")
@@ -467,11 +468,11 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     qkv_format: as attention's (ringattn.shard cuts the format's len axis).
     """
     qkv_format = _format_of(qkv_format, layout_bhtd)
-    axes = axes_of(qkv_format)
+    axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
+    note_layout(q, k, qkv_format)  # (given no format, q and k as given)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    note_layout(expect_array(q, "q"), expect_array(k, "k"), qkv_format)
-    q, k, v = _autocast(*(reorder(expect_array(x, name), axes, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
+    q, k, v = _autocast(q, k, v)
     o, lse = explained(qkv_format, lambda: _eager_call(
         _ring_forward, _RingEager, q, k, v, *args, _handle_of(comm, group, float(timeout), q.device), layout,
         global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), str(grad_wire)))
