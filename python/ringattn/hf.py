@@ -1,0 +1,320 @@
+"""ringattn for Hugging Face Transformers: `attn_implementation="ringattn"` and context-parallel training.
+
+    import ringattn.hf
+    ringattn.hf.register()                                   # this process's attention
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="ringattn")
+
+    ringattn.hf.register("ringattn_ring", group=None, layout="zigzag")  # the ring over a process group
+    ids, positions = ringattn.hf.shard_inputs(input_ids, rank, size)     # each rank's rows, and their positions
+    model(input_ids=ids, position_ids=positions)                         # attention sees the whole sequence
+
+The attention function takes what the models hand FlashAttention's: q (B, Hq, T, D), k / v (B, Hkv, S, D),
+causal from the module, `scaling`, `dropout` (its mask drawn from torch's default generator, regenerated
+exactly by the backward), `sliding_window` (W: the query and W - 1 keys before it, as the models' masks
+and FlashAttention's window take it), `softcap` (Gemma 2), `s_aux` (gpt-oss's sinks, with their gradient),
+`position_bias` (an additive (B|1, H, T, S) bias); GQA without repeating K / V. Masks stay compact: a
+2-D padding mask (batch rows' pad keys hidden) or packed sequences (position_ids restarting, or
+FlashAttention's cu_seq_lens_q / cu_seq_lens_k) become segment ids. A mask pattern beyond those (a
+model's or_mask / and_mask overlays, chunked or blockwise attention) is built exactly by Transformers'
+own sdpa_mask as a (B, 1, T, S) boolean mask: correct, T x S bytes, said once in a warning. A 4-D mask
+or bias the caller passes is taken as given.
+
+The ring runs each rank's shard (ringattn.shard's layouts; zigzag balances causal): the model is the same
+on every rank, input_ids and position_ids are the rank's rows, and the loss of each rank's rows sums to
+the whole sequence's. Padding (a 2-D mask of the rank's rows) and packed sequences (global position_ids
+restarting, gathered once per forward) run there too; patterns that need a T x S mask are refused by name.
+"""
+
+import warnings
+from typing import Optional
+
+import torch
+
+from . import _core
+from . import shard as ringattn_shard, unshard as ringattn_unshard
+from . import torch as rt
+
+__all__ = ["register", "shard_inputs", "attention_forward"]
+
+
+def _masking_utils():
+    try:
+        from transformers import masking_utils
+    except ImportError as error:  # the module is importable without Transformers; using it is not
+        raise ImportError("ringattn.hf needs Hugging Face Transformers (pip install transformers)") from error
+    return masking_utils
+
+
+# The mask factories whose pattern the attention function rebuilds from its own arguments (causal,
+# sliding_window, segment ids): every other one (or_masks, chunked or blockwise overlays, a caller's
+# function) has its mask built exactly.
+_COMPACT_FACTORIES = {
+    "causal_mask_function", "bidirectional_mask_function", "and_masks.<locals>.and_mask",
+    "sliding_window_overlay.<locals>.inner_mask", "sliding_window_bidirectional_overlay.<locals>.inner_mask",
+    "padding_mask_function.<locals>.inner_mask", "packed_sequence_mask_function.<locals>.inner_mask",
+    "remap_positions_for_packed_sequence.<locals>.inner_mask", "add_offsets_to_mask_function.<locals>.inner_mask",
+}
+
+
+def _compact(mask_function) -> bool:
+    """Whether mask_function is built only of causal / bidirectional / sliding window / padding / packing."""
+    if (getattr(mask_function, "__module__", None) != "transformers.masking_utils"
+            or getattr(mask_function, "__qualname__", None) not in _COMPACT_FACTORIES):
+        return False
+    for cell in mask_function.__closure__ or ():
+        contents = cell.cell_contents
+        for inner in contents if isinstance(contents, tuple) else (contents,):
+            if callable(inner) and not isinstance(inner, torch.Tensor) and not _compact(inner):
+                return False
+    return True
+
+
+_warned = set()
+
+
+def _warn_once(key, message):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _local_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
+                **kwargs):
+    """The mask function registered beside "ringattn": the 2-D padding mask (or None) where the attention
+    function rebuilds the pattern, else Transformers' sdpa_mask (the exact (B, 1, T, S) boolean mask)."""
+    masking = _masking_utils()
+    mask_function = mask_function or masking.causal_mask_function
+    if _compact(mask_function):
+        return masking.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                                            attention_mask)
+    _warn_once("dense", "ringattn.hf: this model's mask pattern (%s) is not one ringattn rebuilds from its options "
+                        "(causal, sliding window, padding, packed sequences): it runs as a dense (B, 1, T, S) boolean "
+                        "mask, exact but T x S bytes a batch row" % getattr(mask_function, "__qualname__", "?"))
+    kwargs.pop("allow_is_causal_skip", None)
+    return masking.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                             kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                             allow_is_causal_skip=False, **kwargs)
+
+
+def _ring_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
+               **kwargs):
+    """The ring's mask function: a pattern the ring cannot take compactly is refused by name."""
+    masking = _masking_utils()
+    mask_function = mask_function or masking.causal_mask_function
+    if not _compact(mask_function):
+        raise ValueError("ringattn.hf's ring takes causal, sliding-window, padding and packed-sequence masks; this "
+                         "model's mask (%s) needs a dense T x S mask, which the ring does not shard: use "
+                         "attn_implementation='ringattn' on one process" % getattr(mask_function, "__qualname__", "?"))
+    # The 2-D mask as given, all true too: every rank then passes segment ids to the ring, or none does.
+    return None if attention_mask is None else attention_mask[:, -kv_length:]
+
+
+def sequence_ids_of_positions(position_ids: torch.Tensor) -> Optional[torch.Tensor]:
+    """Packed sequences' ids (B, T) int32 where position_ids restart (a step other than +1 begins a new
+    sequence, as Transformers' find_packed_sequence_indices says), None where each row is one sequence."""
+    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
+    ids = (step != 1).cumsum(-1, dtype=torch.int32)
+    return ids if bool(ids[:, -1].any()) else None
+
+
+def _sequence_ids_of_cu_seqlens(cu, total, device, name):
+    """Segment ids (1, total) from FlashAttention's cumulative lengths (its packed batch of one row)."""
+    cu = torch.as_tensor(cu, device=device).long()
+    if cu.ndim != 1 or int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu.diff() < 0).any()):
+        raise ValueError("%s must run from 0 to the packed length %d without decreasing: got %s" %
+                         (name, total, cu.tolist()))
+    rows = torch.arange(total, device=device)
+    return (torch.searchsorted(cu[1:], rows, right=True)).int()[None]
+
+
+def _padding_ids(attention_mask: torch.Tensor, kv_length: int):
+    """Key segment ids (B, S) from a 2-D padding mask: 0 where a key is seen, 1 where it is padding; the
+    queries all take 0, so each query sees its row's real keys (as the models' masks say)."""
+    if attention_mask.shape[-1] < kv_length:
+        raise ValueError("attention_mask covers %d keys but the call has %d: a 2-D mask needs one column a key" %
+                         (attention_mask.shape[-1], kv_length))
+    valid = attention_mask[:, -kv_length:].bool()
+    return None if bool(valid.all()) else (~valid).int()
+
+
+def _dropout_seed(dropout: float) -> int:
+    """A seed for this call's dropout mask from torch's default generator (torch.manual_seed makes a step
+    reproducible); the backward regenerates the same mask from it."""
+    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64)) if dropout else 0
+
+
+def _window(sliding_window, causal):
+    if sliding_window is None:
+        return None
+    w = int(sliding_window)
+    if w < 1:
+        raise ValueError("sliding_window must be at least 1 (the query's own key): got %d" % w)
+    return (w - 1, 0 if causal else w - 1)
+
+
+def _sinks(s_aux):
+    return None if s_aux is None else s_aux.float()
+
+
+def _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux, output_attentions):
+    """The ringattn options both hooks take from the model's arguments (each reads attention_mask itself)."""
+    if output_attentions:
+        _warn_once("weights", "ringattn.hf: attention weights are never formed (output_attentions=True returns None "
+                              "for them); use attn_implementation='eager' to see them")
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    return dict(causal=causal, window=_window(sliding_window, causal), softcap=softcap, scale=scaling,
+                sinks=_sinks(s_aux), dropout=float(dropout or 0.0), dropout_seed=_dropout_seed(dropout))
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                      sliding_window=None, softcap=None, s_aux=None, position_bias=None, position_ids=None,
+                      cu_seq_lens_q=None, cu_seq_lens_k=None, output_attentions=False, impl="flash_attn2",
+                      **kwargs):
+    """The "ringattn" attention function (Transformers' AttentionInterface): (o (B, T, Hq, Dv), None)."""
+    options = _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux, output_attentions)
+    T, S = query.shape[2], key.shape[2]
+    bias = None if position_bias is None else position_bias.float()
+    if attention_mask is None:
+        if cu_seq_lens_q is not None or cu_seq_lens_k is not None:
+            if query.shape[0] != 1:
+                raise ValueError("cu_seq_lens_q / cu_seq_lens_k describe a packed batch of one row: q has %d rows" %
+                                 query.shape[0])
+            q_cu = cu_seq_lens_q if cu_seq_lens_q is not None else cu_seq_lens_k
+            k_cu = cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q
+            options.update(segment_ids=_sequence_ids_of_cu_seqlens(q_cu, T, query.device, "cu_seq_lens_q"),
+                           kv_segment_ids=_sequence_ids_of_cu_seqlens(k_cu, S, query.device, "cu_seq_lens_k"))
+        elif position_ids is not None and T == S and T > 1:
+            ids = sequence_ids_of_positions(position_ids.expand(query.shape[0], -1))
+            if ids is not None:
+                options.update(segment_ids=ids, kv_segment_ids=ids)
+    elif attention_mask.ndim == 2:
+        kv_ids = _padding_ids(attention_mask, S)
+        if kv_ids is not None:
+            options.update(segment_ids=kv_ids.new_zeros((query.shape[0], T)), kv_segment_ids=kv_ids)
+    elif attention_mask.ndim == 4:  # a dense mask (ours, or the caller's): it holds the pattern, causal too
+        options["causal"] = False
+        if attention_mask.dtype == torch.bool:
+            options["mask"] = attention_mask
+        else:  # additive, as the models' eager masks are
+            bias = attention_mask.float() if bias is None else bias + attention_mask.float()
+    else:
+        raise ValueError("attention_mask must be 2-D (batch, keys) padding or 4-D (batch, 1, queries, keys): got %d "
+                         "dimensions %s" % (attention_mask.ndim, tuple(attention_mask.shape)))
+    o = rt.attention(query, key, value, qkv_format="bhsd", bias=bias, impl=impl, **options)
+    return o.transpose(1, 2), None  # (B, T, H, Dv), the models' layout: the core's own, no copy
+
+
+class _Ring:
+    """The "ringattn_ring" attention function: this rank's shard over the ring of `comm` or `group`."""
+
+    def __init__(self, comm, group, layout, local_impl, ring_options):
+        self.comm, self.group, self.layout, self.local_impl = comm, group, layout, local_impl
+        self.ring_options = ring_options
+        self._positions = (None, None)  # (position_ids, their segment ids): one gather per forward
+
+    def rank_and_size(self):
+        from .varlen import rank_and_size
+        return rank_and_size(self.comm, self.group)
+
+    def _gather(self, local: torch.Tensor):
+        """Every rank's position_ids (B, T_local), in rank order."""
+        if self.comm is not None and hasattr(self.comm, "allgather"):  # mpi4py
+            return [torch.as_tensor(x) for x in self.comm.allgather(local.cpu().numpy())]
+        import torch.distributed as dist
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, local.contiguous(), group=self.group)
+        return parts
+
+    def segment_ids(self, position_ids: torch.Tensor, batch: int):
+        """This rank's rows of the packed sequences' ids, from every rank's position_ids (None: no packing)."""
+        cached, ids = self._positions
+        if cached is position_ids:
+            return ids
+        rank, size = self.rank_and_size()
+        local = position_ids.expand(batch, -1).to(torch.int64)
+        expected = ringattn_shard(torch.arange(local.shape[1] * size, device=local.device), 0, self.layout, rank, size)
+        packed = torch.tensor([0 if torch.equal(local, expected.expand_as(local)) else 1])
+        if self.comm is not None and hasattr(self.comm, "allreduce"):
+            any_packed = self.comm.allreduce(int(packed))
+        else:
+            import torch.distributed as dist
+            dist.all_reduce(packed, group=self.group)
+            any_packed = int(packed)
+        ids = None
+        if any_packed:  # every rank takes this branch: the gather is collective
+            whole = ringattn_unshard([p.to(local.device) for p in self._gather(local)], 1, self.layout)
+            ids = sequence_ids_of_positions(whole)
+            ids = None if ids is None else ringattn_shard(ids, 1, self.layout, rank, size)
+        self._positions = (position_ids, ids)
+        return ids
+
+    def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                 sliding_window=None, softcap=None, s_aux=None, position_bias=None, position_ids=None,
+                 output_attentions=False, **kwargs):
+        options = _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux, output_attentions)
+        if query.shape[2] != key.shape[2]:
+            raise ValueError("ringattn.hf's ring runs training-shaped calls (each rank's queries and keys the same rows): "
+                             "q has %d rows, k %d (a KV cache? generate with attn_implementation='ringattn')" %
+                             (query.shape[2], key.shape[2]))
+        for name, given in (("position_bias", position_bias), ("cu_seq_lens_q", kwargs.get("cu_seq_lens_q")),
+                            ("cu_seq_lens_k", kwargs.get("cu_seq_lens_k"))):
+            if given is not None:
+                raise ValueError("ringattn.hf's ring does not take %s (its shard of the sequence would need the whole "
+                                 "one): use position_ids restarting at each sequence for packing" % name)
+        if attention_mask is not None and attention_mask.ndim != 2:
+            raise ValueError("ringattn.hf's ring takes a 2-D padding mask of the rank's rows, not a %d-D mask %s" %
+                             (attention_mask.ndim, tuple(attention_mask.shape)))
+        if attention_mask is not None:  # segment ids whether or not this rank has padding: each rank passes them
+            ids = (~attention_mask.bool()).int()
+            options.update(segment_ids=ids.new_zeros(ids.shape), kv_segment_ids=ids)
+        elif position_ids is not None:
+            ids = self.segment_ids(position_ids, query.shape[0])
+            if ids is not None:
+                options.update(segment_ids=ids, kv_segment_ids=ids)
+        o = rt.ring_attention(query, key, value, comm=self.comm, group=self.group, layout=self.layout,
+                              local_impl=self.local_impl, qkv_format="bhsd", **options, **self.ring_options)
+        return o.transpose(1, 2), None
+
+
+def shard_inputs(input_ids: torch.Tensor, rank: int, size: int, layout: str = "zigzag", position_ids=None):
+    """This rank's columns of input_ids (B, T) under `layout`, and its position_ids (the same columns of
+    position_ids, default 0 .. T - 1): what each rank's model takes with "ringattn_ring". Labels and any
+    per-token tensor are cut the same way: ringattn.shard(x, 1, layout, rank, size)."""
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
+    return (ringattn_shard(input_ids, 1, layout, rank, size), ringattn_shard(position_ids, 1, layout, rank, size))
+
+
+def register(name: str = "ringattn", *, ring: Optional[bool] = None, comm=None, group=None, layout: Optional[str] = None,
+             impl: Optional[str] = None, local_impl: Optional[str] = None, **ring_options):
+    """Register ringattn with Transformers' AttentionInterface (and its mask function with
+    AttentionMaskInterface) as `name`, for attn_implementation=name; returns name.
+
+    Without comm / group (ring=None or False): this process's attention, `impl` its kernel (flash_attn2,
+    the default; sdpa or blockwise on CPU; sdpa or cudnn on CUDA). With `comm` (mpi4py or ringattn.NcclComm)
+    or `group` (a torch.distributed group; ring=True for the default one): the ring over it, `layout` as
+    ringattn.shard cuts the rows (zigzag, the default), `local_impl` each rank's kernel, and ring_attention's
+    other options (timeout, deterministic, grad_wire). An option of the other kind is refused by name."""
+    from transformers import AttentionInterface
+    masking = _masking_utils()
+    as_ring = ring if ring is not None else (comm is not None or group is not None)
+    if not as_ring:
+        ring_only = [n for n, v in (("comm", comm), ("group", group), ("layout", layout), ("local_impl", local_impl))
+                     if v is not None] + sorted(ring_options)
+        if ring_only:
+            raise ValueError("%s appl%s to the ring (comm= or group=, or ring=True); register(%r) without them is one "
+                             "process's attention" % (", ".join(ring_only), "ies" if len(ring_only) == 1 else "y",
+                                                      name))
+
+        def function(*args, **kwargs):
+            return attention_forward(*args, impl=impl or "flash_attn2", **kwargs)
+        mask = _local_mask
+    else:
+        if impl is not None:
+            raise ValueError("impl applies to one process's attention; the ring's kernel is local_impl")
+        layout = layout or "zigzag"
+        _core.layout_indices(layout, 4, 2, 0)  # a bad layout name raises here, not in the first step
+        function, mask = _Ring(comm, group, layout, local_impl or "flash_attn2", ring_options), _ring_mask
+    AttentionInterface.register(name, function)
+    masking.AttentionMaskInterface.register(name, mask)
+    return name

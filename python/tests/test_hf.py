@@ -1,0 +1,206 @@
+"""ringattn.hf: attn_implementation="ringattn" in Hugging Face Transformers models (tiny random configs, no
+download) gives the logits and every parameter's gradient of the same model in f64 with Transformers' own
+"eager" attention (its dense masks and softmax), on CPU: Llama (GQA, padding, packed sequences by
+position_ids and by cu_seq_lens), Gemma 2 (soft cap, sliding window), gpt-oss (sinks, sliding window),
+ModernBERT (bidirectional sliding window), a mask pattern ringattn builds densely, dropout. Skipped where
+PyTorch or Transformers is not installed."""
+
+import copy
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (CI installs none; run on a machine with it)")
+transformers = pytest.importorskip("transformers", reason="Transformers is not installed")
+
+import ringattn.hf  # noqa: E402
+from test_torch import close  # noqa: E402
+
+NAME = ringattn.hf.register()
+
+
+def _eager_mask_of_f32_range(*args, dtype=None, **kwargs):
+    """Transformers' eager mask with float32's min where masked, for the f64 twin: eager's softmax runs in
+    float32, where float64's min becomes -inf and a fully masked row (a left-padded query) NaN."""
+    return _eager_mask(*args, dtype=torch.float32, **kwargs)
+
+
+_eager_mask = transformers.masking_utils.eager_mask
+transformers.masking_utils.AttentionMaskInterface.register("eager", _eager_mask_of_f32_range)
+TOL = 5e-5  # f32 kernels through a model against its f64 eager twin, relative to the largest entry
+
+
+def twins(config_class, **fields):
+    """A tiny random model on ringattn (f32) and its f64 twin on Transformers' eager attention."""
+    torch.manual_seed(0)
+    config = config_class(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                          **fields)
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    reference = copy.deepcopy(model).double()
+    model.set_attn_implementation(NAME)
+    return model, reference
+
+
+def loss_of(model, weights, valid=None, **inputs):
+    logits = model(**inputs).logits
+    loss = (logits * weights.to(logits.dtype)).sum(-1)
+    return logits, (loss if valid is None else loss * valid).sum()
+
+
+def check_twins(model, reference, input_ids, valid=None, tol=TOL, **inputs):
+    """Logits (at valid positions) and every parameter's gradient of model against its f64 twin (no KV
+    cache, as in training: Transformers' eager masks read packed sequences from position_ids only then)."""
+    inputs = dict(inputs, use_cache=False)
+    weights = torch.randn(*input_ids.shape, model.config.vocab_size, generator=torch.Generator().manual_seed(5))
+    got, loss = loss_of(model, weights, valid, input_ids=input_ids, **inputs)
+    want, ref_loss = loss_of(reference, weights, valid, input_ids=input_ids, **inputs)
+    loss.backward()
+    ref_loss.backward()
+    keep = (slice(None),) if valid is None else valid.bool()
+    close(got[keep], want[keep], tol)
+    for (name, p), (_, r) in zip(model.named_parameters(), reference.named_parameters()):
+        assert p.grad is not None, name
+        close(p.grad, r.grad, tol)
+
+
+def ids(B, T, seed=1):
+    return torch.randint(0, 101, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_llama_causal_gqa():
+    model, reference = twins(transformers.LlamaConfig)
+    check_twins(model, reference, ids(2, 37))
+
+
+def test_llama_padding_right_and_left():
+    model, reference = twins(transformers.LlamaConfig)
+    mask = torch.ones(3, 29, dtype=torch.long)
+    mask[0, 21:] = 0  # right padding
+    mask[1, :6] = 0   # left padding
+    check_twins(model, reference, ids(3, 29), valid=mask, attention_mask=mask)
+
+
+def test_llama_packed_sequences_by_position_ids():
+    model, reference = twins(transformers.LlamaConfig)
+    positions = torch.cat([torch.arange(n) for n in (11, 1, 20, 9)])[None].repeat(2, 1)
+    positions[1] = torch.cat([torch.arange(n) for n in (25, 16)])  # another cut in the second row
+    check_twins(model, reference, ids(2, 41), position_ids=positions)
+
+
+def test_llama_packed_sequences_by_cu_seq_lens():
+    """FlashAttention's packed kwargs (DataCollatorWithFlattening's): eager reads position_ids, ringattn the
+    cumulative lengths: the same sequences."""
+    model, reference = twins(transformers.LlamaConfig)
+    lengths = (7, 13, 1, 10)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    cu = torch.tensor([0, 7, 20, 21, 31], dtype=torch.int32)
+    check_twins(model, reference, ids(1, 31), position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+
+
+def test_gemma2_soft_cap_and_sliding_window():
+    model, reference = twins(transformers.Gemma2Config, sliding_window=8, attn_logit_softcapping=5.0,
+                             final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+                             layer_types=["sliding_attention", "full_attention"])
+    mask = torch.ones(2, 31, dtype=torch.long)
+    mask[1, 25:] = 0
+    check_twins(model, reference, ids(2, 31), valid=mask, attention_mask=mask)
+
+
+def test_gpt_oss_sinks_and_sliding_window():
+    model, reference = twins(transformers.GptOssConfig, sliding_window=6, num_local_experts=2, num_experts_per_tok=1,
+                             experts_implementation="eager", layer_types=["sliding_attention", "full_attention"])
+    with torch.no_grad():
+        for layer in list(model.model.layers) + list(reference.model.layers):
+            layer.self_attn.sinks.copy_(torch.linspace(-1.0, 2.0, 4))  # sinks that matter
+    check_twins(model, reference, ids(2, 27))
+    assert model.model.layers[0].self_attn.sinks.grad.abs().max() > 0
+
+
+def test_modernbert_bidirectional_sliding_window():
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                           num_attention_heads=4, local_attention=8, global_attn_every_n_layers=2,
+                                           max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+                                           eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    config._attn_implementation = "eager"
+    model = transformers.ModernBertModel(config)
+    reference = copy.deepcopy(model).double()
+    model.set_attn_implementation(NAME)
+    mask = torch.ones(2, 33, dtype=torch.long)
+    mask[0, 27:] = 0
+    x = ids(2, 33)
+    got = model(input_ids=x, attention_mask=mask).last_hidden_state
+    want = reference(input_ids=x, attention_mask=mask).last_hidden_state
+    keep = mask.bool()
+    close(got[keep], want[keep])
+    (got[keep].sum()).backward()
+    (want[keep].sum()).backward()
+    for (name, p), (_, r) in zip(model.named_parameters(), reference.named_parameters()):
+        if r.grad is not None:
+            close(p.grad, r.grad)
+
+
+def test_a_pattern_beyond_the_compact_ones_runs_as_its_dense_mask():
+    """An or_mask overlay (as vision-language models add for image tokens): the mask function builds
+    Transformers' exact boolean mask, with a warning, and the attention equals eager's under it."""
+    from transformers.masking_utils import create_causal_mask
+
+    model, reference = twins(transformers.LlamaConfig)
+    embeds = torch.zeros(2, 19, 64)
+
+    def image_block(batch_idx, head_idx, q_idx, kv_idx):  # tokens 4 .. 9 see each other both ways
+        return (q_idx >= 4) & (q_idx < 10) & (kv_idx >= 4) & (kv_idx < 10)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ringattn.hf._warned.discard("dense")
+        mask = create_causal_mask(model.config, embeds, None, None, torch.arange(19)[None],
+                                  or_mask_function=image_block)
+    assert any("dense" in str(w.message) for w in caught)
+    assert mask.dtype == torch.bool and mask.shape == (2, 1, 19, 19) and bool(mask[0, 0, 4, 9])
+    want_mask = create_causal_mask(reference.config, embeds.double(), None, None, torch.arange(19)[None],
+                                   or_mask_function=image_block)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, h, 19, 16, generator=g) for h in (4, 2, 2))
+    layer, ref_layer = model.model.layers[0].self_attn, reference.model.layers[0].self_attn
+    got, _ = ringattn.hf.attention_forward(layer, q, k, v, mask, scaling=0.25)
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+    want, _ = eager_attention_forward(ref_layer, q.double(), k.double(), v.double(), want_mask, scaling=0.25)
+    close(got, want)
+
+
+def test_dropout_is_reproducible_and_differentiable():
+    model, _ = twins(transformers.LlamaConfig, attention_dropout=0.3)
+    model.train()
+    x = ids(1, 23)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        model.zero_grad()
+        logits = model(input_ids=x).logits
+        logits.sum().backward()
+        runs.append((logits.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    model.eval()
+    assert not torch.allclose(model(input_ids=x).logits, runs[0][0])
+
+
+def test_register_refuses_options_of_the_other_kind():
+    with pytest.raises(ValueError, match="layout"):
+        ringattn.hf.register("x", layout="zigzag")
+    with pytest.raises(ValueError, match="timeout"):
+        ringattn.hf.register("x", timeout=5.0)
+    with pytest.raises(ValueError, match="impl applies"):
+        ringattn.hf.register("x", ring=True, impl="sdpa")
+    with pytest.raises(Exception, match="layout"):
+        ringattn.hf.register("x", ring=True, layout="zagzig")
+
+
+def test_bad_cu_seq_lens_and_masks_are_named():
+    model, _ = twins(transformers.LlamaConfig)
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        model(input_ids=ids(1, 10), cu_seq_lens_q=torch.tensor([0, 4, 9]), cu_seq_lens_k=torch.tensor([0, 4, 9]))
+    with pytest.raises(ValueError, match="one row"):
+        model(input_ids=ids(2, 10), cu_seq_lens_q=torch.tensor([0, 10]), cu_seq_lens_k=torch.tensor([0, 10]))
