@@ -60,6 +60,14 @@ if [ -z "${RA_WITHOUT_TORCH:-}" ] && ! $torch_venv/bin/python -c 'import torch' 
     exit 1
   fi
 fi
+# Hugging Face Transformers, pinned, beside it for ringattn.hf's tests (tiny random models: nothing downloaded).
+if [ -z "${RA_WITHOUT_TORCH:-}" ] && ! $torch_venv/bin/python -c 'import transformers' 2>/dev/null; then
+  echo "installing transformers 5.24.0 from PyPI into $torch_venv (about 60 MB)"
+  if ! $torch_venv/bin/python -m pip install -q transformers==5.24.0; then
+    echo "error: could not install transformers 5.24.0 from PyPI for ringattn.hf's tests; RA_WITHOUT_TORCH=1 skips them" >&2
+    exit 1
+  fi
+fi
 # Where no GPU is visible (nvidia-smi lists none), no test runs a CUDA kernel: the test command compiles the
 # CUDA code only to check that it builds (every kernel instance, unoptimised: minutes instead of most of an hour
 # on 2 cores), and a GPU refuses to run that build. demo, and test on a machine with a GPU, build it optimised.

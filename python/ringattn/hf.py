@@ -210,11 +210,23 @@ class _Ring:
     def __init__(self, comm, group, layout, local_impl, ring_options):
         self.comm, self.group, self.layout, self.local_impl = comm, group, layout, local_impl
         self.ring_options = ring_options
-        self._positions = (None, None)  # (position_ids, their segment ids): one gather per forward
+        self._positions = (None, None)  # ((position_ids, version), their segment ids): one gather a forward
 
     def rank_and_size(self):
         from .varlen import rank_and_size
         return rank_and_size(self.comm, self.group)
+
+    def agreed_seed(self, seed: int) -> int:
+        """Rank 0's dropout seed on every rank: the ring's ranks must draw one mask, whatever their generators."""
+        if self.comm is not None and hasattr(self.comm, "bcast"):  # mpi4py
+            return int(self.comm.bcast(seed, root=0))
+        if self.comm is not None:
+            raise ValueError("dropout in ringattn.hf's ring needs an mpi4py comm or a torch.distributed group to agree "
+                             "on its seed: %s has no bcast" % type(self.comm).__name__)
+        import torch.distributed as dist
+        value = torch.tensor([seed], dtype=torch.int64)
+        dist.broadcast(value, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
+        return int(value)
 
     def _gather(self, local: torch.Tensor):
         """Every rank's position_ids (B, T_local), in rank order."""
@@ -228,7 +240,7 @@ class _Ring:
     def segment_ids(self, position_ids: torch.Tensor, batch: int):
         """This rank's rows of the packed sequences' ids, from every rank's position_ids (None: no packing)."""
         cached, ids = self._positions
-        if cached is position_ids:
+        if cached is not None and cached[0] is position_ids and cached[1] == position_ids._version:  # unchanged
             return ids
         rank, size = self.rank_and_size()
         local = position_ids.expand(batch, -1).to(torch.int64)
@@ -245,13 +257,15 @@ class _Ring:
             whole = ringattn_unshard([p.to(local.device) for p in self._gather(local)], 1, self.layout)
             ids = sequence_ids_of_positions(whole)
             ids = None if ids is None else ringattn_shard(ids, 1, self.layout, rank, size)
-        self._positions = (position_ids, ids)
+        self._positions = ((position_ids, position_ids._version), ids)
         return ids
 
     def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                  sliding_window=None, softcap=None, s_aux=None, position_bias=None, position_ids=None,
                  output_attentions=False, **kwargs):
         options = _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux, output_attentions)
+        if options["dropout"]:
+            options["dropout_seed"] = self.agreed_seed(options["dropout_seed"])
         if query.shape[2] != key.shape[2]:
             raise ValueError("ringattn.hf's ring runs training-shaped calls (each rank's queries and keys the same rows): "
                              "q has %d rows, k %d (a KV cache? generate with attn_implementation='ringattn')" %

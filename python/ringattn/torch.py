@@ -465,11 +465,14 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     rank that stops makes the others fail after `timeout` seconds. deterministic=True: on CPU tensors the same
     bits, forward and gradients, for any number of ranks and any layout (exact sums; tens of times slower); on
     CUDA tensors the same bits on every run for this number of ranks and layout (dQ summed in a fixed order).
-    qkv_format: as attention's (ringattn.shard cuts the format's len axis).
+    qkv_format: as attention's (ringattn.shard cuts the format's len axis). sinks and a bias shared by
+    every query row (T|1 == 1) are replicated: each rank's gradient of them is its share, the ranks' sum the
+    whole gradient, as every other parameter's is where data- or context-parallel training adds them up.
     """
     qkv_format = _format_of(qkv_format, layout_bhtd)
     axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
     note_layout(q, k, qkv_format)  # (given no format, q and k as given)
+    sinks, bias = _shared_over_ranks(sinks, bias, comm, group)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
     q, k, v = _autocast(q, k, v)
@@ -478,6 +481,25 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
         global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), str(grad_wire)))
     o = reorder(o, axes, "o")
     return (o, lse) if return_lse else o
+
+
+def _share_of_gradient(x: Tensor, size: int) -> Tensor:
+    """x (the same bits) whose gradient comes back divided by size. The ring's backward sums the sinks'
+    and a shared bias's gradients over every rank's rows, so each rank holds the whole sum; a replicated
+    parameter's gradient is the rank's share (the ranks' sum is the whole), as every other parameter's is,
+    for the all-reduce of data- and context-parallel training (DDP, FSDP) to add up once."""
+    return x.detach() + (x - x.detach()) / size
+
+
+def _shared_over_ranks(sinks, bias, comm, group):
+    """sinks, and a bias shared by every query row (T|1 == 1), as their gradients' shares of the ranks."""
+    shared_bias = bias is not None and _four_dims(bias).shape[2] == 1
+    size = varlen.rank_and_size(comm, group)[1] if sinks is not None or shared_bias else 1
+    if size > 1 and sinks is not None:
+        sinks = _share_of_gradient(sinks, size)
+    if size > 1 and shared_bias:
+        bias = _share_of_gradient(bias, size)
+    return sinks, bias
 
 
 def _masks_aligned(causal, window):
