@@ -216,7 +216,7 @@ class _Ring:
         from .varlen import rank_and_size
         return rank_and_size(self.comm, self.group)
 
-    def agreed_seed(self, seed: int) -> int:
+    def agreed_seed(self, seed: int, device: torch.device) -> int:
         """Rank 0's dropout seed on every rank: the ring's ranks must draw one mask, whatever their generators."""
         if self.comm is not None and hasattr(self.comm, "bcast"):  # mpi4py
             return int(self.comm.bcast(seed, root=0))
@@ -224,7 +224,7 @@ class _Ring:
             raise ValueError("dropout in ringattn.hf's ring needs an mpi4py comm or a torch.distributed group to agree "
                              "on its seed: %s has no bcast" % type(self.comm).__name__)
         import torch.distributed as dist
-        value = torch.tensor([seed], dtype=torch.int64)
+        value = torch.tensor([seed], dtype=torch.int64, device=device)  # (an NCCL group takes CUDA tensors)
         dist.broadcast(value, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
         return int(value)
 
@@ -245,7 +245,7 @@ class _Ring:
         rank, size = self.rank_and_size()
         local = position_ids.expand(batch, -1).to(torch.int64)
         expected = ringattn_shard(torch.arange(local.shape[1] * size, device=local.device), 0, self.layout, rank, size)
-        packed = torch.tensor([0 if torch.equal(local, expected.expand_as(local)) else 1])
+        packed = torch.tensor([0 if torch.equal(local, expected.expand_as(local)) else 1], device=local.device)
         if self.comm is not None and hasattr(self.comm, "allreduce"):
             any_packed = self.comm.allreduce(int(packed))
         else:
@@ -254,7 +254,13 @@ class _Ring:
             any_packed = int(packed)
         ids = None
         if any_packed:  # every rank takes this branch: the gather is collective
-            whole = ringattn_unshard([p.to(local.device) for p in self._gather(local)], 1, self.layout)
+            parts = [p.to(local.device) for p in self._gather(local)]
+            own = torch.arange(local.shape[1], device=local.device)
+            if size > 1 and all(torch.equal(p, own.expand_as(p)) for p in parts):
+                raise ValueError("every rank's position_ids are 0 .. %d, its own rows' count: the model made them, "
+                                 "where the ring needs each row's global position (pass position_ids from "
+                                 "ringattn.hf.shard_inputs)" % (local.shape[1] - 1))
+            whole = ringattn_unshard(parts, 1, self.layout)
             ids = sequence_ids_of_positions(whole)
             ids = None if ids is None else ringattn_shard(ids, 1, self.layout, rank, size)
         self._positions = ((position_ids, position_ids._version), ids)
@@ -265,7 +271,7 @@ class _Ring:
                  output_attentions=False, **kwargs):
         options = _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux, output_attentions)
         if options["dropout"]:
-            options["dropout_seed"] = self.agreed_seed(options["dropout_seed"])
+            options["dropout_seed"] = self.agreed_seed(options["dropout_seed"], query.device)
         if query.shape[2] != key.shape[2]:
             raise ValueError("ringattn.hf's ring runs training-shaped calls (each rank's queries and keys the same rows): "
                              "q has %d rows, k %d (a KV cache? generate with attn_implementation='ringattn')" %

@@ -140,5 +140,7 @@ def test_patterns_the_ring_cannot_shard_are_refused():
     mine, positions = ringattn.hf.shard_inputs(ids(1, 24), RANK, SIZE)
     with pytest.raises(ValueError, match="4-D mask"):
         model(input_ids=mine, position_ids=positions, attention_mask=torch.ones(1, 1, mine.shape[1], mine.shape[1]))
+    with pytest.raises(ValueError, match="global position"):  # position_ids left out: the model counts from 0
+        model(input_ids=mine)
     with pytest.raises(ValueError, match="cu_seq_lens_q"):
         model(input_ids=mine, position_ids=positions, cu_seq_lens_q=torch.tensor([0, 24]))
