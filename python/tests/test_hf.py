@@ -187,6 +187,24 @@ def test_dropout_is_reproducible_and_differentiable():
     assert not torch.allclose(model(input_ids=x).logits, runs[0][0])
 
 
+def test_gradient_checkpointing_recomputes_the_same_dropout():
+    """Checkpointing restores the generator before recomputing a layer: the seed drawn again is the same,
+    so the gradients equal those without checkpointing."""
+    model, _ = twins(transformers.LlamaConfig, attention_dropout=0.3)
+    model.train()
+    x = ids(2, 19)
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model.zero_grad()
+        torch.manual_seed(3)
+        model(input_ids=x, use_cache=False).logits.sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for got, want in zip(*grads):
+        close(got, want, 1e-6)
+
+
 def test_register_refuses_options_of_the_other_kind():
     with pytest.raises(ValueError, match="layout"):
         ringattn.hf.register("x", layout="zigzag")
