@@ -17,6 +17,8 @@ import transformers
 
 import ringattn.hf
 
+import bench_common
+
 
 def model_of(a, implementation):
     torch.manual_seed(0)
@@ -37,21 +39,16 @@ def step_of(model, inputs):
     return step
 
 
-def median_ms(fn, iters):
+def median_ms(fn, iters, device):
+    """CUDA events' median (bench_common's) on a GPU; wall-clock on the host (the script's quick check)."""
+    if device == "cuda":
+        return bench_common.median_ms(fn, iters)
     fn()
     times = []
     for _ in range(iters):
-        if not torch.cuda.is_available():
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = time.perf_counter()
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
 
@@ -97,7 +94,7 @@ def main():
             step_of(model, inputs)()
             grads[name] = [q.grad.clone() for q in model.parameters()]
         worst = max(relative_error(x, y) for x, y in zip(grads["ringattn"], grads["sdpa"]))
-        times = {name: median_ms(step_of(model, inputs), a.iters) for name, model in models.items()}
+        times = {name: median_ms(step_of(model, inputs), a.iters, a.device) for name, model in models.items()}
         peak_ours, peak_sdpa = (peak_gib(step_of(models[name], inputs), a.device) for name in ("ringattn", "sdpa"))
         print("%s: step ms sdpa %.2f ringattn %.2f (%.3fx); peak GiB sdpa %.2f ringattn %.2f; gradients' largest "
               "relative difference %.3g" % (case, times["sdpa"], times["ringattn"], times["sdpa"] / times["ringattn"],
