@@ -9,15 +9,13 @@ Usage: PYTHONPATH=build/python python3 bench/hf_train_step.py [--seq 16384] [--l
 """
 
 import argparse
-import statistics
-import time
-
 import torch
 import transformers
 
 import ringattn.hf
 
 import bench_common
+from python_overhead import median_ms as host_median_ms
 
 
 def model_of(a, implementation):
@@ -40,16 +38,8 @@ def step_of(model, inputs):
 
 
 def median_ms(fn, iters, device):
-    """CUDA events' median (bench_common's) on a GPU; wall-clock on the host (the script's quick check)."""
-    if device == "cuda":
-        return bench_common.median_ms(fn, iters)
-    fn()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    """CUDA events' median on a GPU; wall-clock on the host (the script's quick check)."""
+    return bench_common.median_ms(fn, iters) if device == "cuda" else host_median_ms(fn, iters)
 
 
 def peak_gib(fn, device):
