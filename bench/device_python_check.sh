@@ -5,7 +5,7 @@
 # .device/wheels (mpi4py built against Debian's Open MPI, pytest's wheels; bench/gpu_session.sh says how) and
 # .device/hfpylib.tar.xz (transformers 5.24.0 and what it imports, installed for Python 3.12 with
 # `pip install --no-deps --target hfpylib`, its models/ cut to auto, llama, gemma2, gpt_oss, modernbert).
-#   bash .device/on-device.sh bash bench/device_python_check.sh PACK [T...]
+#   [RA_BENCH_ONLY=1] bash .device/on-device.sh bash bench/device_python_check.sh PACK [T...]
 set -uo pipefail
 pack=${1:?pack folder}; shift
 seqs=("${@:-16384 32768}")
@@ -18,6 +18,7 @@ export PYTHONPATH=$pack/python:/tmp/pylib:/tmp/hfpylib OMP_NUM_THREADS=4
 $py -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__,
 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee "$out/python_check.log"
 step() { echo "### $*" | tee -a "$out/python_check.log"; }
+if [ -z "${RA_BENCH_ONLY:-}" ]; then  # RA_BENCH_ONLY=1: hf_train_step.py alone
 step test_torch_cuda.py
 timeout 240 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py 2>&1 | tail -n 4 |
   tee -a "$out/python_check.log"
@@ -27,6 +28,7 @@ timeout 150 mpirun -np 2 -x PYTHONPATH -x OMP_NUM_THREADS $py -m pytest -q -rs -
 step test_torch.py test_hf.py
 timeout 120 $py -m pytest -q -rs -p no:cacheprovider python/tests/test_torch.py python/tests/test_hf.py 2>&1 |
   tail -n 3 | tee -a "$out/python_check.log"
+fi
 for T in ${seqs[*]}; do
   step hf_train_step.py --seq "$T"
   timeout 150 $py bench/hf_train_step.py --seq "$T" --iters 10 2>&1 | grep -v Warning | tee -a "$out/hf_train_step.txt"

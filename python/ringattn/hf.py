@@ -156,6 +156,40 @@ def _sinks(s_aux):
     return None if s_aux is None else s_aux.float()
 
 
+_cudnn_refused = set()  # (head dims, dtype) the installed cuDNN refused: "auto" runs flash_attn2 there
+
+
+def _implementation(impl, query, value, options, bias):
+    """impl, or for "auto": cudnn where its options and dtype allow it (cuDNN's fused kernels, the fastest
+    on Hopper for plain causal attention), flash_attn2 elsewhere (every option: segment ids, soft cap,
+    windows, sinks, dropout, masks)."""
+    if impl != "auto":
+        return impl
+    plain = (bias is None and options.get("mask") is None and options.get("segment_ids") is None
+             and options["sinks"] is None and not options["softcap"] and not options["dropout"]
+             and options["window"] is None)
+    key = (query.shape[-1], value.shape[-1], query.dtype)
+    if (plain and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and key not in _cudnn_refused
+            and query.shape[-1] % 8 == 0 and value.shape[-1] % 8 == 0):
+        return "cudnn"
+    return "flash_attn2"
+
+
+def _run(call, impl, query, value, options, bias):
+    """call(implementation) with impl's choice; under "auto", a head dim the installed cuDNN refuses (it
+    says so before any work, on every rank alike) runs on flash_attn2, and is remembered."""
+    chosen = _implementation(impl, query, value, options, bias)
+    if impl != "auto" or chosen != "cudnn":
+        return call(chosen)
+    try:
+        return call("cudnn")
+    except ValueError as error:
+        if "installed cuDNN" not in str(error):
+            raise
+        _cudnn_refused.add((query.shape[-1], value.shape[-1], query.dtype))
+        return call("flash_attn2")
+
+
 def _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux, output_attentions):
     """The ringattn options both hooks take from the model's arguments (each reads attention_mask itself)."""
     if output_attentions:
@@ -168,7 +202,7 @@ def _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                       sliding_window=None, softcap=None, s_aux=None, position_bias=None, position_ids=None,
-                      cu_seq_lens_q=None, cu_seq_lens_k=None, output_attentions=False, impl="flash_attn2",
+                      cu_seq_lens_q=None, cu_seq_lens_k=None, output_attentions=False, impl="auto",
                       **kwargs):
     """The "ringattn" attention function (Transformers' AttentionInterface): (o (B, T, Hq, Dv), None)."""
     options = _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux, output_attentions)
@@ -200,7 +234,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     else:
         raise ValueError("attention_mask must be 2-D (batch, keys) padding or 4-D (batch, 1, queries, keys): got %d "
                          "dimensions %s" % (attention_mask.ndim, tuple(attention_mask.shape)))
-    o = rt.attention(query, key, value, qkv_format="bhsd", bias=bias, impl=impl, **options)
+    o = _run(lambda chosen: rt.attention(query, key, value, qkv_format="bhsd", bias=bias, impl=chosen, **options),
+             impl, query, value, options, bias)
     return o.transpose(1, 2), None  # (B, T, H, Dv), the models' layout: the core's own, no copy
 
 
@@ -291,8 +326,10 @@ class _Ring:
             ids = self.segment_ids(position_ids, query.shape[0])
             if ids is not None:
                 options.update(segment_ids=ids, kv_segment_ids=ids)
-        o = rt.ring_attention(query, key, value, comm=self.comm, group=self.group, layout=self.layout,
-                              local_impl=self.local_impl, qkv_format="bhsd", **options, **self.ring_options)
+        o = _run(lambda chosen: rt.ring_attention(query, key, value, comm=self.comm, group=self.group,
+                                                  layout=self.layout, local_impl=chosen, qkv_format="bhsd",
+                                                  **options, **self.ring_options),
+                 self.local_impl, query, value, options, None)
         return o.transpose(1, 2), None
 
 
@@ -310,13 +347,17 @@ def register(name: str = "ringattn", *, ring: Optional[bool] = None, comm=None, 
     """Register ringattn with Transformers' AttentionInterface (and its mask function with
     AttentionMaskInterface) as `name`, for attn_implementation=name; returns name.
 
-    Without comm / group (ring=None or False): this process's attention, `impl` its kernel (flash_attn2,
-    the default; sdpa or blockwise on CPU; sdpa or cudnn on CUDA). With `comm` (mpi4py or ringattn.NcclComm)
+    Without comm / group (ring=None or False): this process's attention, `impl` its kernel: "auto" (the
+    default: cudnn for half-precision CUDA calls without segment ids, soft cap, window, sinks, dropout,
+    bias or mask, flash_attn2 for the rest), or flash_attn2, sdpa, blockwise (CPU), cudnn (CUDA). With `comm` (mpi4py or ringattn.NcclComm)
     or `group` (a torch.distributed group; ring=True for the default one): the ring over it, `layout` as
-    ringattn.shard cuts the rows (zigzag, the default), `local_impl` each rank's kernel, and ring_attention's
+    ringattn.shard cuts the rows (zigzag, the default), `local_impl` each rank's kernel ("auto" as impl), and ring_attention's
     other options (timeout, deterministic, grad_wire). An option of the other kind is refused by name."""
     from transformers import AttentionInterface
     masking = _masking_utils()
+    if "flash" in name:  # Transformers takes any such name for a FlashAttention build and loads one for it
+        raise ValueError("name %r holds 'flash', which Transformers reserves for FlashAttention implementations "
+                         "(it would try to load flash_attn for it): pick another name" % name)
     as_ring = ring if ring is not None else (comm is not None or group is not None)
     if not as_ring:
         ring_only = [n for n, v in (("comm", comm), ("group", group), ("layout", layout), ("local_impl", local_impl))
@@ -327,14 +368,14 @@ def register(name: str = "ringattn", *, ring: Optional[bool] = None, comm=None, 
                                                       name))
 
         def function(*args, **kwargs):
-            return attention_forward(*args, impl=impl or "flash_attn2", **kwargs)
+            return attention_forward(*args, impl=impl or "auto", **kwargs)
         mask = _local_mask
     else:
         if impl is not None:
             raise ValueError("impl applies to one process's attention; the ring's kernel is local_impl")
         layout = layout or "zigzag"
         _core.layout_indices(layout, 4, 2, 0)  # a bad layout name raises here, not in the first step
-        function, mask = _Ring(comm, group, layout, local_impl or "flash_attn2", ring_options), _ring_mask
+        function, mask = _Ring(comm, group, layout, local_impl or "auto", ring_options), _ring_mask
     AttentionInterface.register(name, function)
     masking.AttentionMaskInterface.register(name, mask)
     return name

@@ -212,6 +212,8 @@ def test_register_refuses_options_of_the_other_kind():
         ringattn.hf.register("x", timeout=5.0)
     with pytest.raises(ValueError, match="impl applies"):
         ringattn.hf.register("x", ring=True, impl="sdpa")
+    with pytest.raises(ValueError, match="reserves"):
+        ringattn.hf.register("ringattn_flash")
     with pytest.raises(Exception, match="layout"):
         ringattn.hf.register("x", ring=True, layout="zagzig")
 
