@@ -21,8 +21,9 @@ or bias the caller passes is taken as given.
 
 The ring runs each rank's shard (ringattn.shard's layouts; zigzag balances causal): the model is the same
 on every rank, input_ids and position_ids are the rank's rows, and the loss of each rank's rows sums to
-the whole sequence's. Padding (a 2-D mask of the rank's rows) and packed sequences (global position_ids
-restarting, gathered once per forward) run there too; patterns that need a T x S mask are refused by name.
+the whole sequence's, as the ranks' summed parameter gradients do (sinks' too). Padding (a 2-D mask of
+the rank's rows) and packed sequences (global position_ids restarting, gathered once per forward) run
+there too; patterns that need a T x S mask are refused by name.
 """
 
 import warnings
@@ -308,8 +309,8 @@ class _Ring:
         if options["dropout"]:
             options["dropout_seed"] = self.agreed_seed(options["dropout_seed"], query.device)
         if query.shape[2] != key.shape[2]:
-            raise ValueError("ringattn.hf's ring runs training-shaped calls (each rank's queries and keys the same rows): "
-                             "q has %d rows, k %d (a KV cache? generate with attn_implementation='ringattn')" %
+            raise ValueError("ringattn.hf's ring runs training-shaped calls (each rank's queries and keys the same "
+                             "rows): q has %d rows, k %d (a KV cache? generate with attn_implementation='ringattn')" %
                              (query.shape[2], key.shape[2]))
         for name, given in (("position_bias", position_bias), ("cu_seq_lens_q", kwargs.get("cu_seq_lens_q")),
                             ("cu_seq_lens_k", kwargs.get("cu_seq_lens_k"))):
@@ -342,17 +343,19 @@ def shard_inputs(input_ids: torch.Tensor, rank: int, size: int, layout: str = "z
     return (ringattn_shard(input_ids, 1, layout, rank, size), ringattn_shard(position_ids, 1, layout, rank, size))
 
 
-def register(name: str = "ringattn", *, ring: Optional[bool] = None, comm=None, group=None, layout: Optional[str] = None,
-             impl: Optional[str] = None, local_impl: Optional[str] = None, **ring_options):
+def register(name: str = "ringattn", *, ring: Optional[bool] = None, comm=None, group=None,
+             layout: Optional[str] = None, impl: Optional[str] = None, local_impl: Optional[str] = None,
+             **ring_options):
     """Register ringattn with Transformers' AttentionInterface (and its mask function with
     AttentionMaskInterface) as `name`, for attn_implementation=name; returns name.
 
     Without comm / group (ring=None or False): this process's attention, `impl` its kernel: "auto" (the
     default: cudnn for half-precision CUDA calls without segment ids, soft cap, window, sinks, dropout,
-    bias or mask, flash_attn2 for the rest), or flash_attn2, sdpa, blockwise (CPU), cudnn (CUDA). With `comm` (mpi4py or ringattn.NcclComm)
-    or `group` (a torch.distributed group; ring=True for the default one): the ring over it, `layout` as
-    ringattn.shard cuts the rows (zigzag, the default), `local_impl` each rank's kernel ("auto" as impl), and ring_attention's
-    other options (timeout, deterministic, grad_wire). An option of the other kind is refused by name."""
+    bias or mask, flash_attn2 for the rest), or flash_attn2, sdpa, blockwise (CPU), cudnn (CUDA). With
+    `comm` (mpi4py or ringattn.NcclComm) or `group` (a torch.distributed group; ring=True for the default
+    one): the ring over it, `layout` as ringattn.shard cuts the rows (zigzag, the default), `local_impl`
+    each rank's kernel ("auto" as impl), and ring_attention's other options (timeout, deterministic,
+    grad_wire). An option of the other kind is refused by name."""
     from transformers import AttentionInterface
     masking = _masking_utils()
     if "flash" in name:  # Transformers takes any such name for a FlashAttention build and loads one for it
