@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "attention/misread_format.h"
 #include "mesh/sharding.h"
 #include "runtime/activity.h"
 #include "runtime/error.h"
@@ -305,16 +306,19 @@ Tensor reorder_qkv(const TensorView& t, QkvFormat format, bool to_format, Memory
 
 std::string qkv_format_note(const ShardPlan& p, const std::string& path) {
   if (p.names.format != QkvFormat::kBSHD) return "";
-  constexpr int64_t kMostHeads = 256;  // more query heads than any model has (128 the most seen)
   const std::string read_as =
       "note: '" + p.names.q + "' of '" + path + "' read as bshd (batch, q_len, q_heads, head_dim) ";
-  if (p.q_heads > kMostHeads && p.q_heads > p.q_len)
-    return read_as + "has " + std::to_string(p.q_heads) + " heads and " + std::to_string(p.q_len) +
-           " tokens: if it holds (batch, heads, len, dim), as PyTorch's scaled_dot_product_attention takes it, pass "
-           "--qkv-format bhsd";
-  if (p.q_len == 1 && p.kv_len == 1 && p.batch > 1)
-    return read_as + "has " + std::to_string(p.batch) + " batch rows of one token and one key: if it holds (len, batch, "
-           "heads, dim), as Megatron and TransformerEngine do, pass --qkv-format sbhd";
+  switch (likely_misread_format(p.batch, p.q_len, p.q_heads, p.kv_len)) {
+    case MisreadFormat::kBHSD:
+      return read_as + "has " + std::to_string(p.q_heads) + " heads and " + std::to_string(p.q_len) +
+             " tokens: if it holds (batch, heads, len, dim), as PyTorch's scaled_dot_product_attention takes it, "
+             "pass --qkv-format bhsd";
+    case MisreadFormat::kSBHD:
+      return read_as + "has " + std::to_string(p.batch) + " batch rows of one token and one key: if it holds (len, "
+             "batch, heads, dim), as Megatron and TransformerEngine do, pass --qkv-format sbhd";
+    case MisreadFormat::kNone:
+      break;
+  }
   return "";
 }
 

@@ -6,10 +6,11 @@ Masks, biases, segment ids and lse are (batch, heads, ...) in every format."""
 
 import warnings
 
+from . import _core
+
 # Each format's axes as (B, L, H, X) takes them; each permutation is its own inverse.
 _AXES = {"bshd": None, "bhsd": (0, 2, 1, 3), "sbhd": (1, 0, 2, 3)}
 _DIMS = {"bshd": "(batch, len, heads, dim)", "bhsd": "(batch, heads, len, dim)", "sbhd": "(len, batch, heads, dim)"}
-_MOST_HEADS = 256  # more query heads than any model has (128 the most seen)
 
 
 def axes_of(qkv_format):
@@ -61,17 +62,18 @@ def explained(qkv_format, call):
 
 
 def note_layout(q, k, qkv_format):
-    """A warning where q and k given without a qkv_format look like another one: a (batch, heads, len, dim) q read
-    as more heads than any model has and more than its tokens; (len, batch, ...) ones read as batch rows of one
-    query and one key (whose output is v)."""
+    """A warning where q and k given without a qkv_format look like another one (the CLI's rule, in the core):
+    a (batch, heads, len, dim) q read as more heads than any model has and more than its tokens; (len, batch,
+    ...) ones read as batch rows of one query and one key (whose output is v)."""
     if qkv_format is not None or len(q.shape) != 4 or len(k.shape) != 4:
         return
     batch, q_len, heads = q.shape[:3]
-    if heads > _MOST_HEADS and heads > q_len:
+    likely = _core.likely_misread_format(int(batch), int(q_len), int(heads), int(k.shape[1]))
+    if likely == "bhsd":
         warnings.warn("q %s read as (batch, len, heads, dim) has %d heads and %d tokens: if it holds (batch, heads, "
                       "len, dim), as PyTorch's scaled_dot_product_attention takes it, pass qkv_format='bhsd'" %
                       (tuple(q.shape), heads, q_len), stacklevel=3)
-    elif batch > 1 and q_len == 1 and k.shape[1] == 1:
+    elif likely == "sbhd":
         warnings.warn("q %s and k %s read as (batch, len, heads, dim) are %d batch rows of one query and one key "
                       "(their output is v): if they hold (len, batch, heads, dim), pass qkv_format='sbhd'" %
                       (tuple(q.shape), tuple(k.shape), batch), stacklevel=3)

@@ -435,7 +435,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     """
     qkv_format = _format_of(qkv_format, layout_bhtd)
     axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
-    note_layout(q, k, qkv_format)  # (given no format, q and k as given)
+    if not torch.compiler.is_compiling():  # (the core's rule, which a traced graph cannot call)
+        note_layout(q, k, qkv_format)  # (given no format, q and k as given)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
     q, k, v = _autocast(q, k, v)
@@ -471,7 +472,8 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     """
     qkv_format = _format_of(qkv_format, layout_bhtd)
     axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
-    note_layout(q, k, qkv_format)  # (given no format, q and k as given)
+    if not torch.compiler.is_compiling():  # (the core's rule, which a traced graph cannot call)
+        note_layout(q, k, qkv_format)  # (given no format, q and k as given)
     sinks, bias = _shared_over_ranks(sinks, bias, comm, group)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)

@@ -20,6 +20,7 @@
 #include "call_options.h"
 #include "nccl_comm.h"
 #include "attention/attention_impl.h"
+#include "attention/misread_format.h"
 #include "attention/registry.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
@@ -152,6 +153,15 @@ NB_MODULE(_core, m) {
         "Destroys the implementations calls kept (their streams, buffers, cuDNN graphs); the package runs it at "
         "interpreter exit, while CUDA is still up.");
   m.def("built_with_cuda", &ra::built_with_cuda, "Whether this build of ringattn has its CUDA back end.");
+  m.def("likely_misread_format", [](int64_t batch, int64_t q_len, int64_t q_heads, int64_t kv_len) -> std::string {
+    switch (ra::likely_misread_format(batch, q_len, q_heads, kv_len)) {
+      case ra::MisreadFormat::kBHSD: return "bhsd";
+      case ra::MisreadFormat::kSBHD: return "sbhd";
+      case ra::MisreadFormat::kNone: break;
+    }
+    return "";
+  }, "batch"_a, "q_len"_a, "q_heads"_a, "kv_len"_a,
+        "The format a q / k pair read as bshd most likely holds ('bhsd', 'sbhd'), or '' (the CLI's rule too).");
   m.def("cuda_cache_bytes", &ra::device_cache_bytes,
         "Device bytes ringattn's cache of call temporaries holds for reuse, over this process's GPUs.");
   m.def("empty_cuda_cache", &ra::release_device_cache,
