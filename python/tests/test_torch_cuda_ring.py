@@ -1,8 +1,11 @@
 """ringattn.torch.ring_attention on CUDA tensors under mpirun with mpi4py (the GPU ring: copy engines
 between ranks of one node, ranks sharing a GPU where there are fewer GPUs than ranks): each rank's shard of
-o and of dq, dk, dv (and dsinks, a shared bias's dbias summed over the ranks) equals the same rows of one
-process's attention on the whole sequence on the same GPU, for each layout, causal or not. Skipped
+o and of dq, dk, dv (and dsinks, a shared bias's dbias: each rank's share, summed over the ranks) equals the
+same rows of one process's attention on the whole sequence on the same GPU, for each layout, causal or not;
+a Transformers model over the ring (ringattn.hf) gives one process's logits and gradients. Skipped
 without PyTorch, without a GPU, or in a build of ringattn without CUDA."""
+
+import copy
 
 import pytest
 
@@ -86,3 +89,40 @@ def test_ring_attention_varlen_on_the_gpu_ring(layout):
 
     check_ring_varlen_equals_one_process({"comm": COMM}, layout, True, device=GPU, dtype=torch.float16, tol=4e-3,
                                          lengths=(100, 1, 0, 257, 30, 123), D=64)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_transformers_model_over_the_gpu_ring(packed):
+    """ringattn.hf's ring on CUDA tensors (bf16 Llama, GQA): each rank's logits and the ranks' summed gradients
+    against one process's "ringattn" model on the whole sequence (cudnn steps where the call is plain, flash_attn2
+    with the packed documents' segment ids). Skipped without Transformers."""
+    transformers = pytest.importorskip("transformers", reason="Transformers is not installed")
+    import ringattn.hf
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=503, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                      max_position_embeddings=4096, attn_implementation=ringattn.hf.register())
+    single = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(GPU)
+    ring = copy.deepcopy(single)  # (models made from one config share it, and so their attn_implementation)
+    ring.set_attn_implementation(ringattn.hf.register("ringattn_gpu_ring", comm=COMM))
+    T = 1024
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 503, (1, T), generator=g).to(GPU)
+    positions = (torch.cat([torch.arange(n) for n in (300, 1, 500, 223)]) if packed else torch.arange(T))[None].to(GPU)
+    weights = torch.randn(1, T, 503, generator=g).to(GPU, torch.bfloat16)
+    want = single(input_ids=ids, position_ids=positions, use_cache=False).logits
+    (want * weights).sum().backward()
+    mine, my_positions = ringattn.hf.shard_inputs(ids, RANK, SIZE, position_ids=positions)
+    got = ring(input_ids=mine, position_ids=my_positions, use_cache=False).logits
+    (got * ringattn.shard(weights, 1, "zigzag", RANK, SIZE)).sum().backward()
+
+    def relative(a, b):
+        return float((a.detach().float() - b.float()).abs().max() / b.float().abs().max())
+
+    err = relative(got, ringattn.shard(want, 1, "zigzag", RANK, SIZE))
+    assert err < 2e-2, err
+    for (name, p), (_, q) in zip(ring.named_parameters(), single.named_parameters()):
+        summed = torch.as_tensor(COMM.allreduce(p.grad.float().cpu().numpy()))
+        err = relative(summed, q.grad.cpu())
+        assert err < 5e-2, (name, err)
