@@ -85,12 +85,12 @@ def main():
             step_of(model, inputs)()
             grads[name] = [q.grad.clone() for q in model.parameters()]
         times = {name: median_ms(step_of(model, inputs), a.iters, a.device) for name, model in models.items()}
+        peaks = {name: peak_gib(step_of(model, inputs), a.device) for name, model in models.items()}
         for name in ("ringattn", "ringattn_own_kernels"):
             worst = max(relative_error(x, y) for x, y in zip(grads[name], grads["sdpa"]))
             print("%s: step ms sdpa %.2f %s %.2f (%.3fx); peak GiB sdpa %.2f %s %.2f; gradients' largest relative "
                   "difference to sdpa's %.3g" % (case, times["sdpa"], name, times[name], times["sdpa"] / times[name],
-                                                 peak_gib(step_of(models["sdpa"], inputs), a.device), name,
-                                                 peak_gib(step_of(models[name], inputs), a.device), worst))
+                                                 peaks["sdpa"], name, peaks[name], worst))
 
 
 if __name__ == "__main__":

@@ -280,25 +280,14 @@ class _Ring:
             return ids
         rank, size = self.rank_and_size()
         local = position_ids.expand(batch, -1).to(torch.int64)
-        expected = ringattn_shard(torch.arange(local.shape[1] * size, device=local.device), 0, self.layout, rank, size)
-        packed = torch.tensor([0 if torch.equal(local, expected.expand_as(local)) else 1], device=local.device)
-        if self.comm is not None and hasattr(self.comm, "allreduce"):
-            any_packed = self.comm.allreduce(int(packed))
-        else:
-            import torch.distributed as dist
-            dist.all_reduce(packed, group=self.group)
-            any_packed = int(packed)
-        ids = None
-        if any_packed:  # every rank takes this branch: the gather is collective
-            parts = [p.to(local.device) for p in self._gather(local)]
-            own = torch.arange(local.shape[1], device=local.device)
-            if size > 1 and all(torch.equal(p, own.expand_as(p)) for p in parts):
-                raise ValueError("every rank's position_ids are 0 .. %d, its own rows' count: the model made them, "
-                                 "where the ring needs each row's global position (pass position_ids from "
-                                 "ringattn.hf.shard_inputs)" % (local.shape[1] - 1))
-            whole = ringattn_unshard(parts, 1, self.layout)
-            ids = sequence_ids_of_positions(whole)
-            ids = None if ids is None else ringattn_shard(ids, 1, self.layout, rank, size)
+        parts = [p.to(local.device) for p in self._gather(local)]  # collective: every rank, every forward
+        own = torch.arange(local.shape[1], device=local.device)
+        if size > 1 and all(torch.equal(p, own.expand_as(p)) for p in parts):
+            raise ValueError("every rank's position_ids are 0 .. %d, its own rows' count: the model made them, "
+                             "where the ring needs each row's global position (pass position_ids from "
+                             "ringattn.hf.shard_inputs)" % (local.shape[1] - 1))
+        ids = sequence_ids_of_positions(ringattn_unshard(parts, 1, self.layout))
+        ids = None if ids is None else ringattn_shard(ids, 1, self.layout, rank, size)
         self._positions = ((position_ids, position_ids._version), ids)
         return ids
 
