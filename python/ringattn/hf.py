@@ -17,7 +17,8 @@ and FlashAttention's window take it), `softcap` (Gemma 2), `s_aux` (gpt-oss's si
 FlashAttention's cu_seq_lens_q / cu_seq_lens_k) become segment ids. A mask pattern beyond those (a
 model's or_mask / and_mask overlays, chunked or blockwise attention) is built exactly by Transformers'
 own sdpa_mask as a (B, 1, T, S) boolean mask: correct, T x S bytes, said once in a warning. A 4-D mask
-or bias the caller passes is taken as given.
+or bias the caller passes is taken as given. Decoding takes dynamic and static KV caches: a static cache's
+slots past a causal layer's last query are not yet written, and are left out.
 
 The ring runs each rank's shard (ringattn.shard's layouts; zigzag balances causal): the model is the same
 on every rank, input_ids and position_ids are the rank's rows, and the loss of each rank's rows sums to
@@ -57,17 +58,24 @@ _COMPACT_FACTORIES = {
 }
 
 
-def _compact(mask_function) -> bool:
-    """Whether mask_function is built only of causal / bidirectional / sliding window / padding / packing."""
-    if (getattr(mask_function, "__module__", None) != "transformers.masking_utils"
-            or getattr(mask_function, "__qualname__", None) not in _COMPACT_FACTORIES):
-        return False
-    for cell in mask_function.__closure__ or ():
+def _parts(mask_function):
+    """mask_function and the mask functions it combines (and_masks' and the overlays' closures), depth first."""
+    yield mask_function
+    for cell in getattr(mask_function, "__closure__", None) or ():
         contents = cell.cell_contents
         for inner in contents if isinstance(contents, tuple) else (contents,):
-            if callable(inner) and not isinstance(inner, torch.Tensor) and not _compact(inner):
-                return False
-    return True
+            if callable(inner) and not isinstance(inner, torch.Tensor):
+                yield from _parts(inner)
+
+
+def _compact(mask_function) -> bool:
+    """Whether mask_function is built only of causal / bidirectional / sliding window / padding / packing."""
+    return all(getattr(part, "__module__", None) == "transformers.masking_utils"
+               and getattr(part, "__qualname__", None) in _COMPACT_FACTORIES for part in _parts(mask_function))
+
+
+def _causal(mask_function) -> bool:
+    return any(getattr(part, "__qualname__", None) == "causal_mask_function" for part in _parts(mask_function))
 
 
 _warned = set()
@@ -86,6 +94,12 @@ def _local_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     masking = _masking_utils()
     mask_function = mask_function or masking.causal_mask_function
     if _compact(mask_function):
+        # A static cache hands every slot, written or not: a causal layer's keys past its last query are
+        # not yet written. A mask of the written columns tells attention_forward to drop the rest (as
+        # FlashAttention's does). A bidirectional mask's keys (an encoder's, for cross-attention) are all keys.
+        written = int(q_offset) + q_length - int(kv_offset)
+        if attention_mask is None and written < kv_length and _causal(mask_function):
+            attention_mask = torch.ones(batch_size, written, dtype=torch.bool, device=kwargs.get("device"))
         return masking.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
                                             attention_mask)
     _warn_once("dense", "ringattn.hf: this model's mask pattern (%s) is not one ringattn rebuilds from its options "
@@ -129,11 +143,8 @@ def _sequence_ids_of_cu_seqlens(cu, total, device, name):
 
 
 def _padding_ids(attention_mask: torch.Tensor, kv_length: int):
-    """Key segment ids (B, S) from a 2-D padding mask: 0 where a key is seen, 1 where it is padding; the
-    queries all take 0, so each query sees its row's real keys (as the models' masks say)."""
-    if attention_mask.shape[-1] < kv_length:
-        raise ValueError("attention_mask covers %d keys but the call has %d: a 2-D mask needs one column a key" %
-                         (attention_mask.shape[-1], kv_length))
+    """Key segment ids (B, S) from a 2-D padding mask of at least S columns: 0 where a key is seen, 1 where
+    it is padding; the queries all take 0, so each query sees its row's real keys (as the models' masks say)."""
     valid = attention_mask[:, -kv_length:].bool()
     return None if bool(valid.all()) else (~valid).int()
 
@@ -160,18 +171,31 @@ def _sinks(s_aux):
 _cudnn_refused = set()  # (head dims, dtype) the installed cuDNN refused: "auto" runs flash_attn2 there
 
 
+def _kernel_dtype(query):
+    """The dtype the kernels see: autocast's where it is on for the device (ringattn.torch casts to it)."""
+    device = query.device.type
+    if query.dtype != torch.float64 and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return query.dtype
+
+
 def _implementation(impl, query, value, options, bias):
     """impl, or for "auto": cudnn where its options and dtype allow it (cuDNN's fused kernels, the fastest
     on Hopper for plain causal attention), flash_attn2 elsewhere (every option: segment ids, soft cap,
-    windows, sinks, dropout, masks)."""
+    windows, sinks, dropout, masks); on CUDA, where the flash kernels cannot run (f32, or a head dim
+    beyond their multiples of 8 up to 256), the CUDA sdpa."""
     if impl != "auto":
         return impl
+    dtype, dims = _kernel_dtype(query), (query.shape[-1], value.shape[-1])
+    if query.is_cuda and (dtype not in (torch.float16, torch.bfloat16) or any(d > 256 or d % 8 for d in dims)):
+        _warn_once(("sdpa", dtype, dims), "ringattn.hf: %s q / v with head dims %s on CUDA run the sdpa kernel "
+                   "(f32 GEMMs a query chunk at a time: exact, slow); the flash kernels take bf16 / f16 (a model "
+                   "in bf16, or torch.autocast) and head dims that are multiples of 8 up to 256" % (dtype, dims))
+        return "sdpa"
     plain = (bias is None and options.get("mask") is None and options.get("segment_ids") is None
              and options["sinks"] is None and not options["softcap"] and not options["dropout"]
              and options["window"] is None)
-    key = (query.shape[-1], value.shape[-1], query.dtype)
-    if (plain and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and key not in _cudnn_refused
-            and query.shape[-1] % 8 == 0 and value.shape[-1] % 8 == 0):
+    if plain and query.is_cuda and (*dims, dtype) not in _cudnn_refused:
         return "cudnn"
     return "flash_attn2"
 
@@ -187,7 +211,7 @@ def _run(call, impl, query, value, options, bias):
     except ValueError as error:
         if "installed cuDNN" not in str(error):
             raise
-        _cudnn_refused.add((query.shape[-1], value.shape[-1], query.dtype))
+        _cudnn_refused.add((query.shape[-1], value.shape[-1], _kernel_dtype(query)))
         return call("flash_attn2")
 
 
@@ -223,6 +247,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             if ids is not None:
                 options.update(segment_ids=ids, kv_segment_ids=ids)
     elif attention_mask.ndim == 2:
+        if attention_mask.shape[-1] < S:  # a static cache's written slots: the rest are not keys yet
+            S = attention_mask.shape[-1]
+            key, value = key[:, :, :S], value[:, :, :S]
+            bias = None if bias is None else bias[..., :S]
         kv_ids = _padding_ids(attention_mask, S)
         if kv_ids is not None:
             options.update(segment_ids=kv_ids.new_zeros((query.shape[0], T)), kv_segment_ids=kv_ids)

@@ -2,7 +2,8 @@
 download) gives the logits and every parameter's gradient of the same model in f64 with Transformers' own
 "eager" attention (its dense masks and softmax), on CPU: Llama (GQA, padding, packed sequences by
 position_ids and by cu_seq_lens), Gemma 2 (soft cap, sliding window), gpt-oss (sinks, sliding window),
-ModernBERT (bidirectional sliding window), a mask pattern ringattn builds densely, dropout. Skipped where
+ModernBERT (bidirectional sliding window), a mask pattern ringattn builds densely, dropout; and decoding
+with dynamic and static KV caches (decoders, and encoder-decoders' cross-attention: Bart, T5). Skipped where
 PyTorch or Transformers is not installed."""
 
 import copy
@@ -99,23 +100,84 @@ def test_llama_packed_sequences_by_cu_seq_lens():
     check_twins(model, reference, ids(1, 31), position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
 
 
+GEMMA2 = dict(sliding_window=8, attn_logit_softcapping=5.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+              layer_types=["sliding_attention", "full_attention"])
+GPT_OSS = dict(sliding_window=6, num_local_experts=2, num_experts_per_tok=1, experts_implementation="eager",
+               layer_types=["sliding_attention", "full_attention"])
+
+
 def test_gemma2_soft_cap_and_sliding_window():
-    model, reference = twins(transformers.Gemma2Config, sliding_window=8, attn_logit_softcapping=5.0,
-                             final_logit_softcapping=30.0, query_pre_attn_scalar=16,
-                             layer_types=["sliding_attention", "full_attention"])
+    model, reference = twins(transformers.Gemma2Config, **GEMMA2)
     mask = torch.ones(2, 31, dtype=torch.long)
     mask[1, 25:] = 0
     check_twins(model, reference, ids(2, 31), valid=mask, attention_mask=mask)
 
 
-def test_gpt_oss_sinks_and_sliding_window():
-    model, reference = twins(transformers.GptOssConfig, sliding_window=6, num_local_experts=2, num_experts_per_tok=1,
-                             experts_implementation="eager", layer_types=["sliding_attention", "full_attention"])
+def gpt_oss_twins():
+    model, reference = twins(transformers.GptOssConfig, **GPT_OSS)
     with torch.no_grad():
         for layer in list(model.model.layers) + list(reference.model.layers):
             layer.self_attn.sinks.copy_(torch.linspace(-1.0, 2.0, 4))  # sinks that matter
+    return model, reference
+
+
+def test_gpt_oss_sinks_and_sliding_window():
+    model, reference = gpt_oss_twins()
     check_twins(model, reference, ids(2, 27))
     assert model.model.layers[0].self_attn.sinks.grad.abs().max() > 0
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])
+def test_generation_with_a_kv_cache(family, cache):
+    """Greedy decoding: each step's logits and the tokens equal the f64 eager twin's. A static cache hands
+    the attention every slot, written or not (the written ones then a mask's columns); the prompts are
+    shorter and longer than the sliding windows, one row left-padded."""
+    model, reference = {"llama": lambda: twins(transformers.LlamaConfig),
+                        "gemma2": lambda: twins(transformers.Gemma2Config, **GEMMA2),
+                        "gpt_oss": gpt_oss_twins}[family]()
+    model.eval(), reference.eval()
+    for length in (4, 13):
+        prompt, mask = ids(2, length), torch.ones(2, length, dtype=torch.long)
+        mask[1, :2] = 0
+        options = dict(attention_mask=mask, max_new_tokens=9, do_sample=False, pad_token_id=0,
+                       cache_implementation=cache, output_logits=True, return_dict_in_generate=True)
+        got, want = model.generate(prompt, **options), reference.generate(prompt, **options)
+        for a, b in zip(got.logits, want.logits):
+            close(a, b, TOL)
+        assert torch.equal(got.sequences, want.sequences)
+
+
+def seq2seq_twins(family):
+    torch.manual_seed(0)
+    config = {"bart": lambda: transformers.BartConfig(
+                  vocab_size=101, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, max_position_embeddings=256,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=None),
+              "t5": lambda: transformers.T5Config(vocab_size=101, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
+                                                  pad_token_id=0, eos_token_id=2, decoder_start_token_id=0)}[family]()
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForSeq2SeqLM.from_config(config).eval()
+    reference = copy.deepcopy(model).double()
+    model.set_attn_implementation(NAME)
+    return model, reference
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_encoder_decoder_generation(family, cache, padded):
+    """Cross-attention's keys are the encoder's, every one of them (with or without its padding mask),
+    beside the decoder's causal cache; T5's relative position bias is the attention's bias."""
+    model, reference = seq2seq_twins(family)
+    prompt, mask = ids(2, 11), torch.ones(2, 11, dtype=torch.long)
+    mask[1, 8:] = 0
+    options = dict(attention_mask=mask if padded else None, max_new_tokens=7, min_new_tokens=7, do_sample=False,
+                   cache_implementation=cache, output_logits=True, return_dict_in_generate=True)
+    got, want = model.generate(prompt, **options), reference.generate(prompt, **options)
+    for a, b in zip(got.logits, want.logits):
+        close(a, b, TOL)
+    assert torch.equal(got.sequences, want.sequences)
 
 
 def test_modernbert_bidirectional_sliding_window():

@@ -3,7 +3,8 @@ against the f64 numpy reference (reference.py, independent of the C++ code) for 
 not, GQA, S != T and every option; the work runs on PyTorch's current stream (a non-blocking stream
 that is still producing q is waited for); arrays split between host and device are refused naming the
 one that is elsewhere; the framework-neutral core takes and returns CUDA tensors without copies; and
-torch.compile traces the op on the GPU. Skipped without PyTorch, without a GPU, or in a build of
+torch.compile traces the op on the GPU; ringattn.hf on CUDA: a model the flash kernels cannot take,
+and decoding with a static KV cache. Skipped without PyTorch, without a GPU, or in a build of
 ringattn without CUDA."""
 
 import numpy as np
@@ -264,3 +265,64 @@ def test_attention_varlen_equals_the_f64_reference_of_each_sequence(impl, batch)
     close(lse.cpu(), torch.from_numpy(want[1]), 1e-2)
     for leaf, ref in zip((q, k, v), want[2:5]):
         close(leaf.grad.cpu(), torch.from_numpy(ref), tol)
+
+
+def hf_llama_twins(dtype, head_dim=64):
+    """A small Llama on "ringattn" and its copy on Transformers' "sdpa" (PyTorch's SDPA), on the GPU."""
+    transformers = pytest.importorskip("transformers", reason="Transformers is not installed")
+    import copy
+    import ringattn.hf
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=503, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                                      max_position_embeddings=4096, attn_implementation="sdpa")
+    theirs = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).to(GPU).eval()
+    mine = copy.deepcopy(theirs)  # (models made from one config share it, and so their attn_implementation)
+    mine.set_attn_implementation(ringattn.hf.register())
+    return mine, theirs
+
+
+def hf_relative(a, b):
+    return float((a.detach().float() - b.float()).abs().max() / b.float().abs().max())
+
+
+@pytest.mark.parametrize("head_dim", [64, 12])
+def test_a_transformers_model_the_flash_kernels_cannot_take_runs_the_cuda_sdpa(head_dim):
+    """impl="auto" on an f32 model (or head dims that are not multiples of 8) runs the CUDA sdpa, with a
+    warning, where flash_attn2 would refuse the call: logits and gradients as Transformers' SDPA's."""
+    mine, theirs = hf_llama_twins(torch.float32, head_dim)
+    ids = torch.randint(0, 503, (2, 333), generator=torch.Generator().manual_seed(4)).to(GPU)
+    mask = torch.ones_like(ids)
+    mask[1, :50] = 0
+    import ringattn.hf
+    ringattn.hf._warned.clear()
+    with pytest.warns(UserWarning, match="sdpa kernel"):
+        got = mine(input_ids=ids, attention_mask=mask).logits
+    want = theirs(input_ids=ids, attention_mask=mask).logits
+    assert hf_relative(got[mask.bool()], want[mask.bool()]) < 1e-4
+    got[mask.bool()].sum().backward()
+    want[mask.bool()].sum().backward()
+    for (name, p), (_, q) in zip(mine.named_parameters(), theirs.named_parameters()):
+        assert hf_relative(p.grad, q.grad) < 1e-3, name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_transformers_generation_with_a_static_cache_on_the_gpu(dtype):
+    """Greedy decoding with a static KV cache on the GPU kernels (cudnn / flash_attn2 steps in bf16, the CUDA
+    sdpa in f32), one row left-padded: the tokens and each step's logits equal a dynamic cache's, and the
+    first step's logits Transformers' SDPA's."""
+    mine, theirs = hf_llama_twins(dtype)
+    ids = torch.randint(0, 503, (2, 45), generator=torch.Generator().manual_seed(5)).to(GPU)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    runs = {}
+    for cache in ("dynamic", "static"):
+        runs[cache] = mine.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                    cache_implementation=cache, output_logits=True, return_dict_in_generate=True)
+    assert torch.equal(runs["static"].sequences, runs["dynamic"].sequences)
+    for a, b in zip(runs["static"].logits, runs["dynamic"].logits):
+        assert hf_relative(a, b) < 1e-2
+    want = theirs.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0,
+                           output_logits=True, return_dict_in_generate=True).logits[0]
+    assert hf_relative(runs["static"].logits[0], want) < (3e-2 if dtype == torch.bfloat16 else 1e-4)
