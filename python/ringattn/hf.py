@@ -132,6 +132,27 @@ def sequence_ids_of_positions(position_ids: torch.Tensor) -> Optional[torch.Tens
     return ids if bool(ids[:, -1].any()) else None
 
 
+class _PerTensor:
+    """fn(tensor, *args), remembered for the few tensors seen last while each is the same object, unchanged:
+    every layer of a forward gets the same position_ids or mask, read (a device sync) by the first only."""
+
+    def __init__(self, fn, slots=4):
+        self.fn, self.slots, self.seen = fn, slots, []
+
+    def __call__(self, tensor, *args):
+        if torch.compiler.is_compiling():  # traced tensors are not the run's
+            return self.fn(tensor, *args)
+        for entry in self.seen:
+            if entry[0] is tensor and entry[1] == tensor._version and entry[2] == args:
+                return entry[3]
+        result = self.fn(tensor, *args)
+        self.seen = [(tensor, tensor._version, args, result)] + self.seen[:self.slots - 1]
+        return result
+
+
+_packed_sequence_ids = _PerTensor(lambda positions, batch: sequence_ids_of_positions(positions.expand(batch, -1)))
+
+
 def _sequence_ids_of_cu_seqlens(cu, total, device, name):
     """Segment ids (1, total) from FlashAttention's cumulative lengths (its packed batch of one row)."""
     cu = torch.as_tensor(cu, device=device).long()
@@ -147,6 +168,9 @@ def _padding_ids(attention_mask: torch.Tensor, kv_length: int):
     it is padding; the queries all take 0, so each query sees its row's real keys (as the models' masks say)."""
     valid = attention_mask[:, -kv_length:].bool()
     return None if bool(valid.all()) else (~valid).int()
+
+
+_padding_ids_of = _PerTensor(_padding_ids)
 
 
 def _dropout_seed(dropout: float) -> int:
@@ -243,7 +267,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             options.update(segment_ids=_sequence_ids_of_cu_seqlens(q_cu, T, query.device, "cu_seq_lens_q"),
                            kv_segment_ids=_sequence_ids_of_cu_seqlens(k_cu, S, query.device, "cu_seq_lens_k"))
         elif position_ids is not None and T == S and T > 1:
-            ids = sequence_ids_of_positions(position_ids.expand(query.shape[0], -1))
+            ids = _packed_sequence_ids(position_ids, query.shape[0])
             if ids is not None:
                 options.update(segment_ids=ids, kv_segment_ids=ids)
     elif attention_mask.ndim == 2:
@@ -251,7 +275,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             S = attention_mask.shape[-1]
             key, value = key[:, :, :S], value[:, :, :S]
             bias = None if bias is None else bias[..., :S]
-        kv_ids = _padding_ids(attention_mask, S)
+        kv_ids = _padding_ids_of(attention_mask, S)
         if kv_ids is not None:
             options.update(segment_ids=kv_ids.new_zeros((query.shape[0], T)), kv_segment_ids=kv_ids)
     elif attention_mask.ndim == 4:  # a dense mask (ours, or the caller's): it holds the pattern, causal too
@@ -274,7 +298,7 @@ class _Ring:
     def __init__(self, comm, group, layout, local_impl, ring_options):
         self.comm, self.group, self.layout, self.local_impl = comm, group, layout, local_impl
         self.ring_options = ring_options
-        self._positions = (None, None)  # ((position_ids, version), their segment ids): one gather a forward
+        self.segment_ids = _PerTensor(self._segment_ids, slots=1)  # one gather a forward
 
     def rank_and_size(self):
         from .varlen import rank_and_size
@@ -301,11 +325,8 @@ class _Ring:
         dist.all_gather(parts, local.contiguous(), group=self.group)
         return parts
 
-    def segment_ids(self, position_ids: torch.Tensor, batch: int):
+    def _segment_ids(self, position_ids: torch.Tensor, batch: int):
         """This rank's rows of the packed sequences' ids, from every rank's position_ids (None: no packing)."""
-        cached, ids = self._positions
-        if cached is not None and cached[0] is position_ids and cached[1] == position_ids._version:  # unchanged
-            return ids
         rank, size = self.rank_and_size()
         local = position_ids.expand(batch, -1).to(torch.int64)
         parts = [p.to(local.device) for p in self._gather(local)]  # collective: every rank, every forward
@@ -315,9 +336,7 @@ class _Ring:
                              "where the ring needs each row's global position (pass position_ids from "
                              "ringattn.hf.shard_inputs)" % (local.shape[1] - 1))
         ids = sequence_ids_of_positions(ringattn_unshard(parts, 1, self.layout))
-        ids = None if ids is None else ringattn_shard(ids, 1, self.layout, rank, size)
-        self._positions = ((position_ids, position_ids._version), ids)
-        return ids
+        return None if ids is None else ringattn_shard(ids, 1, self.layout, rank, size)
 
     def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                  sliding_window=None, softcap=None, s_aux=None, position_bias=None, position_ids=None,

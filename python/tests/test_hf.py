@@ -106,6 +106,26 @@ GPT_OSS = dict(sliding_window=6, num_local_experts=2, num_experts_per_tok=1, exp
                layer_types=["sliding_attention", "full_attention"])
 
 
+def test_packing_and_padding_are_read_once_a_forward(monkeypatch):
+    """Reading position_ids or a mask is a device sync: the first layer of a forward reads them, the others
+    take its result; position_ids changed in place are read again."""
+    model, _ = twins(transformers.LlamaConfig)
+    reads = []
+    read_positions, read_padding = ringattn.hf.sequence_ids_of_positions, ringattn.hf._padding_ids_of.fn
+    monkeypatch.setattr(ringattn.hf, "sequence_ids_of_positions", lambda *a: reads.append("p") or read_positions(*a))
+    monkeypatch.setattr(ringattn.hf._padding_ids_of, "fn", lambda *a: reads.append("m") or read_padding(*a))
+    positions = torch.cat([torch.arange(n) for n in (9, 12)])[None]
+    packed = model(input_ids=ids(1, 21), position_ids=positions, use_cache=False).logits
+    assert reads == ["p"]
+    positions[0, 9:] += 9  # one sequence now
+    whole = model(input_ids=ids(1, 21), position_ids=positions, use_cache=False).logits
+    assert reads == ["p", "p"] and not torch.allclose(packed, whole)
+    mask = torch.ones(2, 21, dtype=torch.long)
+    mask[0, 17:] = 0
+    model(input_ids=ids(2, 21), attention_mask=mask, use_cache=False)
+    assert reads == ["p", "p", "m"]
+
+
 def test_gemma2_soft_cap_and_sliding_window():
     model, reference = twins(transformers.Gemma2Config, **GEMMA2)
     mask = torch.ones(2, 31, dtype=torch.long)
