@@ -68,14 +68,20 @@ def _parts(mask_function):
                 yield from _parts(inner)
 
 
+def _qualname(function):
+    """function's qualified name; its code's, which torch.compile's tracing gives for closures made while
+    tracing (their __qualname__ reads None there)."""
+    return getattr(getattr(function, "__code__", None), "co_qualname", None) or getattr(function, "__qualname__", None)
+
+
 def _compact(mask_function) -> bool:
     """Whether mask_function is built only of causal / bidirectional / sliding window / padding / packing."""
     return all(getattr(part, "__module__", None) == "transformers.masking_utils"
-               and getattr(part, "__qualname__", None) in _COMPACT_FACTORIES for part in _parts(mask_function))
+               and _qualname(part) in _COMPACT_FACTORIES for part in _parts(mask_function))
 
 
 def _causal(mask_function) -> bool:
-    return any(getattr(part, "__qualname__", None) == "causal_mask_function" for part in _parts(mask_function))
+    return any(_qualname(part) == "causal_mask_function" for part in _parts(mask_function))
 
 
 _warned = set()
@@ -100,11 +106,12 @@ def _local_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
         written = int(q_offset) + q_length - int(kv_offset)
         if attention_mask is None and written < kv_length and _causal(mask_function):
             attention_mask = torch.ones(batch_size, written, dtype=torch.bool, device=kwargs.get("device"))
-        return masking.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
-                                            attention_mask)
+        # The last kv_length columns (a sliding layer's), all true too: attention_forward reads them once a
+        # forward eagerly, never while torch.compile traces (FlashAttention's mask function reads them there).
+        return None if attention_mask is None else attention_mask[:, -kv_length:]
     _warn_once("dense", "ringattn.hf: this model's mask pattern (%s) is not one ringattn rebuilds from its options "
                         "(causal, sliding window, padding, packed sequences): it runs as a dense (B, 1, T, S) boolean "
-                        "mask, exact but T x S bytes a batch row" % getattr(mask_function, "__qualname__", "?"))
+                        "mask, exact but T x S bytes a batch row" % (_qualname(mask_function) or "?"))
     kwargs.pop("allow_is_causal_skip", None)
     return masking.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                              kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
@@ -119,7 +126,7 @@ def _ring_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fu
     if not _compact(mask_function):
         raise ValueError("ringattn.hf's ring takes causal, sliding-window, padding and packed-sequence masks; this "
                          "model's mask (%s) needs a dense T x S mask, which the ring does not shard: use "
-                         "attn_implementation='ringattn' on one process" % getattr(mask_function, "__qualname__", "?"))
+                         "attn_implementation='ringattn' on one process" % (_qualname(mask_function) or "?"))
     # The 2-D mask as given, all true too: every rank then passes segment ids to the ring, or none does.
     return None if attention_mask is None else attention_mask[:, -kv_length:]
 
@@ -129,6 +136,8 @@ def sequence_ids_of_positions(position_ids: torch.Tensor) -> Optional[torch.Tens
     sequence, as Transformers' find_packed_sequence_indices says), None where each row is one sequence."""
     step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
     ids = (step != 1).cumsum(-1, dtype=torch.int32)
+    if torch.compiler.is_compiling():  # the ids without reading them: no graph break (nor cuDNN's steps)
+        return ids
     return ids if bool(ids[:, -1].any()) else None
 
 
@@ -156,7 +165,8 @@ _packed_sequence_ids = _PerTensor(lambda positions, batch: sequence_ids_of_posit
 def _sequence_ids_of_cu_seqlens(cu, total, device, name):
     """Segment ids (1, total) from FlashAttention's cumulative lengths (its packed batch of one row)."""
     cu = torch.as_tensor(cu, device=device).long()
-    if cu.ndim != 1 or int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu.diff() < 0).any()):
+    checked = not torch.compiler.is_compiling()  # (eagerly: reading cu while tracing would break the graph)
+    if checked and (cu.ndim != 1 or int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu.diff() < 0).any())):
         raise ValueError("%s must run from 0 to the packed length %d without decreasing: got %s" %
                          (name, total, cu.tolist()))
     rows = torch.arange(total, device=device)
@@ -167,6 +177,8 @@ def _padding_ids(attention_mask: torch.Tensor, kv_length: int):
     """Key segment ids (B, S) from a 2-D padding mask of at least S columns: 0 where a key is seen, 1 where
     it is padding; the queries all take 0, so each query sees its row's real keys (as the models' masks say)."""
     valid = attention_mask[:, -kv_length:].bool()
+    if torch.compiler.is_compiling():  # the ids without reading them, as sequence_ids_of_positions
+        return (~valid).int()
     return None if bool(valid.all()) else (~valid).int()
 
 
@@ -387,7 +399,8 @@ def register(name: str = "ringattn", *, ring: Optional[bool] = None, comm=None, 
 
     Without comm / group (ring=None or False): this process's attention, `impl` its kernel: "auto" (the
     default: cudnn for half-precision CUDA calls without segment ids, soft cap, window, sinks, dropout,
-    bias or mask, flash_attn2 for the rest), or flash_attn2, sdpa, blockwise (CPU), cudnn (CUDA). With
+    bias or mask, flash_attn2 for the rest; on CUDA the sdpa where the flash kernels cannot run: f32, head
+    dims), or flash_attn2, sdpa, blockwise (CPU), cudnn (CUDA). With
     `comm` (mpi4py or ringattn.NcclComm) or `group` (a torch.distributed group; ring=True for the default
     one): the ring over it, `layout` as ringattn.shard cuts the rows (zigzag, the default), `local_impl`
     each rank's kernel ("auto" as impl), and ring_attention's other options (timeout, deterministic,

@@ -3,7 +3,8 @@ download) gives the logits and every parameter's gradient of the same model in f
 "eager" attention (its dense masks and softmax), on CPU: Llama (GQA, padding, packed sequences by
 position_ids and by cu_seq_lens), Gemma 2 (soft cap, sliding window), gpt-oss (sinks, sliding window),
 ModernBERT (bidirectional sliding window), a mask pattern ringattn builds densely, dropout; and decoding
-with dynamic and static KV caches (decoders, and encoder-decoders' cross-attention: Bart, T5). Skipped where
+with dynamic and static KV caches (decoders, and encoder-decoders' cross-attention: Bart, T5); torch.compile
+of a training step in one graph. Skipped where
 PyTorch or Transformers is not installed."""
 
 import copy
@@ -124,6 +125,25 @@ def test_packing_and_padding_are_read_once_a_forward(monkeypatch):
     mask[0, 17:] = 0
     model(input_ids=ids(2, 21), attention_mask=mask, use_cache=False)
     assert reads == ["p", "p", "m"]
+
+
+@pytest.mark.parametrize("case", ["llama_packed", "llama_padded", "gemma2_padded"])
+def test_torch_compile_traces_the_model_in_one_graph(case):
+    """torch.compile(fullgraph=True) of a training step: the hook reads no tensor while tracing (packing and
+    padding go to the kernels as segment ids, the mask patterns are told apart by their code's names), and the
+    compiled model's logits and gradients are the f64 eager twin's."""
+    family, inputs = case.split("_")
+    model, reference = twins(transformers.LlamaConfig) if family == "llama" else twins(transformers.Gemma2Config,
+                                                                                           **GEMMA2)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    if inputs == "packed":
+        positions = torch.cat([torch.arange(n) for n in (11, 1, 20)])[None].repeat(2, 1)
+        check_twins(compiled, reference, ids(2, 32), position_ids=positions)
+    else:
+        mask = torch.ones(2, 32, dtype=torch.long)
+        mask[0, 25:] = 0
+        check_twins(compiled, reference, ids(2, 32), valid=mask, attention_mask=mask)
 
 
 def test_gemma2_soft_cap_and_sliding_window():

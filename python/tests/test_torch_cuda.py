@@ -3,9 +3,9 @@ against the f64 numpy reference (reference.py, independent of the C++ code) for 
 not, GQA, S != T and every option; the work runs on PyTorch's current stream (a non-blocking stream
 that is still producing q is waited for); arrays split between host and device are refused naming the
 one that is elsewhere; the framework-neutral core takes and returns CUDA tensors without copies; and
-torch.compile traces the op on the GPU; ringattn.hf on CUDA: a model the flash kernels cannot take,
-and decoding with a static KV cache. Skipped without PyTorch, without a GPU, or in a build of
-ringattn without CUDA."""
+torch.compile traces the op on the GPU; ringattn.hf on CUDA: a model the flash kernels cannot take, a
+compiled model, and decoding with a static KV cache. Skipped without PyTorch, without a GPU, or in a
+build of ringattn without CUDA."""
 
 import numpy as np
 import pytest
@@ -326,3 +326,23 @@ def test_transformers_generation_with_a_static_cache_on_the_gpu(dtype):
     want = theirs.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0,
                            output_logits=True, return_dict_in_generate=True).logits[0]
     assert hf_relative(runs["static"].logits[0], want) < (3e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+def test_a_compiled_transformers_model_on_the_gpu():
+    """torch.compile(fullgraph=True) of a bf16 Llama on "ringattn" with packed documents (segment ids on
+    flash_attn2) and left padding: logits and gradients as Transformers' SDPA's in eager."""
+    mine, theirs = hf_llama_twins(torch.bfloat16)
+    compiled = torch.compile(mine, fullgraph=True)
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 503, (1, 600), generator=g).to(GPU)
+    positions = torch.cat([torch.arange(n) for n in (250, 1, 349)])[None].to(GPU)
+    for inputs in (dict(position_ids=positions), dict(attention_mask=(torch.arange(600) >= 40)[None].long().to(GPU))):
+        keep = inputs["attention_mask"].bool() if "attention_mask" in inputs else torch.ones_like(ids, dtype=torch.bool)
+        mine.zero_grad(), theirs.zero_grad()
+        got = compiled(input_ids=ids, use_cache=False, **inputs).logits
+        want = theirs(input_ids=ids, use_cache=False, **inputs).logits
+        assert hf_relative(got[keep], want[keep]) < 3e-2
+        got[keep].float().sum().backward()
+        want[keep].float().sum().backward()
+        for (name, p), (_, q) in zip(mine.named_parameters(), theirs.named_parameters()):
+            assert hf_relative(p.grad, q.grad) < 5e-2, name
