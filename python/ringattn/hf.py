@@ -27,6 +27,8 @@ the rank's rows) and packed sequences (global position_ids restarting, gathered 
 there too; patterns that need a T x S mask are refused by name.
 """
 
+import sys
+import types
 import warnings
 from typing import Optional
 
@@ -39,12 +41,17 @@ from . import torch as rt
 __all__ = ["register", "shard_inputs", "attention_forward"]
 
 
+_masking = []  # Transformers' masking_utils, imported once: torch.compile's tracing cannot import it (a lazy module)
+
+
 def _masking_utils():
-    try:
-        from transformers import masking_utils
-    except ImportError as error:  # the module is importable without Transformers; using it is not
-        raise ImportError("ringattn.hf needs Hugging Face Transformers (pip install transformers)") from error
-    return masking_utils
+    if not _masking:
+        try:
+            from transformers import masking_utils
+        except ImportError as error:  # the module is importable without Transformers; using it is not
+            raise ImportError("ringattn.hf needs Hugging Face Transformers (pip install transformers)") from error
+        _masking.append(masking_utils)
+    return _masking[0]
 
 
 # The mask factories whose pattern the attention function rebuilds from its own arguments (causal,
@@ -58,30 +65,40 @@ _COMPACT_FACTORIES = {
 }
 
 
-def _parts(mask_function):
-    """mask_function and the mask functions it combines (and_masks' and the overlays' closures), depth first."""
-    yield mask_function
-    for cell in getattr(mask_function, "__closure__", None) or ():
-        contents = cell.cell_contents
-        for inner in contents if isinstance(contents, tuple) else (contents,):
-            if callable(inner) and not isinstance(inner, torch.Tensor):
-                yield from _parts(inner)
+def _parts(mask_function) -> list:
+    """mask_function and the mask functions it combines (and_masks' and the overlays' closures), depth first
+    (a list: torch.compile's tracing of PyTorch 2.11 takes no generator)."""
+    parts = [mask_function]
+    if isinstance(mask_function, types.FunctionType):
+        for cell in mask_function.__closure__ or ():
+            contents = cell.cell_contents
+            for inner in contents if isinstance(contents, tuple) else (contents,):
+                if callable(inner) and not isinstance(inner, torch.Tensor):
+                    parts += _parts(inner)
+    return parts
+
+
+_HAS_CO_QUALNAME = sys.version_info >= (3, 11)  # (read once: tracing cannot compare version_info)
 
 
 def _qualname(function):
-    """function's qualified name; its code's, which torch.compile's tracing gives for closures made while
-    tracing (their __qualname__ reads None there)."""
-    return getattr(getattr(function, "__code__", None), "co_qualname", None) or getattr(function, "__qualname__", None)
+    """A function's qualified name, read as torch.compile's tracing can: its code's (a closure made while
+    tracing reads None as __qualname__ there); None for other callables."""
+    if not isinstance(function, types.FunctionType):
+        return None
+    return function.__code__.co_qualname if _HAS_CO_QUALNAME else function.__qualname__
 
 
 def _compact(mask_function) -> bool:
     """Whether mask_function is built only of causal / bidirectional / sliding window / padding / packing."""
-    return all(getattr(part, "__module__", None) == "transformers.masking_utils"
-               and _qualname(part) in _COMPACT_FACTORIES for part in _parts(mask_function))
+    for part in _parts(mask_function):
+        if _qualname(part) not in _COMPACT_FACTORIES or part.__module__ != "transformers.masking_utils":
+            return False
+    return True
 
 
 def _causal(mask_function) -> bool:
-    return any(_qualname(part) == "causal_mask_function" for part in _parts(mask_function))
+    return "causal_mask_function" in [_qualname(part) for part in _parts(mask_function)]
 
 
 _warned = set()
@@ -98,7 +115,8 @@ def _local_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     """The mask function registered beside "ringattn": the 2-D padding mask (or None) where the attention
     function rebuilds the pattern, else Transformers' sdpa_mask (the exact (B, 1, T, S) boolean mask)."""
     masking = _masking_utils()
-    mask_function = mask_function or masking.causal_mask_function
+    if mask_function is None:  # (not `or`: torch.compile's tracing cannot take a function's truth)
+        mask_function = masking.causal_mask_function
     if _compact(mask_function):
         # A static cache hands every slot, written or not: a causal layer's keys past its last query are
         # not yet written. A mask of the written columns tells attention_forward to drop the rest (as
@@ -122,7 +140,8 @@ def _ring_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fu
                **kwargs):
     """The ring's mask function: a pattern the ring cannot take compactly is refused by name."""
     masking = _masking_utils()
-    mask_function = mask_function or masking.causal_mask_function
+    if mask_function is None:  # (not `or`: torch.compile's tracing cannot take a function's truth)
+        mask_function = masking.causal_mask_function
     if not _compact(mask_function):
         raise ValueError("ringattn.hf's ring takes causal, sliding-window, padding and packed-sequence masks; this "
                          "model's mask (%s) needs a dense T x S mask, which the ring does not shard: use "

@@ -127,6 +127,12 @@ def test_packing_and_padding_are_read_once_a_forward(monkeypatch):
     assert reads == ["p", "p", "m"]
 
 
+# Tracing reads the mask functions' closures, which torch.compile takes from PyTorch 2.15 (setup.sh's); older
+# ones break the graph at the model's mask (correct, and checked on the GPU with PyTorch 2.11).
+FULLGRAPH = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 15)
+
+
+@pytest.mark.skipif(not FULLGRAPH, reason="torch.compile traces closures from PyTorch 2.15")
 @pytest.mark.parametrize("case", ["llama_packed", "llama_padded", "gemma2_padded"])
 def test_torch_compile_traces_the_model_in_one_graph(case):
     """torch.compile(fullgraph=True) of a training step: the hook reads no tensor while tracing (packing and

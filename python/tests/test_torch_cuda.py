@@ -329,10 +329,11 @@ def test_transformers_generation_with_a_static_cache_on_the_gpu(dtype):
 
 
 def test_a_compiled_transformers_model_on_the_gpu():
-    """torch.compile(fullgraph=True) of a bf16 Llama on "ringattn" with packed documents (segment ids on
-    flash_attn2) and left padding: logits and gradients as Transformers' SDPA's in eager."""
+    """torch.compile (in one graph from PyTorch 2.15) of a bf16 Llama on "ringattn" with packed documents
+    (segment ids on flash_attn2) and left padding: logits and gradients as Transformers' SDPA's in eager."""
+    from test_hf import FULLGRAPH
     mine, theirs = hf_llama_twins(torch.bfloat16)
-    compiled = torch.compile(mine, fullgraph=True)
+    compiled = torch.compile(mine, fullgraph=FULLGRAPH)
     g = torch.Generator().manual_seed(6)
     ids = torch.randint(0, 503, (1, 600), generator=g).to(GPU)
     positions = torch.cat([torch.arange(n) for n in (250, 1, 349)])[None].to(GPU)
