@@ -18,7 +18,9 @@ FlashAttention's cu_seq_lens_q / cu_seq_lens_k) become segment ids. A mask patte
 model's or_mask / and_mask overlays, chunked or blockwise attention) is built exactly by Transformers'
 own sdpa_mask as a (B, 1, T, S) boolean mask: correct, T x S bytes, said once in a warning. A 4-D mask
 or bias the caller passes is taken as given. Decoding takes dynamic and static KV caches: a static cache's
-slots past a causal layer's last query are not yet written, and are left out.
+slots past a causal layer's last query are not yet written, and are left out. torch.compile traces a
+model in one graph (PyTorch 2.15): tensors are never read while tracing, so packing and padding reach the
+kernels as segment ids there (flash_attn2, never cudnn).
 
 The ring runs each rank's shard (ringattn.shard's layouts; zigzag balances causal): the model is the same
 on every rank, input_ids and position_ids are the rank's rows, and the loss of each rank's rows sums to
