@@ -3,8 +3,8 @@ download) gives the logits and every parameter's gradient of the same model in f
 "eager" attention (its dense masks and softmax), on CPU: Llama (GQA, padding, packed sequences by
 position_ids and by cu_seq_lens), Gemma 2 (soft cap, sliding window), gpt-oss (sinks, sliding window),
 ModernBERT (bidirectional sliding window), a mask pattern ringattn builds densely, dropout; and decoding
-with dynamic and static KV caches (decoders, and encoder-decoders' cross-attention: Bart, T5); torch.compile
-of a training step in one graph. Skipped where
+with dynamic and static KV caches (decoders, and encoder-decoders' cross-attention: Bart, T5); other
+decoder families (Mistral, Qwen2, Gemma 3, Cohere 2, Phi-3); torch.compile of a training step in one graph. Skipped where
 PyTorch or Transformers is not installed."""
 
 import copy
@@ -192,6 +192,37 @@ def test_generation_with_a_kv_cache(family, cache):
         for a, b in zip(got.logits, want.logits):
             close(a, b, TOL)
         assert torch.equal(got.sequences, want.sequences)
+
+
+@pytest.mark.parametrize("family, fields", [
+    ("mistral", dict(sliding_window=6)),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
+    ("gemma3_text", dict(sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                         query_pre_attn_scalar=16)),
+    ("cohere2", dict(sliding_window=6, layer_types=["sliding_attention", "full_attention"])),
+    ("phi3", dict(pad_token_id=0)),
+])
+def test_other_decoder_families(family, fields):
+    """Other models' attention modules on the hook (their windows, hybrid layers and scalings), by their
+    configs' own defaults: padded training logits and gradients, then greedy decoding with a static cache."""
+    pytest.importorskip("transformers.models." + family.replace("_text", ""), reason="a trimmed Transformers")
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(family, vocab_size=101, hidden_size=64, intermediate_size=96,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=16, max_position_embeddings=256, **fields)
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()  # (eval: no dropout in either)
+    reference = copy.deepcopy(model).double()
+    model.set_attn_implementation(NAME)
+    mask = torch.ones(2, 23, dtype=torch.long)
+    mask[1, :5] = 0
+    check_twins(model, reference, ids(2, 23), valid=mask, attention_mask=mask)
+    options = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static",
+                   output_logits=True, return_dict_in_generate=True)
+    got, want = model.generate(ids(2, 23), **options), reference.generate(ids(2, 23), **options)
+    for a, b in zip(got.logits, want.logits):
+        close(a, b, TOL)
+    assert torch.equal(got.sequences, want.sequences)
 
 
 def seq2seq_twins(family):
