@@ -1,13 +1,13 @@
 """Where a Hugging Face training step's time goes, "ringattn" beside "sdpa": torch.profiler's CUDA kernel
 totals of one step (after warm-up) of hf_train_step.py's model, one causal sequence, grouped by kernel name.
-Usage: PYTHONPATH=build/python python3 bench/hf_step_profile.py [--seq 32768] [--top 14]"""
+Usage: PYTHONPATH=build/python python3 bench/hf_step_profile.py [--seq 32768] [--top 14] (and hf_train_step.py's
+model options)"""
 
-import argparse
 import torch
 from torch.profiler import profile, ProfilerActivity
 
 import ringattn.hf
-from hf_train_step import model_of, step_of
+from hf_train_step import model_of, parser, step_of
 
 
 def kernel_totals(step):
@@ -25,16 +25,15 @@ def kernel_totals(step):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--seq", type=int, default=32768)
+    p = parser()  # hf_train_step.py's model options (its --documents, --iters and --device unused here)
     p.add_argument("--top", type=int, default=14)
+    p.set_defaults(seq=32768)
     a = p.parse_args()
-    model_args = argparse.Namespace(seq=a.seq, layers=2, heads=16, kv_heads=4, head_dim=128, device="cuda")
     ids = torch.randint(0, 32000, (1, a.seq), device="cuda")
     inputs = dict(input_ids=ids, labels=ids, position_ids=torch.arange(a.seq, device="cuda")[None])
     runs = {}
     for implementation in ("sdpa", ringattn.hf.register()):
-        runs[implementation] = totals = kernel_totals(step_of(model_of(model_args, implementation), inputs))
+        runs[implementation] = totals = kernel_totals(step_of(model_of(a, implementation), inputs))
         print("### %s T=%d: %.2f ms of kernels" % (implementation, a.seq, sum(totals.values())))
         for name, ms in sorted(totals.items(), key=lambda x: -x[1])[:a.top]:
             print("%9.3f ms  %s" % (ms, name[:150]))

@@ -54,7 +54,8 @@ def relative_error(got, want):
     return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-30))
 
 
-def main():
+def parser():
+    """The model's and the run's options (bench/hf_step_profile.py takes them too)."""
     p = argparse.ArgumentParser()
     p.add_argument("--seq", type=int, default=16384)
     p.add_argument("--layers", type=int, default=2)
@@ -64,7 +65,11 @@ def main():
     p.add_argument("--documents", type=int, default=16, help="packed documents of random lengths in the second case")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--device", default="cuda")
-    a = p.parse_args()
+    return p
+
+
+def main():
+    a = parser().parse_args()
     ringattn.hf.register()  # impl "auto": cudnn where it can, flash_attn2 for the rest (packed documents)
     ringattn.hf.register("ringattn_own_kernels", impl="flash_attn2")
     g = torch.Generator().manual_seed(1)

@@ -236,6 +236,11 @@ def _kernel_dtype(query):
     return query.dtype
 
 
+def _cudnn_key(query, value):
+    """What the installed cuDNN's refusal depends on: the head dims and the dtype the kernels see."""
+    return query.shape[-1], value.shape[-1], _kernel_dtype(query)
+
+
 def _implementation(impl, query, value, options, bias):
     """impl, or for "auto": cudnn where its options and dtype allow it (cuDNN's fused kernels, the fastest
     on Hopper for plain causal attention), flash_attn2 elsewhere (every option: segment ids, soft cap,
@@ -252,7 +257,7 @@ def _implementation(impl, query, value, options, bias):
     plain = (bias is None and options.get("mask") is None and options.get("segment_ids") is None
              and options["sinks"] is None and not options["softcap"] and not options["dropout"]
              and options["window"] is None)
-    if plain and query.is_cuda and (*dims, dtype) not in _cudnn_refused:
+    if plain and query.is_cuda and _cudnn_key(query, value) not in _cudnn_refused:
         return "cudnn"
     return "flash_attn2"
 
@@ -268,7 +273,7 @@ def _run(call, impl, query, value, options, bias):
     except ValueError as error:
         if "installed cuDNN" not in str(error):
             raise
-        _cudnn_refused.add((query.shape[-1], value.shape[-1], _kernel_dtype(query)))
+        _cudnn_refused.add(_cudnn_key(query, value))
         return call("flash_attn2")
 
 

@@ -4,8 +4,8 @@ download) gives the logits and every parameter's gradient of the same model in f
 position_ids and by cu_seq_lens), Gemma 2 (soft cap, sliding window), gpt-oss (sinks, sliding window),
 ModernBERT (bidirectional sliding window), a mask pattern ringattn builds densely, dropout; and decoding
 with dynamic and static KV caches (decoders, and encoder-decoders' cross-attention: Bart, T5); other
-decoder families (Mistral, Qwen2, Gemma 3, Cohere 2, Phi-3); torch.compile of a training step in one graph. Skipped where
-PyTorch or Transformers is not installed."""
+decoder families (Mistral, Qwen2, Gemma 3, Cohere 2, Phi-3); torch.compile of a training step in one
+graph. Skipped where PyTorch or Transformers is not installed."""
 
 import copy
 import warnings
@@ -65,6 +65,15 @@ def check_twins(model, reference, input_ids, valid=None, tol=TOL, **inputs):
     for (name, p), (_, r) in zip(model.named_parameters(), reference.named_parameters()):
         assert p.grad is not None, name
         close(p.grad, r.grad, tol)
+
+
+def check_generation(model, reference, prompt, **options):
+    """Greedy decoding of model against its f64 twin: each step's logits, and the tokens."""
+    options = dict(options, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    got, want = model.generate(prompt, **options), reference.generate(prompt, **options)
+    for a, b in zip(got.logits, want.logits):
+        close(a, b, TOL)
+    assert torch.equal(got.sequences, want.sequences)
 
 
 def ids(B, T, seed=1):
@@ -186,12 +195,8 @@ def test_generation_with_a_kv_cache(family, cache):
     for length in (4, 13):
         prompt, mask = ids(2, length), torch.ones(2, length, dtype=torch.long)
         mask[1, :2] = 0
-        options = dict(attention_mask=mask, max_new_tokens=9, do_sample=False, pad_token_id=0,
-                       cache_implementation=cache, output_logits=True, return_dict_in_generate=True)
-        got, want = model.generate(prompt, **options), reference.generate(prompt, **options)
-        for a, b in zip(got.logits, want.logits):
-            close(a, b, TOL)
-        assert torch.equal(got.sequences, want.sequences)
+        check_generation(model, reference, prompt, attention_mask=mask, max_new_tokens=9, pad_token_id=0,
+                         cache_implementation=cache)
 
 
 @pytest.mark.parametrize("family, fields", [
@@ -217,12 +222,8 @@ def test_other_decoder_families(family, fields):
     mask = torch.ones(2, 23, dtype=torch.long)
     mask[1, :5] = 0
     check_twins(model, reference, ids(2, 23), valid=mask, attention_mask=mask)
-    options = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static",
-                   output_logits=True, return_dict_in_generate=True)
-    got, want = model.generate(ids(2, 23), **options), reference.generate(ids(2, 23), **options)
-    for a, b in zip(got.logits, want.logits):
-        close(a, b, TOL)
-    assert torch.equal(got.sequences, want.sequences)
+    check_generation(model, reference, ids(2, 23), attention_mask=mask, max_new_tokens=6, pad_token_id=0,
+                     cache_implementation="static")
 
 
 def seq2seq_twins(family):
@@ -249,12 +250,8 @@ def test_encoder_decoder_generation(family, cache, padded):
     model, reference = seq2seq_twins(family)
     prompt, mask = ids(2, 11), torch.ones(2, 11, dtype=torch.long)
     mask[1, 8:] = 0
-    options = dict(attention_mask=mask if padded else None, max_new_tokens=7, min_new_tokens=7, do_sample=False,
-                   cache_implementation=cache, output_logits=True, return_dict_in_generate=True)
-    got, want = model.generate(prompt, **options), reference.generate(prompt, **options)
-    for a, b in zip(got.logits, want.logits):
-        close(a, b, TOL)
-    assert torch.equal(got.sequences, want.sequences)
+    check_generation(model, reference, prompt, attention_mask=mask if padded else None, max_new_tokens=7,
+                     min_new_tokens=7, cache_implementation=cache)
 
 
 def test_modernbert_bidirectional_sliding_window():

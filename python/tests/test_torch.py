@@ -27,6 +27,12 @@ def close(got, want, tol=TOL):
     assert err <= tol, f"max error {err:.3g} > {tol:.3g}"
 
 
+def relative_error(got, want):
+    """The largest difference relative to want's largest entry (for tensors far from unit scale)."""
+    got, want = got.detach().float(), want.detach().float()
+    return float((got - want).abs().max() / want.abs().max())
+
+
 def tensors(seed, B=2, T=37, S=37, H=4, Hkv=2, D=32, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, D, generator=g, dtype=dtype, requires_grad=True)

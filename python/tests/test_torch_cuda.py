@@ -20,7 +20,7 @@ if not ringattn.built_with_cuda():
 
 import ringattn.torch as rt  # noqa: E402
 import reference  # noqa: E402
-from test_torch import check_compiled_matches_eager, close  # noqa: E402
+from test_torch import check_compiled_matches_eager, close, relative_error  # noqa: E402
 
 GPU = torch.device("cuda", torch.cuda.current_device())
 # Half-precision inputs, f32 accumulation: a few units of the dtype's rounding, relative to the largest entry
@@ -283,10 +283,6 @@ def hf_llama_twins(dtype, head_dim=64):
     return mine, theirs
 
 
-def hf_relative(a, b):
-    return float((a.detach().float() - b.float()).abs().max() / b.float().abs().max())
-
-
 @pytest.mark.parametrize("head_dim", [64, 12])
 def test_a_transformers_model_the_flash_kernels_cannot_take_runs_the_cuda_sdpa(head_dim):
     """impl="auto" on an f32 model (or head dims that are not multiples of 8) runs the CUDA sdpa, with a
@@ -300,11 +296,11 @@ def test_a_transformers_model_the_flash_kernels_cannot_take_runs_the_cuda_sdpa(h
     with pytest.warns(UserWarning, match="sdpa kernel"):
         got = mine(input_ids=ids, attention_mask=mask).logits
     want = theirs(input_ids=ids, attention_mask=mask).logits
-    assert hf_relative(got[mask.bool()], want[mask.bool()]) < 1e-4
+    assert relative_error(got[mask.bool()], want[mask.bool()]) < 1e-4
     got[mask.bool()].sum().backward()
     want[mask.bool()].sum().backward()
     for (name, p), (_, q) in zip(mine.named_parameters(), theirs.named_parameters()):
-        assert hf_relative(p.grad, q.grad) < 1e-3, name
+        assert relative_error(p.grad, q.grad) < 1e-3, name
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -322,10 +318,10 @@ def test_transformers_generation_with_a_static_cache_on_the_gpu(dtype):
                                     cache_implementation=cache, output_logits=True, return_dict_in_generate=True)
     assert torch.equal(runs["static"].sequences, runs["dynamic"].sequences)
     for a, b in zip(runs["static"].logits, runs["dynamic"].logits):
-        assert hf_relative(a, b) < 1e-2
+        assert relative_error(a, b) < 1e-2
     want = theirs.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=0,
                            output_logits=True, return_dict_in_generate=True).logits[0]
-    assert hf_relative(runs["static"].logits[0], want) < (3e-2 if dtype == torch.bfloat16 else 1e-4)
+    assert relative_error(runs["static"].logits[0], want) < (3e-2 if dtype == torch.bfloat16 else 1e-4)
 
 
 def test_a_compiled_transformers_model_on_the_gpu():
@@ -342,8 +338,8 @@ def test_a_compiled_transformers_model_on_the_gpu():
         mine.zero_grad(), theirs.zero_grad()
         got = compiled(input_ids=ids, use_cache=False, **inputs).logits
         want = theirs(input_ids=ids, use_cache=False, **inputs).logits
-        assert hf_relative(got[keep], want[keep]) < 3e-2
+        assert relative_error(got[keep], want[keep]) < 3e-2
         got[keep].float().sum().backward()
         want[keep].float().sum().backward()
         for (name, p), (_, q) in zip(mine.named_parameters(), theirs.named_parameters()):
-            assert hf_relative(p.grad, q.grad) < 5e-2, name
+            assert relative_error(p.grad, q.grad) < 5e-2, name

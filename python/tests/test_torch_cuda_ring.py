@@ -19,6 +19,7 @@ if not ringattn.built_with_cuda():
 
 from mpi4py import MPI  # noqa: E402
 
+from test_torch import relative_error  # noqa: E402
 from test_torch_ring import check_ring_shards_equal_one_process  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -117,12 +118,9 @@ def test_a_transformers_model_over_the_gpu_ring(packed):
     got = ring(input_ids=mine, position_ids=my_positions, use_cache=False).logits
     (got * ringattn.shard(weights, 1, "zigzag", RANK, SIZE)).sum().backward()
 
-    def relative(a, b):
-        return float((a.detach().float() - b.float()).abs().max() / b.float().abs().max())
-
-    err = relative(got, ringattn.shard(want, 1, "zigzag", RANK, SIZE))
+    err = relative_error(got, ringattn.shard(want, 1, "zigzag", RANK, SIZE))
     assert err < 2e-2, err
     for (name, p), (_, q) in zip(ring.named_parameters(), single.named_parameters()):
         summed = torch.as_tensor(COMM.allreduce(p.grad.float().cpu().numpy()))
-        err = relative(summed, q.grad.cpu())
+        err = relative_error(summed, q.grad.cpu())
         assert err < 5e-2, (name, err)
