@@ -130,6 +130,13 @@ std::vector<CudaCase> all_cases() {
       const Shape& sh = cudnn_shapes[seed % std::size(cudnn_shapes)];
       cases.push_back({"cudnn", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}});
     }
+  // cudnn, causal with T > S: the first T - S rows see no key (0 and LSE -inf), the call is not one
+  // whole cuDNN block, so it goes through the carry rather than cuDNN's O and LSE written directly.
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    Options opt;
+    opt.causal = true;
+    cases.push_back({"cudnn", ProblemSpec{1, 203, 131, 4, 2, 128, 128, dtype, opt, seed++}});
+  }
   // cudnn with v_head_dim != head_dim (MLA's 192 / 128 and others), each option it expresses.
   for (const ProblemSpec& spec : cudnn_head_dim_cases(seed)) cases.push_back({"cudnn", spec});
 #endif
