@@ -3,9 +3,10 @@
 `attention(q, k, v, ...)` on one process and `ring_attention(q, k, v, comm=..., ...)` over the ranks of an
 mpi4py communicator (CPU or CUDA tensors) or of a torch.distributed group (CPU tensors in this version).
 CUDA tensors run on their GPU, on PyTorch's current stream of that device. Both are `torch.library.custom_op`s with a fake
-(meta) implementation, so `torch.compile` and `torch.export` trace them, and a registered autograd
-formula that runs ringattn's backward (dq, dk, dv; dbias and dsinks where given). Tensors cross into
-the C++ core through DLPack without copies when contiguous.
+(meta) implementation, so `torch.compile` and `torch.export` trace them (and meta tensors give the results' shapes),
+and a registered autograd formula that runs ringattn's backward (dq, dk, dv; dbias and dsinks where given):
+torch.autograd takes the gradients, torch.func.vmap batches the calls, torch.func.grad / jvp are refused by name.
+Tensors cross into the C++ core through DLPack without copies when contiguous.
 
 Shapes are PyTorch's and the seeds': q (B, T, Hq, D), k (B, S, Hkv, D), v (B, S, Hkv, Dv) -> o (B, T, Hq, Dv);
 qkv_format="bhsd" (or layout_bhtd=True) takes them (B, H, T, D) as F.scaled_dot_product_attention does, "sbhd"
@@ -15,8 +16,9 @@ gets its gradient (with impl="cudnn", whose backward takes no dlse, such a backw
 Under torch.autocast, q, k and v are cast to its dtype, as F.scaled_dot_product_attention takes them.
 float64 tensors (CPU, impl="sdpa") run the f64 reference forward and backward, lse float64 too: what
 torch.autograd.gradcheck needs. Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
-1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32, mask (same shape, bool, true = attend;
-leading 1s may be dropped, as a (T, S) mask),
+1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32 (sinks and bias in another float dtype, as a
+model holds them, are cast to float32 and get their gradients in their own dtype), mask (same shape, bool, true =
+attend; leading 1s may be dropped, as a (T, S) mask),
 segment_ids (B, T) int32 and kv_segment_ids (B, S), dropout, dropout_seed, batch_offset / head_offset (a slice of
 the batch or heads, as a data- or tensor-parallel rank holds: dropout keyed by the global indices); flash_kernel ("auto",
 "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run, refused by any other implementation).
@@ -66,6 +68,17 @@ def _plain(x: Tensor):
     is). The capsule, not the tensor: its __dlpack__ costs about 2 us a tensor in Python (ten a call), and
     the core orders its work after PyTorch's current stream itself."""
     return to_dlpack(x.detach().contiguous())
+
+
+def _as_it_lies(x: Tensor):
+    """q, k, v, o or do for the local kernels: a DLPack capsule of x itself where they read it as it lies (rows
+    of contiguous elements at 16-byte-aligned addresses and strides, as a qkv_format="bhsd" or "sbhd" view and
+    a KV cache's keys are), else of a contiguous copy (broadcasts of stride 0, odd offsets). The ring's calls
+    take _plain: it sends its blocks as they lie in memory."""
+    x = x.detach()
+    size = x.element_size()
+    as_is = x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s * size % 16 == 0 for s in x.stride()[:-1])
+    return to_dlpack(x if as_is else x.contiguous())
 
 
 def _maybe(x: Optional[Tensor]) -> Optional[Tensor]:
@@ -196,14 +209,14 @@ def _handle_of(comm, group, timeout, device: torch.device) -> int:
 # kernels. Arguments: q, k, v [, o, lse, do, dlse], then _options' 15 (sinks ... flash_kernel), then the rest.
 def _attention_forward_raw(q, k, v, *rest):
     *options, deterministic, impl = rest
-    return _core.attention(_plain(q), _plain(k), _plain(v), impl, _options(*options, deterministic), True,
+    return _core.attention(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), impl, _options(*options, deterministic), True,
                            _outputs(q, v), _stream_of(q), q)
 
 
 def _attention_backward_raw(q, k, v, o, lse, do, dlse, *rest):
     *options, deterministic, impl = rest
-    return list(_core.attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
-                                         _maybe(dlse), impl, _options(*options, deterministic), False,
+    return list(_core.attention_backward(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), _as_it_lies(o), _plain(lse),
+                                         _as_it_lies(do), _maybe(dlse), impl, _options(*options, deterministic), False,
                                          _gradient_outputs(q, k, v), _stream_of(q), q))
 
 
@@ -374,9 +387,17 @@ def _eager_call(op, eager, *inputs):
     torch.compile / torch.export, no dispatch or function mode (FakeTensorMode, FlopCounterMode), no functorch
     transform, no tensor subclass (FakeTensor, DTensor). Those see the custom op; plain eager calls skip its
     dispatch (bench/RESULTS.md: the op's wrapper cost more than the kernels of a small call)."""
-    traced = (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or
-              torch._C._is_torch_function_mode_enabled() or torch._C._functorch.peek_interpreter_stack() is not None or
-              any(isinstance(x, torch.Tensor) and type(x) not in _PLAIN_TYPES for x in inputs))
+    if torch.compiler.is_compiling():
+        return op(*inputs)
+    transform = torch._C._functorch.peek_interpreter_stack()
+    if transform is not None and transform.key() in (torch._C._functorch.TransformType.Grad,
+                                                     torch._C._functorch.TransformType.Jvp):
+        raise RuntimeError("ringattn's attention cannot run under torch.func.grad, vjp, jacrev or jvp (its "
+                           "gradients are ringattn's kernels, not PyTorch operations a transform can trace): take "
+                           "them with torch.autograd (loss.backward(), torch.autograd.grad); torch.func.vmap works")
+    traced = (torch._C._len_torch_dispatch_stack() > 0 or
+              torch._C._is_torch_function_mode_enabled() or transform is not None or
+              any(isinstance(x, torch.Tensor) and (type(x) not in _PLAIN_TYPES or x.is_meta) for x in inputs))
     return op(*inputs) if traced else eager.apply(*inputs)
 
 
@@ -414,10 +435,21 @@ def _autocast(q, k, v):
     takes them (attention is one of its lower-precision ops): f32 activations under torch.autocast run the
     half-precision kernels (differentiably: their gradients come back in the leaves' dtype)."""
     device = q.device.type
-    if not torch.is_autocast_enabled(device):
+    if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):  # (meta has none)
         return q, k, v
     dtype = torch.get_autocast_dtype(device)
     return tuple(x.to(dtype) if x.is_floating_point() and x.dtype != torch.float64 else x for x in (q, k, v))
+
+
+def _parameters_in_stats_dtype(sinks, bias, q):
+    """sinks and bias in the dtype the kernels read them in (float32; float64 for the f64 reference), cast
+    differentiably where a model holds them in its own dtype (gpt-oss's bf16 sinks, SDPA's attn_mask in
+    q's dtype): their gradients come back in the dtype given. A cast bias is a (B, H, T, S) copy."""
+    dtype = _stats_dtype(q)
+
+    def cast(x):
+        return x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != dtype else x
+    return cast(sinks), cast(bias)
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, sinks=None, bias=None, mask=None,
@@ -437,9 +469,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
     if not torch.compiler.is_compiling():  # (the core's rule, which a traced graph cannot call)
         note_layout(q, k, qkv_format)  # (given no format, q and k as given)
+    q, k, v = _autocast(q, k, v)
+    sinks, bias = _parameters_in_stats_dtype(sinks, bias, q)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    q, k, v = _autocast(q, k, v)
     o, lse = explained(qkv_format, lambda: _eager_call(_attention_forward, _AttentionEager, q, k, v, *args,
                                                        bool(deterministic), impl))
     o = reorder(o, axes, "o")
@@ -474,10 +507,10 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
     if not torch.compiler.is_compiling():  # (the core's rule, which a traced graph cannot call)
         note_layout(q, k, qkv_format)  # (given no format, q and k as given)
-    sinks, bias = _shared_over_ranks(sinks, bias, comm, group)
+    q, k, v = _autocast(q, k, v)
+    sinks, bias = _shared_over_ranks(*_parameters_in_stats_dtype(sinks, bias, q), comm, group)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    q, k, v = _autocast(q, k, v)
     o, lse = explained(qkv_format, lambda: _eager_call(
         _ring_forward, _RingEager, q, k, v, *args, _handle_of(comm, group, float(timeout), q.device), layout,
         global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), str(grad_wire)))

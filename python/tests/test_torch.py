@@ -514,3 +514,63 @@ def test_eager_calls_skip_the_ops_dispatch_and_modes_still_see_the_op():
     close(o_op, o, 0.0)
     for a, b in zip(eager, through_op):
         close(a, b, 0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_sinks_and_a_bias_in_a_models_dtype_are_read_in_f32_and_get_gradients_in_theirs(dtype):
+    # SDPA takes attn_mask in q's dtype and gpt-oss holds its sinks in bf16: given so, both are cast to the
+    # kernels' f32 differentiably, so their gradients come back in the dtype given, equal to the f32 call's.
+    q, k, v, do = tensors(47, T=13, S=17)
+    g = torch.Generator().manual_seed(48)
+    sinks32, bias32 = torch.randn(4, generator=g), torch.randn(2, 4, 13, 17, generator=g)
+    sinks, bias = (x.to(dtype).requires_grad_() for x in (sinks32, bias32))
+    o = rt.attention(q, k, v, sinks=sinks, bias=bias)
+    d_sinks, d_bias = torch.autograd.grad(o, (sinks, bias), do)
+    assert d_sinks.dtype == dtype and d_bias.dtype == dtype
+    sinks32, bias32 = (x.to(dtype).float().requires_grad_() for x in (sinks32, bias32))
+    o32 = rt.attention(q, k, v, sinks=sinks32, bias=bias32)
+    want = torch.autograd.grad(o32, (sinks32, bias32), do)
+    close(o, o32, 0.0)
+    for got, ref in zip((d_sinks, d_bias), want):
+        close(got, ref.to(dtype), 0.0)
+
+
+def test_meta_tensors_give_the_results_shapes():
+    q, k, v = (x.detach().to("meta") for x in tensors(49, T=9, S=11, D=16)[:3])
+    o, lse = rt.attention(q, k, v, causal=True, return_lse=True)
+    assert o.is_meta and o.shape == (2, 9, 4, 16) and lse.shape == (2, 4, 9) and lse.dtype == torch.float32
+
+
+def test_torch_func_grad_is_refused_by_name_and_vmap_runs():
+    q, k, v = (x.detach() for x in tensors(50, T=9, S=9)[:3])
+    with pytest.raises(RuntimeError, match="cannot run under torch.func.grad.*torch.autograd"):
+        torch.func.grad(lambda x: rt.attention(x, k, v).sum())(q)
+    with pytest.raises(RuntimeError, match="cannot run under torch.func.grad"):
+        torch.func.jvp(lambda x: rt.attention(x, k, v), (q,), (q,))
+    batched = torch.func.vmap(lambda x: rt.attention(x, k, v))(torch.stack([q, 2 * q]))
+    close(batched[1], rt.attention(2 * q, k, v), 0.0)
+
+
+@pytest.mark.parametrize("impl", ["flash_attn2", "sdpa", "blockwise"])
+@pytest.mark.parametrize("qkv_format, axes", [("bhsd", (0, 2, 1, 3)), ("sbhd", (1, 0, 2, 3))])
+def test_tensors_in_another_format_are_read_as_they_lie_with_every_option(impl, qkv_format, axes):
+    # A bhsd / sbhd tensor reaches the kernels as a strided view, no copy; each option's results and gradients
+    # are the bits of the same call on contiguous bshd tensors.
+    g = torch.Generator().manual_seed(51)
+    B, T, S, H, Hkv, D = 2, 21, 26, 4, 2, 16
+    seg_q, seg_k = torch.tensor([0] * 9 + [1] * 12).expand(B, T), torch.tensor([0] * 12 + [1] * 14).expand(B, S)
+    option_sets = [dict(causal=True, window=(6, 0), softcap=4.0), dict(dropout=0.25, dropout_seed=5),
+                   dict(segment_ids=seg_q, kv_segment_ids=seg_k, mask=torch.rand(T, S, generator=g) > 0.2)]
+    if impl != "blockwise":
+        option_sets.append(dict(sinks=torch.randn(H, generator=g), bias=torch.randn(1, H, T, S, generator=g)))
+    for options in option_sets:
+        q, k, v, do = tensors(52, B=B, T=T, S=S, H=H, Hkv=Hkv, D=D)
+        o = rt.attention(q, k, v, impl=impl, **options)
+        want = (o,) + torch.autograd.grad(o, (q, k, v), do)
+        leaves = [x.detach().permute(axes).contiguous().requires_grad_() for x in (q, k, v)]
+        core_view = leaves[0].permute(axes)
+        assert torch.from_dlpack(rt._as_it_lies(core_view)).data_ptr() == core_view.data_ptr()  # no copy
+        o_f = rt.attention(*leaves, impl=impl, qkv_format=qkv_format, **options)
+        got = (o_f,) + torch.autograd.grad(o_f, leaves, do.permute(axes).contiguous())
+        for a, b in zip(got, want):
+            assert torch.equal(a, b.permute(axes)), (impl, sorted(options))

@@ -194,6 +194,28 @@ def test_each_flash_kernel_chosen_per_call_equals_the_f64_reference(flash_kernel
     with pytest.raises(ValueError, match="'cudnn' on cuda runs none of them"):
         rt.attention(q, k, v, impl="cudnn", flash_kernel=flash_kernel)
 
+@pytest.mark.parametrize("impl, flash_kernel", [("flash_attn2", "mma_sync"), ("flash_attn2", "wgmma"), ("cudnn", "auto"),
+                                                ("sdpa", "auto")])
+@pytest.mark.parametrize("qkv_format, axes", [("bhsd", (0, 2, 1, 3)), ("sbhd", (1, 0, 2, 3))])
+def test_tensors_in_another_format_are_read_as_they_lie(impl, flash_kernel, qkv_format, axes):
+    # bhsd / sbhd tensors reach the kernels as strided views, no copy (the wgmma kernels' TMA boxes too): results
+    # and gradients as the f64 reference's, as the call on contiguous bshd tensors checks them.
+    shape = dict(T=128, S=192) if impl == "cudnn" else dict(T=45, S=77)
+    q, k, v, do = tensors(7, torch.bfloat16, D=128, **shape)
+    leaves = [x.detach().permute(axes).contiguous().requires_grad_() for x in (q, k, v)]
+    try:
+        o_f, lse = rt.attention(*leaves, causal=True, impl=impl, flash_kernel=flash_kernel, qkv_format=qkv_format,
+                                return_lse=True)
+    except ValueError as e:
+        if flash_kernel == "wgmma" and "not a Hopper" in str(e):
+            pytest.skip(str(e))
+        raise
+    o_f.backward(do.permute(axes).contiguous())
+    for leaf, x in zip(leaves, (q, k, v)):
+        x.grad = leaf.grad.permute(axes)
+    check_against_reference(torch.bfloat16, q, k, v, do, o_f.permute(axes), lse, causal=True)
+
+
 def test_call_temporaries_are_cached_between_calls_and_handed_back_on_request():
     # The carry of a forward and the f32 accumulators of a backward come from ringattn's cache: kept after
     # the call (so the next one neither maps memory nor waits for the GPU), given back by empty_cuda_cache().
