@@ -58,9 +58,9 @@ def main():
             rt._as_it_lies = copied
             row["bhsd copied"] = step_ms(ours("bhsd"), bhsd, do_bhsd, args.iters)
             rt._as_it_lies = as_it_lies
+            sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
             with sdpa_kernel(backends[impl]):
-                row["torch sdpa bhsd"] = step_ms(
-                    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), bhsd, do_bhsd, args.iters)
+                row["torch sdpa bhsd"] = step_ms(sdpa, bhsd, do_bhsd, args.iters)
             cells = "  ".join("%s %.2f ms" % kv for kv in row.items())
             print("%s causal=%d T=%d H=%d D=%d: %s  (bhsd as it lies / copied %.3fx)" % (
                 impl, causal, T, H, D, cells, row["bhsd copied"] / row["bhsd as it lies"]), flush=True)

@@ -209,8 +209,8 @@ def _handle_of(comm, group, timeout, device: torch.device) -> int:
 # kernels. Arguments: q, k, v [, o, lse, do, dlse], then _options' 15 (sinks ... flash_kernel), then the rest.
 def _attention_forward_raw(q, k, v, *rest):
     *options, deterministic, impl = rest
-    return _core.attention(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), impl, _options(*options, deterministic), True,
-                           _outputs(q, v), _stream_of(q), q)
+    return _core.attention(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), impl, _options(*options, deterministic),
+                           True, _outputs(q, v), _stream_of(q), q)
 
 
 def _attention_backward_raw(q, k, v, o, lse, do, dlse, *rest):

@@ -178,24 +178,31 @@ def test_torch_compile_of_a_module_on_the_gpu_matches_eager():
     check_compiled_matches_eager(Block().to(GPU, torch.bfloat16), torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16))
 
 
+EVERY_CUDA_KERNEL = [("flash_attn2", "mma_sync"), ("flash_attn2", "wgmma"), ("cudnn", "auto"), ("sdpa", "auto")]
+
+
+def attention_unless_no_hopper(*args, flash_kernel, **options):
+    """rt.attention, the test skipped where it asks for the wgmma kernels without sm_90a code or a Hopper GPU."""
+    try:
+        return rt.attention(*args, flash_kernel=flash_kernel, **options)
+    except ValueError as e:
+        if flash_kernel == "wgmma" and "not a Hopper" in str(e):
+            pytest.skip(str(e))
+        raise
+
+
 @pytest.mark.parametrize("flash_kernel", ["mma_sync", "wgmma"])
 def test_each_flash_kernel_chosen_per_call_equals_the_f64_reference(flash_kernel):
     # flash_kernel picks the CUDA flash_attn2 kernels for one call (forward and backward); wgmma needs an
     # sm_90a build on a Hopper GPU, and says so otherwise.
     q, k, v, do = tensors(5, torch.bfloat16, T=45, S=77)
-    try:
-        o, lse = rt.attention(q, k, v, causal=True, flash_kernel=flash_kernel, return_lse=True)
-    except ValueError as e:
-        if flash_kernel == "wgmma" and "not a Hopper" in str(e):
-            pytest.skip(str(e))
-        raise
+    o, lse = attention_unless_no_hopper(q, k, v, causal=True, flash_kernel=flash_kernel, return_lse=True)
     o.backward(do)
     check_against_reference(torch.bfloat16, q, k, v, do, o, lse, causal=True)
     with pytest.raises(ValueError, match="'cudnn' on cuda runs none of them"):
         rt.attention(q, k, v, impl="cudnn", flash_kernel=flash_kernel)
 
-@pytest.mark.parametrize("impl, flash_kernel", [("flash_attn2", "mma_sync"), ("flash_attn2", "wgmma"), ("cudnn", "auto"),
-                                                ("sdpa", "auto")])
+@pytest.mark.parametrize("impl, flash_kernel", EVERY_CUDA_KERNEL)
 @pytest.mark.parametrize("qkv_format, axes", [("bhsd", (0, 2, 1, 3)), ("sbhd", (1, 0, 2, 3))])
 def test_tensors_in_another_format_are_read_as_they_lie(impl, flash_kernel, qkv_format, axes):
     # bhsd / sbhd tensors reach the kernels as strided views, no copy (the wgmma kernels' TMA boxes too): results
@@ -203,17 +210,25 @@ def test_tensors_in_another_format_are_read_as_they_lie(impl, flash_kernel, qkv_
     shape = dict(T=128, S=192) if impl == "cudnn" else dict(T=45, S=77)
     q, k, v, do = tensors(7, torch.bfloat16, D=128, **shape)
     leaves = [x.detach().permute(axes).contiguous().requires_grad_() for x in (q, k, v)]
-    try:
-        o_f, lse = rt.attention(*leaves, causal=True, impl=impl, flash_kernel=flash_kernel, qkv_format=qkv_format,
-                                return_lse=True)
-    except ValueError as e:
-        if flash_kernel == "wgmma" and "not a Hopper" in str(e):
-            pytest.skip(str(e))
-        raise
+    o_f, lse = attention_unless_no_hopper(*leaves, causal=True, impl=impl, flash_kernel=flash_kernel,
+                                          qkv_format=qkv_format, return_lse=True)
     o_f.backward(do.permute(axes).contiguous())
     for leaf, x in zip(leaves, (q, k, v)):
         x.grad = leaf.grad.permute(axes)
     check_against_reference(torch.bfloat16, q, k, v, do, o_f.permute(axes), lse, causal=True)
+
+
+@pytest.mark.parametrize("impl, flash_kernel", EVERY_CUDA_KERNEL)
+def test_q_k_v_as_head_slices_of_one_fused_projection(impl, flash_kernel):
+    # A fused QKV projection's output (B, T, Hq + 2 Hkv, D) cut by heads: strided rows, read as they lie.
+    q, k, v, do = tensors(8, torch.bfloat16, T=128, S=128, D=128)
+    fused = torch.cat([q, k, v], dim=2).detach().requires_grad_()
+    parts = fused.split([8, 2, 2], dim=2)
+    o, lse = attention_unless_no_hopper(*parts, causal=True, impl=impl, flash_kernel=flash_kernel, return_lse=True)
+    o.backward(do)
+    for x, grad in zip((q, k, v), fused.grad.split([8, 2, 2], dim=2)):
+        x.grad = grad
+    check_against_reference(torch.bfloat16, q, k, v, do, o, lse, causal=True)
 
 
 def test_call_temporaries_are_cached_between_calls_and_handed_back_on_request():
