@@ -435,7 +435,7 @@ def _autocast(q, k, v):
     takes them (attention is one of its lower-precision ops): f32 activations under torch.autocast run the
     half-precision kernels (differentiably: their gradients come back in the leaves' dtype)."""
     device = q.device.type
-    if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):  # (meta has none)
+    if device == "meta" or not torch.is_autocast_enabled(device):  # (meta has no autocast to ask)
         return q, k, v
     dtype = torch.get_autocast_dtype(device)
     return tuple(x.to(dtype) if x.is_floating_point() and x.dtype != torch.float64 else x for x in (q, k, v))
