@@ -25,6 +25,8 @@ void check_output_path(const std::string& output, const std::string& input, bool
     RA_CHECK(overwrite, label, " '", output, "' exists; refusing to replace it (pass --overwrite)");
   }
   const fs::path dir = fs::absolute(output).parent_path();
+  RA_CHECK(fs::is_directory(dir) || !fs::exists(dir), label, " '", output, "': '", dir.string(), "' is a file, not a "
+           "directory");
   RA_CHECK(fs::is_directory(dir), label, " '", output, "': directory '", dir.string(), "' does not exist");
   RA_CHECK(::access(dir.c_str(), W_OK) == 0, label, " '", output, "': directory '", dir.string(), "' is not writable");
 }

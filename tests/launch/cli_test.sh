@@ -21,6 +21,7 @@ check generate-batch2 0 "wrote" -- "$ra" generate --output "$dir/b2.h5" --batch 
 check generate-segments-past-seq 2 "--segments 11 must be between 0 and --seq 10" -- "$ra" generate --output "$dir/s.h5" --seq 10 --heads 2 --head-dim 8 --segments 11
 check generate-segments-negative 2 "--segments -1 must be between 0 and --seq 10" -- "$ra" generate --output "$dir/s.h5" --seq 10 --heads 2 --head-dim 8 --segments=-1
 check generate-output-directory 2 "output '$dir' is a directory: name a file" -- "$ra" generate --output "$dir" --seq 8 --heads 1 --head-dim 8 --overwrite
+check generate-output-under-a-file 2 "output '$dir/b2.h5/x.h5': '$dir/b2.h5' is a file, not a directory" -- "$ra" generate --output "$dir/b2.h5/x.h5" --seq 8 --heads 1 --head-dim 8
 check bench-json-directory-missing 2 "--json '/nonexistent/dir/x.json': directory '/nonexistent/dir' does not exist" -- "$ra" bench --seq 64 --heads 2 --head-dim 16 --json /nonexistent/dir/x.json
 check bench-warmup-negative 2 "--warmup is -1, expected 0 or more" -- "$ra" bench --seq 64 --heads 2 --head-dim 16 --warmup=-1
 check run-ring-2 0 "ring (cpu) on mesh sp=2, layout zigzag" -- mpi 2 "$ra" run --input "$dir/in.h5" --output "$dir/out.h5" --causal
