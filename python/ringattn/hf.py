@@ -31,7 +31,6 @@ there too; patterns that need a T x S mask are refused by name.
 
 import sys
 import types
-import warnings
 from typing import Optional
 
 import torch
@@ -103,13 +102,7 @@ def _causal(mask_function) -> bool:
     return "causal_mask_function" in [_qualname(part) for part in _parts(mask_function)]
 
 
-_warned = set()
-
-
-def _warn_once(key, message):
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, UserWarning, stacklevel=3)
+_warned, _warn_once = rt._warned, rt._warn_once  # one record of the warnings given
 
 
 def _local_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
@@ -225,58 +218,6 @@ def _sinks(s_aux):
     return None if s_aux is None else s_aux.float()
 
 
-_cudnn_refused = set()  # (head dims, dtype) the installed cuDNN refused: "auto" runs flash_attn2 there
-
-
-def _kernel_dtype(query):
-    """The dtype the kernels see: autocast's where it is on for the device (ringattn.torch casts to it)."""
-    device = query.device.type
-    if query.dtype != torch.float64 and torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return query.dtype
-
-
-def _cudnn_key(query, value):
-    """What the installed cuDNN's refusal depends on: the head dims and the dtype the kernels see."""
-    return query.shape[-1], value.shape[-1], _kernel_dtype(query)
-
-
-def _implementation(impl, query, value, options, bias):
-    """impl, or for "auto": cudnn where its options and dtype allow it (cuDNN's fused kernels, the fastest
-    on Hopper for plain causal attention), flash_attn2 elsewhere (every option: segment ids, soft cap,
-    windows, sinks, dropout, masks); on CUDA, where the flash kernels cannot run (f32, or a head dim
-    beyond their multiples of 8 up to 256), the CUDA sdpa."""
-    if impl != "auto":
-        return impl
-    dtype, dims = _kernel_dtype(query), (query.shape[-1], value.shape[-1])
-    if query.is_cuda and (dtype not in (torch.float16, torch.bfloat16) or any(d > 256 or d % 8 for d in dims)):
-        _warn_once(("sdpa", dtype, dims), "ringattn.hf: %s q / v with head dims %s on CUDA run the sdpa kernel "
-                   "(f32 GEMMs a query chunk at a time: exact, slow); the flash kernels take bf16 / f16 (a model "
-                   "in bf16, or torch.autocast) and head dims that are multiples of 8 up to 256" % (dtype, dims))
-        return "sdpa"
-    plain = (bias is None and options.get("mask") is None and options.get("segment_ids") is None
-             and options["sinks"] is None and not options["softcap"] and not options["dropout"]
-             and options["window"] is None)
-    if plain and query.is_cuda and _cudnn_key(query, value) not in _cudnn_refused:
-        return "cudnn"
-    return "flash_attn2"
-
-
-def _run(call, impl, query, value, options, bias):
-    """call(implementation) with impl's choice; under "auto", a head dim the installed cuDNN refuses (it
-    says so before any work, on every rank alike) runs on flash_attn2, and is remembered."""
-    chosen = _implementation(impl, query, value, options, bias)
-    if impl != "auto" or chosen != "cudnn":
-        return call(chosen)
-    try:
-        return call("cudnn")
-    except ValueError as error:
-        if "installed cuDNN" not in str(error):
-            raise
-        _cudnn_refused.add(_cudnn_key(query, value))
-        return call("flash_attn2")
-
-
 def _options(module, dropout, scaling, is_causal, sliding_window, softcap, s_aux, output_attentions):
     """The ringattn options both hooks take from the model's arguments (each reads attention_mask itself)."""
     if output_attentions:
@@ -325,8 +266,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     else:
         raise ValueError("attention_mask must be 2-D (batch, keys) padding or 4-D (batch, 1, queries, keys): got %d "
                          "dimensions %s" % (attention_mask.ndim, tuple(attention_mask.shape)))
-    o = _run(lambda chosen: rt.attention(query, key, value, qkv_format="bhsd", bias=bias, impl=chosen, **options),
-             impl, query, value, options, bias)
+    o = rt.attention(query, key, value, qkv_format="bhsd", bias=bias, impl=impl, **options)
     return o.transpose(1, 2), None  # (B, T, H, Dv), the models' layout: the core's own, no copy
 
 
@@ -401,10 +341,8 @@ class _Ring:
             ids = self.segment_ids(position_ids, query.shape[0])
             if ids is not None:
                 options.update(segment_ids=ids, kv_segment_ids=ids)
-        o = _run(lambda chosen: rt.ring_attention(query, key, value, comm=self.comm, group=self.group,
-                                                  layout=self.layout, local_impl=chosen, qkv_format="bhsd",
-                                                  **options, **self.ring_options),
-                 self.local_impl, query, value, options, None)
+        o = rt.ring_attention(query, key, value, comm=self.comm, group=self.group, layout=self.layout,
+                              local_impl=self.local_impl, qkv_format="bhsd", **options, **self.ring_options)
         return o.transpose(1, 2), None
 
 

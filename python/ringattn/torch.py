@@ -27,6 +27,7 @@ the batch or heads, as a data- or tensor-parallel rank holds: dropout keyed by t
 shapes (q (total_q, Hq, D) and cu_seqlens_q / cu_seqlens_k); ringattn.varlen says how they run.
 """
 
+import warnings
 from typing import Optional
 
 import torch
@@ -452,6 +453,57 @@ def _parameters_in_stats_dtype(sinks, bias, q):
     return cast(sinks), cast(bias)
 
 
+_warned = set()
+
+
+def _warn_once(key, message):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _asks_only_what_cudnn_expresses(sinks, bias, mask, segment_ids, kv_segment_ids, softcap, dropout, window,
+                                    flash_kernel):
+    return (sinks is None and bias is None and mask is None and segment_ids is None and kv_segment_ids is None
+            and not softcap and not dropout and window in (None, (-1, -1)) and flash_kernel == "auto")
+
+
+_cudnn_refused = set()  # (D, Dv, dtype) the installed cuDNN refused: "auto" runs flash_attn2 there
+
+
+def _automatic(impl, q, v, plain):
+    """impl, or for "auto" the kernels for these tensors (q in the kernels' dtype, autocast's): on CUDA, cudnn
+    where the call asks only what cuDNN expresses (plain: cuDNN's fused kernels, the fastest on Hopper for
+    plain causal attention), flash_attn2 elsewhere (every option), the CUDA sdpa where the flash kernels cannot
+    run (f32, head dims not multiples of 8 up to 256; with a warning); on the host flash_attn2, sdpa for f64."""
+    if impl != "auto":
+        return impl
+    if not q.is_cuda:
+        return "sdpa" if q.dtype == torch.float64 else "flash_attn2"
+    dims = (q.shape[-1], v.shape[-1])
+    if q.dtype not in (torch.float16, torch.bfloat16) or any(d > 256 or d % 8 for d in dims):
+        _warn_once(("sdpa", q.dtype, dims), "ringattn: %s q / v with head dims %s on CUDA run the sdpa kernel (f32 "
+                   "GEMMs a query chunk at a time: exact, slow); the flash kernels take bf16 / f16 (a model in bf16, "
+                   "or torch.autocast) and head dims that are multiples of 8 up to 256" % (q.dtype, dims))
+        return "sdpa"
+    return "cudnn" if plain and (*dims, q.dtype) not in _cudnn_refused else "flash_attn2"
+
+
+def _run_automatic(call, impl, q, v, plain):
+    """call(implementation) with impl's choice (_automatic); under "auto", head dims the installed cuDNN refuses
+    (it says so before any work, on every rank alike) run on flash_attn2, and are remembered."""
+    chosen = _automatic(impl, q, v, plain)
+    if impl != "auto" or chosen != "cudnn":
+        return call(chosen)
+    try:
+        return call("cudnn")
+    except ValueError as error:
+        if "installed cuDNN" not in str(error):
+            raise
+        _cudnn_refused.add((q.shape[-1], v.shape[-1], q.dtype))
+        return call("flash_attn2")
+
+
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, sinks=None, bias=None, mask=None,
               segment_ids=None, kv_segment_ids=None, dropout=0.0, dropout_seed=0, batch_offset=0, head_offset=0,
               impl="flash_attn2", flash_kernel="auto", deterministic=False, qkv_format=None, layout_bhtd=False,
@@ -459,7 +511,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     """Attention of q over k and v on this process, differentiable: o, or (o, lse) with return_lse=True.
 
     impl: "flash_attn2", "sdpa" or "blockwise" on CPU tensors; "flash_attn2", "sdpa" or "cudnn" on CUDA
-    tensors. Gradients flow to q, k, v, and to bias and sinks where given. deterministic=True (as
+    tensors; "auto": cudnn on CUDA where the call asks nothing cuDNN lacks (no sinks, bias, mask, segment ids, soft
+    cap, dropout, window or flash_kernel), flash_attn2 elsewhere, the CUDA sdpa (with a warning) for f32 or head
+    dims the flash kernels do not take; on the host flash_attn2 (sdpa for f64). Gradients flow to q, k, v, and to bias and sinks where given. deterministic=True (as
     FlashAttention's): on CUDA tensors the backward gives the same bits on every run (dQ summed in a fixed
     order, slower); CPU backwards do anyway. qkv_format: "bshd" (None: (B, T, H, D)), "bhsd" ((B, H, T, D), as
     F.scaled_dot_product_attention; layout_bhtd=True says the same) or "sbhd" ((T, B, H, D), Megatron's): q, k,
@@ -473,8 +527,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     sinks, bias = _parameters_in_stats_dtype(sinks, bias, q)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    o, lse = explained(qkv_format, lambda: _eager_call(_attention_forward, _AttentionEager, q, k, v, *args,
-                                                       bool(deterministic), impl))
+    plain = _asks_only_what_cudnn_expresses(sinks, bias, mask, segment_ids, kv_segment_ids, softcap, dropout, window,
+                                            flash_kernel)
+    o, lse = _run_automatic(lambda chosen: explained(qkv_format, lambda: _eager_call(
+        _attention_forward, _AttentionEager, q, k, v, *args, bool(deterministic), chosen)), impl, q, v, plain)
     o = reorder(o, axes, "o")
     return (o, lse) if return_lse else o
 
@@ -494,7 +550,9 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     uses (one GPU per rank).
 
     q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag", "striped";
-    ringattn.shard cuts them). Every rank calls it (and its backward) with the same options; dK / dV
+    ringattn.shard cuts them). local_impl: each rank's kernels, as attention's impl ("auto" as there, flash_attn2
+    under the striped layout, whose rows cuDNN's calls cannot take). Every rank calls it (and its backward) with
+    the same options; dK / dV
     accumulate in float32 around the ring (grad_wire="bf16": in bfloat16 on the wire, half the traffic). A
     rank that stops makes the others fail after `timeout` seconds. deterministic=True: on CPU tensors the same
     bits, forward and gradients, for any number of ranks and any layout (exact sums; tens of times slower); on
@@ -511,9 +569,12 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     sinks, bias = _shared_over_ranks(*_parameters_in_stats_dtype(sinks, bias, q), comm, group)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    o, lse = explained(qkv_format, lambda: _eager_call(
-        _ring_forward, _RingEager, q, k, v, *args, _handle_of(comm, group, float(timeout), q.device), layout,
-        global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), str(grad_wire)))
+    handle = _handle_of(comm, group, float(timeout), q.device)
+    plain = layout != "striped" and _asks_only_what_cudnn_expresses(  # (cudnn steps take runs of positions)
+        sinks, bias, mask, segment_ids, kv_segment_ids, softcap, dropout, window, flash_kernel)
+    o, lse = _run_automatic(lambda chosen: explained(qkv_format, lambda: _eager_call(
+        _ring_forward, _RingEager, q, k, v, *args, handle, layout, global_q_len, global_kv_len, chosen, float(timeout),
+        bool(deterministic), str(grad_wire))), local_impl, q, v, plain)
     o = reorder(o, axes, "o")
     return (o, lse) if return_lse else o
 
@@ -551,7 +612,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     Dv), and lse (Hq, total_q) (FlashAttention's varlen layout) with return_lse=True; differentiable as
     attention. max_seqlen_q / max_seqlen_k are checked (each at least the longest sequence) and not needed.
 
-    Runs as one call of batch 1 with segment ids (ringattn.varlen says when that is each sequence's own
+    impl="auto" chooses per call as attention's (flash_attn2 for the one call with segment ids). Runs as one call
+    of batch 1 with segment ids (ringattn.varlen says when that is each sequence's own
     attention: always without causal / window, and for equal cu_seqlens_q and cu_seqlens_k); otherwise, and
     with impl="cudnn" (which takes no segment ids), one call a sequence (dropout then refused: each call
     would draw the same mask; cudnn's one-token sequences on flash_attn2, as cuDNN's backward takes none).
@@ -602,7 +664,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                              if sinks is None else sinks.to(_stats_dtype(q))[:, None].expand(-1, lq))
                 continue
             # A one-token sequence, whose backward cuDNN cannot take (s_q = s_kv = 1), on flash_attn2's kernels.
-            single = impl == "cudnn" and lq == lk == 1
+            single = impl in ("cudnn", "auto") and lq == lk == 1
             o_i, lse_i = attention(q[rows][None], k[keys][None], v[keys][None],
                                    **dict(options, impl="flash_attn2") if single else options)
             outputs.append(o_i[0])

@@ -574,3 +574,14 @@ def test_tensors_in_another_format_are_read_as_they_lie_with_every_option(impl, 
         got = (o_f,) + torch.autograd.grad(o_f, leaves, do.permute(axes).contiguous())
         for a, b in zip(got, want):
             assert torch.equal(a, b.permute(axes)), (impl, sorted(options))
+
+
+def test_impl_auto_runs_flash_attn2_on_the_host_and_the_f64_reference_for_f64():
+    q, k, v, do = tensors(53, T=15, S=19)
+    o = rt.attention(q, k, v, causal=True, impl="auto")
+    assert torch.equal(o, rt.attention(q, k, v, causal=True, impl="flash_attn2"))
+    q64, k64, v64 = (x.detach().double() for x in (q, k, v))
+    assert torch.equal(rt.attention(q64, k64, v64, causal=True, impl="auto"),
+                       rt.attention(q64, k64, v64, causal=True, impl="sdpa"))
+    with pytest.raises(ValueError, match="attention implementation 'bogus' is not registered"):
+        rt.attention(q, k, v, impl="bogus")

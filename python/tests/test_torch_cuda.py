@@ -231,6 +231,23 @@ def test_q_k_v_as_head_slices_of_one_fused_projection(impl, flash_kernel):
     check_against_reference(torch.bfloat16, q, k, v, do, o, lse, causal=True)
 
 
+def test_impl_auto_runs_cudnn_for_plain_calls_flash_attn2_for_options_and_sdpa_for_f32():
+    q, k, v, do = tensors(9, torch.bfloat16, T=128, S=128, D=128)
+    for options, kernels in ((dict(causal=True), "cudnn"), (dict(causal=True, sinks=torch.zeros(8, device=GPU)),
+                             "flash_attn2"), (dict(window=(32, 0)), "flash_attn2")):
+        o = rt.attention(q, k, v, impl="auto", **options)
+        assert torch.equal(o, rt.attention(q, k, v, impl=kernels, **options)), (options, kernels)
+        got = torch.autograd.grad(o, (q, k, v), do)
+        want = torch.autograd.grad(rt.attention(q, k, v, impl=kernels, **options), (q, k, v), do)
+        for a, b in zip(got, want):
+            close(a, b, 1e-2)  # (dQ's atomics add in any order)
+    rt._warned.clear()
+    q32, k32, v32 = (x.detach().float() for x in (q, k, v))
+    with pytest.warns(UserWarning, match="run the sdpa kernel"):
+        o32 = rt.attention(q32, k32, v32, causal=True, impl="auto")
+    assert torch.equal(o32, rt.attention(q32, k32, v32, causal=True, impl="sdpa"))
+
+
 def test_call_temporaries_are_cached_between_calls_and_handed_back_on_request():
     # The carry of a forward and the f32 accumulators of a backward come from ringattn's cache: kept after
     # the call (so the next one neither maps memory nor waits for the GPU), given back by empty_cuda_cache().
