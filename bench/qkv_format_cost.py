@@ -8,7 +8,6 @@ Usage: PYTHONPATH=build/python python3 bench/qkv_format_cost.py [--seq 32768] [-
 """
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -16,20 +15,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.dlpack import to_dlpack
 
 import ringattn.torch as rt
+from bench_common import median_ms
 
 
 def step_ms(fn, leaves, do, iters):
-    """Median device time of a forward and its backward through autograd."""
-    times = []
-    for i in range(iters + 2):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.autograd.grad(fn(*leaves), leaves, do)
-        end.record()
-        torch.cuda.synchronize()
-        if i >= 2:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median device time of a forward and its backward through autograd, after 2 untimed steps."""
+    return median_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, do), iters, warmup=2)
 
 
 def main():

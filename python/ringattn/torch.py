@@ -462,10 +462,12 @@ def _warn_once(key, message):
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def _asks_only_what_cudnn_expresses(sinks, bias, mask, segment_ids, kv_segment_ids, softcap, dropout, window,
-                                    flash_kernel):
-    return (sinks is None and bias is None and mask is None and segment_ids is None and kv_segment_ids is None
-            and not softcap and not dropout and window in (None, (-1, -1)) and flash_kernel == "auto")
+def _asks_only_what_cudnn_expresses(option_args):
+    """Whether the ops' option arguments (_option_args) ask nothing cuDNN lacks: no sinks, bias, mask, segment
+    ids, window, soft cap, dropout or forced flash kernel."""
+    sinks, bias, mask, segment_ids, kv_segment_ids, _, left, right, softcap, _, dropout, *_, flash_kernel = option_args
+    return (all(x is None for x in (sinks, bias, mask, segment_ids, kv_segment_ids)) and (left, right) == (-1, -1)
+            and not softcap and not dropout and flash_kernel == "auto")
 
 
 _cudnn_refused = set()  # (D, Dv, dtype) the installed cuDNN refused: "auto" runs flash_attn2 there
@@ -527,10 +529,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     sinks, bias = _parameters_in_stats_dtype(sinks, bias, q)
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
-    plain = _asks_only_what_cudnn_expresses(sinks, bias, mask, segment_ids, kv_segment_ids, softcap, dropout, window,
-                                            flash_kernel)
     o, lse = _run_automatic(lambda chosen: explained(qkv_format, lambda: _eager_call(
-        _attention_forward, _AttentionEager, q, k, v, *args, bool(deterministic), chosen)), impl, q, v, plain)
+        _attention_forward, _AttentionEager, q, k, v, *args, bool(deterministic), chosen)), impl, q, v,
+        _asks_only_what_cudnn_expresses(args))
     o = reorder(o, axes, "o")
     return (o, lse) if return_lse else o
 
@@ -570,8 +571,7 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
     handle = _handle_of(comm, group, float(timeout), q.device)
-    plain = layout != "striped" and _asks_only_what_cudnn_expresses(  # (cudnn steps take runs of positions)
-        sinks, bias, mask, segment_ids, kv_segment_ids, softcap, dropout, window, flash_kernel)
+    plain = layout != "striped" and _asks_only_what_cudnn_expresses(args)  # (cudnn steps take runs of positions)
     o, lse = _run_automatic(lambda chosen: explained(qkv_format, lambda: _eager_call(
         _ring_forward, _RingEager, q, k, v, *args, handle, layout, global_q_len, global_kv_len, chosen, float(timeout),
         bool(deterministic), str(grad_wire))), local_impl, q, v, plain)
