@@ -397,3 +397,24 @@ def test_a_compiled_transformers_model_on_the_gpu():
         want[keep].float().sum().backward()
         for (name, p), (_, q) in zip(mine.named_parameters(), theirs.named_parameters()):
             assert relative_error(p.grad, q.grad) < 5e-2, name
+
+
+def test_cuda_graph_capture_is_refused_by_name_before_any_work():
+    # ringattn's CUDA calls keep buffers from call to call and copy positions from the host: a capture
+    # would fail inside CUDA (cudaErrorStreamCaptureIsolation) or replay memory a later call regrows. A
+    # captured training step is refused by name at its forward, and the stream is left fit for the next
+    # capture and the eager calls after it.
+    q, k, v, do = tensors(13, torch.bfloat16, T=128, S=128)
+    eager = rt.attention(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="cannot be captured into a CUDA graph"):
+        with torch.cuda.graph(graph, stream=side):
+            rt.attention(q, k, v, causal=True).backward(do)
+    graph = torch.cuda.CUDAGraph()
+    x = torch.ones(4, device=GPU)
+    with torch.cuda.graph(graph, stream=side):
+        y = x * 2
+    graph.replay()
+    assert torch.equal(y, torch.full((4,), 2.0, device=GPU))
+    torch.testing.assert_close(rt.attention(q, k, v, causal=True), eager, rtol=0, atol=0)
