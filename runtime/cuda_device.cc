@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/graph_capture.h"
+
 namespace ra {
 
 int cuda_device_count() {
@@ -159,6 +161,7 @@ void* allocate_or_release_cache(size_t bytes, const char* what, Allocate allocat
 }  // namespace
 
 void* cuda_allocate(size_t bytes, const char* what) {
+  refuse_under_capture("device memory that outlives the call", what);
   return allocate_or_release_cache(bytes, what, [&](void** p) { return cudaMalloc(p, bytes ? bytes : 1); });
 }
 
@@ -223,14 +226,19 @@ void cuda_set_cache_limit(size_t bytes) {
 }
 
 void cuda_memset_zero(void* p, size_t bytes) {
+  refuse_under_capture("a zero fill that waits for the device");
   RA_CUDA_CHECK(cudaMemset(p, 0, bytes));
   // cudaMemset may return early, and work on non-blocking streams does not wait for it.
   RA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
-void cuda_copy(void* dst, const void* src, size_t bytes) { RA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)); }
+void cuda_copy(void* dst, const void* src, size_t bytes) {
+  refuse_under_capture("a copy that waits for the device");
+  RA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
 
 void* cuda_allocate_pinned(size_t bytes, const char* what) {
+  refuse_under_capture("pinned host memory", what);
   void* p = nullptr;
   const cudaError_t status = cudaMallocHost(&p, bytes ? bytes : 1);
   RA_CHECK(status == cudaSuccess, "pinned host allocation of ", bytes, " bytes for ", what, " failed: ",
@@ -249,7 +257,10 @@ CudaStream::CudaStream(StreamPriority priority) {
   RA_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, level));
 }
 CudaStream::~CudaStream() { (void)cudaStreamDestroy(stream_); }
-void CudaStream::synchronize() const { RA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaStream::synchronize() const {
+  refuse_under_capture("a wait for a stream");
+  RA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 CudaEvent::CudaEvent(bool timing) {
   RA_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/graph_capture.h"
 
 #if RA_HAVE_CUDA
 #include "runtime/cuda_device.h"
@@ -181,6 +182,14 @@ KeptStreams& kept_streams() {
   return *kept;
 }
 
+// This thread's capture mode relaxed while it lives, for a caller's stream seen first while it is being
+// captured (PyTorch captures on a stream of its own): making a stream and an event queues nothing.
+struct RelaxedCaptureMode {
+  cudaStreamCaptureMode previous = cudaStreamCaptureModeRelaxed;
+  RelaxedCaptureMode() { RA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&previous)); }
+  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&previous); }
+};
+
 KeptStream& side_stream_for(cudaStream_t caller) {
   int device = 0;
   RA_CUDA_CHECK(cudaGetDevice(&device));
@@ -188,6 +197,7 @@ KeptStream& side_stream_for(cudaStream_t caller) {
   std::lock_guard<std::mutex> lock(kept.mutex);
   KeptStream& s = kept.streams[{device, std::this_thread::get_id(), caller}];
   if (s.stream == nullptr) {
+    const RelaxedCaptureMode relaxed;
     RA_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     RA_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
   }
@@ -199,11 +209,14 @@ SideStream::SideStream(void* caller) : caller_(caller) {
   KeptStream& kept = side_stream_for(static_cast<cudaStream_t>(caller));
   stream_ = kept.stream;
   event_ = kept.event;
+  const bool capturing = cuda_stream_capturing(caller);
   const cudaError_t status = order_after(kept.stream, static_cast<cudaStream_t>(caller), kept.event);
   RA_CHECK(status == cudaSuccess, "ordering a call's stream after the caller's failed: ", cudaGetErrorName(status));
+  if (capturing) captured_ = std::make_unique<CapturedCall>();
 }
 
 SideStream::~SideStream() {
+  captured_.reset();  // its temporaries released on the side stream, before the caller waits for it
   (void)order_after(static_cast<cudaStream_t>(caller_), static_cast<cudaStream_t>(stream_),
                     static_cast<cudaEvent_t>(event_));
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "runtime/tensor.h"
 
@@ -64,7 +65,10 @@ class ScopedCudaDevice {
 // caller's stream itself: ringattn's device allocations zero-fill on the legacy default stream and wait
 // for it, which on a caller's legacy stream would also wait for every kernel of the call queued so far.
 // (Measured on one H200 at T=32768: no difference in time either way; those waits are short beside the
-// kernels. Kept so that no allocation inside a call drains the caller's queue.) Throws without CUDA.
+// kernels. Kept so that no allocation inside a call drains the caller's queue.) Where `caller` is being
+// captured into a CUDA graph, the side stream joins the capture and the call is a CapturedCall
+// (runtime/graph_capture.h) while this lives. Throws without CUDA.
+class CapturedCall;
 class SideStream {
  public:
   explicit SideStream(void* caller);
@@ -72,11 +76,13 @@ class SideStream {
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
   void* get() const { return stream_; }
+  bool captured() const { return captured_ != nullptr; }
 
  private:
   void* caller_ = nullptr;
   void* stream_ = nullptr;
   void* event_ = nullptr;
+  std::unique_ptr<CapturedCall> captured_;
 };
 
 // Destroys the kept side streams (at interpreter exit, while CUDA is up); a later SideStream makes new ones.

@@ -7,6 +7,7 @@
 
 #include "attention/cuda/device_math.cuh"
 #include "runtime/cuda_device.h"
+#include "runtime/graph_capture.h"
 #include "runtime/error.h"
 #include "runtime/memory.h"
 
@@ -310,8 +311,9 @@ void check_dbias_deterministic(const TensorView& dbias) {
 
 TensorView finite_or_positive_infinity(const TensorView& lse, Tensor& scratch, cudaStream_t stream) {
   const int64_t n = lse.numel();
-  reserve_scratch(scratch, size_t(n) * sizeof(float), MemoryKind::kCuda, "the backward's LSE with +inf for empty rows");
-  const TensorView out(scratch.data<float>(), DType::kF32, lse.shape(), MemoryKind::kCuda);
+  float* into = call_scratch(scratch, size_t(n) * sizeof(float), stream, "the backward's LSE with +inf for empty rows")
+                    .data_as<float>();
+  const TensorView out(into, DType::kF32, lse.shape(), MemoryKind::kCuda);
   if (n > 0)
     positive_infinity_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(lse.data_as<float>(), out.data_as<float>(), n);
   RA_CUDA_CHECK(cudaGetLastError());

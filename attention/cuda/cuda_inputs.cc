@@ -6,6 +6,7 @@
 
 #include "attention/attention_impl.h"
 #include "runtime/cuda_device.h"
+#include "runtime/graph_capture.h"
 #include "runtime/memory.h"
 
 namespace ra {
@@ -67,6 +68,15 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
 
 DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStream_t stream) {
   const size_t count = pos.q.size() + pos.k.size(), bytes = count * sizeof(int64_t);
+  if (cuda_stream_capturing(stream)) {
+    const int64_t q_run = DevicePositions::run_of(pos.q), k_run = DevicePositions::run_of(pos.k);
+    RA_CHECK((q_run != DevicePositions::kNotARun || pos.q.empty()) && (k_run != DevicePositions::kNotARun || pos.k.empty()),
+             "token positions that are not one run each (a ring layout's) cannot be captured into a CUDA graph: "
+             "a replay would read them from host memory again");
+    auto* device = static_cast<int64_t*>(captured_call_temporary(bytes, stream, "token positions").data());
+    fill_position_runs_cuda(device, int64_t(pos.q.size()), q_run, int64_t(pos.k.size()), k_run, stream);
+    return describe(pos, device);
+  }
   const bool same_as_last = copied_ && count == uploaded_count_ &&
                             std::memcmp(staging_.data<int64_t>(), pos.q.data(), pos.q.size() * sizeof(int64_t)) == 0 &&
                             std::memcmp(staging_.data<int64_t>() + pos.q.size(), pos.k.data(),
@@ -88,7 +98,10 @@ DevicePositions DevicePositionBuffer::upload(const TokenPositions& pos, cudaStre
     copied_->record(stream);
     uploaded_count_ = count;
   }
-  auto* device = device_.data<int64_t>();
+  return describe(pos, device_.data<int64_t>());
+}
+
+DevicePositions DevicePositionBuffer::describe(const TokenPositions& pos, int64_t* device) {
   // A run is sorted: a single call's positions (runs) are scanned once, not again for their order.
   const int64_t q_run = DevicePositions::run_of(pos.q), k_run = DevicePositions::run_of(pos.k);
   const bool keys_sorted = k_run != DevicePositions::kNotARun || std::is_sorted(pos.k.begin(), pos.k.end());

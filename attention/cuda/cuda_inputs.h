@@ -92,15 +92,23 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
 // The same without a carry (the backward's kernels): the carry pointers stay null.
 CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params);
 
+// out[0, q_count) = q_first + i, then out[q_count, q_count + k_count) = k_first + j, queued on `stream`.
+void fill_position_runs_cuda(int64_t* out, int64_t q_count, int64_t q_first, int64_t k_count, int64_t k_first,
+                             cudaStream_t stream);
+
 // Device copies of host positions, reused across calls (grows as needed).
 class DevicePositionBuffer {
  public:
   // Copies on `stream` from a pinned staging area; the result is valid for work queued on `stream`.
   // Waits only for the previous call's copy out of the staging area, not for the stream; positions equal
   // to the last ones uploaded are not copied again (`stream` waits for that copy, the host does not).
+  // Where `stream` is being captured into a CUDA graph, positions that are runs (a single call's) are
+  // written by a kernel into a temporary of the captured call instead; others are refused by name.
   DevicePositions upload(const TokenPositions& pos, cudaStream_t stream);
 
  private:
+  static DevicePositions describe(const TokenPositions& pos, int64_t* device);
+
   Tensor device_, staging_;  // grow-only (reserve_scratch); staging_ keeps the last positions uploaded
   size_t uploaded_count_ = 0;  // how many positions the last upload held
   std::unique_ptr<CudaEvent> copied_;  // after the last copy out of staging_

@@ -20,6 +20,7 @@
 #include "attention/cuda/cuda_attention.h"
 #include "attention/registry.h"
 #include "runtime/cuda_device.h"
+#include "runtime/graph_capture.h"
 #include "runtime/memory.h"
 
 namespace ra {
@@ -35,6 +36,7 @@ namespace fe = cudnn_frontend;
 
 // An SDPA graph with 16-bit inputs and outputs (bf16 or f16) and f32 inside.
 std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
+  refuse_under_capture("building cuDNN's plan for a shape not run before (a warm-up call before the capture builds it)");
   auto graph = std::make_shared<fe::graph::Graph>();
   const fe::DataType_t io = dtype == DType::kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
   graph->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(fe::DataType_t::FLOAT);
@@ -218,12 +220,11 @@ class CudnnAttention final : public CudaAttentionImpl {
     const int64_t T = in.q.dim(1);
     const float* run_stats = stats.data_as<float>() + qr.index;
     if (Tq != T) {
-      Tensor& stats_run = buffers().stats_run;
-      reserve_scratch(stats_run, size_t(B * H * Tq) * sizeof(float), MemoryKind::kCuda, "cudnn's packed stats");
-      RA_CUDA_CHECK(cudaMemcpy2DAsync(stats_run.data<float>(), size_t(Tq) * sizeof(float), run_stats,
-                                      size_t(T) * sizeof(float), size_t(Tq) * sizeof(float), size_t(B * H),
-                                      cudaMemcpyDeviceToDevice, stream_));
-      run_stats = stats_run.data<float>();
+      float* packed = call_scratch(buffers().stats_run, size_t(B * H * Tq) * sizeof(float), stream_,
+                                   "cudnn's packed stats").data_as<float>();
+      RA_CUDA_CHECK(cudaMemcpy2DAsync(packed, size_t(Tq) * sizeof(float), run_stats, size_t(T) * sizeof(float),
+                                      size_t(Tq) * sizeof(float), size_t(B * H), cudaMemcpyDeviceToDevice, stream_));
+      run_stats = packed;
     }
     const GraphKey key{B, Tq, Sk, H, Hkv, D, Dv, int(q.dtype()) + 100 * int(Tq), int(mask) + 16 * int(p.deterministic),
                        {q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), o.stride(1),
@@ -373,11 +374,9 @@ class CudnnAttention final : public CudaAttentionImpl {
 
   char* reserve(size_t bytes) const {
     Tensor& scratch = buffers().scratch;
-    if (scratch.view().nbytes() < bytes) {
-      RA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
-      reserve_scratch(scratch, bytes, MemoryKind::kCuda, "cudnn's block outputs and workspace");
-    }
-    return scratch.data<char>();
+    const bool captured = cuda_stream_capturing(stream_);  // then the scratch is the captured call's
+    if (!captured && scratch.view().nbytes() < bytes) RA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // old one in use
+    return static_cast<char*>(call_scratch(scratch, bytes, stream_, "cudnn's block outputs and workspace").data());
   }
 
   // This stream's outputs and workspaces (scratch), LSE with +inf for empty rows (stats) and a run's packed

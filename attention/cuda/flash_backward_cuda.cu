@@ -23,6 +23,7 @@
 #include "attention/cuda/pair_logit.cuh"
 #include "attention/cuda/segment_ranges.h"
 #include "runtime/cuda_device.h"
+#include "runtime/graph_capture.h"
 #include "runtime/memory.h"
 
 namespace ra {
@@ -314,9 +315,8 @@ void launch_flash_backward(const void* kernel, FlashBackwardArgs g, int block_n,
   float* accumulator = g.dq;
   if (round > 1) {  // one round of one block per (batch, K/V head) adds to the accumulator itself
     const size_t bytes = size_t(round) * size_t(slice) * sizeof(float);
-    reserve_scratch(*dq_slices, bytes, MemoryKind::kCuda, "the deterministic backward's dQ slices");
-    RA_CUDA_CHECK(cudaMemsetAsync(dq_slices->data<float>(), 0, bytes, stream));
-    g.dq = dq_slices->data<float>();
+    g.dq = call_scratch(*dq_slices, bytes, stream, "the deterministic backward's dQ slices").data_as<float>();
+    RA_CUDA_CHECK(cudaMemsetAsync(g.dq, 0, bytes, stream));
     g.dq_slice_size = slice;
   }
   for (g.first_key_block = 0; g.first_key_block < key_blocks; g.first_key_block += round)

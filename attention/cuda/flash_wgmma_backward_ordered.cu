@@ -16,6 +16,7 @@
 #include "attention/cuda/flash_wgmma_backward.h"
 #include "attention/cuda/flash_wgmma_backward_kernel.cuh"
 #include "runtime/cuda_device.h"
+#include "runtime/graph_capture.h"
 #include "runtime/memory.h"
 
 namespace ra {
@@ -65,9 +66,8 @@ void launch_ordered(FlashBackwardArgs g, Tensor* scratch, cudaStream_t stream) {
   g.dq_writer_words = (key_blocks + 31) / 32;
   const int64_t turns = int64_t(a.batch) * a.q_heads * g.q_blocks, rows = int64_t(a.batch) * a.kv_heads * g.q_blocks;
   const int64_t cells = rows * g.dq_writer_words;
-  reserve_scratch(*scratch, size_t(turns + 2 * cells) * sizeof(int), MemoryKind::kCuda,
-                  "the deterministic backward's dQ turns");
-  int* turn_counters = scratch->data<int>();
+  int* turn_counters = call_scratch(*scratch, size_t(turns + 2 * cells) * sizeof(int), stream,
+                                    "the deterministic backward's dQ turns").data_as<int>();
   uint32_t* writers = reinterpret_cast<uint32_t*>(turn_counters + turns);
   int* writers_after = reinterpret_cast<int*>(writers + cells);
   RA_CUDA_CHECK(cudaMemsetAsync(turn_counters, 0, size_t(turns + cells) * sizeof(int), stream));

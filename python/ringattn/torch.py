@@ -205,30 +205,16 @@ def _handle_of(comm, group, timeout, device: torch.device) -> int:
     return id(comm)
 
 
-def _refuse_graph_capture(q: Tensor):
-    """Refuses a call while PyTorch captures the current stream into a CUDA graph (torch.cuda.graph,
-    torch.compile's mode="reduce-overhead"): ringattn's CUDA calls keep buffers from call to call (a replay
-    would read memory that a later call regrows) and upload positions from the host, so a capture would fail
-    inside CUDA, or replay stale memory. Said here, by name, before any work is queued."""
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("ringattn's attention cannot be captured into a CUDA graph (torch.cuda.graph, "
-                           "torch.compile(mode='reduce-overhead')): its calls keep device buffers from call to call "
-                           "and copy positions from the host. Call it outside the capture, or compile with "
-                           "mode='default' or 'max-autotune-no-cudagraphs'")
-
-
 # Each op's body is a plain function (`*_raw`) too: eager calls reach it through a torch.autograd.Function
 # (_eager_call), without the custom op's dispatch and autograd wrapper, which cost more than a small call's
 # kernels. Arguments: q, k, v [, o, lse, do, dlse], then _options' 15 (sinks ... flash_kernel), then the rest.
 def _attention_forward_raw(q, k, v, *rest):
-    _refuse_graph_capture(q)
     *options, deterministic, impl = rest
     return _core.attention(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), impl, _options(*options, deterministic),
                            True, _outputs(q, v), _stream_of(q), q)
 
 
 def _attention_backward_raw(q, k, v, o, lse, do, dlse, *rest):
-    _refuse_graph_capture(q)
     *options, deterministic, impl = rest
     return list(_core.attention_backward(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), _as_it_lies(o), _plain(lse),
                                          _as_it_lies(do), _maybe(dlse), impl, _options(*options, deterministic), False,
@@ -236,7 +222,6 @@ def _attention_backward_raw(q, k, v, o, lse, do, dlse, *rest):
 
 
 def _ring_forward_raw(q, k, v, *rest):
-    _refuse_graph_capture(q)
     options, (comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic, grad_wire) = rest[:15], rest[15:]
     return _core.ring_attention(_plain(q), _plain(k), _plain(v), _communicators[comm], layout, global_q_len,
                                 global_kv_len, local_impl, timeout, deterministic, grad_wire, _options(*options), True,
@@ -244,7 +229,6 @@ def _ring_forward_raw(q, k, v, *rest):
 
 
 def _ring_backward_raw(q, k, v, o, lse, do, dlse, *rest):
-    _refuse_graph_capture(q)
     options, (comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic, grad_wire) = rest[:15], rest[15:]
     return list(_core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
                                               _maybe(dlse), _communicators[comm], layout, global_q_len, global_kv_len,

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "runtime/error.h"
+#include "runtime/graph_capture.h"
 #include "runtime/memory.h"
 
 namespace ra::python {
@@ -148,6 +149,25 @@ nb::object gradients_result(Gradients& g, nb::handle out, const AttentionInputs&
   if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework, where.device));
   if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework, where.device));
   return nb::tuple(result);
+}
+
+void check_capturable(const Placement& where, uintptr_t stream, const AttentionInputs& in, const AttentionParams& params,
+                      bool backward, bool ring) {
+  if (!where.on_device()) return;
+  {
+    const ScopedCudaDevice on(where.device);
+    if (!cuda_stream_capturing(reinterpret_cast<void*>(stream))) return;
+  }
+  const char* tail = "; call it outside the capture (torch.cuda.graph, torch.compile(mode='reduce-overhead')), or "
+                     "compile with mode='default'";
+  RA_CHECK(!ring, "ring attention cannot be captured into a CUDA graph: every call exchanges K/V blocks with its "
+           "peers and waits for them on the host", tail);
+  RA_CHECK(params.dropout_prob == 0, "dropout (", params.dropout_prob, ") cannot be captured into a CUDA graph: every "
+           "replay would draw the captured call's dropout mask again", tail);
+  RA_CHECK(!backward || !in.bias.defined(), "the gradient of bias cannot be captured into a CUDA graph: it is "
+           "returned in device memory of ringattn's own, which the graph cannot own", tail);
+  RA_CHECK(!backward || !in.sinks.defined(), "the gradient of sinks cannot be captured into a CUDA graph: it is "
+           "returned in device memory of ringattn's own, which the graph cannot own", tail);
 }
 
 CallDevice::CallDevice(const Placement& where, uintptr_t stream) : where(where) {

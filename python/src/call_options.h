@@ -63,11 +63,19 @@ nb::object gradients_result(Gradients& g, nb::handle out, const AttentionInputs&
 struct CallDevice {
   CallDevice(const Placement& where, uintptr_t stream);
   Backend backend() const { return where.on_device() ? Backend::kCuda : Backend::kCpu; }
+  bool captured() const { return side && side->captured(); }  // into a CUDA graph (runtime/graph_capture.h)
   void bind(AttentionImpl& impl) const;  // the side stream, on a device
   Placement where;
   std::optional<ScopedCudaDevice> device;
   std::optional<SideStream> side;  // after `device`: made on it, ended before it
 };
+
+// Refuses, by name and before any work, a call on a stream being captured into a CUDA graph that a replay
+// could not repeat faithfully: the ring's (it exchanges blocks with its peers from the host), dropout
+// (every replay would draw the captured call's mask again), and a backward's bias or sinks gradient
+// (returned in memory of ringattn's own, which the graph cannot own). No-op for a stream not capturing.
+void check_capturable(const Placement& where, uintptr_t stream, const AttentionInputs& in, const AttentionParams& params,
+                      bool backward, bool ring);
 
 // The ring bindings (ring.cc): ring_attention, ring_attention_backward, layout_indices.
 void bind_ring(nb::module_& m);

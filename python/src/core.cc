@@ -65,7 +65,11 @@ AttentionImpl& impl_for(const std::string& impl, const CallDevice& call) {
     std::lock_guard<std::mutex> lock(kept.mutex);
     slot = &kept.impls[{impl, call.backend(), call.where.device, std::this_thread::get_id()}];
   }
-  if (!*slot) *slot = AttentionRegistry::builtin().create(impl, call.backend());
+  if (!*slot) {
+    RA_CHECK(!call.captured(), "implementation '", impl, "' has not run on this thread and device before: the CUDA "
+             "graph being captured cannot hold its set-up; run the call once before the capture (a warm-up)");
+    *slot = AttentionRegistry::builtin().create(impl, call.backend());
+  }
   call.bind(**slot);
   return **slot;
 }
@@ -77,6 +81,7 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, co
   const AttentionParams params = params_of(options);
   const std::optional<ForwardViews> into = forward_out_of(out, where);
   if (in.q.dtype() == DType::kF64) return attention_f64(in, params, impl, return_lse, into, out, like, where);
+  check_capturable(where, stream, in, params, /*backward=*/false, /*ring=*/false);
   const TokenPositions pos = TokenPositions::dense(in.q.dim(1), in.k.dim(1));
   AttentionOutput result;
   {
@@ -104,6 +109,7 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
   const std::optional<GradViews> into = gradients_out_of(out, where);
   if (in.q.dtype() == DType::kF64)
     return attention_backward_f64(in, params, impl, forward, grad_out, grad_lse, f32_gradients, into, out, like, where);
+  check_capturable(where, stream, in, params, /*backward=*/true, /*ring=*/false);
   Gradients g;
   {
     nb::gil_scoped_release released;

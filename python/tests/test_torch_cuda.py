@@ -4,8 +4,9 @@ not, GQA, S != T and every option; the work runs on PyTorch's current stream (a 
 that is still producing q is waited for); arrays split between host and device are refused naming the
 one that is elsewhere; the framework-neutral core takes and returns CUDA tensors without copies; and
 torch.compile traces the op on the GPU; ringattn.hf on CUDA: a model the flash kernels cannot take, a
-compiled model, and decoding with a static KV cache. Skipped without PyTorch, without a GPU, or in a
-build of ringattn without CUDA."""
+compiled model, and decoding with a static KV cache; a training step captured into a CUDA graph (torch.cuda.graph,
+torch.compile's "reduce-overhead") replays on new inputs, and what a graph cannot replay is refused by name.
+Skipped without PyTorch, without a GPU, or in a build of ringattn without CUDA."""
 
 import numpy as np
 import pytest
@@ -399,18 +400,80 @@ def test_a_compiled_transformers_model_on_the_gpu():
             assert relative_error(p.grad, q.grad) < 5e-2, name
 
 
-def test_cuda_graph_capture_is_refused_by_name_before_any_work():
-    # ringattn's CUDA calls keep buffers from call to call and copy positions from the host: a capture
-    # would fail inside CUDA (cudaErrorStreamCaptureIsolation) or replay memory a later call regrows. A
-    # captured training step is refused by name at its forward, and the stream is left fit for the next
-    # capture and the eager calls after it.
-    q, k, v, do = tensors(13, torch.bfloat16, T=128, S=128)
-    eager = rt.attention(q, k, v, causal=True)
+# A training step captured into a CUDA graph (torch.cuda.graph): each kernel family, options beside. `call`
+# picks the kernels, `semantics` is what the f64 reference computes too.
+CAPTURED_STEPS = {
+    "flash_wgmma_causal": (dict(impl="flash_attn2", flash_kernel="wgmma"), dict(causal=True), dict(T=45, S=77)),
+    "flash_mma_sync_window_softcap": (dict(impl="flash_attn2", flash_kernel="mma_sync"),
+                                      dict(window=(20, 5), softcap=5.0), dict(T=45, S=77)),
+    "flash_deterministic": (dict(impl="flash_attn2", deterministic=True), dict(causal=True), dict(T=300, S=700)),
+    "flash_segment_ids": (dict(impl="flash_attn2"), dict(causal=True), dict(T=64, S=64)),
+    "cudnn": (dict(impl="cudnn"), dict(causal=True), dict(T=128, S=128)),
+    "sdpa": (dict(impl="sdpa"), dict(causal=True, scale=0.3), dict(T=31, S=45)),
+}
+
+
+def refill(seed, *static):
+    """New values into the captured step's inputs, in place (a graph replays on the same addresses)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for x in static:
+            x.copy_(torch.randn(x.shape, generator=g))
+
+
+@pytest.mark.parametrize("case", list(CAPTURED_STEPS))
+def test_a_training_step_captured_in_a_cuda_graph_replays_on_new_inputs(case):
+    # The graph owns every scratch buffer of the captured calls (a kept one would be regrown, and freed, by
+    # the larger eager calls between the replays); positions are written on the device, not copied from the
+    # host. Each replay's o, lse and gradients against the f64 reference of that replay's inputs.
+    call, semantics, shape = CAPTURED_STEPS[case]
+    q, k, v, do = tensors(21, torch.bfloat16, **shape)
+    call = dict(flash_kernel="auto") | call
+    if case == "flash_segment_ids":  # packed documents
+        ids = torch.tensor([[0] * 20 + [1] * 30 + [2] * 14, [0] * 64]).int().to(GPU)
+        semantics = dict(semantics, segment_ids=ids, kv_segment_ids=ids)
+
+    def step():
+        for x in (q, k, v):
+            x.grad = None
+        o, lse = attention_unless_no_hopper(q, k, v, return_lse=True, **call, **semantics)
+        o.backward(do)
+        return o, lse
+
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as PyTorch asks: plans built, kernels loaded
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="cannot be captured into a CUDA graph"):
-        with torch.cuda.graph(graph, stream=side):
-            rt.attention(q, k, v, causal=True).backward(do)
+    with torch.cuda.graph(graph):
+        o, lse = step()
+    for replay in range(3):
+        refill(100 + replay, q, k, v, do)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_reference(torch.bfloat16, q, k, v, do, o, lse, **semantics)
+        # Larger eager calls between replays regrow what the implementation keeps between calls.
+        big = tensors(30 + replay, torch.bfloat16, T=4 * shape["T"], S=4 * shape["S"])
+        attention_unless_no_hopper(*big[:3], **call, causal=True).backward(big[3])
+
+
+def test_what_a_cuda_graph_cannot_replay_is_refused_by_name_before_any_work():
+    # Dropout (a replay would draw the captured mask again) and the sinks' gradient (returned in ringattn's
+    # own memory, which the graph cannot own) are refused by name, and the stream is left fit for the next
+    # capture and for eager calls.
+    q, k, v, do = tensors(13, torch.bfloat16, T=128, S=128)
+    sinks = torch.randn(8, device=GPU).requires_grad_()
+    eager = rt.attention(q, k, v, causal=True)
+    rt.attention(q, k, v, causal=True, sinks=sinks).backward(do)  # warm-up
+    side = torch.cuda.Stream()
+    for options, refusal in [(dict(dropout=0.1, dropout_seed=3), "dropout .* cannot be captured into a CUDA graph"),
+                             (dict(sinks=sinks), "gradient of sinks cannot be captured into a CUDA graph")]:
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(ValueError, match=refusal):
+            with torch.cuda.graph(graph, stream=side):
+                rt.attention(q, k, v, causal=True, **options).backward(do)
     graph = torch.cuda.CUDAGraph()
     x = torch.ones(4, device=GPU)
     with torch.cuda.graph(graph, stream=side):
@@ -418,3 +481,36 @@ def test_cuda_graph_capture_is_refused_by_name_before_any_work():
     graph.replay()
     assert torch.equal(y, torch.full((4,), 2.0, device=GPU))
     torch.testing.assert_close(rt.attention(q, k, v, causal=True), eager, rtol=0, atol=0)
+
+
+def test_torch_compile_reduce_overhead_replays_a_cuda_graph_of_the_step():
+    # mode="reduce-overhead" records the compiled forward and backward into CUDA graphs (none skipped) and
+    # replays them: the same output and gradients as eager, call after call on new inputs.
+    from torch._dynamo.utils import counters
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(128, 3 * 128)
+
+        def forward(self, x):
+            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 64).unbind(2)
+            return rt.attention(q, k, v, causal=True).float().square().mean()
+
+    torch.manual_seed(8)
+    block = Block().to(GPU, torch.bfloat16)
+    compiled = torch.compile(block, mode="reduce-overhead")
+    counters.clear()
+    for step in range(4):
+        x = torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16)
+        block.zero_grad()
+        eager = block(x)
+        eager.backward()
+        want = [p.grad.clone() for p in block.parameters()]
+        block.zero_grad()
+        got = compiled(x)
+        got.backward()
+        close(got.detach(), eager.detach(), 1e-2)
+        for g, w in zip((p.grad for p in block.parameters()), want):
+            close(g, w, 3e-2)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])

@@ -2,7 +2,8 @@
 between ranks of one node, ranks sharing a GPU where there are fewer GPUs than ranks): each rank's shard of
 o and of dq, dk, dv (and dsinks, a shared bias's dbias: each rank's share, summed over the ranks) equals the
 same rows of one process's attention on the whole sequence on the same GPU, for each layout, causal or not;
-a Transformers model over the ring (ringattn.hf) gives one process's logits and gradients. Skipped
+a Transformers model over the ring (ringattn.hf) gives one process's logits and gradients; a CUDA graph capture of
+the ring is refused by name on every rank before any exchange. Skipped
 without PyTorch, without a GPU, or in a build of ringattn without CUDA."""
 
 import copy
@@ -18,6 +19,8 @@ if not ringattn.built_with_cuda():
     pytest.skip("this build of ringattn has no CUDA back end", allow_module_level=True)
 
 from mpi4py import MPI  # noqa: E402
+
+import ringattn.torch as rt  # noqa: E402
 
 from test_torch import relative_error  # noqa: E402
 from test_torch_ring import check_ring_shards_equal_one_process  # noqa: E402
@@ -59,6 +62,18 @@ def test_a_torchrun_group_with_cuda_tensors_is_refused_by_name():
     q = torch.zeros(1, 8, 2, 16, device=GPU, dtype=torch.float16)
     with pytest.raises(ValueError, match="needs comm to be an mpi4py communicator"):
         ringattn.ring_attention(q, q, q, comm=NotMpi(), global_q_len=8 * SIZE, global_kv_len=8 * SIZE)
+
+
+def test_a_cuda_graph_capture_of_the_gpu_ring_is_refused_by_name_before_any_exchange():
+    # Each ring call exchanges K/V with its peers and waits on the host: not a graph's to replay. Every rank
+    # refuses before it sends (no rank waits for another), and the ring runs after the failed capture.
+    q, k, v = (torch.randn(1, 64, 4, 64, device=GPU, dtype=torch.bfloat16) for _ in range(3))
+    eager = rt.ring_attention(q, k, v, comm=COMM, causal=True)
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with pytest.raises(ValueError, match="ring attention cannot be captured into a CUDA graph"):
+        with torch.cuda.graph(graph, stream=side):
+            rt.ring_attention(q, k, v, comm=COMM, causal=True)
+    torch.testing.assert_close(rt.ring_attention(q, k, v, comm=COMM, causal=True), eager, rtol=0, atol=0)
 
 
 def test_grad_wire_bf16_on_the_gpu_ring():
