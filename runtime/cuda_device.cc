@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/graph_capture.h"
+#include "runtime/capture_mode.h"
 
 namespace ra {
 
@@ -121,6 +122,7 @@ cudaMemPool_t pool_of_current_device(bool create) {
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = device;
   cudaMemPool_t pool = nullptr;
+  const RelaxedCaptureMode relaxed;  // the first temporary may be a captured call's
   RA_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
   RA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &all.limit));
   all.pools[device] = pool;
@@ -247,6 +249,9 @@ void* cuda_allocate_pinned(size_t bytes, const char* what) {
 }
 
 void cuda_release_pinned(void* p) { (void)cudaFreeHost(p); }
+
+RelaxedCaptureMode::RelaxedCaptureMode() { RA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&previous_)); }
+RelaxedCaptureMode::~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&previous_); }
 
 CudaStream::CudaStream(StreamPriority priority) {
   int least = 0, greatest = 0;  // numerically, greatest < least

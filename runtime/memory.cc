@@ -15,6 +15,7 @@
 
 #if RA_HAVE_CUDA
 #include "runtime/cuda_device.h"
+#include "runtime/capture_mode.h"
 #endif
 
 namespace ra {
@@ -182,14 +183,6 @@ KeptStreams& kept_streams() {
   return *kept;
 }
 
-// This thread's capture mode relaxed while it lives, for a caller's stream seen first while it is being
-// captured (PyTorch captures on a stream of its own): making a stream and an event queues nothing.
-struct RelaxedCaptureMode {
-  cudaStreamCaptureMode previous = cudaStreamCaptureModeRelaxed;
-  RelaxedCaptureMode() { RA_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&previous)); }
-  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&previous); }
-};
-
 KeptStream& side_stream_for(cudaStream_t caller) {
   int device = 0;
   RA_CUDA_CHECK(cudaGetDevice(&device));
@@ -197,7 +190,7 @@ KeptStream& side_stream_for(cudaStream_t caller) {
   std::lock_guard<std::mutex> lock(kept.mutex);
   KeptStream& s = kept.streams[{device, std::this_thread::get_id(), caller}];
   if (s.stream == nullptr) {
-    const RelaxedCaptureMode relaxed;
+    const RelaxedCaptureMode relaxed;  // the caller's stream may be capturing (PyTorch's capture stream)
     RA_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     RA_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
   }
