@@ -1,6 +1,7 @@
 """What the Python bench scripts share: CUDA-event timing and the attention shape's arguments."""
 
 import statistics
+import time
 
 import torch
 
@@ -28,3 +29,16 @@ def median_ms(fn, iters, barrier=lambda: None, warmup=1):
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def host_ms(fn, calls=20):
+    """Wall milliseconds per call of `fn` over `calls` calls, the host synchronised only at the end (after one
+    untimed call, which loads the kernels lazily and fills the caches): the host's time where it exceeds the
+    device's."""
+    fn()
+    torch.cuda.synchronize()
+    wall = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - wall) * 1e3 / calls

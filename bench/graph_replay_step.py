@@ -5,13 +5,13 @@ synchronised only at the end of N steps: where the host's time per call exceeds 
 the host's and the replay the device's.
 Arguments: --seqs T,... --heads H --kv-heads Hkv --head-dim D --layers L --steps N --impls a,b (torch_sdpa: PyTorch's)"""
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ringattn.torch as rt
+from bench_common import host_ms
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seqs", default="512,2048,8192")
@@ -32,16 +32,6 @@ def attend(impl, q, k, v):
                                               enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
 
 
-def wall_ms_per_step(step, steps):
-    step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3 / steps
-
-
 for T in (int(t) for t in args.seqs.split(",")):
     shape = (1, T, args.heads, args.head_dim)
     q0 = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -54,7 +44,7 @@ for T in (int(t) for t in args.seqs.split(",")):
                 x = attend(impl, x, k, v)
             x.float().square().mean().backward()
 
-        eager = wall_ms_per_step(step, args.steps)
+        eager = host_ms(step, args.steps)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -64,7 +54,7 @@ for T in (int(t) for t in args.seqs.split(",")):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        replay = wall_ms_per_step(graph.replay, args.steps)
+        replay = host_ms(graph.replay, args.steps)
         print(f"T={T:6d} H={args.heads} Hkv={args.kv_heads} D={args.head_dim} layers={args.layers} {impl:12s} causal "
               f"eager {eager:8.3f} ms/step  graph replay {replay:8.3f} ms/step  ({eager / replay:5.2f}x)", flush=True)
         del graph

@@ -4,14 +4,13 @@ the host's time of each step (cu_seqlens read and checked, segment ids made), ca
 forward and backward) synchronised after 20 as a training loop runs them, then torch.profiler's table of 5 calls. bf16, B=1, T tokens in N equal documents, H heads, D=128.
 Arguments: --seq T --heads H --documents N,... --profile"""
 import argparse
-import time
 
 import torch
 
 import ringattn.torch as rt
 from ringattn import varlen
 
-from bench_common import median_ms
+from bench_common import host_ms, median_ms
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seq", type=int, default=32768)
@@ -20,16 +19,6 @@ parser.add_argument("--documents", default="16,64")
 parser.add_argument("--profile", action="store_true")
 args = parser.parse_args()
 T, H, D = args.seq, args.heads, 128
-
-
-def host_ms(fn, calls=20):
-    fn()  # the first call loads the kernels (lazily) and fills the caches
-    torch.cuda.synchronize()
-    wall = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - wall) * 1e3 / calls
 
 
 for docs in (int(n) for n in args.documents.split(",")):

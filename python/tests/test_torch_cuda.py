@@ -165,18 +165,23 @@ def test_the_core_takes_and_returns_cuda_tensors_of_the_callers_framework():
         assert torch.equal(got, want)
 
 
+class ProjectedAttention(torch.nn.Module):
+    """q, k, v projected from x (2 heads of 64), causal attention, a scalar loss of its output (`loss`)."""
+
+    def __init__(self, loss):
+        super().__init__()
+        self.proj = torch.nn.Linear(128, 3 * 128)
+        self.loss = loss
+
+    def forward(self, x):
+        q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 64).unbind(2)
+        return self.loss(rt.attention(q, k, v, causal=True).float())
+
+
 def test_torch_compile_of_a_module_on_the_gpu_matches_eager():
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(128, 3 * 128)
-
-        def forward(self, x):
-            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 64).unbind(2)
-            return rt.attention(q, k, v, causal=True).float().sum()
-
     torch.manual_seed(7)
-    check_compiled_matches_eager(Block().to(GPU, torch.bfloat16), torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16))
+    check_compiled_matches_eager(ProjectedAttention(torch.sum).to(GPU, torch.bfloat16),
+                                 torch.randn(2, 67, 128, device=GPU, dtype=torch.bfloat16))
 
 
 EVERY_CUDA_KERNEL = [("flash_attn2", "mma_sync"), ("flash_attn2", "wgmma"), ("cudnn", "auto"), ("sdpa", "auto")]
@@ -488,17 +493,8 @@ def test_torch_compile_reduce_overhead_replays_a_cuda_graph_of_the_step():
     # replays them: the same output and gradients as eager, call after call on new inputs.
     from torch._dynamo.utils import counters
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.proj = torch.nn.Linear(128, 3 * 128)
-
-        def forward(self, x):
-            q, k, v = self.proj(x).view(x.shape[0], x.shape[1], 3, 2, 64).unbind(2)
-            return rt.attention(q, k, v, causal=True).float().square().mean()
-
     torch.manual_seed(8)
-    block = Block().to(GPU, torch.bfloat16)
+    block = ProjectedAttention(lambda o: o.square().mean()).to(GPU, torch.bfloat16)
     compiled = torch.compile(block, mode="reduce-overhead")
     counters.clear()
     for step in range(4):
