@@ -14,8 +14,8 @@
 #include "runtime/graph_capture.h"
 
 #if RA_HAVE_CUDA
-#include "runtime/cuda_device.h"
 #include "runtime/capture_mode.h"
+#include "runtime/cuda_device.h"
 #endif
 
 namespace ra {
