@@ -16,12 +16,12 @@
 
 namespace ra {
 
-GradAccumulators GradAccumulators::zeros(const AttentionInputs& in, MemoryKind memory) {
+GradAccumulators GradAccumulators::zeros(const AttentionInputs& in, MemoryKind memory, bool with_dbias) {
   GradAccumulators acc;
   acc.dq = Tensor(DType::kF32, in.q.shape(), memory);
   acc.dk = Tensor(DType::kF32, in.k.shape(), memory);
   acc.dv = Tensor(DType::kF32, in.v.shape(), memory);
-  if (in.bias.defined()) acc.dbias = Tensor(DType::kF32, in.bias.shape(), memory);
+  if (with_dbias && in.bias.defined()) acc.dbias = Tensor(DType::kF32, in.bias.shape(), memory);
   return acc;
 }
 
@@ -30,9 +30,36 @@ GradAccumulators GradAccumulators::temporary(const AttentionInputs& in, MemoryKi
   acc.dq = Tensor::temporary(DType::kF32, in.q.shape(), memory, cuda_stream);
   acc.dk = Tensor::temporary(DType::kF32, in.k.shape(), memory, cuda_stream);
   acc.dv = Tensor::temporary(DType::kF32, in.v.shape(), memory, cuda_stream);
-  if (in.bias.defined()) acc.dbias = Tensor(DType::kF32, in.bias.shape(), memory);
   return acc;
 }
+
+bool bias_gradient_wanted(const AttentionInputs& in, const GradViews* into) {
+  return in.bias.defined() && (into == nullptr || into->bias_gradient);
+}
+
+namespace {
+
+bool sinks_gradient_wanted(const AttentionInputs& in, const GradViews* into) {
+  return in.sinks.defined() && (into == nullptr || into->sinks_gradient);
+}
+
+// A bias's or the sinks' gradient given as an output (`out`): the call has that parameter, asks for its
+// gradient, and the view is f32, contiguous, shaped as the parameter, in q's memory.
+void check_parameter_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& parameter,
+                            const char* parameter_name, bool wanted, const TensorView& q) {
+  if (!out.defined()) return;
+  RA_CHECK(parameter.defined(), "output ", name, " is given, but the call has no ", parameter_name);
+  RA_CHECK(wanted, "output ", name, " is given, but the gradient of ", parameter_name, " is not asked for");
+  check_output(out, name, shape, q, /*q_dtype_or_f32=*/false);
+}
+
+// Where a bias's or the sinks' gradient is summed: a temporary of the call where it goes into the caller's
+// view afterwards (a graph being captured can own it), else a tensor handed to the caller.
+Tensor parameter_gradient(const Shape& shape, const TensorView& into, MemoryKind memory, void* stream) {
+  return into.defined() ? Tensor::temporary(DType::kF32, shape, memory, stream) : Tensor(DType::kF32, shape, memory);
+}
+
+}  // namespace
 
 Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream) {
   const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3);
@@ -60,14 +87,14 @@ Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorVie
   return delta;
 }
 
-Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const TensorView& delta, void* cuda_stream) {
+void sinks_gradient_into(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
+                         const TensorView& dsinks, void* cuda_stream) {
   const int64_t B = lse.dim(0), H = lse.dim(1), T = lse.dim(2);
-  Tensor dsinks(DType::kF32, {H}, lse.memory());
   if (lse.memory() == MemoryKind::kCuda) {
 #if RA_HAVE_CUDA
     sinks_gradient_cuda(sinks, lse, delta, dsinks, static_cast<cudaStream_t>(cuda_stream));
 #endif
-    return dsinks;
+    return;
   }
   const float *l = lse.data_as<float>(), *dl = delta.data_as<float>();
   for (int64_t h = 0; h < H; ++h) {
@@ -78,9 +105,8 @@ Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const Tens
         const int64_t r = (b * H + h) * T + t;
         if (l[r] != -INFINITY) sum -= std::exp(double(sink) - double(l[r])) * double(dl[r]);
       }
-    dsinks.data<float>()[h] = float(sum);
+    dsinks.data_as<float>()[h] = float(sum);
   }
-  return dsinks;
 }
 
 void convert_gradient(const TensorView& acc, const TensorView& out, void* cuda_stream) {
@@ -151,28 +177,42 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
     check_output(into->dq, "dq", in.q.shape(), in.q, true);
     check_output(into->dk, "dk", in.k.shape(), in.q, true);
     check_output(into->dv, "dv", in.v.shape(), in.q, true);
+    check_parameter_output(into->dbias, "dbias", in.bias.shape(), in.bias, "bias", into->bias_gradient, in.q);
+    check_parameter_output(into->dsinks, "dsinks", Shape{in.q.dim(2)}, in.sinks, "sinks", into->sinks_gradient, in.q);
   }
   void* stream = cuda_stream();
+  const MemoryKind memory = in.q.memory();
+  const bool dsinks_wanted = sinks_gradient_wanted(in, into);
+  // delta once per call: here where the sinks' gradient needs it whichever path runs (backward_into takes
+  // it from grad), else by backward_into where it needs one (cudnn's computes its own) or below.
+  Tensor delta;
+  if (dsinks_wanted) grad.delta = delta = compute_delta(o, d_o, d_lse, stream);
+  // The sinks' gradient, the ring's sums over its ranks, then dbias and dsinks into the caller's views.
+  auto with_parameter_gradients = [&](Gradients& g) {
+    if (dsinks_wanted) {
+      g.dsinks = parameter_gradient(Shape{lse.dim(1)}, into ? into->dsinks : TensorView(), memory, stream);
+      sinks_gradient_into(in.sinks, lse, delta, g.dsinks, stream);
+    }
+    reduce_sequence_gradients(g);  // the ring's dsinks: summed over its ranks
+    if (into != nullptr && into->dbias.defined()) convert_gradient(g.dbias, into->dbias, stream), g.dbias = Tensor();
+    if (into != nullptr && into->dsinks.defined()) convert_gradient(g.dsinks, into->dsinks, stream), g.dsinks = Tensor();
+    return std::move(g);
+  };
   Gradients direct;
   // The direct path writes q's dtype: into the caller's views where all three are in it, else into
   // tensors of its own.
   const bool into_q_dtype = into != nullptr && into->dq.dtype() == in.q.dtype() && into->dk.dtype() == in.q.dtype() &&
                             into->dv.dtype() == in.q.dtype();
-  // delta once per call: here where the sinks' gradient needs it whichever path runs (backward_into takes
-  // it from grad), else by backward_into where it needs one (cudnn's computes its own) or below.
-  Tensor delta;
-  if (in.sinks.defined()) grad.delta = delta = compute_delta(o, d_o, d_lse, stream);
-  if (!f32_gradients && (into == nullptr || into_q_dtype) && backward_into(in, pos, params, grad, direct, into)) {
-    if (in.sinks.defined()) direct.dsinks = sinks_gradient(in.sinks, lse, delta, stream);
-    reduce_sequence_gradients(direct);  // the ring's dsinks: summed over its ranks
-    return direct;
-  }
+  if (!f32_gradients && (into == nullptr || into_q_dtype) && backward_into(in, pos, params, grad, direct, into))
+    return with_parameter_gradients(direct);
   if (!delta.defined()) grad.delta = delta = compute_delta(o, d_o, d_lse, stream);
   // f32 gradients without the caller's views are the accumulators themselves, handed to the caller:
   // those cannot be temporaries of this call's stream.
   const bool accumulators_returned = into == nullptr && f32_gradients;
-  GradAccumulators acc = accumulators_returned ? GradAccumulators::zeros(in, in.q.memory())
-                                               : GradAccumulators::temporary(in, in.q.memory(), stream);
+  GradAccumulators acc = accumulators_returned ? GradAccumulators::zeros(in, memory, /*with_dbias=*/false)
+                                               : GradAccumulators::temporary(in, memory, stream);
+  if (bias_gradient_wanted(in, into))
+    acc.dbias = parameter_gradient(in.bias.shape(), into ? into->dbias : TensorView(), memory, stream);
   GradViews views = acc.views();
   views.kv_unset = true;  // fresh zeros: a kernel may write dk / dv over instead of reading them back
   accumulate_backward(in, pos, params, grad, views);
@@ -188,9 +228,7 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
     g.dv = gradient_in_dtype(std::move(acc.dv), dtype, stream);
   }
   g.dbias = std::move(acc.dbias);
-  if (in.sinks.defined()) g.dsinks = sinks_gradient(in.sinks, lse, delta, stream);
-  reduce_sequence_gradients(g);
-  return g;
+  return with_parameter_gradients(g);
 }
 
 }  // namespace ra

@@ -6,7 +6,7 @@
 //   dBias               += this block's columns, f32, reduced to the bias's broadcast shape.
 // The probabilities are recomputed from the forward's final LSE (never stored T x S); delta =
 // rowsum(dO * O) is computed once per call (FlashAttention's preprocess) and reused for every block.
-// The sinks' gradient needs only LSE and delta: sinks_gradient, once per call.
+// The sinks' gradient needs only LSE and delta: sinks_gradient_into, once per call.
 #pragma once
 
 #include "attention/inputs.h"
@@ -26,21 +26,32 @@ struct BackwardInputs {
 };
 
 // Where accumulate_backward adds: contiguous f32 views shaped as q (dq), k (dk), v (dv) and the bias
-// (dbias, undefined without a bias). The caller owns them: the ring carries dk / dv between ranks.
+// (dbias; undefined without a bias, or where its gradient is not wanted: the bias's sums are skipped). The
+// caller owns them: the ring carries dk / dv between ranks.
+//
+// As backward()'s `into`: where it writes (dq, dk, dv in q's dtype or f32; dbias in the bias's shape and
+// dsinks (Hq), both f32: undefined, returned instead), and which gradients of the bias and sinks it forms at all
+// (false: none, neither written nor returned: a bias or sinks that takes no gradient, such as an attention
+// mask given as a bias, costs the backward nothing).
 struct GradViews {
   TensorView dq, dk, dv, dbias;
+  TensorView dsinks;
+  bool bias_gradient = true, sinks_gradient = true;
   // dk and dv hold nothing the caller keeps (zeros, or anything): an implementation that honours it
   // (CudaAttentionImpl::writes_unset_kv) writes each of their rows (zero where no query sees its key) rather
   // than adding to them; the others add as always, so only zeroed views may carry it to those.
   bool kv_unset = false;
 };
 
+// Whether backward() forms the bias's gradient: the call has a bias and `into` (where given) asks for it.
+bool bias_gradient_wanted(const AttentionInputs& in, const GradViews* into);
+
 // Owned f32 accumulators, zeroed, in `memory`, for the inputs `in`.
 struct GradAccumulators {
   Tensor dq, dk, dv, dbias;
-  static GradAccumulators zeros(const AttentionInputs& in, MemoryKind memory);
-  // dq, dk and dv for the span of one call on `cuda_stream` (Tensor::temporary); dbias, which the
-  // single-call backward hands to its caller, as in zeros().
+  static GradAccumulators zeros(const AttentionInputs& in, MemoryKind memory, bool with_dbias = true);
+  // dq, dk and dv for the span of one call on `cuda_stream` (Tensor::temporary); no dbias (the single-call
+  // backward chooses its own: dbias_accumulator).
   static GradAccumulators temporary(const AttentionInputs& in, MemoryKind memory, void* cuda_stream);
   GradViews views() const { return {dq.view(), dk.view(), dv.view(), dbias.view()}; }
 };
@@ -55,10 +66,10 @@ struct Gradients {
 // defined. On the device when o is (then on `cuda_stream`, a temporary of the call: Tensor::temporary).
 Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream = nullptr);
 
-// dsinks (Hq) f32 = -sum over (b, t) of exp(sink_h - lse) * delta: a sink is one more logit whose value
+// dsinks (Hq, contiguous f32, written over) = -sum over (b, t) of exp(sink_h - lse) * delta: a sink is one more logit whose value
 // row is zero, so its dS is P_sink * (0 - delta). Rows with lse = -inf contribute nothing.
-Tensor sinks_gradient(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
-                      void* cuda_stream = nullptr);
+void sinks_gradient_into(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
+                         const TensorView& dsinks, void* cuda_stream = nullptr);
 
 // out (any float dtype, contiguous) <- the f32 accumulator `acc` (same shape), on acc's memory.
 void convert_gradient(const TensorView& acc, const TensorView& out, void* cuda_stream = nullptr);

@@ -158,7 +158,7 @@ void sdpa_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPosi
   BackwardBuffers<float> buf{d_o.data<float>(),     grad.lse.data_as<float>(), grad.delta.data_as<float>(),
                              acc.dq.data_as<float>(), acc.dk.data_as<float>(),  acc.dv.data_as<float>(),
                              acc.dbias.data_as<float>()};
-  if (in_raw.bias.defined()) buf.dbias_strides = dbias_strides(acc.dbias, in_raw, pos);
+  if (acc.dbias.defined()) buf.dbias_strides = dbias_strides(acc.dbias, in_raw, pos);
   sdpa_backward_rows(in, pos, p, buf);
 }
 
@@ -171,7 +171,7 @@ bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPo
                                                    grad.delta.data_as<float>(), acc.dq, acc.dk, acc.dv, acc.dbias};
   buf.units = acc.units;
   buf.out_of_range = &out_of_range;
-  if (in_raw.bias.defined())  // strides from the bias's shape (the sums are contiguous in it)
+  if (acc.dbias != nullptr)  // strides from the bias's shape (the sums are contiguous in it)
     buf.dbias_strides = dbias_strides(TensorView(acc.dbias, DType::kF32, in_raw.bias.shape()), in_raw, pos);
   sdpa_backward_rows(in, pos, p, buf);
   return !out_of_range.load();

@@ -95,10 +95,10 @@ class FlashCuda final : public CudaAttentionImpl {
   }
   // A single call's backward: the kernels write dK and dV in q's dtype themselves (one writer per key row
   // in a call), so only dQ goes through an f32 accumulator; no zeroing, reading or converting of f32 dK /
-  // dV. With a bias (dbias) the accumulator path runs.
+  // dV. A bias whose gradient is asked for (dbias) takes the accumulator path.
   bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                      const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
-    if (in.bias.defined()) return false;
+    if (bias_gradient_wanted(in, into)) return false;
     check_backward_supported(in, params);
     const Tensor delta = grad.delta.defined() ? Tensor() : compute_delta(grad.o, grad.d_o, grad.d_lse, stream_);  // once a call
     const Tensor dq = Tensor::temporary(DType::kF32, in.q.shape(), MemoryKind::kCuda, stream_);  // zeroed

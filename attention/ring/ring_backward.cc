@@ -122,10 +122,11 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
                              schedule_.slot_rows(),
                              n > 1 ? ctx_.gradient_wire : DType::kF32};  // a ring of one has no wire
   const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32
-  // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.
+  // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end (on every
+  // rank alike, whether or not this one asked for the gradient: the sum is collective).
   const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
   Tensor dbias_part;
-  if (shared_bias) dbias_part = Tensor(DType::kF32, acc.dbias.shape());  // zeroed
+  if (shared_bias) dbias_part = Tensor(DType::kF32, in.bias.shape());  // zeroed
   const TensorView dbias = shared_bias ? dbias_part.view() : acc.dbias;
   GradientTrip trip;
   trip.wire_bytes = layout.payload();
@@ -148,7 +149,7 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
   carry_gradients(in, pos, params, ctx_.fault.in_pass(FaultPlan::Pass::kBackward), trip);
   if (shared_bias) {
     all_reduce_sum_f64(comm, dbias_part.data<float>(), size_t(dbias_part.numel()));
-    add_floats(acc.dbias.data_as<float>(), dbias_part.data<float>(), size_t(dbias_part.numel()));
+    if (acc.dbias.defined()) add_floats(acc.dbias.data_as<float>(), dbias_part.data<float>(), size_t(dbias_part.numel()));
   }
 }
 

@@ -68,7 +68,7 @@ void RingAttention::accumulate_backward_exact(const AttentionInputs& in, const T
   exact.dq_into(acc.dq);
   if (in.bias.defined()) {
     if (comm.size() > 1 && bias_shared_over_ring(comm, in)) all_reduce_fixed(comm, exact.dbias_sums());
-    exact.dbias_into(acc.dbias);
+    if (acc.dbias.defined()) exact.dbias_into(acc.dbias);  // undefined: its gradient not asked for
   }
   if (in.sinks.defined()) {
     std::vector<Fixed> sums = exact.sinks_sums(in.sinks, grad.lse, grad.delta);

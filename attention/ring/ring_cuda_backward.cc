@@ -132,12 +132,11 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
     if (id >= 0) spans_.end(id, stream);
   };
   stats_.transport = state_.channel ? ring_transport_name(state_.channel->transport()) : comm.backend_name();
-  // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end.
+  // A shared bias's gradient: this rank's part in a zeroed tensor, summed over the ring at the end (on every
+  // rank alike, whether or not this one asked for the gradient: the sum is collective).
   const bool shared_bias = n > 1 && bias_shared_over_ring(comm, in);
   Tensor dbias_part;
-  if (shared_bias) {
-    dbias_part = Tensor::temporary(DType::kF32, acc.dbias.shape(), MemoryKind::kCuda, stream_);
-  }
+  if (shared_bias) dbias_part = Tensor::temporary(DType::kF32, in.bias.shape(), MemoryKind::kCuda, stream_);
   const TensorView dbias = shared_bias ? dbias_part.view() : acc.dbias;
   // The accumulators' buffers: [sending] passed on at the next shift, [arriving] coming in at this one.
   char* slot[2] = {kv.extra(), kv.extra() + stride};
@@ -395,7 +394,7 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
   }
   if (shared_bias) {
     sum_over_ring(comm, dbias_part.data<float>(), size_t(dbias_part.numel()), stream_);
-    add_rows_cuda(acc.dbias, dbias_part.view(), stream_);
+    if (acc.dbias.defined()) add_rows_cuda(acc.dbias, dbias_part.view(), stream_);
   }
   if (out) {  // dK / dV in the output's dtype: the own block's parts plus the accumulator that came home
     const int id = span(stream_, "last hop: add into own dK/dV, converted");

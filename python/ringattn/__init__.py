@@ -89,13 +89,26 @@ def _call_options(options):
     return options
 
 
-def _in_bias_shape(grads, options):
-    """The backward's gradients with dbias (after dq, dk, dv) back in the shape the bias was given in."""
+def _names_dbias(out, options):
+    """Whether a backward's out= holds a dbias entry (an array, or None: not formed)."""
+    return out is not None and options.get("bias") is not None and len(out) > 3
+
+
+def _gradient_out(out, options):
+    """A backward's out= as the core takes it: its dbias 4-dimensional, as the bias."""
+    if not _names_dbias(out, options) or out[3] is None:
+        return out
+    return tuple(out[:3]) + (_four_dims(out[3]),) + tuple(out[4:])
+
+
+def _in_bias_shape(grads, options, out):
+    """The backward's gradients with dbias (after dq, dk, dv) back in the shape the bias was given in: the
+    caller's own array (or None) where out= named it."""
     bias = options.get("bias")
-    if bias is None or getattr(bias, "ndim", 4) >= 4:
+    if bias is None or (getattr(bias, "ndim", 4) >= 4 and not _names_dbias(out, options)):
         return grads
     grads = list(grads)
-    grads[3] = grads[3].reshape(tuple(bias.shape))
+    grads[3] = out[3] if _names_dbias(out, options) else grads[3].reshape(tuple(bias.shape))
     return tuple(grads)
 
 
@@ -138,7 +151,9 @@ def attention_backward(q, k, v, o, lse, do, *, dlse=None, impl="flash_attn2", f3
     their lse does); not taken by impl="cudnn", whose backward forms rowsum(do * o) itself.
 
     The options must be the forward's. dq, dk, dv come in q's dtype (float32 with f32_gradients=True),
-    dbias in the bias's shape, dsinks (Hq,) float32. out: None, or (dq, dk, dv) arrays to write into.
+    dbias in the bias's shape, dsinks (Hq,) float32. out: None, or (dq, dk, dv) arrays to write into; where the
+    call has a bias or sinks, (dq, dk, dv[, dbias][, dsinks]) too (float32), None for a gradient not needed (a
+    bias that is an attention mask): that one is not formed at all (its sums skipped) and comes back None.
     deterministic=True (an option, as FlashAttention's): on a GPU the same bits on every run (dQ summed in
     a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are.
     qkv_format: the forward's; o and do in it, dq, dk, dv returned in it.
@@ -146,9 +161,9 @@ def attention_backward(q, k, v, o, lse, do, *, dlse=None, impl="flash_attn2", f3
     out = _format_out(out, qkv_format)
     axes, (q, k, v, o, do) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
     grads = _explained(qkv_format, lambda: _core.attention_backward(
-        q, k, v, o, lse, do, dlse, impl, _call_options(options), f32_gradients, out,
+        q, k, v, o, lse, do, dlse, impl, _call_options(options), f32_gradients, _gradient_out(out, options),
         _stream(stream), q))
-    return _in_bias_shape(_in_format(axes, tuple(grads), 3), options)
+    return _in_bias_shape(_in_format(axes, tuple(grads), 3), options, out)
 
 
 def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_kv_len=None,
@@ -190,15 +205,16 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, dlse=None, layout="zig
     rows are summed over the ranks. deterministic=True: host arrays give the same bits for any number of
     ranks and any layout, given o and lse of a deterministic forward; CUDA arrays the same bits on every run
     for this number of ranks and layout (dQ summed in a fixed order: up to 16 float32 copies of dq).
-    qkv_format: the forward's; o and do in it, dq, dk, dv returned in it.
+    qkv_format: the forward's; o and do in it, dq, dk, dv returned in it. out: as attention_backward's (every
+    rank names the same gradients: the ranks sum dsinks together).
     """
     out = _format_out(out, qkv_format)
     axes, (q, k, v, o, do) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
     grads = _explained(qkv_format, lambda: _core.ring_attention_backward(
         q, k, v, o, lse, do, dlse, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
-        bool(deterministic), grad_wire, _call_options(options), f32_gradients, out,
+        bool(deterministic), grad_wire, _call_options(options), f32_gradients, _gradient_out(out, options),
         _stream(stream), q))
-    return _in_bias_shape(_in_format(axes, tuple(grads), 3), options)
+    return _in_bias_shape(_in_format(axes, tuple(grads), 3), options, out)
 
 
 def ring_stats():

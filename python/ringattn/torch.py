@@ -59,9 +59,22 @@ def _stats_dtype(q: Tensor):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _gradient_outputs(q: Tensor, k: Tensor, v: Tensor):
-    """dq, dk, dv (contiguous, whatever the strides of q, k, v) for ringattn to write into."""
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _gradient_outputs(q: Tensor, k: Tensor, v: Tensor, bias=None, sinks=None, bias_grad=False, sinks_grad=False):
+    """dq, dk, dv (contiguous, whatever the strides of q, k, v) for ringattn to write into; then, where the
+    call has a bias or sinks, dbias and dsinks, None for one whose gradient is not needed (not formed)."""
+    grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+    if bias is None and sinks is None:
+        return grads
+    if bias is not None:
+        grads += (bias.new_empty(bias.shape, dtype=_stats_dtype(q)) if bias_grad else None,)
+    if sinks is not None:
+        grads += (sinks.new_empty(sinks.shape, dtype=_stats_dtype(q)) if sinks_grad else None,)
+    return grads
+
+
+def _formed(grads):
+    """The backward's gradients without those not formed (None)."""
+    return [g for g in grads if g is not None]
 
 
 def _plain(x: Tensor):
@@ -214,11 +227,12 @@ def _attention_forward_raw(q, k, v, *rest):
                            True, _outputs(q, v), _stream_of(q), q)
 
 
-def _attention_backward_raw(q, k, v, o, lse, do, dlse, *rest):
+def _attention_backward_raw(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, *rest):
     *options, deterministic, impl = rest
-    return list(_core.attention_backward(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), _as_it_lies(o), _plain(lse),
-                                         _as_it_lies(do), _maybe(dlse), impl, _options(*options, deterministic), False,
-                                         _gradient_outputs(q, k, v), _stream_of(q), q))
+    out = _gradient_outputs(q, k, v, options[1], options[0], bias_grad, sinks_grad)
+    return _formed(_core.attention_backward(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), _as_it_lies(o),
+                                            _plain(lse), _as_it_lies(do), _maybe(dlse), impl,
+                                            _options(*options, deterministic), False, out, _stream_of(q), q))
 
 
 def _ring_forward_raw(q, k, v, *rest):
@@ -228,12 +242,13 @@ def _ring_forward_raw(q, k, v, *rest):
                                 _outputs(q, v), _stream_of(q), q)
 
 
-def _ring_backward_raw(q, k, v, o, lse, do, dlse, *rest):
+def _ring_backward_raw(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, *rest):
     options, (comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic, grad_wire) = rest[:15], rest[15:]
-    return list(_core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
-                                              _maybe(dlse), _communicators[comm], layout, global_q_len, global_kv_len,
-                                              local_impl, timeout, deterministic, grad_wire, _options(*options), False,
-                                              _gradient_outputs(q, k, v), _stream_of(q), q))
+    out = _gradient_outputs(q, k, v, options[1], options[0], bias_grad, sinks_grad)
+    return _formed(_core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
+                                                 _maybe(dlse), _communicators[comm], layout, global_q_len,
+                                                 global_kv_len, local_impl, timeout, deterministic, grad_wire,
+                                                 _options(*options), False, out, _stream_of(q), q))
 
 
 @torch.library.custom_op("ringattn::attention_forward", mutates_args=())
@@ -249,13 +264,13 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
 
 @torch.library.custom_op("ringattn::attention_backward", mutates_args=())
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
-                        sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
+                        bias_grad: bool, sinks_grad: bool, sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
                         kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
                         softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
                         flash_kernel: str, deterministic: bool, impl: str) -> list[Tensor]:
-    return _attention_backward_raw(q, k, v, o, lse, do, dlse, sinks, bias, mask, segment_ids, kv_segment_ids, causal,
-                                   window_left, window_right, softcap, scale, dropout, dropout_seed, batch_offset,
-                                   head_offset, flash_kernel, deterministic, impl)
+    return _attention_backward_raw(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, sinks, bias, mask, segment_ids,
+                                   kv_segment_ids, causal, window_left, window_right, softcap, scale, dropout,
+                                   dropout_seed, batch_offset, head_offset, flash_kernel, deterministic, impl)
 
 
 @torch.library.custom_op("ringattn::ring_attention_forward", mutates_args=())
@@ -272,13 +287,14 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias
 
 @torch.library.custom_op("ringattn::ring_attention_backward", mutates_args=())
 def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
-                   sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
+                   bias_grad: bool, sinks_grad: bool, sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
                    kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
                    softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
                    flash_kernel: str, comm: int, layout: str,
                    global_q_len: Optional[int], global_kv_len: Optional[int], local_impl: str,
                    timeout: float, deterministic: bool, grad_wire: str) -> list[Tensor]:
-    return _ring_backward_raw(q, k, v, o, lse, do, dlse, sinks, bias, mask, segment_ids, kv_segment_ids, causal,
+    return _ring_backward_raw(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, sinks, bias, mask, segment_ids,
+                              kv_segment_ids, causal,
                               window_left, window_right, softcap, scale, dropout, dropout_seed, batch_offset, head_offset,
                               flash_kernel, comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic,
                               grad_wire)
@@ -289,13 +305,8 @@ def _fake_forward(q, k, v, *rest):
     return _outputs(q, v)
 
 
-def _fake_backward(q, k, v, o, lse, do, dlse, sinks, bias, *rest):
-    grads = list(_gradient_outputs(q, k, v))
-    if bias is not None:
-        grads.append(torch.empty_like(bias, dtype=_stats_dtype(q)))
-    if sinks is not None:
-        grads.append(torch.empty_like(sinks, dtype=_stats_dtype(q)))
-    return grads
+def _fake_backward(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, sinks, bias, *rest):
+    return _formed(_gradient_outputs(q, k, v, bias, sinks, bias_grad, sinks_grad))
 
 
 for _op in (_attention_forward, _ring_forward):
@@ -319,13 +330,20 @@ def _upstream(o, do, dlse):
     return (torch.zeros_like(o) if do is None else do.contiguous()), dlse
 
 
+def _parameter_grads(ctx):
+    """Whether the loss needs the gradients of the bias and of the sinks (the forward's inputs 4 and 3): one
+    it does not (an attention mask given as a bias) is not formed by the backward at all."""
+    return bool(ctx.needs_input_grad[4]), bool(ctx.needs_input_grad[3])
+
+
 def _gradients(ctx, grads):
     """(dq, dk, dv, None..., dsinks, dbias) in the forward op's argument order."""
     sinks, bias = ctx.rest[0], ctx.rest[1]
+    bias_grad, sinks_grad = _parameter_grads(ctx)
     dq, dk, dv = grads[:3]
     extra = list(grads[3:])
-    dbias = extra.pop(0) if bias is not None else None
-    dsinks = extra.pop(0) if sinks is not None else None
+    dbias = extra.pop(0) if bias is not None and bias_grad else None
+    dsinks = extra.pop(0) if sinks is not None and sinks_grad else None
     return (dq, dk, dv, dsinks, dbias) + (None,) * (len(ctx.rest) - 2)
 
 
@@ -342,7 +360,7 @@ def _attention_autograd(ctx, do, dlse):
     if dlse is not None and rest[-1] == "cudnn":  # cuDNN's backward takes no dLSE: flash_attn2's kernels do
         rest[-1] = "flash_attn2"
     backward = _backward_of(ctx, _attention_backward, _attention_backward_raw)
-    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *rest))
+    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *_parameter_grads(ctx), *rest))
 
 
 def _ring_autograd(ctx, do, dlse):
@@ -353,7 +371,7 @@ def _ring_autograd(ctx, do, dlse):
     if dlse is not None and rest[local_impl] == "cudnn":
         rest[local_impl] = "flash_attn2"
     backward = _backward_of(ctx, _ring_backward, _ring_backward_raw)
-    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *rest))
+    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *_parameter_grads(ctx), *rest))
 
 
 _attention_forward.register_autograd(_attention_autograd, setup_context=_setup_context)

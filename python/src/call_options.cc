@@ -96,6 +96,16 @@ ForwardViews forward_views_of(const AnyArray& o, const AnyArray& lse, const Plac
 
 namespace {
 
+// One entry of `out` as a view, checked for its rank and for living where q does.
+TensorView output_view(nb::handle entry, const char* name, size_t rank, const Placement& where) {
+  try {
+    return view_of(nb::cast<AnyArray>(entry), name, int(rank), where);
+  } catch (const nb::cast_error&) {
+    RA_FAIL("out's ", name, " is a ", nb::cast<std::string>(nb::handle(entry.type()).attr("__name__")),
+            ", expected an array (anything with __dlpack__)");
+  }
+}
+
 // `out` as one view per entry of `names` (name, rank); empty when `out` is None.
 std::vector<TensorView> output_views(nb::handle out, std::initializer_list<std::pair<const char*, size_t>> names,
                                      const Placement& where) {
@@ -105,16 +115,15 @@ std::vector<TensorView> output_views(nb::handle out, std::initializer_list<std::
            names.size(), " arrays (", names.begin()->first, names.size() > 2 ? ", ..." : ", ", (names.end() - 1)->first,
            ")");
   size_t i = 0;
-  for (const auto& [name, rank] : names) {
-    const nb::object entry = out[i++];
-    try {
-      views.push_back(view_of(nb::cast<AnyArray>(entry), name, rank, where));
-    } catch (const nb::cast_error&) {
-      RA_FAIL("out's ", name, " is a ", nb::cast<std::string>(nb::handle(entry.type()).attr("__name__")),
-              ", expected an array (anything with __dlpack__)");
-    }
-  }
+  for (const auto& [name, rank] : names) views.push_back(output_view(out[i++], name, rank, where));
   return views;
+}
+
+// How many entries a backward's `out` has past dq, dk, dv when it names the bias's and the sinks' gradients.
+size_t parameter_entries(const AttentionInputs& in) { return size_t(in.bias.defined()) + size_t(in.sinks.defined()); }
+
+bool names_parameter_gradients(nb::handle out, const AttentionInputs& in) {
+  return !out.is_none() && parameter_entries(in) > 0 && nb::len(out) == 3 + parameter_entries(in);
 }
 
 }  // namespace
@@ -125,10 +134,29 @@ std::optional<ForwardViews> forward_out_of(nb::handle out, const Placement& wher
   return ForwardViews{v[0], v[1]};
 }
 
-std::optional<GradViews> gradients_out_of(nb::handle out, const Placement& where) {
-  const std::vector<TensorView> v = output_views(out, {{"dq", 4}, {"dk", 4}, {"dv", 4}}, where);
-  if (v.empty()) return std::nullopt;
-  return GradViews{v[0], v[1], v[2], TensorView()};
+std::optional<GradViews> gradients_out_of(nb::handle out, const AttentionInputs& in, const Placement& where) {
+  if (out.is_none()) return std::nullopt;
+  const bool bias = in.bias.defined(), sinks = in.sinks.defined();
+  const std::string full = std::string("(dq, dk, dv") + (bias ? ", dbias or None" : "") +
+                           (sinks ? ", dsinks or None" : "") + ")";
+  RA_CHECK(nb::isinstance<nb::sequence>(out) && (nb::len(out) == 3 || nb::len(out) == 3 + parameter_entries(in)),
+           "out must be a sequence (dq, dk, dv)", bias || sinks ? " or " + full : std::string());
+  GradViews views{output_view(out[0], "dq", 4, where), output_view(out[1], "dk", 4, where),
+                  output_view(out[2], "dv", 4, where), TensorView()};
+  if (!names_parameter_gradients(out, in)) return views;
+  size_t i = 3;
+  // None: that gradient is not formed at all (a parameter that takes none).
+  if (bias) {
+    const nb::handle entry = out[i++];
+    views.bias_gradient = !entry.is_none();
+    if (views.bias_gradient) views.dbias = output_view(entry, "dbias", size_t(in.bias.rank()), where);
+  }
+  if (sinks) {
+    const nb::handle entry = out[i++];
+    views.sinks_gradient = !entry.is_none();
+    if (views.sinks_gradient) views.dsinks = output_view(entry, "dsinks", 1, where);
+  }
+  return views;
 }
 
 nb::object forward_result(AttentionOutput& result, nb::handle out, bool return_lse, nb::handle like,
@@ -146,13 +174,18 @@ nb::object gradients_result(Gradients& g, nb::handle out, const AttentionInputs&
   Tensor* computed[3] = {&g.dq, &g.dk, &g.dv};
   for (size_t i = 0; i < 3; ++i)
     result.append(out.is_none() ? to_array(std::move(*computed[i]), framework, where.device) : nb::object(out[i]));
-  if (in.bias.defined()) result.append(to_array(std::move(g.dbias), framework, where.device));
-  if (in.sinks.defined()) result.append(to_array(std::move(g.dsinks), framework, where.device));
+  // dbias / dsinks: the caller's array where out named it (None where it asked for none), else ours.
+  const bool named = names_parameter_gradients(out, in);
+  size_t i = 3;
+  for (auto [given, gradient] : {std::pair{in.bias.defined(), &g.dbias}, std::pair{in.sinks.defined(), &g.dsinks}}) {
+    if (!given) continue;
+    result.append(named ? nb::object(out[i++]) : to_array(std::move(*gradient), framework, where.device));
+  }
   return nb::tuple(result);
 }
 
 void check_capturable(const Placement& where, uintptr_t stream, const AttentionInputs& in, const AttentionParams& params,
-                      bool backward, bool ring) {
+                      bool backward, const GradViews* into, bool ring) {
   if (!where.on_device()) return;
   {
     const ScopedCudaDevice on(where.device);
@@ -164,10 +197,15 @@ void check_capturable(const Placement& where, uintptr_t stream, const AttentionI
            "peers and waits for them on the host", tail);
   RA_CHECK(params.dropout_prob == 0, "dropout (", params.dropout_prob, ") cannot be captured into a CUDA graph: every "
            "replay would draw the captured call's dropout mask again", tail);
-  RA_CHECK(!backward || !in.bias.defined(), "the gradient of bias cannot be captured into a CUDA graph: it is "
-           "returned in device memory of ringattn's own, which the graph cannot own", tail);
-  RA_CHECK(!backward || !in.sinks.defined(), "the gradient of sinks cannot be captured into a CUDA graph: it is "
-           "returned in device memory of ringattn's own, which the graph cannot own", tail);
+  if (!backward) return;
+  // A gradient returned in device memory of ringattn's own would outlive the graph's call.
+  const char* given = "; pass out=(dq, dk, dv[, dbias][, dsinks]) arrays for it to be written into (None: not formed)";
+  RA_CHECK(into != nullptr, "a backward's gradients cannot be captured into a CUDA graph when they are returned in "
+           "device memory of ringattn's own", given);
+  RA_CHECK(!bias_gradient_wanted(in, into) || into->dbias.defined(), "the gradient of bias cannot be captured into "
+           "a CUDA graph when it is returned in device memory of ringattn's own", given);
+  RA_CHECK(!in.sinks.defined() || !into->sinks_gradient || into->dsinks.defined(), "the gradient of sinks cannot be "
+           "captured into a CUDA graph when it is returned in device memory of ringattn's own", given);
 }
 
 CallDevice::CallDevice(const Placement& where, uintptr_t stream) : where(where) {

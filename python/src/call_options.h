@@ -44,13 +44,15 @@ AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& 
 ForwardViews forward_views_of(const AnyArray& o, const AnyArray& lse, const Placement& where);
 
 // The caller's output arrays, written in place by the call: `out` is None (nothing given) or a sequence
-// (o, lse) / (dq, dk, dv), each checked to live where q does.
+// (o, lse) / (dq, dk, dv[, dbias][, dsinks]), each checked to live where q does. The backward's dbias and
+// dsinks entries come together, one for each of the bias and the sinks `in` has, or not at all (then
+// returned); None there: that gradient is not formed.
 std::optional<ForwardViews> forward_out_of(nb::handle out, const Placement& where);
-std::optional<GradViews> gradients_out_of(nb::handle out, const Placement& where);
+std::optional<GradViews> gradients_out_of(nb::handle out, const AttentionInputs& in, const Placement& where);
 
 // What a call returns: o, or (o, lse) with return_lse; then (dq, dk, dv[, dbias][, dsinks]) (dbias and
-// dsinks where `in` has a bias / sinks). The caller's own `out` arrays where given, the call's results
-// otherwise, as arrays of `like`'s framework on `where`.
+// dsinks where `in` has a bias / sinks). The caller's own `out` arrays (or None) where given, the call's
+// results otherwise, as arrays of `like`'s framework on `where`.
 nb::object forward_result(AttentionOutput& result, nb::handle out, bool return_lse, nb::handle like,
                           const Placement& where);
 nb::object gradients_result(Gradients& g, nb::handle out, const AttentionInputs& in, nb::handle like,
@@ -72,10 +74,11 @@ struct CallDevice {
 
 // Refuses, by name and before any work, a call on a stream being captured into a CUDA graph that a replay
 // could not repeat faithfully: the ring's (it exchanges blocks with its peers from the host), dropout
-// (every replay would draw the captured call's mask again), and a backward's bias or sinks gradient
-// (returned in memory of ringattn's own, which the graph cannot own). No-op for a stream not capturing.
+// (every replay would draw the captured call's mask again), and a backward's gradient returned in memory of
+// ringattn's own, which the graph cannot own (`into`: the backward's out=, null where none was given). No-op
+// for a stream not capturing.
 void check_capturable(const Placement& where, uintptr_t stream, const AttentionInputs& in, const AttentionParams& params,
-                      bool backward, bool ring);
+                      bool backward, const GradViews* into, bool ring);
 
 // The ring bindings (ring.cc): ring_attention, ring_attention_backward, layout_indices.
 void bind_ring(nb::module_& m);

@@ -81,7 +81,7 @@ nb::object attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, co
   const AttentionParams params = params_of(options);
   const std::optional<ForwardViews> into = forward_out_of(out, where);
   if (in.q.dtype() == DType::kF64) return attention_f64(in, params, impl, return_lse, into, out, like, where);
-  check_capturable(where, stream, in, params, /*backward=*/false, /*ring=*/false);
+  check_capturable(where, stream, in, params, /*backward=*/false, nullptr, /*ring=*/false);
   const TokenPositions pos = TokenPositions::dense(in.q.dim(1), in.k.dim(1));
   AttentionOutput result;
   {
@@ -106,10 +106,10 @@ nb::object attention_backward(const AnyArray& q, const AnyArray& k, const AnyArr
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
   const TensorView grad_lse = optional_view_of(d_lse, "dlse", 3, where);
-  const std::optional<GradViews> into = gradients_out_of(out, where);
+  const std::optional<GradViews> into = gradients_out_of(out, in, where);
   if (in.q.dtype() == DType::kF64)
     return attention_backward_f64(in, params, impl, forward, grad_out, grad_lse, f32_gradients, into, out, like, where);
-  check_capturable(where, stream, in, params, /*backward=*/true, /*ring=*/false);
+  check_capturable(where, stream, in, params, /*backward=*/true, into ? &*into : nullptr, /*ring=*/false);
   Gradients g;
   {
     nb::gil_scoped_release released;

@@ -34,7 +34,7 @@ nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& 
   const AttentionParams params = params_of(call);
   modes.options = ring_options_text(params, in);
   const std::optional<ForwardViews> into = forward_out_of(out, where);
-  check_capturable(where, stream, in, params, /*backward=*/false, /*ring=*/true);
+  check_capturable(where, stream, in, params, /*backward=*/false, nullptr, /*ring=*/true);
   const CallerComm caller = caller_comm_of(comm);
   AttentionOutput result;
   {
@@ -69,8 +69,11 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
   const ForwardViews forward = forward_views_of(o, lse, where);
   const TensorView grad_out = view_of(d_o, "do", 4, where);
   const TensorView grad_lse = optional_view_of(d_lse, "dlse", 3, where);
-  const std::optional<GradViews> into = gradients_out_of(out, where);
-  check_capturable(where, stream, in, params, /*backward=*/true, /*ring=*/true);
+  const std::optional<GradViews> into = gradients_out_of(out, in, where);
+  // The ranks sum dsinks together: every rank asks for it, or none does (compared with the options).
+  if (into && in.sinks.defined() && !into->sinks_gradient) modes.options += " without dsinks";
+  if (into && in.bias.defined() && !into->bias_gradient) modes.options += " without dbias";
+  check_capturable(where, stream, in, params, /*backward=*/true, into ? &*into : nullptr, /*ring=*/true);
   const CallerComm caller = caller_comm_of(comm);
   Gradients g;
   {

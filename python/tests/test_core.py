@@ -346,6 +346,34 @@ def test_results_written_into_the_callers_arrays_equal_the_allocated_ones(dtype)
         np.testing.assert_array_equal(mine, theirs)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_backward_out_names_the_bias_and_sinks_gradients_or_none_to_form_none(impl):
+    # out=(dq, dk, dv, dbias, dsinks): the gradients written into the caller's arrays (dbias in the bias's own
+    # 2-dimensional shape), or, for None, not formed at all; dq, dk, dv the same bits either way.
+    q, k, v, do, _ = problem(17, T=29, S=41)
+    rng = np.random.default_rng(18)
+    bias, sinks = rng.standard_normal((29, 41)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    opts = dict(causal=True, bias=bias, sinks=sinks, impl=impl)
+    o, lse = ringattn.attention(q, k, v, return_lse=True, **opts)
+    dq, dk, dv, dbias, dsinks = ringattn.attention_backward(q, k, v, o, lse, do, **opts)
+    assert dbias.shape == bias.shape and dsinks.shape == sinks.shape
+    for named in [(True, True), (True, False), (False, True), (False, False)]:
+        out = tuple(np.full(x.shape, np.nan, np.float32) for x in (q, k, v))
+        out += tuple(np.full(x.shape, np.nan, np.float32) if want else None for x, want in zip((bias, sinks), named))
+        got = ringattn.attention_backward(q, k, v, o, lse, do, out=out, **opts)
+        assert len(got) == 5 and all(a is b for a, b in zip(got, out))
+        for mine, theirs in zip(got, (dq, dk, dv, dbias, dsinks)):
+            if mine is not None:
+                np.testing.assert_array_equal(mine, theirs)
+    with pytest.raises(ValueError, match=r"out must be a sequence \(dq, dk, dv\) or \(dq, dk, dv, dbias or None, "
+                                         r"dsinks or None\)"):
+        ringattn.attention_backward(q, k, v, o, lse, do, out=(dq, dk, dv, None), **opts)
+    with pytest.raises(ValueError, match=r"output dbias has shape \(1, 1, 29, 40\), expected \(1, 1, 29, 41\)"):
+        ringattn.attention_backward(q, k, v, o, lse, do, out=(dq, dk, dv, dbias[:, :40].copy(), None), **opts)
+    with pytest.raises(ValueError, match="output dsinks has dtype f64, expected f32"):
+        ringattn.attention_backward(q, k, v, o, lse, do, out=(dq, dk, dv, None, dsinks.astype(np.float64)), **opts)
+
+
 @pytest.mark.parametrize(
     "make_out, pattern",
     [

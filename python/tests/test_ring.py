@@ -3,6 +3,8 @@ output and gradients equals the same rows of the single-process result (and the 
 layout and option set, uneven lengths and GQA; shard / unshard round trips; bad input raises on every
 rank before any exchange. Every rank runs every test (the ring's calls are collective)."""
 
+import itertools
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -74,6 +76,26 @@ def test_gqa_and_s_not_t():
                                                   comm=COMM, **extra)
     g1 = ringattn.attention_backward(q, k, v, o1, lse1, do, **extra)
     np.testing.assert_allclose(dk, ringattn.shard(g1[1], 1, "zigzag", RANK, SIZE), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["everything", "shared_bias"])
+def test_ring_backward_out_names_the_parameter_gradients_or_forms_none(name):
+    # out=(dq, dk, dv, dbias, dsinks) with None for a gradient not formed: the ranks still sum what they share
+    # (a shared bias's dbias), and dq, dk, dv are the bits of the call that forms everything.
+    q, k, v, do, extra = problem(25, T=61, S=61, H=4, Hkv=2, **CASES[name])
+    part = lambda x: ringattn.shard(x, 1, "zigzag", RANK, SIZE)  # noqa: E731
+    opts = local_options(extra, "zigzag")
+    o, lse = ringattn.ring_attention(part(q), part(k), part(v), comm=COMM, return_lse=True, **opts)
+    g = ringattn.ring_attention_backward(part(q), part(k), part(v), o, lse, part(do), comm=COMM, **opts)
+    params = [opts[n] for n in ("bias", "sinks") if n in opts]
+    for named in itertools.product([True, False], repeat=len(params)):
+        out = tuple(np.full(x.shape, np.nan, x.dtype) for x in (part(q), part(k), part(v)))
+        out += tuple(np.full(x.shape, np.nan, np.float32) if want else None for x, want in zip(params, named))
+        got = ringattn.ring_attention_backward(part(q), part(k), part(v), o, lse, part(do), comm=COMM, out=out, **opts)
+        assert all(a is b for a, b in zip(got, out))
+        for mine, theirs in zip(got, g):
+            if mine is not None:
+                np.testing.assert_array_equal(mine, theirs)
 
 
 @pytest.mark.parametrize("qkv_format, len_axis, axes", [("bhsd", 2, (0, 2, 1, 3)), ("sbhd", 0, (1, 0, 2, 3))])
@@ -175,6 +197,17 @@ def test_options_that_differ_between_ranks_are_refused_on_every_rank(differing):
         options["bias"] = np.zeros((1, 1, 1, 3 * SIZE), np.float32)
     with pytest.raises(ValueError, match="the ranks called the ring with different options"):
         ringattn.ring_attention(q, k, v, comm=COMM, timeout=10, **options)
+
+@pytest.mark.skipif(SIZE == 1, reason="one rank cannot differ from another")
+def test_ranks_that_differ_in_the_sinks_gradient_they_ask_for_are_refused_on_every_rank():
+    # The ranks sum dsinks together: one rank's out= without it (the last's) stops every rank by name.
+    q, k, v, do, extra = problem(6, B=1, T=3 * SIZE, S=3 * SIZE, with_sinks=True)
+    q, k, v, do = (ringattn.shard(x, 1, "zigzag", RANK, SIZE) for x in (q, k, v, do))
+    o, lse = ringattn.ring_attention(q, k, v, comm=COMM, return_lse=True, **extra)
+    out = tuple(np.empty_like(x) for x in (q, k, v)) + (None if RANK == SIZE - 1 else np.empty(4, np.float32),)
+    with pytest.raises(ValueError, match="the ranks called the ring with different options"):
+        ringattn.ring_attention_backward(q, k, v, o, lse, do, comm=COMM, timeout=10, out=out, **extra)
+
 
 def test_a_ring_is_kept_per_configuration_and_communicator_and_released_on_request():
     ringattn.release_rings()

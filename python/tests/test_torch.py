@@ -85,6 +85,36 @@ def test_bhtd_layout_and_a_float_bias_with_its_gradient_equal_sdpa(bias_dims):
         close(got, ref.grad)
 
 
+@pytest.mark.parametrize("impl, compiled", [("flash_attn2", False), ("sdpa", False), ("blockwise", False),
+                                            ("flash_attn2", True)])
+def test_a_bias_or_sinks_without_requires_grad_get_no_gradient_and_the_rest_is_unchanged(impl, compiled):
+    # An attention mask given as a float bias (Hugging Face's) takes no gradient: the backward forms none (its
+    # sums skipped) and q, k, v get the same bits as beside a bias whose gradient is formed.
+    g = torch.Generator().manual_seed(33)
+    bias0, sinks0 = torch.randn(2, 4, 29, 41, generator=g), torch.randn(4, generator=g)
+
+    def step(q, k, v, bias, sinks):
+        return rt.attention(q, k, v, causal=True, bias=bias, sinks=sinks, impl=impl)
+
+    run = torch.compile(step, fullgraph=True) if compiled else step
+    grads = {}
+    for bias_grad, sinks_grad in [(True, True), (False, True), (True, False), (False, False)]:
+        q, k, v, do = tensors(34, T=29, S=41, H=4, Hkv=2)
+        bias, sinks = bias0.clone().requires_grad_(bias_grad), sinks0.clone().requires_grad_(sinks_grad)
+        run(q, k, v, bias, sinks).backward(do)
+        assert (bias.grad is not None, sinks.grad is not None) == (bias_grad, sinks_grad)
+        grads[bias_grad, sinks_grad] = [x.grad for x in (q, k, v, bias, sinks)]
+    for key, got in grads.items():
+        for mine, theirs in zip(got, grads[True, True]):
+            if mine is not None:
+                assert torch.equal(mine, theirs), key
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v, bias0, sinks0)]
+    want, _ = attention_by_autograd_f64(*leaves[:3], causal=True, bias=leaves[3], sinks=leaves[4])
+    want.backward(do.double())
+    for got, ref in zip(grads[True, True], leaves):
+        close(got, ref.grad)
+
+
 @pytest.mark.parametrize("qkv_format, axes", [("bhsd", (0, 2, 1, 3)), ("sbhd", (1, 0, 2, 3))])
 def test_qkv_format_gives_bshd_results_and_gradients(qkv_format, axes):
     q, k, v, do = tensors(14, T=29, S=23)

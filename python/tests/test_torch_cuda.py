@@ -415,6 +415,11 @@ CAPTURED_STEPS = {
     "flash_segment_ids": (dict(impl="flash_attn2"), dict(causal=True), dict(T=64, S=64)),
     "cudnn": (dict(impl="cudnn"), dict(causal=True), dict(T=128, S=128)),
     "sdpa": (dict(impl="sdpa"), dict(causal=True, scale=0.3), dict(T=31, S=45)),
+    # A bias that takes no gradient (an attention mask as a float bias); bias and sinks that take theirs,
+    # written into arrays of PyTorch's allocator, which the graph owns.
+    "flash_bias_without_gradient": (dict(impl="flash_attn2"), dict(causal=True), dict(T=45, S=77)),
+    "flash_bias_and_sinks_gradients": (dict(impl="flash_attn2"), dict(causal=True), dict(T=45, S=77)),
+    "sdpa_bias_and_sinks_gradients": (dict(impl="sdpa"), dict(), dict(T=31, S=45)),
 }
 
 
@@ -437,9 +442,18 @@ def test_a_training_step_captured_in_a_cuda_graph_replays_on_new_inputs(case):
     if case == "flash_segment_ids":  # packed documents
         ids = torch.tensor([[0] * 20 + [1] * 30 + [2] * 14, [0] * 64]).int().to(GPU)
         semantics = dict(semantics, segment_ids=ids, kv_segment_ids=ids)
+    parameters = []  # (leaf, the reference's name of its gradient)
+    if "_bias" in case:
+        with_gradients = case.endswith("_gradients")
+        bias = torch.randn(2, 1, shape["T"], shape["S"], device=GPU).requires_grad_(with_gradients)
+        semantics = dict(semantics, bias=bias)
+        if with_gradients:
+            sinks = torch.randn(8, device=GPU).requires_grad_()
+            semantics = dict(semantics, sinks=sinks)
+            parameters = [(bias, "dbias"), (sinks, "dsinks")]
 
     def step():
-        for x in (q, k, v):
+        for x in (q, k, v, *(leaf for leaf, _ in parameters)):
             x.grad = None
         o, lse = attention_unless_no_hopper(q, k, v, return_lse=True, **call, **semantics)
         o.backward(do)
@@ -455,30 +469,38 @@ def test_a_training_step_captured_in_a_cuda_graph_replays_on_new_inputs(case):
     with torch.cuda.graph(graph):
         o, lse = step()
     for replay in range(3):
-        refill(100 + replay, q, k, v, do)
+        refill(100 + replay, q, k, v, do, *(x for x in (semantics.get("bias"), semantics.get("sinks")) if x is not None))
         graph.replay()
         torch.cuda.synchronize()
-        check_against_reference(torch.bfloat16, q, k, v, do, o, lse, **semantics)
+        check_against_reference(torch.bfloat16, q, k, v, do, o, lse, extra=parameters, **semantics)
         # Larger eager calls between replays regrow what the implementation keeps between calls.
         big = tensors(30 + replay, torch.bfloat16, T=4 * shape["T"], S=4 * shape["S"])
         attention_unless_no_hopper(*big[:3], **call, causal=True).backward(big[3])
 
 
 def test_what_a_cuda_graph_cannot_replay_is_refused_by_name_before_any_work():
-    # Dropout (a replay would draw the captured mask again) and the sinks' gradient (returned in ringattn's
-    # own memory, which the graph cannot own) are refused by name, and the stream is left fit for the next
-    # capture and for eager calls.
+    # Dropout (a replay would draw the captured mask again) and a gradient returned in ringattn's own memory
+    # (which the graph cannot own: ringattn.attention_backward without out= arrays for it) are refused by
+    # name, and the stream is left fit for the next capture and for eager calls.
     q, k, v, do = tensors(13, torch.bfloat16, T=128, S=128)
     sinks = torch.randn(8, device=GPU).requires_grad_()
     eager = rt.attention(q, k, v, causal=True)
-    rt.attention(q, k, v, causal=True, sinks=sinks).backward(do)  # warm-up
+    o, lse = rt.attention(q, k, v, causal=True, sinks=sinks, return_lse=True)  # and the warm-up
+    o.backward(do)
+    o, lse = o.detach(), lse.detach()
     side = torch.cuda.Stream()
-    for options, refusal in [(dict(dropout=0.1, dropout_seed=3), "dropout .* cannot be captured into a CUDA graph"),
-                             (dict(sinks=sinks), "gradient of sinks cannot be captured into a CUDA graph")]:
+    plain = lambda **kw: ringattn.attention_backward(q.detach(), k.detach(), v.detach(), o, lse, do,  # noqa: E731
+                                                     causal=True, sinks=sinks.detach(), stream=side.cuda_stream, **kw)
+    calls = [(lambda: rt.attention(q, k, v, causal=True, dropout=0.1, dropout_seed=3).backward(do),
+              "dropout .* cannot be captured into a CUDA graph"),
+             (lambda: plain(), "a backward's gradients cannot be captured into a CUDA graph when they are returned"),
+             (lambda: plain(out=tuple(torch.empty_like(x) for x in (q, k, v))),
+              "the gradient of sinks cannot be captured into a CUDA graph when it is returned in device memory")]
+    for call, refusal in calls:
         graph = torch.cuda.CUDAGraph()
         with pytest.raises(ValueError, match=refusal):
             with torch.cuda.graph(graph, stream=side):
-                rt.attention(q, k, v, causal=True, **options).backward(do)
+                call()
     graph = torch.cuda.CUDAGraph()
     x = torch.ones(4, device=GPU)
     with torch.cuda.graph(graph, stream=side):
