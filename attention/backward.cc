@@ -37,11 +37,11 @@ bool bias_gradient_wanted(const AttentionInputs& in, const GradViews* into) {
   return in.bias.defined() && (into == nullptr || into->bias_gradient);
 }
 
-namespace {
-
 bool sinks_gradient_wanted(const AttentionInputs& in, const GradViews* into) {
   return in.sinks.defined() && (into == nullptr || into->sinks_gradient);
 }
+
+namespace {
 
 // A bias's or the sinks' gradient given as an output (`out`): the call has that parameter, asks for its
 // gradient, and the view is f32, contiguous, shaped as the parameter, in q's memory.

@@ -31,8 +31,8 @@ struct BackwardInputs {
 //
 // As backward()'s `into`: where it writes (dq, dk, dv in q's dtype or f32; dbias in the bias's shape and
 // dsinks (Hq), both f32: undefined, returned instead), and which gradients of the bias and sinks it forms at all
-// (false: none, neither written nor returned: a bias or sinks that takes no gradient, such as an attention
-// mask given as a bias, costs the backward nothing).
+// (false: none, neither written nor returned; a bias that takes no gradient, such as an attention mask given
+// as a bias, skips the dbias sums and may take a kernel's direct path).
 struct GradViews {
   TensorView dq, dk, dv, dbias;
   TensorView dsinks;
@@ -43,15 +43,17 @@ struct GradViews {
   bool kv_unset = false;
 };
 
-// Whether backward() forms the bias's gradient: the call has a bias and `into` (where given) asks for it.
+// Whether backward() forms the bias's / the sinks' gradient: the call has that parameter and `into` (where
+// given) asks for it.
 bool bias_gradient_wanted(const AttentionInputs& in, const GradViews* into);
+bool sinks_gradient_wanted(const AttentionInputs& in, const GradViews* into);
 
 // Owned f32 accumulators, zeroed, in `memory`, for the inputs `in`.
 struct GradAccumulators {
   Tensor dq, dk, dv, dbias;
   static GradAccumulators zeros(const AttentionInputs& in, MemoryKind memory, bool with_dbias = true);
   // dq, dk and dv for the span of one call on `cuda_stream` (Tensor::temporary); no dbias (the single-call
-  // backward chooses its own: dbias_accumulator).
+  // backward makes its own where the gradient is asked for).
   static GradAccumulators temporary(const AttentionInputs& in, MemoryKind memory, void* cuda_stream);
   GradViews views() const { return {dq.view(), dk.view(), dv.view(), dbias.view()}; }
 };

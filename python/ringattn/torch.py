@@ -27,6 +27,8 @@ the batch or heads, as a data- or tensor-parallel rank holds: dropout keyed by t
 shapes (q (total_q, Hq, D) and cu_seqlens_q / cu_seqlens_k); ringattn.varlen says how they run.
 """
 
+import hashlib
+import pathlib
 import warnings
 from typing import Optional
 
@@ -40,6 +42,21 @@ from .formats import explained, note_layout, reorder, to_core
 from . import shard as ringattn_shard
 
 __all__ = ["attention", "ring_attention", "attention_varlen", "ring_attention_varlen", "DistributedComm"]
+
+
+def _tag_compile_caches():
+    """PyTorch's compile caches (FX graph, AOTAutograd) key a graph on its ops' names, not on a custom op's
+    schema, fake or autograd formula (pytorch/pytorch#144344, #160472): a backward cached under another
+    ringattn.torch would be replayed with that one's calls. Every cache key includes torch.compiler.config's
+    cache_key_tag: this file's hash is added to it, so a changed ringattn.torch compiles afresh (a tag the user
+    set is kept; one set after this import replaces ours)."""
+    tag = "ringattn-" + hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]
+    current = torch.compiler.config.cache_key_tag
+    if tag not in current.split(","):
+        torch.compiler.config.cache_key_tag = current + "," + tag if current else tag
+
+
+_tag_compile_caches()
 
 
 def _stream_of(x: Tensor) -> int:

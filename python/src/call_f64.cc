@@ -99,9 +99,10 @@ nb::object attention_backward_f64(const AttentionInputs& in, const AttentionPara
   // dbias / dsinks: into the caller's arrays where out names them (None: not asked for), else returned.
   if (into && into->dbias.defined()) write_into(r.dbias, into->dbias, "dbias", in.bias.shape(), in.q);
   if (into && into->dsinks.defined()) write_into(r.dsinks, into->dsinks, "dsinks", in.sinks.shape(), in.q);
-  if (bias_gradient_wanted(in, into ? &*into : nullptr) && !(into && into->dbias.defined()))
+  const GradViews* asked = into ? &*into : nullptr;
+  if (bias_gradient_wanted(in, asked) && !(into && into->dbias.defined()))
     g.dbias = tensor_of(r.dbias, in.bias.shape(), dtype);
-  if (in.sinks.defined() && (!into || into->sinks_gradient) && !(into && into->dsinks.defined()))
+  if (sinks_gradient_wanted(in, asked) && !(into && into->dsinks.defined()))
     g.dsinks = tensor_of(r.dsinks, in.sinks.shape(), dtype);
   return gradients_result(g, out, in, like, where);
 }

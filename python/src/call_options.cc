@@ -204,7 +204,7 @@ void check_capturable(const Placement& where, uintptr_t stream, const AttentionI
            "device memory of ringattn's own", given);
   RA_CHECK(!bias_gradient_wanted(in, into) || into->dbias.defined(), "the gradient of bias cannot be captured into "
            "a CUDA graph when it is returned in device memory of ringattn's own", given);
-  RA_CHECK(!in.sinks.defined() || !into->sinks_gradient || into->dsinks.defined(), "the gradient of sinks cannot be "
+  RA_CHECK(!sinks_gradient_wanted(in, into) || into->dsinks.defined(), "the gradient of sinks cannot be "
            "captured into a CUDA graph when it is returned in device memory of ringattn's own", given);
 }
 

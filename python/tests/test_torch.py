@@ -372,6 +372,16 @@ def test_gradcheck_in_f32_with_wide_steps():
     assert torch.autograd.gradcheck(fn, (q, k, v, sinks), eps=1e-2, atol=2e-3, rtol=2e-3, nondet_tol=1e-6)
 
 
+def test_compile_caches_are_tagged_with_this_ringattn_torch():
+    # PyTorch's compile caches do not key on a custom op's schema or autograd formula: a backward cached under
+    # another ringattn.torch (another op signature) failed here, replayed. The tag every cache key includes
+    # names this file's contents.
+    import hashlib
+    import pathlib
+    digest = hashlib.sha256(pathlib.Path(rt.__file__).read_bytes()).hexdigest()[:16]
+    assert "ringattn-" + digest in torch.compiler.config.cache_key_tag.split(",")
+
+
 def test_opcheck_of_the_registrations():
     q, k, v, _ = tensors(6, T=9, S=9)
     args = (q, k, v, None, None, None, None, None, True, -1, -1, 0.0, 0.0, 0.0, 0, 0, 0, "auto", False, "flash_attn2")
