@@ -43,14 +43,14 @@ bool sinks_gradient_wanted(const AttentionInputs& in, const GradViews* into) {
 
 namespace {
 
-// A bias's or the sinks' gradient given as an output (`out`): the call has that parameter, asks for its
-// gradient, and the view is f32, contiguous, shaped as the parameter, in q's memory.
-void check_parameter_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& parameter,
+// A bias's or the sinks' gradient given as an output (`out`): the call has that parameter (validated), asks
+// for its gradient, and the view is f32, contiguous, shaped as the parameter, in q's memory.
+void check_parameter_output(const TensorView& out, const char* name, const TensorView& parameter,
                             const char* parameter_name, bool wanted, const TensorView& q) {
   if (!out.defined()) return;
   RA_CHECK(parameter.defined(), "output ", name, " is given, but the call has no ", parameter_name);
   RA_CHECK(wanted, "output ", name, " is given, but the gradient of ", parameter_name, " is not asked for");
-  check_output(out, name, shape, q, /*q_dtype_or_f32=*/false);
+  check_output(out, name, parameter.shape(), q, /*q_dtype_or_f32=*/false);
 }
 
 // Where a bias's or the sinks' gradient is summed: a temporary of the call where it goes into the caller's
@@ -177,8 +177,8 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
     check_output(into->dq, "dq", in.q.shape(), in.q, true);
     check_output(into->dk, "dk", in.k.shape(), in.q, true);
     check_output(into->dv, "dv", in.v.shape(), in.q, true);
-    check_parameter_output(into->dbias, "dbias", in.bias.shape(), in.bias, "bias", into->bias_gradient, in.q);
-    check_parameter_output(into->dsinks, "dsinks", Shape{in.q.dim(2)}, in.sinks, "sinks", into->sinks_gradient, in.q);
+    check_parameter_output(into->dbias, "dbias", in.bias, "bias", into->bias_gradient, in.q);
+    check_parameter_output(into->dsinks, "dsinks", in.sinks, "sinks", into->sinks_gradient, in.q);
   }
   void* stream = cuda_stream();
   const MemoryKind memory = in.q.memory();
@@ -190,12 +190,16 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
   // The sinks' gradient, the ring's sums over its ranks, then dbias and dsinks into the caller's views.
   auto with_parameter_gradients = [&](Gradients& g) {
     if (dsinks_wanted) {
-      g.dsinks = parameter_gradient(Shape{lse.dim(1)}, into ? into->dsinks : TensorView(), memory, stream);
+      g.dsinks = parameter_gradient(in.sinks.shape(), into ? into->dsinks : TensorView(), memory, stream);
       sinks_gradient_into(in.sinks, lse, delta, g.dsinks, stream);
     }
     reduce_sequence_gradients(g);  // the ring's dsinks: summed over its ranks
-    if (into != nullptr && into->dbias.defined()) convert_gradient(g.dbias, into->dbias, stream), g.dbias = Tensor();
-    if (into != nullptr && into->dsinks.defined()) convert_gradient(g.dsinks, into->dsinks, stream), g.dsinks = Tensor();
+    if (into != nullptr)
+      for (auto [view, gradient] : {std::pair{into->dbias, &g.dbias}, std::pair{into->dsinks, &g.dsinks}})
+        if (view.defined()) {
+          convert_gradient(*gradient, view, stream);
+          *gradient = Tensor();  // written into the caller's view, not returned
+        }
     return std::move(g);
   };
   Gradients direct;

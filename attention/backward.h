@@ -68,8 +68,8 @@ struct Gradients {
 // defined. On the device when o is (then on `cuda_stream`, a temporary of the call: Tensor::temporary).
 Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream = nullptr);
 
-// dsinks (Hq, contiguous f32, written over) = -sum over (b, t) of exp(sink_h - lse) * delta: a sink is one more logit whose value
-// row is zero, so its dS is P_sink * (0 - delta). Rows with lse = -inf contribute nothing.
+// dsinks (Hq, contiguous f32, written over) = -sum over (b, t) of exp(sink_h - lse) * delta: a sink is one
+// more logit whose value row is zero, so its dS is P_sink * (0 - delta). Rows with lse = -inf contribute nothing.
 void sinks_gradient_into(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
                          const TensorView& dsinks, void* cuda_stream = nullptr);
 

@@ -149,7 +149,8 @@ void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPo
   carry_gradients(in, pos, params, ctx_.fault.in_pass(FaultPlan::Pass::kBackward), trip);
   if (shared_bias) {
     all_reduce_sum_f64(comm, dbias_part.data<float>(), size_t(dbias_part.numel()));
-    if (acc.dbias.defined()) add_floats(acc.dbias.data_as<float>(), dbias_part.data<float>(), size_t(dbias_part.numel()));
+    if (acc.dbias.defined())
+      add_floats(acc.dbias.data_as<float>(), dbias_part.data<float>(), size_t(dbias_part.numel()));
   }
 }
 

@@ -246,7 +246,8 @@ def _attention_forward_raw(q, k, v, *rest):
 
 def _attention_backward_raw(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, *rest):
     *options, deterministic, impl = rest
-    out = _gradient_outputs(q, k, v, options[1], options[0], bias_grad, sinks_grad)
+    sinks, bias = options[:2]
+    out = _gradient_outputs(q, k, v, bias, sinks, bias_grad, sinks_grad)
     return _formed(_core.attention_backward(_as_it_lies(q), _as_it_lies(k), _as_it_lies(v), _as_it_lies(o),
                                             _plain(lse), _as_it_lies(do), _maybe(dlse), impl,
                                             _options(*options, deterministic), False, out, _stream_of(q), q))
@@ -261,7 +262,8 @@ def _ring_forward_raw(q, k, v, *rest):
 
 def _ring_backward_raw(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, *rest):
     options, (comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic, grad_wire) = rest[:15], rest[15:]
-    out = _gradient_outputs(q, k, v, options[1], options[0], bias_grad, sinks_grad)
+    sinks, bias = options[:2]
+    out = _gradient_outputs(q, k, v, bias, sinks, bias_grad, sinks_grad)
     return _formed(_core.ring_attention_backward(_plain(q), _plain(k), _plain(v), _plain(o), _plain(lse), _plain(do),
                                                  _maybe(dlse), _communicators[comm], layout, global_q_len,
                                                  global_kv_len, local_impl, timeout, deterministic, grad_wire,
@@ -281,8 +283,9 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor],
 
 @torch.library.custom_op("ringattn::attention_backward", mutates_args=())
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
-                        bias_grad: bool, sinks_grad: bool, sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
-                        kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
+                        bias_grad: bool, sinks_grad: bool, sinks: Optional[Tensor], bias: Optional[Tensor],
+                        mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
+                        causal: bool, window_left: int, window_right: int,
                         softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
                         flash_kernel: str, deterministic: bool, impl: str) -> list[Tensor]:
     return _attention_backward_raw(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, sinks, bias, mask, segment_ids,
@@ -304,17 +307,17 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], bias
 
 @torch.library.custom_op("ringattn::ring_attention_backward", mutates_args=())
 def _ring_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, dlse: Optional[Tensor],
-                   bias_grad: bool, sinks_grad: bool, sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], segment_ids: Optional[Tensor],
-                   kv_segment_ids: Optional[Tensor], causal: bool, window_left: int, window_right: int,
+                   bias_grad: bool, sinks_grad: bool, sinks: Optional[Tensor], bias: Optional[Tensor],
+                   mask: Optional[Tensor], segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
+                   causal: bool, window_left: int, window_right: int,
                    softcap: float, scale: float, dropout: float, dropout_seed: int, batch_offset: int, head_offset: int,
                    flash_kernel: str, comm: int, layout: str,
                    global_q_len: Optional[int], global_kv_len: Optional[int], local_impl: str,
                    timeout: float, deterministic: bool, grad_wire: str) -> list[Tensor]:
     return _ring_backward_raw(q, k, v, o, lse, do, dlse, bias_grad, sinks_grad, sinks, bias, mask, segment_ids,
-                              kv_segment_ids, causal,
-                              window_left, window_right, softcap, scale, dropout, dropout_seed, batch_offset, head_offset,
-                              flash_kernel, comm, layout, global_q_len, global_kv_len, local_impl, timeout, deterministic,
-                              grad_wire)
+                              kv_segment_ids, causal, window_left, window_right, softcap, scale, dropout, dropout_seed,
+                              batch_offset, head_offset, flash_kernel, comm, layout, global_q_len, global_kv_len,
+                              local_impl, timeout, deterministic, grad_wire)
 
 
 # Fake implementations: output shapes and dtypes only, for torch.compile / torch.export tracing.
@@ -353,10 +356,9 @@ def _parameter_grads(ctx):
     return bool(ctx.needs_input_grad[4]), bool(ctx.needs_input_grad[3])
 
 
-def _gradients(ctx, grads):
-    """(dq, dk, dv, None..., dsinks, dbias) in the forward op's argument order."""
+def _gradients(ctx, grads, bias_grad, sinks_grad):
+    """(dq, dk, dv, None..., dsinks, dbias) in the forward op's argument order, from the backward's formed ones."""
     sinks, bias = ctx.rest[0], ctx.rest[1]
-    bias_grad, sinks_grad = _parameter_grads(ctx)
     dq, dk, dv = grads[:3]
     extra = list(grads[3:])
     dbias = extra.pop(0) if bias is not None and bias_grad else None
@@ -377,7 +379,8 @@ def _attention_autograd(ctx, do, dlse):
     if dlse is not None and rest[-1] == "cudnn":  # cuDNN's backward takes no dLSE: flash_attn2's kernels do
         rest[-1] = "flash_attn2"
     backward = _backward_of(ctx, _attention_backward, _attention_backward_raw)
-    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *_parameter_grads(ctx), *rest))
+    wanted = _parameter_grads(ctx)
+    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *wanted, *rest), *wanted)
 
 
 def _ring_autograd(ctx, do, dlse):
@@ -388,7 +391,8 @@ def _ring_autograd(ctx, do, dlse):
     if dlse is not None and rest[local_impl] == "cudnn":
         rest[local_impl] = "flash_attn2"
     backward = _backward_of(ctx, _ring_backward, _ring_backward_raw)
-    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *_parameter_grads(ctx), *rest))
+    wanted = _parameter_grads(ctx)
+    return _gradients(ctx, backward(q, k, v, o, lse, do, dlse, *wanted, *rest), *wanted)
 
 
 _attention_forward.register_autograd(_attention_autograd, setup_context=_setup_context)

@@ -468,8 +468,9 @@ def test_a_training_step_captured_in_a_cuda_graph_replays_on_new_inputs(case):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o, lse = step()
+    refilled = [q, k, v, do] + [x for x in (semantics.get("bias"), semantics.get("sinks")) if x is not None]
     for replay in range(3):
-        refill(100 + replay, q, k, v, do, *(x for x in (semantics.get("bias"), semantics.get("sinks")) if x is not None))
+        refill(100 + replay, *refilled)
         graph.replay()
         torch.cuda.synchronize()
         check_against_reference(torch.bfloat16, q, k, v, do, o, lse, extra=parameters, **semantics)

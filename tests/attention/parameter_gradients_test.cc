@@ -35,14 +35,17 @@ struct Call {
   AttentionOutput forward;
   Tensor d_o;
   explicit Call(const std::string& name)
-      : problem(ProblemSpec{2, 29, 43, 4, 2, 16, 12, DType::kF32, Options{true, true, true, true, true, true, true, false}, 11}),
+      : problem(ProblemSpec{2, 29, 43, 4, 2, 16, 12, DType::kF32,
+                            Options{true, true, true, true, true, true, true, false}, 11}),
         impl(AttentionRegistry::builtin().create(name, Backend::kCpu)),
         forward(impl->forward(problem.inputs(), problem.params())),
         d_o(random_d_o(problem.spec())) {}
   // backward() into f32 dq, dk, dv made here; `views` chooses the bias's and the sinks' gradients.
   Gradients run(GradViews& views) {
     const AttentionInputs in = problem.inputs();
-    dq = Tensor(DType::kF32, in.q.shape()), dk = Tensor(DType::kF32, in.k.shape()), dv = Tensor(DType::kF32, in.v.shape());
+    dq = Tensor(DType::kF32, in.q.shape());
+    dk = Tensor(DType::kF32, in.k.shape());
+    dv = Tensor(DType::kF32, in.v.shape());
     views.dq = dq, views.dk = dk, views.dv = dv;
     return impl->backward(in, problem.params(), TokenPositions::dense(in.q.dim(1), in.k.dim(1)), d_o,
                           ForwardViews{forward.o.view(), forward.lse.view()}, false, &views);
