@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -106,6 +107,24 @@ class AttentionImpl {
   // Sums what a sequence-parallel backward computes per rank but owns jointly (dsinks; dbias of a bias
   // broadcast over the query rows) over the sequence axis; local implementations have nothing to sum.
   virtual void reduce_sequence_gradients(Gradients& g) const {}
+
+  // A check of a call's arguments failed on this rank (`refused`: its error). Where the call's ranks run it
+  // together (the rings), this rank joins their agreement to start with that error, so that every rank stops
+  // at once naming it (collectives/call_agreement.h), and the caller then raises it. A local implementation
+  // has no one to tell.
+  virtual void refuse_call(const std::exception_ptr& refused) const {}
+
+ protected:
+  // Runs a call's checks of its arguments; where they throw, refuse_call first.
+  template <typename Checks>
+  void check_alike(Checks&& checks) const {
+    try {
+      checks();
+    } catch (...) {
+      refuse_call(std::current_exception());
+      throw;
+    }
+  }
 
  private:
   class OneCallAtATime;  // held by the single-call entry points

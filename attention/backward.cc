@@ -143,9 +143,11 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
     return backward(in, params, pos, d_o, ForwardViews{forward_output->o.view(), forward_output->lse.view()},
                     f32_gradients, nullptr, d_lse);
   const OneCallAtATime one_call(*this);
-  validate_attention(in, params, pos, max_head_dim());
-  check_flash_kernel_choice(*this, params);
-  validate_backward(in, TensorView(), BackwardInputs{TensorView(), d_o, TensorView()}, /*need_lse=*/false);
+  check_alike([&] {
+    validate_attention(in, params, pos, max_head_dim());
+    check_flash_kernel_choice(*this, params);
+    validate_backward(in, TensorView(), BackwardInputs{TensorView(), d_o, TensorView()}, /*need_lse=*/false);
+  });
   // Our own forward keeps O in f32 for delta: an O rounded to bf16 would put its rounding into every
   // dS (visible in dbias and dsinks, which sum dS over rows).
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
@@ -165,21 +167,23 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
                                   const TensorView& d_o, const ForwardViews& forward, bool f32_gradients,
                                   const GradViews* into, const TensorView& d_lse) const {
   const OneCallAtATime one_call(*this);
-  validate_attention(in, params, pos, max_head_dim());
-  check_flash_kernel_choice(*this, params);
   const TensorView o = forward.o, lse = forward.lse;
   BackwardInputs grad{lse, d_o, TensorView(), o, d_lse};
-  validate_backward(in, o, grad);
-  // An implementation reading O itself forms its own delta = rowsum(dO * O), which has no place for dLSE.
-  RA_CHECK(!d_lse.defined() || !backward_reads_output(), "a gradient with respect to lse (dlse) is not supported by '",
-           name(), "', whose backward forms rowsum(do * o) itself (cuDNN's); use flash_attn2 or sdpa");
-  if (into != nullptr) {
-    check_output(into->dq, "dq", in.q.shape(), in.q, true);
-    check_output(into->dk, "dk", in.k.shape(), in.q, true);
-    check_output(into->dv, "dv", in.v.shape(), in.q, true);
-    check_parameter_output(into->dbias, "dbias", in.bias, "bias", into->bias_gradient, in.q);
-    check_parameter_output(into->dsinks, "dsinks", in.sinks, "sinks", into->sinks_gradient, in.q);
-  }
+  check_alike([&] {
+    validate_attention(in, params, pos, max_head_dim());
+    check_flash_kernel_choice(*this, params);
+    validate_backward(in, o, grad);
+    // An implementation reading O itself forms its own delta = rowsum(dO * O), which has no place for dLSE.
+    RA_CHECK(!d_lse.defined() || !backward_reads_output(), "a gradient with respect to lse (dlse) is not supported "
+             "by '", name(), "', whose backward forms rowsum(do * o) itself (cuDNN's); use flash_attn2 or sdpa");
+    if (into != nullptr) {
+      check_output(into->dq, "dq", in.q.shape(), in.q, true);
+      check_output(into->dk, "dk", in.k.shape(), in.q, true);
+      check_output(into->dv, "dv", in.v.shape(), in.q, true);
+      check_parameter_output(into->dbias, "dbias", in.bias, "bias", into->bias_gradient, in.q);
+      check_parameter_output(into->dsinks, "dsinks", in.sinks, "sinks", into->sinks_gradient, in.q);
+    }
+  });
   void* stream = cuda_stream();
   const MemoryKind memory = in.q.memory();
   const bool dsinks_wanted = sinks_gradient_wanted(in, into);

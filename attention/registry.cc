@@ -30,7 +30,7 @@ AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const Attentio
 
 AttentionOutput AttentionImpl::forward(const AttentionInputs& in, const AttentionParams& params,
                                        const TokenPositions& pos) const {
-  validate_attention(in, params, pos, max_head_dim());
+  check_alike([&] { validate_attention(in, params, pos, max_head_dim()); });
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   const MemoryKind memory = in.q.memory();
   AttentionOutput out{Tensor(in.q.dtype(), {B, T, Hq, Dv}, memory), Tensor(DType::kF32, {B, Hq, T}, memory)};
@@ -52,11 +52,14 @@ void AttentionImpl::OneCallAtATime::refuse(const AttentionImpl& impl) {
 void AttentionImpl::forward_into(const AttentionInputs& in, const AttentionParams& params, const TokenPositions& pos,
                                  const ForwardViews& out) const {
   const OneCallAtATime one_call(*this);
-  validate_attention(in, params, pos, max_head_dim());
-  check_flash_kernel_choice(*this, params);
+  check_alike([&] {
+    validate_attention(in, params, pos, max_head_dim());
+    check_flash_kernel_choice(*this, params);
+    const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
+    check_output(out.o, "o", Shape{B, T, Hq, Dv}, in.q, /*q_dtype_or_f32=*/true);
+    check_output(out.lse, "lse", Shape{B, Hq, T}, in.q, /*q_dtype_or_f32=*/false);
+  });
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
-  check_output(out.o, "o", Shape{B, T, Hq, Dv}, in.q, /*q_dtype_or_f32=*/true);
-  check_output(out.lse, "lse", Shape{B, Hq, T}, in.q, /*q_dtype_or_f32=*/false);
   if (forward_direct(in, params, pos, out)) return;
   Carry carry = Carry::temporary(B, Hq, T, Dv, in.q.memory(), cuda_stream());
   accumulate(in, pos, params, carry);

@@ -34,6 +34,12 @@ class Communicator {
   virtual std::unique_ptr<PendingExchange> ring_shift(const void* send, void* recv, size_t bytes, int tag) = 0;
   virtual void all_reduce(double* data, size_t count, ReduceOp op) = 0;
   virtual void all_reduce(int64_t* data, size_t count, ReduceOp op) = 0;
+  // The same, giving up after `timeout` with an ra::Error naming `what` where a rank has not joined: MPI's
+  // collectives wait forever otherwise (NCCL's and a Python object's bound every call of their own).
+  virtual void all_reduce_within(int64_t* data, size_t count, ReduceOp op, std::chrono::milliseconds timeout,
+                                 const char* what) {
+    all_reduce(data, count, op);
+  }
   virtual void all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;

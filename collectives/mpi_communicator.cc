@@ -7,6 +7,7 @@
 #include <atomic>
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -157,6 +158,40 @@ void MpiCommunicator::all_reduce(double* data, size_t count, ReduceOp op) {
 void MpiCommunicator::all_reduce(int64_t* data, size_t count, ReduceOp op) {
   std::lock_guard<std::mutex> lock(mpi_call_lock());
   RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, int(count), MPI_INT64_T, mpi_op(op), comm_));
+}
+
+void MpiCommunicator::all_reduce_within(int64_t* data, size_t count, ReduceOp op, std::chrono::milliseconds timeout,
+                                        const char* what) {
+  mpi_all_reduce_within(comm_, data, count, op, timeout, what);
+}
+
+void mpi_all_reduce_within(MPI_Comm comm, int64_t* data, size_t count, ReduceOp op, std::chrono::milliseconds timeout,
+                           const char* what) {
+  // The values travel in a buffer of their own: MPI may still write one that timed out, long after we return.
+  auto values = std::make_unique<std::vector<int64_t>>(data, data + count);
+  MPI_Request request = MPI_REQUEST_NULL;
+  {
+    std::lock_guard<std::mutex> lock(mpi_call_lock());
+    RA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values->data(), int(count), MPI_INT64_T, mpi_op(op), comm, &request));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int done = 0;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mpi_call_lock());
+      RA_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    }
+    if (done) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      (void)values.release();  // left to the pending collective (freeing its request is erroneous)
+      int size = 0;
+      MPI_Comm_size(comm, &size);
+      RA_FAIL(what, ": not every one of the ", size, " ranks joined within ", timeout.count(),
+              " ms (a rank stopped before this call, or is late); aborting");
+    }
+    std::this_thread::yield();
+  }
+  std::copy(values->begin(), values->end(), data);
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, size_t bytes_per_rank) {

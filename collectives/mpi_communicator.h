@@ -9,6 +9,12 @@
 
 namespace ra {
 
+// MPI_Allreduce of int64 values over `comm` that throws ra::Error naming `what` once `timeout` has passed
+// without every rank joining. A collective cannot be cancelled: one that timed out stays pending on `comm`
+// (its buffer kept), which is then fit only to be freed, as after a failed ring step.
+void mpi_all_reduce_within(MPI_Comm comm, int64_t* data, size_t count, ReduceOp op, std::chrono::milliseconds timeout,
+                           const char* what);
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm);
@@ -26,6 +32,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<PendingExchange> ring_shift(const void* send, void* recv, size_t bytes, int tag) override;
   void all_reduce(double* data, size_t count, ReduceOp op) override;
   void all_reduce(int64_t* data, size_t count, ReduceOp op) override;
+  void all_reduce_within(int64_t* data, size_t count, ReduceOp op, std::chrono::milliseconds timeout,
+                         const char* what) override;
   void all_gather(const void* send, void* recv, size_t bytes_per_rank) override;
   void broadcast(void* data, size_t bytes, int root) override;
   void barrier() override;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention/ring/host_block.h"
+#include "attention/ring/ring_call_start.h"
 #include "attention/cpu/exact_sum_cpu.h"
 #include "attention/registry.h"
 #include "runtime/activity.h"
@@ -115,6 +116,8 @@ RingAttention::RingAttention(RingContext ctx, Backend backend)
 
 void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                Carry& carry) const {
+  check_alike([&] { check_shard(in, pos); });
+  const RingCallStart start(*ctx_.comm, ctx_.step_timeout, started_, "ring forward");
   stats_ = RingStats{};
   stats_.transport = ctx_.comm->backend_name();
   const FaultPlan forward_fault = ctx_.fault.in_pass(FaultPlan::Pass::kForward);
@@ -139,13 +142,24 @@ void RingAttention::accumulate(const AttentionInputs& in, const TokenPositions& 
   exact.merge_into(carry);
 }
 
+void RingAttention::check_shard(const AttentionInputs& in, const TokenPositions& pos) const {
+  const int rank = ctx_.comm->rank();
+  const int64_t local_kv = schedule_.rows(rank);
+  RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
+           ", expected the local shard of ", local_kv, " rows");
+  // The schedule skips blocks by the layout's query positions: the caller's must be those.
+  RA_CHECK(pos.q == schedule_.query_positions(), "ring: the query positions passed on rank ", rank,
+           " are not this rank's under the ", layout_name(ctx_.layout), " layout (use ring_positions(ctx))");
+}
+
+void RingAttention::refuse_call(const std::exception_ptr& refused) const {
+  join_refused_call(*ctx_.comm, ctx_.step_timeout, started_, refused);
+}
+
 void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                   const FaultPlan& fault, const BlockVisitor& visit) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
-  const int64_t local_kv = schedule_.rows(rank);
-  RA_CHECK(in.k.dim(1) == local_kv, "k dimension 1 (kv_len) is ", in.k.dim(1), " on rank ", rank,
-           ", expected the local shard of ", local_kv, " rows");
   // One contiguous buffer per block: k, v and the kv segment ids packed tight, in sections sized for
   // the longest shard (shards of a length that does not divide differ by a row), then the seal.
   const KvBlockLayout layout(in, schedule_.slot_rows(), 1);
@@ -163,9 +177,6 @@ void RingAttention::rotate_blocks(const AttentionInputs& in, const TokenPosition
   }
   seal_block(buffers[0], rank, payload, ctx_.verify_blocks);
   const std::string block_name = "K/V block (k " + in.k.shape().str() + " and v " + in.v.shape().str() + ")";
-  // The schedule skips blocks by the layout's query positions: the caller's must be those.
-  RA_CHECK(pos.q == schedule_.query_positions(), "ring: the query positions passed on rank ", rank,
-           " are not this rank's under the ", layout_name(ctx_.layout), " layout (use ring_positions(ctx))");
   // A rank that holds no query (fewer tokens than ranks) skips every block (the schedule) but still forwards it.
 
   int cur = 0;

@@ -131,6 +131,7 @@ class RingAttention final : public AttentionImpl {
   // dsinks summed over the ring's ranks (dbias of a bias shared by every rank's rows is summed in
   // accumulate_backward; a bias of this rank's rows needs no sum).
   void reduce_sequence_gradients(Gradients& g) const override;
+  void refuse_call(const std::exception_ptr& refused) const override;  // ring_call_start.h
   const RingStats& last_stats() const { return stats_; }
 
  private:
@@ -139,8 +140,11 @@ class RingAttention final : public AttentionImpl {
   Backend backend_;
   std::unique_ptr<AttentionImpl> local_;
   mutable RingStats stats_;
+  mutable bool started_ = false;  // a call is past its start (RingCallStart)
   mutable Tensor exact_dsinks_;  // the deterministic backward's dsinks, for reduce_sequence_gradients
 
+  // This rank's shard and positions are the layout's (checked before the call's start).
+  void check_shard(const AttentionInputs& in, const TokenPositions& pos) const;
   // One trip around the ring: visit(block, positions, step, source rank) at every step, with block null
   // where the masks leave the block empty for this rank's queries; `fault` is the pass's fault plan.
   using BlockVisitor = std::function<void(const AttentionInputs*, const TokenPositions&, int, int)>;

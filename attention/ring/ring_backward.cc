@@ -16,6 +16,7 @@
 #include "attention/ring/gradient_trip.h"
 #include "attention/ring/host_block.h"
 #include "attention/ring/ring.h"
+#include "attention/ring/ring_call_start.h"
 #include "runtime/activity.h"
 #include "runtime/error.h"
 
@@ -112,10 +113,14 @@ void RingAttention::carry_gradients(const AttentionInputs& in, const TokenPositi
 void RingAttention::accumulate_backward(const AttentionInputs& in, const TokenPositions& pos,
                                         const AttentionParams& params, const BackwardInputs& grad,
                                         const GradViews& acc) const {
+  check_alike([&] {
+    RA_CHECK(local_->has_backward(), "ring backward: the local implementation '", local_->name(), "' has no backward");
+    check_shard(in, pos);
+  });
+  const RingCallStart start(*ctx_.comm, ctx_.step_timeout, started_, "ring backward");
   stats_ = RingStats{};
   stats_.transport = ctx_.comm->backend_name();
   if (ctx_.deterministic) return accumulate_backward_exact(in, pos, params, grad, acc);
-  RA_CHECK(local_->has_backward(), "ring backward: the local implementation '", local_->name(), "' has no backward");
   Communicator& comm = *ctx_.comm;
   const int n = comm.size();
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3),

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "attention/ring/kv_rotation_cuda.h"
+#include "attention/ring/ring_call_start.h"
 #include "attention/registry.h"
 #include "runtime/activity.h"
 #include "runtime/cuda_device.h"
@@ -68,6 +69,10 @@ void RingAttentionCuda::check_shard_rows(const AttentionInputs& in) const {
     RA_CHECK(!t->defined() || t->is_contiguous(), name, " must be contiguous for ring on cuda (it travels as one block)");
 }
 
+void RingAttentionCuda::refuse_call(const std::exception_ptr& refused) const {
+  join_refused_call(*ctx_.comm, ctx_.step_timeout, started_, refused);
+}
+
 void RingAttentionCuda::accumulate_device(const AttentionInputs& in, const DevicePositions& pos,
                                           const AttentionParams& params, Carry& carry) const {
   run(in, pos, params, carry, std::chrono::steady_clock::now());
@@ -77,7 +82,8 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
                             Carry& carry, std::chrono::steady_clock::time_point entered) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
-  check_shard_rows(in);
+  check_alike([&] { check_shard_rows(in); });
+  const RingCallStart start(comm, ctx_.step_timeout, started_, "ring forward");
   const FaultPlan fault = ctx_.fault.in_pass(FaultPlan::Pass::kForward);
   KvRotationCuda kv(in, ctx_, fault, schedule_.rows_of_each_rank(), schedule_.slot_rows(), 0, state_, stream_);
   CudaEvent compute_done;  // the last compute queued on the compute stream

@@ -27,8 +27,9 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   int64_t max_head_dim() const override { return local_->max_head_dim(); }
   bool takes_flash_kernel() const override { return local_->takes_flash_kernel(); }
   void set_cuda_stream(void* stream) override;
+  // The local kernel's support checks, before the call's start: a rank refusing joins its agreement.
   void check_supported(const AttentionInputs& in, const AttentionParams& params) const override {
-    local_->check_supported(in, params);
+    check_alike([&] { local_->check_supported(in, params); });
   }
   void accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                   Carry& carry) const override;
@@ -42,11 +43,12 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   bool has_backward() const override { return local_->has_backward(); }
   bool backward_reads_output() const override { return local_->backward_reads_output(); }
   void check_backward_supported(const AttentionInputs& in, const AttentionParams& params) const override {
-    local_->check_backward_supported(in, params);
+    check_alike([&] { local_->check_backward_supported(in, params); });
   }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override;
   void reduce_sequence_gradients(Gradients& g) const override;
+  void refuse_call(const std::exception_ptr& refused) const override;  // ring_call_start.h
   // A ring of one rank is its local kernel: cudnn then writes the gradients straight, without f32
   // accumulators. A longer ring (without a bias) converts each gradient once, dK / dV with the last hop's
   // accumulator added in the same pass.
@@ -78,6 +80,7 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   mutable std::vector<int64_t> uploaded_q_;
   mutable DevicePositions uploaded_;
   mutable RingStats stats_;
+  mutable bool started_ = false;  // a call is past its start (RingCallStart)
   // Reused across calls (grow-only): the channel and its window, the checks, the backward's partial
   // dK/dV and the checks of the accumulators that arrived.
   mutable RingDeviceState state_;

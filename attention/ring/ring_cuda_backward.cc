@@ -17,6 +17,7 @@
 #include "attention/backward.h"
 #include "attention/cuda/backward_cuda.h"
 #include "attention/ring/gradient_block.h"
+#include "attention/ring/ring_call_start.h"
 #include "attention/ring/ring_cuda.h"
 #include "runtime/activity.h"
 #include "runtime/error.h"
@@ -107,9 +108,12 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
                                        const GradViews* out) const {
   Communicator& comm = *ctx_.comm;
   const int n = comm.size(), rank = comm.rank();
-  RA_CHECK(out == nullptr || n > 1, "the ring backward writes dk / dv in q's dtype only past one rank "
-           "(a ring of one is its local kernel's backward_into)");
-  check_shard_rows(in);
+  check_alike([&] {
+    RA_CHECK(out == nullptr || n > 1, "the ring backward writes dk / dv in q's dtype only past one rank "
+             "(a ring of one is its local kernel's backward_into)");
+    check_shard_rows(in);
+  });
+  const RingCallStart start(comm, ctx_.step_timeout, started_, "ring backward");
   const int64_t slot_rows = schedule_.slot_rows();
   const GradientBlock layout{in.k.dim(0), in.k.dim(2), in.k.dim(3), in.v.dim(3), slot_rows, ctx_.gradient_wire};
   const GradientBlock part_layout = layout.in_f32();  // this step's part: always f32

@@ -177,7 +177,8 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
 
     q, k, v are this rank's rows of the global sequence under `layout` ("contiguous", "zigzag",
     "striped"; shard() cuts them); the global lengths default to the sum over the ranks. Returns this
-    rank's rows of o (and lse). Every rank calls it with the same options; a rank that stops makes the
+    rank's rows of o (and lse). Every rank calls it with the same options; a rank whose arguments are
+    refused stops every rank at once, the others quoting its reason, and a rank that stops makes the
     others fail after `timeout` seconds instead of hanging.
 
     deterministic=True: host arrays give the same bits for any number of ranks and any layout (exact sums,

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "attention/registry.h"
+#include "collectives/call_agreement.h"
 #include "collectives/mpi_check.h"
 #include "collectives/mpi_communicator.h"
 #include "mesh/sequence_layout.h"
@@ -18,6 +19,7 @@
 #include "python_communicator.h"
 #include "runtime/checksum.h"
 #include "runtime/error.h"
+#include "runtime/memory.h"
 
 #if RA_HAVE_CUDA
 #include "attention/ring/ring_cuda.h"
@@ -148,48 +150,69 @@ void CallRing::build() {
   pos = ring_positions(ctx);
 }
 
-RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
-                         std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
-                         const RingModes& modes, const AttentionInputs& in, const CallDevice& device) {
+void check_ring_call(const CallerComm& caller, const Placement& where, const std::string& layout, double timeout_s) {
   RA_CHECK(timeout_s > 0, "timeout is ", timeout_s, " s, expected a positive number of seconds");
-  RingConfig config{layout,        local_impl,          0, 0, in.q.dim(1), in.k.dim(1), int64_t(timeout_s * 1000),
-                    device.backend(), device.where.device, modes.deterministic, modes.gradient_wire};
-  (void)parse_layout(layout);  // a bad name fails here, on every rank, before any collective
-  // How the caller's ranks agree on two values before any ring is built: over the caller's own communicator.
-  std::function<void(int64_t*, ReduceOp)> agree;
-  std::unique_ptr<PythonCommunicator> python;
-  if (caller.nccl) {  // a ringattn.NcclComm: CUDA arrays on its device; agreed and kept over NCCL itself
-    RA_CHECK(device.backend() == Backend::kCuda, "comm is a ringattn.NcclComm, which carries CUDA arrays; q is in ",
-             device.where.str(), " (host arrays go over an mpi4py communicator or a torch.distributed group)");
-    RA_CHECK(device.where.device == caller.nccl_device, "q is on CUDA device ", device.where.device,
+  (void)parse_layout(layout);
+  if (caller.nccl) {  // a ringattn.NcclComm: CUDA arrays on its device
+    RA_CHECK(where.on_device(), "comm is a ringattn.NcclComm, which carries CUDA arrays; q is in ", where.str(),
+             " (host arrays go over an mpi4py communicator or a torch.distributed group)");
+    RA_CHECK(where.device == caller.nccl_device, "q is on CUDA device ", where.device,
              " but comm (a ringattn.NcclComm) was made on device ", caller.nccl_device);
-    agree = [&](int64_t* v, ReduceOp op) { caller.nccl->all_reduce(v, 2, op); };
-  } else if (caller.python.is_valid()) {  // carried by Python: built for this call
-    python = std::make_unique<PythonCommunicator>(caller.python);
-    RA_CHECK(device.backend() == Backend::kCpu, "ring_attention on CUDA arrays needs comm to be an mpi4py communicator "
+  } else if (caller.python.is_valid()) {
+    RA_CHECK(!where.on_device(), "ring_attention on CUDA arrays needs comm to be an mpi4py communicator "
              "(under mpirun) or a ringattn.NcclComm (under torchrun: ringattn.torch makes one for a group); an object "
              "with ring_shift carries host arrays only");
-    agree = [&](int64_t* v, ReduceOp op) { python->all_reduce(v, 2, op); };
-  } else {
-    agree = [&](int64_t* v, ReduceOp op) {
-      RA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, op == ReduceOp::kSum ? MPI_SUM : MPI_MIN, caller.mpi));
-    };
   }
-  int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
-  if (!global_q_len || !global_kv_len) agree(lengths, ReduceOp::kSum);
+}
+
+RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
+                         std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
+                         const RingModes& modes, const AttentionInputs& in, const CallDevice& device,
+                         const std::exception_ptr& refused) {
+  // How the caller's ranks agree before any ring is built: over the caller's own communicator, each
+  // all-reduce bounded by the call's timeout (a refusing rank's own timeout may be the bad argument).
+  const auto timeout = std::chrono::milliseconds(int64_t((timeout_s > 0 ? timeout_s : 60.0) * 1000));
+  AgreementAllReduce agree;
+  std::unique_ptr<PythonCommunicator> python;
+  int rank = 0, size = 1;
+  if (caller.nccl) {  // agreed and kept over the ringattn.NcclComm's NCCL communicator itself, on its device
+    agree = [&](int64_t* v, size_t n, ReduceOp op) {
+      const ScopedCudaDevice on(caller.nccl_device);
+      caller.nccl->all_reduce(v, n, op);
+    };
+    rank = caller.nccl->rank(), size = caller.nccl->size();
+  } else if (caller.python.is_valid()) {  // carried by Python: built for this call
+    python = std::make_unique<PythonCommunicator>(caller.python);
+    agree = [&](int64_t* v, size_t n, ReduceOp op) { python->all_reduce(v, n, op); };
+    rank = python->rank(), size = python->size();
+  } else {
+    agree = [&](int64_t* v, size_t n, ReduceOp op) {
+      mpi_all_reduce_within(caller.mpi, v, n, op, timeout, "ring_attention: an agreement of the ranks before the ring");
+    };
+    RA_MPI_CHECK(MPI_Comm_rank(caller.mpi, &rank));
+    RA_MPI_CHECK(MPI_Comm_size(caller.mpi, &size));
+  }
   // Every rank passes the same options, as the CLI's ranks the same command line: compared before the ring is
   // used, so a rank with others (causal on one rank only) stops every rank alike instead of computing its rows.
-  const std::string mine = modes.options + " layout=" + layout + " local_impl=" + local_impl +
-                           " deterministic=" + std::to_string(modes.deterministic) + " grad_wire=" +
-                           std::string(dtype_name(modes.gradient_wire));
+  // Compared in the same all-reduce that tells every rank whether one refused its arguments.
+  const auto given = [](std::optional<int64_t> length) { return length ? std::to_string(*length) : "the sum"; };
+  const std::string mine = refused ? std::string() : modes.options + " layout=" + layout + " local_impl=" +
+                           local_impl + " deterministic=" + std::to_string(modes.deterministic) + " grad_wire=" +
+                           std::string(dtype_name(modes.gradient_wire)) + " global_q_len=" + given(global_q_len) +
+                           " global_kv_len=" + given(global_kv_len);
   const int64_t fingerprint = crc32_bytes(mine.data(), mine.size());
   int64_t least[2] = {fingerprint, -fingerprint};  // the least and (negated) the greatest over the ranks
-  agree(least, ReduceOp::kMin);
+  agree_every_rank_goes_on(agree, rank, size, refused, "ring_attention", least);
+  if (refused) std::rethrow_exception(refused);
   RA_CHECK(least[0] == fingerprint && least[1] == -fingerprint, "the ranks called the ring with different options "
            "(this is one of them: ", mine, "); every rank passes the same options, layout, implementation and head "
            "shapes");
+  RingConfig config{layout,        local_impl,          0, 0, in.q.dim(1), in.k.dim(1), int64_t(timeout_s * 1000),
+                    device.backend(), device.where.device, modes.deterministic, modes.gradient_wire};
+  int64_t lengths[2] = {in.q.dim(1), in.k.dim(1)};
+  if (!global_q_len || !global_kv_len) agree(lengths, 2, ReduceOp::kSum);
   config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
-  const auto min_over_ranks = [&](int64_t* v) { agree(v, ReduceOp::kMin); };
+  const auto min_over_ranks = [&](int64_t* v) { agree(v, 2, ReduceOp::kMin); };
   if (python) {
     owned_ = std::make_unique<CallRing>(std::move(python), config);
     ring_ = owned_.get();
@@ -204,6 +227,7 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
   try {
     check_shard_rows(*ring_, in);
   } catch (...) {
+    ring_->impl->refuse_call(std::current_exception());  // the other ranks are at the call's start
     drop();
     throw;
   }

@@ -7,6 +7,7 @@
 #include <mpi.h>
 #include <nanobind/nanobind.h>
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -78,16 +79,23 @@ struct RingModes {
 // the same on every rank (all but the rows of the shard), and which optional inputs are given.
 std::string ring_options_text(const AttentionParams& params, const AttentionInputs& in);
 
+// The checks of a ring call's communicator, placement, layout and timeout (a part of its arguments'
+// checks, whose error RingForCall takes as `refused`).
+void check_ring_call(const CallerComm& caller, const Placement& where, const std::string& layout, double timeout_s);
+
 // The ring for one call, bound to the call's device stream; this rank's shard checked against the layout
-// before any exchange. Over MPI every rank first agrees (over the caller's communicator) on the global
-// lengths and on whether each holds a kept ring for this configuration; up to kKeptRings configurations
-// are kept, later ones built for the call. `run` does the call; a ring whose call failed is dropped
-// without its collective teardown (its peers may be gone).
+// before any exchange. Every rank first agrees (over the caller's communicator, each agreement bounded by
+// the timeout) that none refused its arguments (`refused`: this rank's error in checking them, raised here
+// after the others have learnt of it; `in` and `modes` are then not read) and that all pass the same
+// options, then on the global lengths and on whether each holds a kept ring for this configuration; up to
+// kKeptRings configurations are kept, later ones built for the call. `run` does the call; a ring whose call
+// failed is dropped without its collective teardown (its peers may be gone).
 class RingForCall {
  public:
   RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
               std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
-              const RingModes& modes, const AttentionInputs& in, const CallDevice& device);
+              const RingModes& modes, const AttentionInputs& in, const CallDevice& device,
+              const std::exception_ptr& refused);
   // Runs the call; its ring's statistics become last_ring_stats().
   template <typename Run>
   auto run(Run&& body) {

@@ -185,6 +185,48 @@ def test_bad_input_raises_on_every_rank():
 
 
 
+@pytest.mark.skipif(SIZE == 1, reason="one rank has no other to tell")
+@pytest.mark.parametrize("bad, reason", [
+    ("bias_rank", "bias has 5 dimensions, expected 4"),        # refused by the binding's own checks
+    ("unknown_option", "unknown option 'casual'"),
+    ("k_head_dim", "k dimension 3 (head_dim) is 8, expected 32"),  # by the ring's, at the call's start
+    ("out_shape", "output o has shape"),
+    ("do_dtype", "do has dtype f16, expected f32"),
+])
+def test_one_ranks_bad_argument_stops_every_rank_at_once_quoting_it(bad, reason):
+    # The last rank's argument is bad: it raises its own error, and every other rank raises at once too,
+    # naming that rank and quoting its reason, instead of waiting for it until the timeout.
+    import time
+
+    q, k, v, do, _ = problem(7, B=1, T=3 * SIZE, S=3 * SIZE)
+    q, k, v, do = (ringattn.shard(x, 1, "zigzag", RANK, SIZE) for x in (q, k, v, do))
+    mine, good_k = RANK == SIZE - 1, k
+    options, out = {}, None
+    if mine and bad == "bias_rank":
+        options["bias"] = np.zeros((1, 1, 3, 3 * SIZE, 1), np.float32)
+    if mine and bad == "unknown_option":
+        options["casual"] = True
+    if mine and bad == "k_head_dim":
+        k = np.ascontiguousarray(k[..., :8])
+    if mine and bad == "out_shape":
+        out = (np.empty(q.shape[:3] + (3,), np.float32), np.empty((1, q.shape[2], q.shape[1]), np.float32))
+    start = time.monotonic()
+    with pytest.raises(ValueError) as raised:
+        if bad == "do_dtype":
+            o, lse = ringattn.ring_attention(q, k, v, comm=COMM, return_lse=True, timeout=30)
+            ringattn.ring_attention_backward(q, k, v, o, lse, do.astype(np.float16) if mine else do, comm=COMM,
+                                             timeout=30)
+        else:
+            ringattn.ring_attention(q, k, v, comm=COMM, timeout=30, out=out, **options)
+    assert time.monotonic() - start < 10
+    message = str(raised.value)
+    assert reason in message, message
+    if not mine:
+        assert f"rank {SIZE - 1} of {SIZE} refused its part of the call" in message, message
+    # Nothing of the refused call is left in flight: the ring goes on.
+    assert ringattn.ring_attention(q, good_k, v, comm=COMM).shape == q.shape
+
+
 @pytest.mark.skipif(SIZE == 1, reason="one rank cannot differ from another")
 @pytest.mark.parametrize("differing", [{"causal": True}, {"window": (3, 0)}, {"local_impl": "sdpa"}, {"bias": True}])
 def test_options_that_differ_between_ranks_are_refused_on_every_rank(differing):

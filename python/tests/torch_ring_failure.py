@@ -1,8 +1,8 @@
 """Under torchrun a rank that stalls leaves no other rank hanging (run by CTest on 2 ranks, not under
 pytest: the ranks take different paths). Rank 1 never calls the ring; rank 0 raises ValueError within
-about `timeout` at the call's first collective: the lengths' all_reduce, or with the global lengths given the
-all_reduce that compares the ranks' options (each in a fresh process group: a timed-out gloo group cannot be
-used again)."""
+about `timeout` at the call's first collective, the all_reduce that agrees that no rank refused its
+arguments and compares the ranks' options, with the global lengths given or summed over the ranks after it
+(each in a fresh process group: a timed-out gloo group cannot be used again)."""
 
 import sys
 import time

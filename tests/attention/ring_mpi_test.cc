@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <thread>
 
 #include "attention/registry.h"
 #include "attention/ring/ring.h"
+#include "collectives/call_agreement.h"
 #include "collectives/mpi_communicator.h"
 #include "collectives/mpi_session.h"
 #include "mesh/mesh_shape.h"
@@ -279,6 +281,80 @@ TEST(RingMpi, HostRingRefusesSettingsItCannotHonour) {
   EXPECT_NE(refusal(wire).find("gradient wire bf16 with deterministic on the host ring"), std::string::npos);
   wire.gradient_wire = DType::kF32;
   EXPECT_EQ(refusal(wire), "made");
+}
+
+// A rank whose arguments are refused (here the last rank's k of another head dim, then its dO of another
+// value head dim) stops every rank at the call's start, each naming that rank and its reason, long before
+// the step timeout; the ring is used again afterwards, as nothing of the refused call is left in flight.
+TEST(RingMpi, OneRanksRefusalStopsEveryRankAtOnce) {
+  const int n = g_world->size(), r = g_world->rank();
+  if (n == 1) GTEST_SKIP() << "one rank has no other to tell";
+  const int64_t length = 8 * n;
+  Problem global(ProblemSpec{1, length, length, 2, 2, 16, 16, g_args.cuda ? DType::kBF16 : DType::kF32, Options{}, 7});
+  RingContext ctx{g_ring_comm, SequenceLayout::kZigzag, length, length, "flash_attn2", std::chrono::milliseconds(20000)};
+  ctx.transport = g_args.transport;
+  ctx.host_comm = g_world;
+  const Shard shard(global, ctx);
+  const MemoryKind memory = g_args.cuda ? MemoryKind::kCuda : MemoryKind::kHost;
+  const InputsCopy good = copy_inputs(shard.inputs, memory);
+  const Tensor narrow_k = to_memory(Tensor(shard.k.dtype(), {1, shard.k.view().dim(1), 2, 8}).view(), memory);
+  AttentionInputs in = good.inputs;
+  if (r == n - 1) in.k = narrow_k.view();
+  auto ring = AttentionRegistry::builtin().create("ring", g_args.cuda ? Backend::kCuda : Backend::kCpu, &ctx);
+  // What the call raised on this rank, and after how many seconds.
+  auto refusal = [](auto&& call) {
+    const auto start = std::chrono::steady_clock::now();
+    std::string error = "no error";
+    try {
+      call();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    return std::pair{error, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  };
+  const std::string last = "rank " + std::to_string(n - 1) + " of " + std::to_string(n) + " refused its part";
+  const auto [forward_error, forward_took] = refusal([&] { ring->forward(in, global.params(), shard.pos); });
+  EXPECT_NE(forward_error.find("k dimension 3 (head_dim) is 8, expected 16"), std::string::npos) << forward_error;
+  if (r != n - 1) {
+    EXPECT_NE(forward_error.find(last), std::string::npos) << forward_error;
+  }
+  EXPECT_LT(forward_took, 10.0) << "the step timeout is 20 s";
+
+  const AttentionOutput out = ring->forward(good.inputs, global.params(), shard.pos);  // every rank goes on
+  EXPECT_EQ(out.o.view().dim(1), int64_t(shard.pos.q.size()));
+  const int64_t rows = out.o.view().dim(1);
+  const Tensor d_o = to_memory(Tensor(out.o.dtype(), {1, rows, 2, r == n - 1 ? 8 : 16}).view(), memory);
+  const auto [backward_error, backward_took] = refusal([&] {
+    ring->backward(good.inputs, global.params(), shard.pos, d_o.view(), ForwardViews{out.o.view(), out.lse.view()});
+  });
+  EXPECT_NE(backward_error.find("do dimension 3 (v_head_dim) is 8"), std::string::npos) << backward_error;
+  if (r != n - 1) {
+    EXPECT_NE(backward_error.find(last), std::string::npos) << backward_error;
+  }
+  EXPECT_LT(backward_took, 10.0);
+}
+
+// An agreement over MPI that a rank joins late gives up at its timeout on the others, naming it, instead of
+// waiting forever as MPI_Allreduce would; the late rank's own call completes the abandoned collective.
+TEST(RingMpi, AnAgreementALateRankJoinsGivesUpAtItsTimeout) {
+  if (g_args.cuda) GTEST_SKIP() << "the MPI agreement's case";
+  const int n = g_world->size(), r = g_world->rank();
+  if (n == 1) GTEST_SKIP() << "one rank is never late";
+  MpiCommunicator comm(MPI_COMM_WORLD);  // of its own: the timed-out collective stays pending on it
+  if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::string error = "no error";
+  try {
+    agree_every_rank_goes_on(comm, std::chrono::milliseconds(300), nullptr, "a test call");
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (r == n - 1) {
+    EXPECT_EQ(error, "no error");
+  } else {
+    EXPECT_NE(error.find("a test call: the ranks' agreement to start: not every one of the " + std::to_string(n) +
+                         " ranks joined within 300 ms"), std::string::npos) << error;
+  }
+  g_world->barrier();
 }
 
 #if RA_HAVE_CUDA
