@@ -202,7 +202,11 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
                            " global_kv_len=" + given(global_kv_len);
   const int64_t fingerprint = crc32_bytes(mine.data(), mine.size());
   int64_t least[2] = {fingerprint, -fingerprint};  // the least and (negated) the greatest over the ranks
-  agree_every_rank_goes_on(agree, rank, size, refused, "ring_attention", least);
+  try {
+    agree_every_rank_goes_on(agree, rank, size, refused, "ring_attention", least);
+  } catch (...) {
+    if (!refused) throw;  // a rank that refused raises its own error, even where the agreement failed too
+  }
   if (refused) std::rethrow_exception(refused);
   RA_CHECK(least[0] == fingerprint && least[1] == -fingerprint, "the ranks called the ring with different options "
            "(this is one of them: ", mine, "); every rank passes the same options, layout, implementation and head "

@@ -185,6 +185,23 @@ def test_bad_input_raises_on_every_rank():
 
 
 
+def test_a_refused_call_raises_its_own_error_where_the_ranks_agreement_fails_too():
+    class Broken:  # carried by Python (an object with ring_shift), failing every message
+        rank, size = 0, 2
+
+        def ring_shift(self, send, recv, tag):
+            raise AssertionError("no exchange may start")
+
+        def all_reduce(self, values, dtype, op):
+            raise AssertionError("no agreement can be reached")
+
+    q, k, v, _, _ = problem(3, T=16, S=16)
+    with pytest.raises(ValueError, match="layout 'diagonal'"):
+        ringattn.ring_attention(q, k, v, comm=Broken(), layout="diagonal")
+    with pytest.raises(ValueError, match="no agreement can be reached"):
+        ringattn.ring_attention(q, k, v, comm=Broken())
+
+
 @pytest.mark.skipif(SIZE == 1, reason="one rank has no other to tell")
 @pytest.mark.parametrize("bad, reason", [
     ("bias_rank", "bias has 5 dimensions, expected 4"),        # refused by the binding's own checks
