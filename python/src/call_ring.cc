@@ -165,33 +165,50 @@ void check_ring_call(const CallerComm& caller, const Placement& where, const std
   }
 }
 
-RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
-                         std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
-                         const RingModes& modes, const AttentionInputs& in, const CallDevice& device,
-                         const std::exception_ptr& refused) {
-  // How the caller's ranks agree before any ring is built: over the caller's own communicator, each
-  // all-reduce bounded by the call's timeout (a refusing rank's own timeout may be the bad argument).
+CallerAgreement::CallerAgreement(const CallerComm& caller, double timeout_s) {
+  // A refusing rank's own timeout may be the bad argument: it waits the default then.
   const auto timeout = std::chrono::milliseconds(int64_t((timeout_s > 0 ? timeout_s : 60.0) * 1000));
-  AgreementAllReduce agree;
-  std::unique_ptr<PythonCommunicator> python;
-  int rank = 0, size = 1;
-  if (caller.nccl) {  // agreed and kept over the ringattn.NcclComm's NCCL communicator itself, on its device
-    agree = [&](int64_t* v, size_t n, ReduceOp op) {
-      const ScopedCudaDevice on(caller.nccl_device);
-      caller.nccl->all_reduce(v, n, op);
+  if (caller.nccl) {  // over the ringattn.NcclComm's NCCL communicator itself, on its device
+    all_reduce = [nccl = caller.nccl, device = caller.nccl_device](int64_t* v, size_t n, ReduceOp op) {
+      const ScopedCudaDevice on(device);
+      nccl->all_reduce(v, n, op);
     };
     rank = caller.nccl->rank(), size = caller.nccl->size();
-  } else if (caller.python.is_valid()) {  // carried by Python: built for this call
+  } else if (caller.python.is_valid()) {  // carried by Python: made for this call
     python = std::make_unique<PythonCommunicator>(caller.python);
-    agree = [&](int64_t* v, size_t n, ReduceOp op) { python->all_reduce(v, n, op); };
+    all_reduce = [comm = python.get()](int64_t* v, size_t n, ReduceOp op) { comm->all_reduce(v, n, op); };
     rank = python->rank(), size = python->size();
   } else {
-    agree = [&](int64_t* v, size_t n, ReduceOp op) {
-      mpi_all_reduce_within(caller.mpi, v, n, op, timeout, "ring_attention: an agreement of the ranks before the ring");
+    all_reduce = [mpi = caller.mpi, timeout](int64_t* v, size_t n, ReduceOp op) {
+      mpi_all_reduce_within(mpi, v, n, op, timeout, "ring_attention: an agreement of the ranks before the ring");
     };
     RA_MPI_CHECK(MPI_Comm_rank(caller.mpi, &rank));
     RA_MPI_CHECK(MPI_Comm_size(caller.mpi, &size));
   }
+}
+
+void CallerAgreement::agree_to_start(const std::exception_ptr& refused, int64_t (&least)[2]) const {
+  try {
+    agree_every_rank_goes_on(all_reduce, rank, size, refused, "ring_attention", least);
+  } catch (...) {
+    if (!refused) throw;  // a rank that refused raises its own error, even where the agreement failed too
+  }
+}
+
+void refuse_ring_call(const CallerComm& caller, double timeout_s, const std::exception_ptr& refused) {
+  try {
+    int64_t unread[2] = {0, 0};
+    CallerAgreement(caller, timeout_s).agree_to_start(refused, unread);
+  } catch (...) {  // the caller raises `refused`
+  }
+}
+
+RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, std::optional<int64_t> global_q_len,
+                         std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
+                         const RingModes& modes, const AttentionInputs& in, const CallDevice& device,
+                         const std::exception_ptr& refused) {
+  CallerAgreement agreement(caller, timeout_s);
+  const AgreementAllReduce& agree = agreement.all_reduce;
   // Every rank passes the same options, as the CLI's ranks the same command line: compared before the ring is
   // used, so a rank with others (causal on one rank only) stops every rank alike instead of computing its rows.
   // Compared in the same all-reduce that tells every rank whether one refused its arguments.
@@ -202,11 +219,7 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
                            " global_kv_len=" + given(global_kv_len);
   const int64_t fingerprint = crc32_bytes(mine.data(), mine.size());
   int64_t least[2] = {fingerprint, -fingerprint};  // the least and (negated) the greatest over the ranks
-  try {
-    agree_every_rank_goes_on(agree, rank, size, refused, "ring_attention", least);
-  } catch (...) {
-    if (!refused) throw;  // a rank that refused raises its own error, even where the agreement failed too
-  }
+  agreement.agree_to_start(refused, least);
   if (refused) std::rethrow_exception(refused);
   RA_CHECK(least[0] == fingerprint && least[1] == -fingerprint, "the ranks called the ring with different options "
            "(this is one of them: ", mine, "); every rank passes the same options, layout, implementation and head "
@@ -217,8 +230,8 @@ RingForCall::RingForCall(const CallerComm& caller, const std::string& layout, st
   if (!global_q_len || !global_kv_len) agree(lengths, 2, ReduceOp::kSum);
   config.global_q_len = global_q_len.value_or(lengths[0]), config.global_kv_len = global_kv_len.value_or(lengths[1]);
   const auto min_over_ranks = [&](int64_t* v) { agree(v, 2, ReduceOp::kMin); };
-  if (python) {
-    owned_ = std::make_unique<CallRing>(std::move(python), config);
+  if (agreement.python) {
+    owned_ = std::make_unique<CallRing>(std::move(agreement.python), config);
     ring_ = owned_.get();
   } else if (caller.nccl) {
     keep_or_build(find_kept(caller.nccl.get(), config), min_over_ranks,

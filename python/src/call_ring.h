@@ -17,7 +17,9 @@
 #include "attention/attention_impl.h"
 #include "attention/ring/ring.h"
 #include "call_options.h"
+#include "collectives/call_agreement.h"
 #include "collectives/communicator.h"
+#include "python_communicator.h"
 
 namespace ra::python {
 
@@ -78,6 +80,23 @@ struct RingModes {
 // What every rank of a ring call passes alike: the attention options and the parts of the shapes that are
 // the same on every rank (all but the rows of the shard), and which optional inputs are given.
 std::string ring_options_text(const AttentionParams& params, const AttentionInputs& in);
+
+// How the caller's ranks agree before any ring is built: an all-reduce over the caller's own communicator
+// (an mpi4py one: bounded by the call's timeout; a ringattn.NcclComm or a Python object: by their own).
+struct CallerAgreement {
+  CallerAgreement(const CallerComm& caller, double timeout_s);
+  // Collective, every ring call's first: that no rank refused its arguments (`refused`: this rank's error,
+  // or null), and `least` (the options' fingerprint) replaced by its least over the ranks. Throws on a rank
+  // that did not refuse where another did; returns on a refusing rank, which raises its own error.
+  void agree_to_start(const std::exception_ptr& refused, int64_t (&least)[2]) const;
+  AgreementAllReduce all_reduce;
+  int rank = 0, size = 1;
+  std::unique_ptr<PythonCommunicator> python;  // a Python object's messages: made for this call
+};
+
+// This rank refused a ring call before its arguments reached RingForCall (the Python layer's own checks):
+// it joins the call's first agreement with `refused`, which the caller then raises.
+void refuse_ring_call(const CallerComm& caller, double timeout_s, const std::exception_ptr& refused);
 
 // The checks of a ring call's communicator, placement, layout and timeout (a part of its arguments'
 // checks, whose error RingForCall takes as `refused`).

@@ -7,6 +7,7 @@
 
 #include <exception>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "arrays.h"
@@ -130,6 +131,13 @@ void bind_ring(nb::module_& m) {
         "dlse"_a.none(), "comm"_a,
         "layout"_a, "global_q_len"_a.none(), "global_kv_len"_a.none(), "local_impl"_a, "timeout"_a, "deterministic"_a,
         "grad_wire"_a, "options"_a, "f32_gradients"_a, "out"_a.none(), "stream"_a, "like"_a);
+  // A rank whose ring call the Python layer refused (`reason`) joins the call's first agreement with it, so
+  // that every rank stops at once (call_ring.h).
+  m.def("refuse_ring_call", [](nb::handle comm, double timeout, const std::string& reason) {
+    const CallerComm caller = caller_comm_of(comm);
+    nb::gil_scoped_release released;
+    refuse_ring_call(caller, timeout, std::make_exception_ptr(std::runtime_error(reason)));
+  }, "comm"_a, "timeout"_a, "reason"_a);
   // What the process's last ring call did (call_ring.h), as a dict; None before the first.
   m.def("ring_stats", []() -> nb::object {
     const std::optional<RingStats> s = last_ring_stats();

@@ -204,7 +204,8 @@ def test_a_refused_call_raises_its_own_error_where_the_ranks_agreement_fails_too
 
 @pytest.mark.skipif(SIZE == 1, reason="one rank has no other to tell")
 @pytest.mark.parametrize("bad, reason", [
-    ("bias_rank", "bias has 5 dimensions, expected 4"),        # refused by the binding's own checks
+    ("out_beside_format", "out= takes contiguous"),            # refused by the Python layer's own checks
+    ("bias_rank", "bias has 5 dimensions, expected 4"),        # by the binding's
     ("unknown_option", "unknown option 'casual'"),
     ("k_head_dim", "k dimension 3 (head_dim) is 8, expected 32"),  # by the ring's, at the call's start
     ("out_shape", "output o has shape"),
@@ -221,6 +222,8 @@ def test_one_ranks_bad_argument_stops_every_rank_at_once_quoting_it(bad, reason)
     options, out = {}, None
     if mine and bad == "bias_rank":
         options["bias"] = np.zeros((1, 1, 3, 3 * SIZE, 1), np.float32)
+    if mine and bad == "out_beside_format":
+        options["qkv_format"], out = "sbhd", (np.empty_like(q), np.empty((1, q.shape[2], q.shape[1]), np.float32))
     if mine and bad == "unknown_option":
         options["casual"] = True
     if mine and bad == "k_head_dim":
