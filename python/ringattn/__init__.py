@@ -24,7 +24,6 @@ GPUs and rings take float32, float16 and bfloat16.
 """
 
 import atexit
-import contextlib
 
 from . import _nvidia
 
@@ -187,11 +186,14 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     same bits on every run for this number of ranks and layout (the backward's sums in a fixed order).
     qkv_format: as attention's (shard() cuts the format's len axis: 2 for "bhsd", 0 for "sbhd").
     """
-    with _refused_on_every_rank(comm, timeout):
+    try:
         out = _format_out(out, qkv_format)
         axes, (q, k, v) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
         _note_layout(q, k, qkv_format)  # (given no format, q and k as given)
         call_options, call_stream = _call_options(options), _stream(stream)
+    except Exception as error:
+        _refuse_on_every_rank(lambda: comm, timeout, error)
+        raise
     results = _explained(qkv_format, lambda: _core.ring_attention(
         q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), "f32",
         call_options, return_lse, out, call_stream, q))
@@ -212,29 +214,28 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, dlse=None, layout="zig
     qkv_format: the forward's; o and do in it, dq, dk, dv returned in it. out: as attention_backward's (every
     rank names the same gradients: the ranks sum dsinks together).
     """
-    with _refused_on_every_rank(comm, timeout):
+    try:
         out = _format_out(out, qkv_format)
         axes, (q, k, v, o, do) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
         call_options, gradient_out, call_stream = _call_options(options), _gradient_out(out, options), _stream(stream)
+    except Exception as error:
+        _refuse_on_every_rank(lambda: comm, timeout, error)
+        raise
     grads = _explained(qkv_format, lambda: _core.ring_attention_backward(
         q, k, v, o, lse, do, dlse, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
         bool(deterministic), grad_wire, call_options, f32_gradients, gradient_out, call_stream, q))
     return _in_bias_shape(_in_format(axes, tuple(grads), 3), options, out)
 
 
-@contextlib.contextmanager
-def _refused_on_every_rank(comm, timeout):
-    """This rank's own checks of a ring call's arguments, before the core's: an error there is every rank's
-    (each stops at once, quoting it), as one in the core's checks is, not this rank's alone."""
+def _refuse_on_every_rank(comm_of, timeout, error):
+    """This rank's own checks of a ring call's arguments, before the core's, raised `error`: it joins the call's
+    first agreement with it over comm_of()'s communicator, so that every rank stops at once quoting it, as for
+    an error of the core's checks; the caller then raises it."""
     try:
-        yield
-    except Exception as e:
-        try:
-            _core.refuse_ring_call(comm, float(timeout) if isinstance(timeout, (int, float)) else 60.0,
-                                   f"{type(e).__name__}: {e}")
-        except Exception:  # a comm that cannot agree: the call's own error is raised
-            pass
-        raise
+        seconds = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else 60.0
+        _core.refuse_ring_call(comm_of(), seconds, f"{type(error).__name__}: {error}")
+    except Exception:  # noqa: BLE001  (a comm that cannot agree: the call's own error is what is raised)
+        pass
 
 
 def ring_stats():

@@ -37,7 +37,7 @@ from torch import Tensor
 from torch.utils.dlpack import to_dlpack
 
 from . import _core, varlen
-from . import _four_dims, _int32_segments
+from . import _four_dims, _int32_segments, _refuse_on_every_rank
 from .formats import explained, note_layout, reorder, to_core
 from . import shard as ringattn_shard
 
@@ -221,6 +221,14 @@ def _nccl_comm_of(group, device: torch.device, timeout: float):
             raise ValueError(f"the group's first rank could not make an NCCL unique id: {unique_id[0]}")
         _group_comms[key] = _core.NcclComm(unique_id[0], rank, size, device.index, timeout)
     return _group_comms[key]
+
+
+def _refuse_ring_call(comm, group, timeout, q, error):
+    """This rank's checks of a ring call raised `error` before the call reached the core: it joins the call's
+    first agreement over the call's communicator with it (ringattn._refuse_on_every_rank), so that every rank
+    stops at once quoting it; the caller raises it."""
+    device = q.device if isinstance(q, Tensor) else torch.device("cpu")
+    _refuse_on_every_rank(lambda: _communicators[_handle_of(comm, group, float(timeout), device)], timeout, error)
 
 
 def _handle_of(comm, group, timeout, device: torch.device) -> int:
@@ -601,14 +609,18 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     every query row (T|1 == 1) are replicated: each rank's gradient of them is its share, the ranks' sum the
     whole gradient, as every other parameter's is where data- or context-parallel training adds them up.
     """
-    qkv_format = _format_of(qkv_format, layout_bhtd)
-    axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
-    if not torch.compiler.is_compiling():  # (the core's rule, which a traced graph cannot call)
-        note_layout(q, k, qkv_format)  # (given no format, q and k as given)
-    q, k, v = _autocast(q, k, v)
-    sinks, bias = _shared_over_ranks(*_parameters_in_stats_dtype(sinks, bias, q), comm, group)
-    args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
-                        dropout_seed, batch_offset, head_offset, flash_kernel)
+    try:
+        qkv_format = _format_of(qkv_format, layout_bhtd)
+        axes, (q, k, v) = to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
+        if not torch.compiler.is_compiling():  # (the core's rule, which a traced graph cannot call)
+            note_layout(q, k, qkv_format)  # (given no format, q and k as given)
+        q, k, v = _autocast(q, k, v)
+        sinks, bias = _shared_over_ranks(*_parameters_in_stats_dtype(sinks, bias, q), comm, group)
+        args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
+                            dropout_seed, batch_offset, head_offset, flash_kernel)
+    except Exception as error:
+        _refuse_ring_call(comm, group, timeout, q, error)
+        raise
     handle = _handle_of(comm, group, float(timeout), q.device)
     plain = layout != "striped" and _asks_only_what_cudnn_expresses(args)  # (cudnn steps take runs of positions)
     o, lse = _run_automatic(lambda chosen: explained(qkv_format, lambda: _eager_call(
@@ -724,17 +736,22 @@ def ring_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None
     The ring runs one causal diagonal over the packed sequence: with causal or window, every sequence must
     end at the same distance between its keys and its queries (equal cu_seqlens_q and cu_seqlens_k, as in
     training), else a ValueError says which sequence does not."""
-    varlen.check_packed_tensors(q, k, v)
-    packed = varlen.packed_sequences(cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k,
-                                     _masks_aligned(causal, window))
-    if not packed.one_call:
-        first, offset = packed.misaligned, packed.cu_k[-1] - packed.cu_q[-1]
-        raise ValueError(f"sequence {first} ends {packed.cu_k[first + 1] - packed.cu_q[first + 1]} keys past its "
-                         f"queries' end but the batch {offset}: the ring aligns causal and window once, over the packed "
-                         "sequence (pass equal cu_seqlens_q and cu_seqlens_k, or use attention_varlen on one process)")
-    rank, size = varlen.rank_and_size(comm, group)
-    segments = ringattn_shard(packed.segment_ids(q.device), 1, layout, rank, size)
-    kv_segments = ringattn_shard(packed.segment_ids(q.device, keys=True), 1, layout, rank, size)
+    try:
+        varlen.check_packed_tensors(q, k, v)
+        packed = varlen.packed_sequences(cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k,
+                                         _masks_aligned(causal, window))
+        if not packed.one_call:
+            first, offset = packed.misaligned, packed.cu_k[-1] - packed.cu_q[-1]
+            raise ValueError(f"sequence {first} ends {packed.cu_k[first + 1] - packed.cu_q[first + 1]} keys past its "
+                             f"queries' end but the batch {offset}: the ring aligns causal and window once, over the "
+                             "packed sequence (pass equal cu_seqlens_q and cu_seqlens_k, or use attention_varlen on "
+                             "one process)")
+        rank, size = varlen.rank_and_size(comm, group)
+        segments = ringattn_shard(packed.segment_ids(q.device), 1, layout, rank, size)
+        kv_segments = ringattn_shard(packed.segment_ids(q.device, keys=True), 1, layout, rank, size)
+    except Exception as error:
+        _refuse_ring_call(comm, group, timeout, q, error)
+        raise
     o, lse = ring_attention(q[None], k[None], v[None], comm=comm, group=group, layout=layout,
                             global_q_len=packed.cu_q[-1], global_kv_len=packed.cu_k[-1], causal=causal, window=window,
                             softcap=softcap, scale=scale, sinks=sinks, segment_ids=segments, kv_segment_ids=kv_segments,

@@ -178,3 +178,31 @@ def check_ring_varlen_equals_one_process(ring, layout, causal, device="cpu", dty
 @pytest.mark.parametrize("causal", [False, True])
 def test_ring_attention_varlen_shards_equal_one_process(layout, causal):
     check_ring_varlen_equals_one_process(RING, layout, causal)
+
+
+@pytest.mark.skipif(SIZE == 1, reason="one rank has no other to tell")
+@pytest.mark.parametrize("bad, reason", [
+    ("qkv_format", "qkv_format"),                          # ringattn.torch's own checks
+    ("varlen_lengths", "cu_seqlens_q must start at 0"),    # ring_attention_varlen's
+    ("k_head_dim", "k dimension 3 (head_dim) is 8, expected 16"),  # the ring's, at the call's start
+])
+def test_one_ranks_bad_argument_stops_every_rank_at_once_quoting_it(bad, reason):
+    # The last rank's argument is bad: it raises its own error, and every other rank raises at once too,
+    # naming that rank and quoting its reason, instead of waiting for it until the timeout.
+    mine = RANK == SIZE - 1
+    q, k, v = (torch.randn(1, 4 * SIZE, 2, 16) for _ in range(3))
+    q, k, v = (shard(x, "zigzag") for x in (q, k, v))
+    start = time.monotonic()
+    with pytest.raises(ValueError) as raised:
+        if bad == "varlen_lengths":
+            cu = [0, 4 * SIZE] if not mine else [1, 4 * SIZE]
+            rt.ring_attention_varlen(q[0], k[0], v[0], cu, cu, **RING, timeout=30)
+        else:
+            options = {"qkv_format": "xyz"} if mine and bad == "qkv_format" else {}
+            rt.ring_attention(q, k[..., :8] if mine and bad == "k_head_dim" else k, v, **RING, timeout=30, **options)
+    assert time.monotonic() - start < 10
+    message = str(raised.value)
+    assert reason in message, message
+    if not mine:
+        assert f"rank {SIZE - 1} of {SIZE} refused its part of the call" in message, message
+    assert rt.ring_attention(q, k, v, **RING).shape == q.shape  # nothing of the refused call is left in flight
