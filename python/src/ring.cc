@@ -35,35 +35,48 @@ std::exception_ptr error_of(Checks&& checks) {
   }
 }
 
+// What both ring calls read of their arguments, checked (the caller's error_of keeps what they throw).
+struct RingCallArguments {
+  void read(const AnyArray& q, const AnyArray& k, const AnyArray& v, const CallerComm& caller,
+            const std::string& layout, double timeout_s, bool deterministic, const std::string& grad_wire,
+            const nb::dict& options) {
+    where = placement_of(q, "q");
+    check_ring_call(caller, where, layout, timeout_s);
+    // The backward's wire is part of the ring's configuration: a forward and its backward share a kept ring.
+    modes = RingModes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
+    call = options_from(options);
+    in = inputs_of(q, k, v, call, where);  // views `call`'s arrays
+    params = params_of(call);
+    modes.options = ring_options_text(params, in);
+  }
+  Placement where;
+  RingModes modes;
+  CallOptions call;
+  AttentionInputs in;
+  AttentionParams params;
+};
+
 nb::object ring_attention(const AnyArray& q, const AnyArray& k, const AnyArray& v, nb::handle comm,
                           const std::string& layout, std::optional<int64_t> global_q_len,
                           std::optional<int64_t> global_kv_len, const std::string& local_impl, double timeout_s,
                           bool deterministic, const std::string& grad_wire, const nb::dict& options,
                           bool return_lse, nb::handle out, uintptr_t stream, nb::handle like) {
   const CallerComm caller = caller_comm_of(comm);
-  Placement where;
-  RingModes modes;
-  CallOptions call;
-  AttentionInputs in;
-  AttentionParams params;
+  RingCallArguments a;
   std::optional<ForwardViews> into;
   const std::exception_ptr refused = error_of([&] {
-    where = placement_of(q, "q");
-    check_ring_call(caller, where, layout, timeout_s);
-    // The backward's wire is part of the ring's configuration: a forward and its backward share a kept ring.
-    modes = RingModes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
-    call = options_from(options);
-    in = inputs_of(q, k, v, call, where);
-    params = params_of(call);
-    modes.options = ring_options_text(params, in);
-    into = forward_out_of(out, where);
-    check_capturable(where, stream, in, params, /*backward=*/false, nullptr, /*ring=*/true);
+    a.read(q, k, v, caller, layout, timeout_s, deterministic, grad_wire, options);
+    into = forward_out_of(out, a.where);
+    check_capturable(a.where, stream, a.in, a.params, /*backward=*/false, nullptr, /*ring=*/true);
   });
+  const Placement& where = a.where;
+  const AttentionInputs& in = a.in;
+  const AttentionParams& params = a.params;
   AttentionOutput result;
   {
     nb::gil_scoped_release released;  // the ring waits on its peers without holding the interpreter
     const CallDevice device(where, stream);
-    RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, modes, in, device, refused);
+    RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, a.modes, in, device, refused);
     ring.run([&](CallRing& r) {
       if (into) {
         r.impl->forward_into(in, params, r.pos, *into);
@@ -84,36 +97,29 @@ nb::object ring_attention_backward(const AnyArray& q, const AnyArray& k, const A
                                    const nb::dict& options, bool f32_gradients, nb::handle out, uintptr_t stream,
                                    nb::handle like) {
   const CallerComm caller = caller_comm_of(comm);
-  Placement where;
-  RingModes modes;
-  CallOptions call;
-  AttentionInputs in;
-  AttentionParams params;
+  RingCallArguments a;
   ForwardViews forward;
   TensorView grad_out, grad_lse;
   std::optional<GradViews> into;
   const std::exception_ptr refused = error_of([&] {
-    where = placement_of(q, "q");
-    check_ring_call(caller, where, layout, timeout_s);
-    modes = RingModes{deterministic, parse_gradient_wire(grad_wire, "grad_wire")};
-    call = options_from(options);
-    in = inputs_of(q, k, v, call, where);
-    params = params_of(call);
-    modes.options = ring_options_text(params, in);
-    forward = forward_views_of(o, lse, where);
-    grad_out = view_of(d_o, "do", 4, where);
-    grad_lse = optional_view_of(d_lse, "dlse", 3, where);
-    into = gradients_out_of(out, in, where);
+    a.read(q, k, v, caller, layout, timeout_s, deterministic, grad_wire, options);
+    forward = forward_views_of(o, lse, a.where);
+    grad_out = view_of(d_o, "do", 4, a.where);
+    grad_lse = optional_view_of(d_lse, "dlse", 3, a.where);
+    into = gradients_out_of(out, a.in, a.where);
     // The ranks sum dsinks together: every rank asks for it, or none does (compared with the options).
-    if (into && in.sinks.defined() && !into->sinks_gradient) modes.options += " without dsinks";
-    if (into && in.bias.defined() && !into->bias_gradient) modes.options += " without dbias";
-    check_capturable(where, stream, in, params, /*backward=*/true, into ? &*into : nullptr, /*ring=*/true);
+    if (into && a.in.sinks.defined() && !into->sinks_gradient) a.modes.options += " without dsinks";
+    if (into && a.in.bias.defined() && !into->bias_gradient) a.modes.options += " without dbias";
+    check_capturable(a.where, stream, a.in, a.params, /*backward=*/true, into ? &*into : nullptr, /*ring=*/true);
   });
+  const Placement& where = a.where;
+  const AttentionInputs& in = a.in;
+  const AttentionParams& params = a.params;
   Gradients g;
   {
     nb::gil_scoped_release released;
     const CallDevice device(where, stream);
-    RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, modes, in, device, refused);
+    RingForCall ring(caller, layout, global_q_len, global_kv_len, local_impl, timeout_s, a.modes, in, device, refused);
     g = ring.run([&](CallRing& r) {
       return r.impl->backward(in, params, r.pos, grad_out, forward, f32_gradients, into ? &*into : nullptr, grad_lse);
     });
