@@ -37,7 +37,8 @@ MagnitudeBounds MagnitudeBounds::of(const AttentionInputs& in, const BackwardInp
           magnitude_exponent(grad.delta)};
 }
 
-ExactBackward::ExactBackward(const AttentionInputs& in, const AttentionParams& params, const MagnitudeBounds& global)
+ExactBackward::ExactBackward(const AttentionInputs& in, const AttentionParams& params, const MagnitudeBounds& global,
+                             bool with_dbias)
     : params_(params), batch_(in.k.dim(0)), kv_heads_(in.k.dim(2)), head_dim_(in.k.dim(3)), value_dim_(in.v.dim(3)) {
   // Bounds of every term (sdpa_backward_rows; validated params: dropout < 1): P <= 1, a kept probability is scaled by keep <= 2^keep_exp,
   // dP = dO . V over Dv, dS = P (dP keep - delta).
@@ -51,7 +52,7 @@ ExactBackward::ExactBackward(const AttentionInputs& in, const AttentionParams& p
   dbias_exp_ = ds_exp;
   dsinks_exp_ = int(global.delta);  // P_sink delta
   dq_.assign(size_t(in.q.numel()), 0);
-  if (in.bias.defined()) dbias_.assign(size_t(in.bias.numel()), 0);
+  if (in.bias.defined() && with_dbias) dbias_.assign(size_t(in.bias.numel()), 0);
 }
 
 void ExactBackward::add_block(const AttentionInputs& block, const TokenPositions& pos, const BackwardInputs& grad,

@@ -38,8 +38,10 @@ struct MagnitudeBounds {
 
 class ExactBackward {
  public:
-  // `global`: the bounds over the whole sequence (every rank's maximum).
-  ExactBackward(const AttentionInputs& in, const AttentionParams& params, const MagnitudeBounds& global);
+  // `global`: the bounds over the whole sequence (every rank's maximum). `with_dbias`: the bias's sums are
+  // formed (else dbias_sums() is empty).
+  ExactBackward(const AttentionInputs& in, const AttentionParams& params, const MagnitudeBounds& global,
+                bool with_dbias);
 
   // Elements of a block's dK and dV sums of `rows` rows: (B, rows, Hkv, D), then (B, rows, Hkv, Dv).
   size_t dk_count(int64_t rows) const { return size_t(batch_ * rows * kv_heads_ * head_dim_); }

@@ -45,7 +45,10 @@ void RingAttention::accumulate_backward_exact(const AttentionInputs& in, const T
   comm.all_reduce(&bounds.q, 5, ReduceOp::kMax);
   static const char* const kNames[5] = {"q", "k", "v", "do", "o (through delta = rowsum(do * o))"};
   check_finite_for_exact_sums(&bounds.q, kNames, 5);
-  ExactBackward exact(in, params, bounds);
+  // A shared bias's sums are formed on every rank, whether or not this one asked for its gradient (their sum
+  // over the ring is collective); a bias of this rank's rows only where its gradient is asked for.
+  const bool shared_bias = comm.size() > 1 && bias_shared_over_ring(comm, in);
+  ExactBackward exact(in, params, bounds, /*with_dbias=*/shared_bias || acc.dbias.defined());
   const int64_t slot_rows = schedule_.slot_rows();
   const size_t dk_bytes = exact.dk_count(slot_rows) * sizeof(Fixed);
   auto dk_of = [](char* sums) { return reinterpret_cast<Fixed*>(sums); };
@@ -66,10 +69,8 @@ void RingAttention::accumulate_backward_exact(const AttentionInputs& in, const T
   };
   carry_gradients(in, pos, params, ctx_.fault.in_pass(FaultPlan::Pass::kBackward), trip);
   exact.dq_into(acc.dq);
-  if (in.bias.defined()) {
-    if (comm.size() > 1 && bias_shared_over_ring(comm, in)) all_reduce_fixed(comm, exact.dbias_sums());
-    if (acc.dbias.defined()) exact.dbias_into(acc.dbias);  // undefined: its gradient not asked for
-  }
+  if (shared_bias) all_reduce_fixed(comm, exact.dbias_sums());
+  if (acc.dbias.defined()) exact.dbias_into(acc.dbias);  // undefined: its gradient not asked for
   if (in.sinks.defined()) {
     std::vector<Fixed> sums = exact.sinks_sums(in.sinks, grad.lse, grad.delta);
     all_reduce_fixed(comm, sums);

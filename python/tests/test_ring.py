@@ -78,13 +78,15 @@ def test_gqa_and_s_not_t():
     np.testing.assert_allclose(dk, ringattn.shard(g1[1], 1, "zigzag", RANK, SIZE), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("name", ["everything", "shared_bias"])
-def test_ring_backward_out_names_the_parameter_gradients_or_forms_none(name):
+def test_ring_backward_out_names_the_parameter_gradients_or_forms_none(name, deterministic):
     # out=(dq, dk, dv, dbias, dsinks) with None for a gradient not formed: the ranks still sum what they share
-    # (a shared bias's dbias), and dq, dk, dv are the bits of the call that forms everything.
+    # (a shared bias's dbias), and dq, dk, dv are the bits of the call that forms everything; on both the
+    # default and the deterministic (exact sums) host ring.
     q, k, v, do, extra = problem(25, T=61, S=61, H=4, Hkv=2, **CASES[name])
     part = lambda x: ringattn.shard(x, 1, "zigzag", RANK, SIZE)  # noqa: E731
-    opts = local_options(extra, "zigzag")
+    opts = dict(local_options(extra, "zigzag"), deterministic=deterministic)
     o, lse = ringattn.ring_attention(part(q), part(k), part(v), comm=COMM, return_lse=True, **opts)
     g = ringattn.ring_attention_backward(part(q), part(k), part(v), o, lse, part(do), comm=COMM, **opts)
     params = [opts[n] for n in ("bias", "sinks") if n in opts]
