@@ -602,7 +602,8 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     under the striped layout, whose rows cuDNN's calls cannot take). Every rank calls it (and its backward) with
     the same options; dK / dV
     accumulate in float32 around the ring (grad_wire="bf16": in bfloat16 on the wire, half the traffic). A
-    rank that stops makes the others fail after `timeout` seconds. deterministic=True: on CPU tensors the same
+    rank whose arguments are refused stops every rank at once, the others quoting its reason; a rank that
+    stops makes the others fail after `timeout` seconds. deterministic=True: on CPU tensors the same
     bits, forward and gradients, for any number of ranks and any layout (exact sums; tens of times slower); on
     CUDA tensors the same bits on every run for this number of ranks and layout (dQ summed in a fixed order).
     qkv_format: as attention's (ringattn.shard cuts the format's len axis). sinks and a bias shared by

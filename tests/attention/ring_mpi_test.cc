@@ -291,7 +291,8 @@ TEST(RingMpi, OneRanksRefusalStopsEveryRankAtOnce) {
   if (n == 1) GTEST_SKIP() << "one rank has no other to tell";
   const int64_t length = 8 * n;
   Problem global(ProblemSpec{1, length, length, 2, 2, 16, 16, g_args.cuda ? DType::kBF16 : DType::kF32, Options{}, 7});
-  RingContext ctx{g_ring_comm, SequenceLayout::kZigzag, length, length, "flash_attn2", std::chrono::milliseconds(20000)};
+  RingContext ctx{g_ring_comm, SequenceLayout::kZigzag, length, length, "flash_attn2",
+                  std::chrono::milliseconds(20000)};
   ctx.transport = g_args.transport;
   ctx.host_comm = g_world;
   const Shard shard(global, ctx);
