@@ -25,10 +25,10 @@ std::string reason_of(const std::exception_ptr& error) {
   }
 }
 
-void agree_every_rank_goes_on(const AgreementAllReduce& all_reduce, int rank, int size,
-                              const std::exception_ptr& refused, const std::string& call,
-                              std::span<int64_t> least) {
-  if (size == 1) return;
+namespace {
+
+void agree(const AgreementAllReduce& all_reduce, int rank, int size, const std::exception_ptr& refused,
+           const std::string& call, std::span<int64_t> least) {
   std::vector<int64_t> first(1 + least.size());
   first[0] = refused ? rank : size;  // becomes the lowest refusing rank, or size where none refused
   std::copy(least.begin(), least.end(), first.begin() + 1);
@@ -51,6 +51,19 @@ void agree_every_rank_goes_on(const AgreementAllReduce& all_reduce, int rank, in
   const std::string reason(reinterpret_cast<const char*>(words.data() + 1), bytes);
   RA_FAIL(call, ": rank ", first_refusing, " of ", size, " refused its part of the call, so every rank stops before "
           "any exchange; rank ", first_refusing, " says: ", reason);
+}
+
+}  // namespace
+
+void agree_every_rank_goes_on(const AgreementAllReduce& all_reduce, int rank, int size,
+                              const std::exception_ptr& refused, const std::string& call,
+                              std::span<int64_t> least) {
+  if (size == 1) return;
+  if (!refused) return agree(all_reduce, rank, size, nullptr, call, least);
+  try {  // the caller raises `refused`, whatever becomes of the agreement (a rank gone, a timeout)
+    agree(all_reduce, rank, size, refused, call, least);
+  } catch (...) {
+  }
 }
 
 void agree_every_rank_goes_on(Communicator& comm, std::chrono::milliseconds timeout,

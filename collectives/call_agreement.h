@@ -20,7 +20,8 @@ using AgreementAllReduce = std::function<void(int64_t* data, size_t count, Reduc
 
 // Collective: one all-reduce where no rank refused, two where one did. `refused`: this rank's reason, or
 // null where it can go on. Returns where no rank refused, and on a rank that refused (it raises its own
-// error); throws ra::Error on the other ranks, naming the lowest refusing rank and its reason. `least`:
+// error, so an all-reduce that fails there is not raised in its place); throws ra::Error on the other ranks,
+// naming the lowest refusing rank and its reason. `least`:
 // values the ranks agree on in the same all-reduce, replaced by their least over the ranks (where no rank
 // refused).
 void agree_every_rank_goes_on(const AgreementAllReduce& all_reduce, int rank, int size,

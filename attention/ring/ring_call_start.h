@@ -27,15 +27,11 @@ class RingCallStart {
   bool& started_;
 };
 
-// This rank refused a call of a ring not yet started: it joins the ranks' agreement with `refused`. The
-// caller raises `refused` itself, so a failed agreement (a rank gone) is not raised in its place.
+// This rank refused a call of a ring not yet started: it joins the ranks' agreement with `refused`, which
+// the caller then raises.
 inline void join_refused_call(Communicator& comm, std::chrono::milliseconds timeout, bool started,
                               const std::exception_ptr& refused) {
-  if (started) return;
-  try {
-    agree_every_rank_goes_on(comm, timeout, refused, "ring");
-  } catch (...) {
-  }
+  if (!started) agree_every_rank_goes_on(comm, timeout, refused, "ring");
 }
 
 }  // namespace ra

@@ -232,7 +232,7 @@ def _refuse_on_every_rank(comm_of, timeout, error):
     first agreement with it over comm_of()'s communicator, so that every rank stops at once quoting it, as for
     an error of the core's checks; the caller then raises it."""
     try:
-        seconds = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else 60.0
+        seconds = float(timeout) if isinstance(timeout, (int, float)) else 60.0  # (the core takes <= 0 as 60)
         _core.refuse_ring_call(comm_of(), seconds, f"{type(error).__name__}: {error}")
     except Exception:  # noqa: BLE001  (a comm that cannot agree: the call's own error is what is raised)
         pass

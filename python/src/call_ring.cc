@@ -188,18 +188,14 @@ CallerAgreement::CallerAgreement(const CallerComm& caller, double timeout_s) {
 }
 
 void CallerAgreement::agree_to_start(const std::exception_ptr& refused, int64_t (&least)[2]) const {
-  try {
-    agree_every_rank_goes_on(all_reduce, rank, size, refused, "ring_attention", least);
-  } catch (...) {
-    if (!refused) throw;  // a rank that refused raises its own error, even where the agreement failed too
-  }
+  agree_every_rank_goes_on(all_reduce, rank, size, refused, "ring_attention", least);
 }
 
 void refuse_ring_call(const CallerComm& caller, double timeout_s, const std::exception_ptr& refused) {
   try {
     int64_t unread[2] = {0, 0};
     CallerAgreement(caller, timeout_s).agree_to_start(refused, unread);
-  } catch (...) {  // the caller raises `refused`
+  } catch (...) {  // a communicator this rank cannot reach (the caller raises `refused`)
   }
 }
 
