@@ -7,9 +7,11 @@
 // then runs the online softmax of S while the tensor cores work on P V. At head_dim 128 and in MLA's
 // instance (no cap, no segment ids) the two warpgroups take turns issuing their products
 // (FlashAttention-3's ping-pong). Masking and the tile schedule are the mma.sync kernel's (flash_tile.cuh);
-// the body is compiled for sm_90a only.
+// a bias alone at head_dim 64 and 128 has an instance of its own, each warpgroup's rows of the next tile's
+// bias staged in shared memory (bias_tile.cuh). The body is compiled for sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
 
+#include "attention/cuda/bias_tile.cuh"
 #include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
@@ -28,11 +30,17 @@ constexpr int kThreads = kGroups * 128;
 [[maybe_unused]] constexpr int kWarps = kThreads / 32;  // used by the sm_90a body only
 constexpr int kBlockM = kGroups * 64;     // query rows per block
 // Keys per K/V tile: 128, or what Q and two K and V buffers leave room for in shared memory: 96 at
-// head_dim 192, 64 at 256 (192 KiB each); MLA's instance (D = 192, Dv = 128) 128 (208 KiB).
-template <int D, int Dv>
-constexpr int kBlockNFor = D == 192 && Dv == 192 ? 96
-                           : D > 128 && Dv > 128 ? 64
-                                                 : 128;
+// head_dim 192, 64 at 256 (192 KiB each); MLA's instance (D = 192, Dv = 128) 128 (208 KiB). The bias
+// instance (kBias) has two bias tiles of 128 rows beside them: 64 keys at head_dim 128 (166 KiB).
+template <int D, int Dv, bool kBias = false>
+constexpr int kBlockNFor = kBias && D == 128      ? 64
+                           : D == 192 && Dv == 192 ? 96
+                           : D > 128 && Dv > 128   ? 64
+                                                   : 128;
+// The bias instance's tiles: rows of kBlockN keys 8 floats apart more, so that a fragment's eight rows of
+// four key pairs (read as float2) fall into 32 different banks each half-warp.
+template <int kBlockN>
+constexpr int kBiasStride = kBlockN + 8;
 using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
@@ -60,13 +68,17 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 // Dv: V's and O's columns, D's but in MLA's instance (D = 192, Dv = 128), whose O would otherwise form 64
 // columns from zeros.
-template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, int Dv = D>
+// kBias: an additive bias alone (flash_takes_bias_alone), masked by positions as without it: each warpgroup
+// stages its 64 rows of a tile's bias in shared memory while the tile before it computes.
+template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, int Dv = D,
+          bool kBias = false>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_wgmma_kernel(const CudaAttentionArgs a, const __grid_constant__ KvMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!kBias || !(kSegments || kSoftCap || kExtras) && Dv == D, "the bias alone");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
-  constexpr int kBlockN = kBlockNFor<D, Dv>;
+  constexpr int kBlockN = kBlockNFor<D, Dv, kBias>;
   T* q_smem = reinterpret_cast<T*>(smem);
   T* k_smem = q_smem + kBlockM * D;      // two buffers of kBlockN x D
   T* v_smem = k_smem + 2 * kBlockN * D;  // two buffers of kBlockN x Dv
@@ -76,6 +88,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // grid's last blocks leave idle: all of its inputs but the carry are ready (see merge_into_carry).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
+  // kBias: two buffers of kBlockM rows of keys' bias; this warpgroup's are its own 64 rows of each.
+  constexpr int kBiasRowStride = kBiasStride<kBlockN>;
+  [[maybe_unused]] float* const group_bias = reinterpret_cast<float*>(v_smem + 2 * kBlockN * Dv) + group * 64 * kBiasRowStride;
   // Causal: later query rows see more keys. Blocks start in index order, so the longest go first and
   // the last wave is made of short ones (a shorter tail).
   const int m_block = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -147,6 +162,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tiles > 0) load_k(0, first);
   });
 
+  // kBias: step i's bias tile into buffer i % 2, this warpgroup's rows by its own threads.
+  auto load_bias = [&](int i) {
+    if constexpr (kBias) {
+      load_bias_tile<64, kBlockN, kBiasRowStride, 128>(group_bias + (i % 2) * kBlockM * kBiasRowStride, a, b, h,
+                                                       m0 + group * 64, (first + i) * kBlockN, tid % 128);
+      copy_commit();
+    }
+  };
+  // Before step i's softmax: its bias has landed for the whole warpgroup, whose every thread is done with
+  // step i - 1's, so step i + 1's loads into that buffer now.
+  auto bias_landed = [&](int i) {
+    copy_wait_all();
+    asm volatile("bar.sync %0, 128;\n" ::"r"(3 + group) : "memory");  // (barriers 1 and 2: IssueTurns)
+    if (i + 1 < tiles) load_bias(i + 1);
+  };
   // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
   const uint32_t q_rows = smem_address(q_smem) + group * 64 * kRowBytes;
   auto begin_step = [&](int i) {
@@ -214,7 +244,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (masked) mask_positions<kSegments, kTilesN, true>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
     if constexpr (kExtras) add_bias_mask(a, s, b, h, tile * kBlockN, lane, row0, &keys);
-    softmax_probabilities(s, m_row, l_row, masked ? 1.0f : scale, alpha);
+    if constexpr (kBias) {  // log2-unit logits plus the bias; hidden pairs stay -inf
+      bias_landed(i);
+      const float* rows = group_bias + (i % 2) * kBlockM * kBiasRowStride + (warp % 4 * 16 + lane / 4) * kBiasRowStride;
+      const float to_log2 = masked ? 1.0f : scale;
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float2 bias = *reinterpret_cast<const float2*>(rows + half * 8 * kBiasRowStride + j * 8 + (lane % 4) * 2);
+          s[j][2 * half] = fmaf(s[j][2 * half], to_log2, bias.x * kLog2e);
+          s[j][2 * half + 1] = fmaf(s[j][2 * half + 1], to_log2, bias.y * kLog2e);
+        }
+    }
+    softmax_probabilities(s, m_row, l_row, masked || kBias ? 1.0f : scale, alpha);
     if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s, b, h, tile * kBlockN, lane, row0, &keys);
   };
   auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
@@ -236,7 +279,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto step_landed = [&](int i) {  // warpgroup 0's products of step i have landed: their buffers may be reloaded
     if (kTurns && tid == 0 && i + 1 < tiles) tma::arrive(&leader_done[i % 2]);
   };
-  copy_wait_all();               // Q
+  if constexpr (kBias) {
+    if (tiles > 0) load_bias(0);
+  }
+  copy_wait_all();               // Q (and the bias instance's first tile)
   wgmma::fence_shared_writes();  // cp.async wrote Q through the generic proxy; wgmma reads through the async one
   __syncthreads();               // every thread's Q rows, and the barriers' initialisation
   if (tiles > 0) {
@@ -299,19 +345,51 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <typename T, int D, int Dv>
+template <typename T, int D, int Dv, bool kBias = false>
 constexpr size_t smem_bytes() {
-  constexpr int kBlockN = kBlockNFor<D, Dv>;
-  return size_t(kBlockM * D + 2 * kBlockN * (D + Dv)) * sizeof(T) + kSwizzleAtom;  // + alignment slack
+  constexpr int kBlockN = kBlockNFor<D, Dv, kBias>;
+  return size_t(kBlockM * D + 2 * kBlockN * (D + Dv)) * sizeof(T) +
+         (kBias ? 2 * size_t(kBlockM) * kBiasStride<kBlockN> * sizeof(float) : 0) + kSwizzleAtom;  // + alignment slack
 }
 static_assert(smem_bytes<__nv_bfloat16, 256, 256>() <= 227 * 1024 &&
                   smem_bytes<__nv_bfloat16, 192, 192>() <= 227 * 1024 &&
                   smem_bytes<__nv_bfloat16, 192, 128>() <= 227 * 1024,
               "Q and two K and V buffers fit Hopper's shared memory");
+static_assert(smem_bytes<__nv_bfloat16, 64, 64, true>() <= 227 * 1024 && smem_bytes<__nv_bfloat16, 128, 128, true>() <= 227 * 1024,
+              "the bias instances' two bias tiles beside them");
+
+// One instance's launch: kBlockN keys a K / V tile, smem bytes of dynamic shared memory.
+template <typename T, int kBlockN, typename Kernel>
+void launch_kernel(Kernel kernel, size_t smem, bool overlap_carry_writer, const CudaAttentionArgs& a, cudaStream_t stream) {
+  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = overlap_carry_writer ? 1 : 0;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, key_tiles_of<T>(a, kBlockN)));
+}
 
 template <typename T, int D, bool kPadded, int Dv = D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
+  // A bias alone on the 64 and 128 instances (head dims up to 128; 128 itself runs the padded one): its own
+  // instance, the bias staged in shared memory, where the extras instance reads it pair by pair. Never
+  // behind a carry writer, as the extras.
+  if constexpr ((D == 64 || D == 128) && Dv == D) {
+    if (flash_takes_bias_alone(a)) {
+      constexpr size_t kSmem = smem_bytes<T, D, Dv, true>();
+      return launch_kernel<T, kBlockNFor<D, Dv, true>>(
+          a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, Dv, true>
+                     : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, Dv, true>,
+          kSmem, false, a, stream);
+    }
+  }
   const bool extras = flash_has_extras(a);
   // Template arguments after the carry mode: kSegments, kSoftCap, kExtras, kPadded, Dv.
   auto kernel =
@@ -329,18 +407,7 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
       : a.q_segment_ranges   ? flash_wgmma_kernel<T, D, kFromCarry, true, false, false, kPadded, Dv>
       : a.after_carry_writer ? flash_wgmma_kernel<T, D, kAfterCarryWriter, false, false, false, kPadded, Dv>
                              : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, Dv>;
-  RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<T, D, Dv>())));
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes<T, D, Dv>();
-  config.stream = stream;
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = a.after_carry_writer && !extras ? 1 : 0;
-  config.attrs = &overlap;
-  config.numAttrs = 1;
-  RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, key_tiles_of<T>(a, kBlockNFor<D, Dv>)));
+  launch_kernel<T, kBlockNFor<D, Dv>>(kernel, smem_bytes<T, D, Dv>(), a.after_carry_writer && !extras, a, stream);
 }
 
 }  // namespace

@@ -29,10 +29,10 @@ namespace {
 
 using namespace wgmma_backward;
 
-template <typename T, int D, bool kPadded, bool kSegments, bool kSoftCap, bool kExtras>
+template <typename T, int D, bool kPadded, bool kSegments, bool kSoftCap, bool kExtras, bool kBias = false>
 void launch_instance(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
-  using Traits = WgmmaBackwardTraits<T, D, kExtras>;
-  auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded>;
+  using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias>;
+  auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded, false, false, kBias>;
   launch_flash_backward(reinterpret_cast<const void*>(kernel), with_step_maps<T, Traits>(g), Traits::kBlockN, kThreads,
                         Traits::kSmemBytes, dq_slices, stream);
 }
@@ -41,6 +41,12 @@ template <typename T, int D, bool kPadded>
 void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   // The extras spill at D = 96 (beside unsplit dK and dV, 324 bytes a thread) and 32 (760): the 128 instance's
   // split layout and the 64 instance, as before those had instances of their own.
+  // A bias alone at exact D = 64 and 128 (the common head dims) has an instance of its own: the positions'
+  // kernel with the bias staged in shared memory, unsplit, where the extras instance reads it per pair.
+  if constexpr ((D == 64 || D == 128) && !kPadded) {
+    if (flash_takes_bias_alone(g.a))
+      return launch_instance<T, D, false, false, false, false, true>(g, dq_slices, stream);
+  }
   if (flash_has_extras(g.a)) {
     constexpr int kExtrasD = D == 96 ? 128 : D == 32 ? 64 : D;
     return launch_instance<T, kExtrasD, kPadded || kExtrasD != D, true, false, true>(g, dq_slices, stream);

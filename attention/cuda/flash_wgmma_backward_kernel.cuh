@@ -3,6 +3,7 @@
 // (flash_wgmma_backward_ordered.cu) compile as two translation units, in parallel.
 #pragma once
 
+#include "attention/cuda/bias_tile.cuh"
 #include "attention/cuda/flash_backward_rows.cuh"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/tensor_map.h"
@@ -18,8 +19,8 @@ using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
 // kExtras: the extras instance, whose per-pair work needs registers the unsplit D = 128 kernel spends on
-// dK and dV: it splits too (measured faster there).
-template <typename T, int D, bool kExtras = false>
+// dK and dV: it splits too (measured faster there). kBias: the bias instance, one more tile in shared memory.
+template <typename T, int D, bool kExtras = false, bool kBias = false>
 struct WgmmaBackwardTraits {
   // D > 128: the two warpgroups share 64 keys and split the query block (S^T, dP^T) and D (dK, dV, dQ).
   static constexpr bool kSplit = D > 128 || (kExtras && D == 128);
@@ -43,8 +44,13 @@ struct WgmmaBackwardTraits {
   static constexpr bool kDqPastD = !kDqSplitsRows && 2 * kTilesDq * 8 > D;  // columns formed past D (never stored)
   // K and V, two buffers each of Q and dO, dS^T (and P^T where split); + slack to start the tiles on the
   // swizzle's 1024 bytes.
+  // The bias instance's tile (rows of queries): 4 floats past kBlockN a row, so that a fragment's four query
+  // rows two apart and eight keys in a row fall into 32 different banks.
+  static constexpr int kBiasStride = kBlockN + 4;
+  // The bias instance's tile follows them (16-byte aligned: every count above is a multiple of 8).
+  static constexpr size_t kBiasOffset = size_t(2 * kBlockN * D + 4 * kBlockM * D + (kSplit ? 2 : 1) * kBlockN * kBlockM);
   static constexpr size_t kSmemBytes =
-      size_t(2 * kBlockN * D + 4 * kBlockM * D + (kSplit ? 2 : 1) * kBlockN * kBlockM) * sizeof(T) + kSwizzleAtom;
+      kBiasOffset * sizeof(T) + (kBias ? size_t(kBlockM) * kBiasStride * sizeof(float) : 0) + kSwizzleAtom;
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 192 || D == 256,
                 "dK and dV of 64 keys x D (x D / 2 where split) per warpgroup in registers");
   static_assert(kTilesD % kSlabTiles == 0 && kTilesDq % kSlabTiles == 0, "every share of D in whole slabs");
@@ -78,16 +84,20 @@ FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
 // kOrdered: --deterministic (flash_wgmma_backward_ordered.cu): the key blocks run from the last down, and each
 // adds its dQ into a block of query rows on its turn (DqTurn), after every key block above it that adds there.
 // kDqApart: dK and dV only; flash_wgmma_dq_kernel.cuh forms dQ (flash_wgmma_backward_dq.cu).
+// kBias: an additive bias alone (flash_takes_bias_alone), each step's bias tile staged in shared
+// memory while the step before it ends, dS added into dBias by atomics; positions masked as without it.
 template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false,
-          bool kDqApart = false>
+          bool kDqApart = false, bool kBias = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const __grid_constant__ FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Traits = WgmmaBackwardTraits<T, D, kExtras>;
+  static_assert(!kBias || !(kSegments || kSoftCap || kExtras || kOrdered || kDqApart), "the bias alone");
+  using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
   constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;
   static_assert(kPadded || !Traits::kDqPastD, "dQ's columns past D are left out by the padded instances' bounds");
   using DSlabs = typename Traits::DSlabs;  // Q, dO, K, V; dS^T and P^T (64 query columns) in 128-byte rows
   constexpr uint32_t kDRowBytes = DSlabs::kRowBytes;
+  constexpr int kBiasStride = Traits::kBiasStride;
   const CudaAttentionArgs& a = g.a;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
@@ -97,6 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   T* do_buffers = q_buffers + 2 * kBlockM * D;  // two buffers of kBlockM x D
   T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: rows of keys, slabs of 64 queries
   T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kSplit only)
+  [[maybe_unused]] float* bias_s = reinterpret_cast<float*>(reinterpret_cast<T*>(smem) + Traits::kBiasOffset);  // kBias
   // Per step's rows: LSE in log2 units (+inf where the row saw nothing, so that its P is 0) and delta.
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
   __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
@@ -163,6 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   bool have = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
   if (have) {
     load_step(0, h, m0);
+    if constexpr (kBias) load_bias_tile<kBlockM, kBlockN, kBiasStride, kThreads>(bias_s, a, b, h, m0, n0, tid);
     float lse_log2, delta;
     read_stats(h, m0, lse_log2, delta);
     if (tid < kBlockM) lse_buffers[0][tid] = lse_log2, delta_buffers[0][tid] = delta;
@@ -235,6 +247,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     // The extras instance masks every step; the mask tensor hides, the bias joins the exponent. Masked
     // steps of consecutive queries compare columns with each key's seeing ones (step_columns).
     [[maybe_unused]] StepColumns step;  // (the extras instance's dropout reads it again below)
+    // What joins a pair's scaled score in the exponent: -LSE, and the bias instance's bias from its tile (this
+    // thread's pairs: four rows two apart and eight keys in a row per wgmma fragment, conflict-free).
+    auto exponent_offset = [&](int j, int e) {
+      const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
+      if constexpr (kBias)
+        return fmaf(bias_s[qcol * kBiasStride + key_row + 8 * (e / 2)], kLog2e, -lse_s[qcol]);
+      else
+        return -lse_s[qcol];
+    };
     if constexpr (kExtras) {
       step = step_columns<kBlockM>(a, m0, key_in, key_pos);
 #pragma unroll
@@ -263,14 +284,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
                                                        position_visible(q_position(a.pos, query), key_pos[e / 2],
                                                                         a.causal, a.window_left, a.window_right)) &&
                                same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2));
-          st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[qcol])) : 0.0f;
+          st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, exponent_offset(j, e))) : 0.0f;
         }
     } else {  // straight-line: no per-element branch in the common case
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[j][e] = fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[q_col0 + j * 8 + (lane % 4) * 2 + (e & 1)]));
+        for (int e = 0; e < 4; ++e) st[j][e] = fast_exp2(fmaf(st[j][e], scale_log2, exponent_offset(j, e)));
     }
     wgmma::wait<0>();
     wgmma::pin(dpt);
@@ -301,6 +321,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           continue;
         }
         dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[qcol]);
+        if constexpr (kBias) {
+          if (g.dbias.data && st[j][e] > 0.0f) add_dbias(g, b, h, m0 + qcol, key_pos[e / 2], dpt[j][e]);
+        }
         if constexpr (kSoftCap) dpt[j][e] *= soft_cap_slope(st[j][e], lse_s[qcol], 0.0f, a.soft_cap);  // P = 0: dS = 0 anyway
       }
 #pragma unroll
@@ -367,6 +390,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       wgmma::pin(dq);
       add_dq_rows<kPadded, kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
                                      Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
+    }
+    // Every thread has read this step's bias (the barrier above): the next step's lands while dV and dK form.
+    if constexpr (kBias) {
+      if (next) load_bias_tile<kBlockM, kBlockN, kBiasStride, kThreads>(bias_s, a, b, next_h, next_m0, n0, tid);
+      copy_commit();
     }
     wgmma::wait<0>();
     wgmma::pin(dk);

@@ -52,6 +52,18 @@ inline std::vector<Options> extras_option_sets() {
   return sets;
 }
 
+// The options the wgmma backward's bias instance takes (a bias beside positions only): alone, causal, a
+// window, sinks, causal with a window and sinks.
+inline std::vector<Options> bias_alone_option_sets() {
+  std::vector<Options> sets(5);
+  for (Options& o : sets) o.bias = true;
+  sets[1].causal = true;
+  sets[2].window = true;
+  sets[3].sinks = true;
+  sets[4].causal = sets[4].window = sets[4].sinks = true;
+  return sets;
+}
+
 // Every option set a flash kernel runs in an instance of its own (positions and segment ids, the soft cap, the
 // extras): what the tests of a head dim's new instances run.
 inline std::vector<Options> every_instance_option_set() {
