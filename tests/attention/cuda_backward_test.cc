@@ -94,19 +94,8 @@ std::vector<CudaGradCase> cuda_grad_cases() {
         const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
         cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
       }
-  // The wgmma backward's bias instance (a bias beside positions only, at exact D = 64 / 128; its tile staged in
-  // shared memory): rows of keys 16-byte aligned (S a multiple of 4), alternately (S = 130) and never (odd S),
-  // several key and query blocks with partial last ones, GQA, B = 2 beside a bias broadcast over batch (dBias
-  // from both), T = 1, S < T; mma.sync forced on the same.
-  const Shape bias_shapes[] = {{1, 300, 516, 4, 1, 64}, {2, 257, 384, 8, 2, 128}, {1, 257, 130, 8, 2, 128},
-                               {2, 1, 97, 8, 2, 64},    {1, 190, 133, 2, 2, 128}, {2, 131, 256, 4, 4, 64}};
-  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
-    for (const Options& opt : bias_alone_option_sets())
-      for (int repeat = 0; repeat < 2; ++repeat) {
-        const Shape& sh = bias_shapes[seed % std::size(bias_shapes)];
-        const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
-        cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
-      }
+  // The wgmma backward's bias instances (bias_alone_cases), each kernel forced.
+  for (const DocumentCase& c : bias_alone_cases(seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   // Packed and cycled documents on shapes of many key and query blocks (D 64 / 128 / 256): query blocks
   // that share no document with a key block are skipped, blocks inside one run unmasked; each kernel
   // forced without the extras and with them (document_cases).

@@ -128,6 +128,26 @@ inline std::vector<DocumentCase> padded_head_dim_cases(const std::vector<std::ar
   return cases;
 }
 
+// The wgmma kernels' bias instances (bias_alone_option_sets; each step's bias tile staged in shared memory):
+// rows of keys 16-byte aligned (S a multiple of 4), alternately (S = 134) and never (odd S), several query
+// blocks and key tiles with partial last ones, GQA, B = 2 beside a bias broadcast over batch (dBias from
+// both), T = 1, S < T, D 64 / 128 and the narrower dims the padded instances serve (96, 48); each kernel
+// forced, twice, f16 and bf16 by turns. `seed` counts on.
+inline std::vector<DocumentCase> bias_alone_cases(uint64_t& seed) {
+  const std::array<int64_t, 6> shapes[] = {{1, 300, 516, 4, 1, 64}, {2, 257, 384, 8, 2, 128}, {1, 257, 134, 8, 2, 128},
+                                           {2, 1, 99, 8, 2, 64},    {1, 190, 133, 2, 2, 128}, {2, 131, 256, 4, 4, 64},
+                                           {1, 200, 260, 4, 2, 96}, {1, 150, 97, 4, 4, 48}};
+  std::vector<DocumentCase> cases;
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (const Options& opt : bias_alone_option_sets())
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        const auto& [b, t, s, hq, hkv, d] = shapes[seed % std::size(shapes)];
+        cases.push_back({ProblemSpec{b, t, s, hq, hkv, d, d, seed % 2 ? DType::kBF16 : DType::kF16, opt, seed}, kernel});
+        ++seed;
+      }
+  return cases;
+}
+
 // "", "_packed" or "_cycled": the test name's mark of ProblemSpec::segment_ids.
 inline std::string segment_ids_suffix(SegmentIds ids) {
   return ids == SegmentIds::kPacked ? "_packed" : ids == SegmentIds::kCycled ? "_cycled" : ids == SegmentIds::kLong ? "_long" : "";
