@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
   // kBias: two buffers of kBlockM rows of keys' bias; this warpgroup's are its own 64 rows of each.
   constexpr int kBiasRowStride = kBiasStride<kBlockN>;
-  [[maybe_unused]] float* const group_bias = reinterpret_cast<float*>(v_smem + 2 * kBlockN * Dv) + group * 64 * kBiasRowStride;
+  [[maybe_unused]] float* const group_bias =
+      reinterpret_cast<float*>(v_smem + 2 * kBlockN * Dv) + group * 64 * kBiasRowStride;
   // Causal: later query rows see more keys. Blocks start in index order, so the longest go first and
   // the last wave is made of short ones (a shorter tail).
   const int m_block = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -252,7 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < kTilesN; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const float2 bias = *reinterpret_cast<const float2*>(rows + half * 8 * kBiasRowStride + j * 8 + (lane % 4) * 2);
+          const float2 bias =
+              *reinterpret_cast<const float2*>(rows + half * 8 * kBiasRowStride + j * 8 + (lane % 4) * 2);
           s[j][2 * half] = fmaf(s[j][2 * half], to_log2, bias.x * kLog2e);
           s[j][2 * half + 1] = fmaf(s[j][2 * half + 1], to_log2, bias.y * kLog2e);
         }
@@ -355,12 +357,14 @@ static_assert(smem_bytes<__nv_bfloat16, 256, 256>() <= 227 * 1024 &&
                   smem_bytes<__nv_bfloat16, 192, 192>() <= 227 * 1024 &&
                   smem_bytes<__nv_bfloat16, 192, 128>() <= 227 * 1024,
               "Q and two K and V buffers fit Hopper's shared memory");
-static_assert(smem_bytes<__nv_bfloat16, 64, 64, true>() <= 227 * 1024 && smem_bytes<__nv_bfloat16, 128, 128, true>() <= 227 * 1024,
+static_assert(smem_bytes<__nv_bfloat16, 64, 64, true>() <= 227 * 1024 &&
+                  smem_bytes<__nv_bfloat16, 128, 128, true>() <= 227 * 1024,
               "the bias instances' two bias tiles beside them");
 
 // One instance's launch: kBlockN keys a K / V tile, smem bytes of dynamic shared memory.
 template <typename T, int kBlockN, typename Kernel>
-void launch_kernel(Kernel kernel, size_t smem, bool overlap_carry_writer, const CudaAttentionArgs& a, cudaStream_t stream) {
+void launch_kernel(Kernel kernel, size_t smem, bool overlap_carry_writer, const CudaAttentionArgs& a,
+                   cudaStream_t stream) {
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned((a.q_len + kBlockM - 1) / kBlockM), unsigned(a.q_heads), unsigned(a.batch));

@@ -48,7 +48,8 @@ struct WgmmaBackwardTraits {
   // rows two apart and eight keys in a row fall into 32 different banks.
   static constexpr int kBiasStride = kBlockN + 4;
   // The bias instance's tile follows them (16-byte aligned: every count above is a multiple of 8).
-  static constexpr size_t kBiasOffset = size_t(2 * kBlockN * D + 4 * kBlockM * D + (kSplit ? 2 : 1) * kBlockN * kBlockM);
+  static constexpr size_t kBiasOffset =
+      size_t(2 * kBlockN * D + 4 * kBlockM * D + (kSplit ? 2 : 1) * kBlockN * kBlockM);
   static constexpr size_t kSmemBytes =
       kBiasOffset * sizeof(T) + (kBias ? size_t(kBlockM) * kBiasStride * sizeof(float) : 0) + kSwizzleAtom;
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 192 || D == 256,

@@ -142,7 +142,8 @@ inline std::vector<DocumentCase> bias_alone_cases(uint64_t& seed) {
     for (const Options& opt : bias_alone_option_sets())
       for (int repeat = 0; repeat < 2; ++repeat) {
         const auto& [b, t, s, hq, hkv, d] = shapes[seed % std::size(shapes)];
-        cases.push_back({ProblemSpec{b, t, s, hq, hkv, d, d, seed % 2 ? DType::kBF16 : DType::kF16, opt, seed}, kernel});
+        const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+        cases.push_back({ProblemSpec{b, t, s, hq, hkv, d, d, dtype, opt, seed}, kernel});
         ++seed;
       }
   return cases;
