@@ -49,8 +49,8 @@
 # backward's over both transports, the Python layer's CUDA tests; `varlen_python` the last alone), `varlen_bench` (attention_varlen beside PyTorch's varlen SDPA); `small_calls` (tests, then a small
 # call's cost with and without this build's changes, switched by environment variables); `softcap_documents` (a soft cap
 # beside segment ids: GPU tests, the CLI, the Python layer's), `softcap_bench` (its rows beside segments alone and the cap
-# alone, mma.sync's too, and FlexAttention's); several as a
-# comma list. Logs go to $OUT.
+# alone, mma.sync's too, and FlexAttention's); `staged_extras` (a mask alone staged in shared memory: GPU tests, the rings'
+# mask cases, rows with and without a mask or a bias, FlexAttention's and SDPA's with a mask); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -1143,4 +1143,29 @@ if has cudnn_ring_ab; then  # issue 21: the ring's cudnn steps with the own bloc
 fi
 if has million; then  # issue 21: forward + backward of 1M tokens causal on 2 GPUs, each local kernel
   million_tokens cudnn flash_attn2
+fi
+if has staged_extras; then  # issue 20: a mask alone staged in shared memory (the wgmma kernels' mask instances): the
+  # SASS check, GPU tests, the rings' mask cases (2 ranks, sharing the GPUs there are), then bench rows without a mask,
+  # with it and with a bias (the bias instances), and PyTorch's FlexAttention and SDPA with the same kind of mask
+  python3 bench/check_wgmma_convergence.py $(ls $build/lib/libra_core.so $build/attention/libra_attention.a 2>/dev/null | head -n 1) |
+    tee "$out/wgmma_convergence.txt" | tail -n 3
+  $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
+  for t in ring_mpi_test ring_backward_mpi_test; do
+    timeout 300 mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 --gtest_filter='*mask*' 2>&1 |
+      tee "$out/$t.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 4
+  done
+  for shape in "32 128" "64 64"; do
+    set -- $shape
+    for causal in "" "--causal"; do
+      for option in "" "--mask" "--bias"; do
+        heads=$1 head_dim=$2 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 $option $causal
+      done
+    done
+  done
+  for shape in "32 128" "64 64"; do
+    set -- $shape
+    for causal in 0 1; do
+      python3 bench/torch_extras.py --only mask --seq 16384 --heads $1 --head-dim $2 --causal $causal 2>&1 | tee -a "$out/torch_extras.txt"
+    done
+  done
 fi

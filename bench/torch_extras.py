@@ -5,7 +5,8 @@ it; a boolean mask (7 / 8 of the pairs kept): FlexAttention's mask_mod reading i
 backend; dropout 0.1: SDPA's FlashAttention-2 backend; a soft cap of 50 on packed documents: FlexAttention.
 bf16, B=1, median of 10 CUDA-event-timed calls after 2 warm-up calls; TFLOP/s as ringattn bench counts them
 (4 H T^2 D, halved for causal, divided by the documents; the backward 2.5x).
-Arguments: --seq --heads --head-dim (default 16384 x 32 x 128) --causal 0 | 1."""
+Arguments: --seq --heads --head-dim (default 16384 x 32 x 128) --causal 0 | 1, --only bias,mask,dropout,softcap
+(the rows to run; all by default)."""
 import argparse
 
 import torch
@@ -17,7 +18,9 @@ from bench_common import add_shape_arguments, median_ms
 
 parser = argparse.ArgumentParser()
 add_shape_arguments(parser, seq=16384)
+parser.add_argument("--only", default="bias,mask,dropout,softcap")
 args = parser.parse_args()
+wanted = set(args.only.split(","))
 T, H, D, causal = args.seq, args.heads, args.head_dim, bool(args.causal)
 flex = torch.compile(flex_attention)
 
@@ -48,43 +51,47 @@ q, k, v, _ = tensors()
 causal_mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cuda") if causal else None
 
 # Bias with its gradient. SDPA takes no is_causal beside attn_mask: causal goes into the bias as -inf.
-bias = torch.randn(1, 1, T, T, device="cuda", dtype=torch.bfloat16)
-if causal:
-    bias.masked_fill_(torch.ones(T, T, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
-bias.requires_grad_(True)
-for backend, name in ((SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient_bias"), (SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn_bias")):
-    def attend(backend=backend):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    report(name, attend, (q, k, v, bias))
-bias_matrix = bias.detach()[0, 0].float().requires_grad_(True)
-report("flex_bias", lambda: flex(q, k, v, score_mod=lambda s, b, h, i, j: s + bias_matrix[i, j], block_mask=causal_mask),
-       (q, k, v, bias_matrix))
-del bias, bias_matrix
+if "bias" in wanted:
+    bias = torch.randn(1, 1, T, T, device="cuda", dtype=torch.bfloat16)
+    if causal:
+        bias.masked_fill_(torch.ones(T, T, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+    bias.requires_grad_(True)
+    for backend, name in ((SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient_bias"), (SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn_bias")):
+        def attend(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        report(name, attend, (q, k, v, bias))
+    bias_matrix = bias.detach()[0, 0].float().requires_grad_(True)
+    report("flex_bias", lambda: flex(q, k, v, score_mod=lambda s, b, h, i, j: s + bias_matrix[i, j], block_mask=causal_mask),
+           (q, k, v, bias_matrix))
+    del bias, bias_matrix
 
 # A boolean mask, 7 / 8 of the pairs kept.
-keep = torch.rand(T, T, device="cuda") < 7 / 8
-if causal:
-    keep &= torch.ones(T, T, device="cuda", dtype=torch.bool).tril()
-mask = create_block_mask(lambda b, h, i, j: keep[i, j], None, None, T, T, device="cuda")
-report("flex_mask", lambda: flex(q, k, v, block_mask=mask), (q, k, v))
-keep4 = keep[None, None]
-def attend_masked():
-    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep4)
-report("sdpa_efficient_mask", attend_masked, (q, k, v))
-del keep, keep4, mask
+if "mask" in wanted:
+    keep = torch.rand(T, T, device="cuda") < 7 / 8
+    if causal:
+        keep &= torch.ones(T, T, device="cuda", dtype=torch.bool).tril()
+    mask = create_block_mask(lambda b, h, i, j: keep[i, j], None, None, T, T, device="cuda")
+    report("flex_mask", lambda: flex(q, k, v, block_mask=mask), (q, k, v))
+    keep4 = keep[None, None]
+    def attend_masked():
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep4)
+    report("sdpa_efficient_mask", attend_masked, (q, k, v))
+    del keep, keep4, mask
 
 # Dropout 0.1 on FlashAttention-2.
-def attend_dropout():
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=causal)
-report("sdpa_flash_dropout", attend_dropout, (q, k, v))
+if "dropout" in wanted:
+    def attend_dropout():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=causal)
+    report("sdpa_flash_dropout", attend_dropout, (q, k, v))
 
 # A soft cap of 50 on 16 packed documents.
-DOCS = 16
-doc = torch.arange(T, device="cuda") * DOCS // T
-documents = create_block_mask(lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) if causal else doc[i] == doc[j],
-                              None, None, T, T, device="cuda")
-report("flex_softcap_documents", lambda: flex(q, k, v, score_mod=lambda s, b, h, i, j: 50.0 * torch.tanh(s / 50.0),
-                                              block_mask=documents), (q, k, v), docs=DOCS)
+if "softcap" in wanted:
+    DOCS = 16
+    doc = torch.arange(T, device="cuda") * DOCS // T
+    documents = create_block_mask(lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j) if causal else doc[i] == doc[j],
+                                  None, None, T, T, device="cuda")
+    report("flex_softcap_documents", lambda: flex(q, k, v, score_mod=lambda s, b, h, i, j: 50.0 * torch.tanh(s / 50.0),
+                                                  block_mask=documents), (q, k, v), docs=DOCS)

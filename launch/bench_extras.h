@@ -1,6 +1,7 @@
 // `ringattn bench --bias` / `--mask`: one (rows, keys) matrix broadcast over batch and heads, as a shared
 // relative-position bias or a shared mask is, over this rank's query rows and every key (the kernels index
-// both by global key position). What they cost is each pair's read and its logit formed pair by pair.
+// both by global key position). What they cost is each pair's read: staged a tile at a time where the wgmma
+// kernels have a bias or mask instance, else with its logit formed pair by pair.
 #pragma once
 
 #include <cstdint>

@@ -7,14 +7,16 @@
 // then runs the online softmax of S while the tensor cores work on P V. At head_dim 128 and in MLA's
 // instance (no cap, no segment ids) the two warpgroups take turns issuing their products
 // (FlashAttention-3's ping-pong). Masking and the tile schedule are the mma.sync kernel's (flash_tile.cuh);
-// a bias alone at head_dim 64 and 128 has an instance of its own, each warpgroup's rows of the next tile's
-// bias staged in shared memory (bias_tile.cuh). The body is compiled for sm_90a only.
+// a bias alone and a boolean mask alone at head_dim 64 and 128 have instances of their own, each warpgroup's
+// rows of the next tile's bias or mask staged in shared memory (bias_tile.cuh, mask_tile.cuh). The body is
+// compiled for sm_90a only.
 #include "attention/cuda/flash_wgmma.h"
 
 #include "attention/cuda/bias_tile.cuh"
 #include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
+#include "attention/cuda/mask_tile.cuh"
 #include "attention/cuda/tensor_map.h"
 #include "attention/cuda/tma.cuh"
 #include "attention/cuda/wgmma.cuh"
@@ -31,7 +33,8 @@ constexpr int kThreads = kGroups * 128;
 constexpr int kBlockM = kGroups * 64;     // query rows per block
 // Keys per K/V tile: 128, or what Q and two K and V buffers leave room for in shared memory: 96 at
 // head_dim 192, 64 at 256 (192 KiB each); MLA's instance (D = 192, Dv = 128) 128 (208 KiB). The bias
-// instance (kBias) has two bias tiles of 128 rows beside them: 64 keys at head_dim 128 (166 KiB).
+// instance (kBias) has two bias tiles of 128 rows beside them: 64 keys at head_dim 128 (166 KiB); the mask
+// instance's two tiles of bytes leave 128 (197 KiB).
 template <int D, int Dv, bool kBias = false>
 constexpr int kBlockNFor = kBias && D == 128      ? 64
                            : D == 192 && Dv == 192 ? 96
@@ -69,13 +72,16 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // Dv: V's and O's columns, D's but in MLA's instance (D = 192, Dv = 128), whose O would otherwise form 64
 // columns from zeros.
 // kBias: an additive bias alone (flash_takes_bias_alone), masked by positions as without it: each warpgroup
-// stages its 64 rows of a tile's bias in shared memory while the tile before it computes.
+// stages its 64 rows of a tile's bias in shared memory while the tile before it computes. kMask: a boolean mask
+// alone (flash_takes_mask_alone), staged the same way, a byte a pair.
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, int Dv = D,
-          bool kBias = false>
+          bool kBias = false, bool kMask = false>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_wgmma_kernel(const CudaAttentionArgs a, const __grid_constant__ KvMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!kBias || !(kSegments || kSoftCap || kExtras) && Dv == D, "the bias alone");
+  static_assert(!(kBias || kMask) || !(kSegments || kSoftCap || kExtras || (kBias && kMask)) && Dv == D,
+                "the bias or the mask alone");
+  constexpr bool kStaged = kBias || kMask;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
   constexpr int kBlockN = kBlockNFor<D, Dv, kBias>;
@@ -92,6 +98,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kBiasRowStride = kBiasStride<kBlockN>;
   [[maybe_unused]] float* const group_bias =
       reinterpret_cast<float*>(v_smem + 2 * kBlockN * Dv) + group * 64 * kBiasRowStride;
+  // kMask likewise, bytes.
+  constexpr int kMaskRowStride = kMaskStride<kBlockN>;
+  [[maybe_unused]] uint8_t* const group_mask =
+      reinterpret_cast<uint8_t*>(v_smem + 2 * kBlockN * Dv) + group * 64 * kMaskRowStride;
   // Causal: later query rows see more keys. Blocks start in index order, so the longest go first and
   // the last wave is made of short ones (a shorter tail).
   const int m_block = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -163,20 +173,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tiles > 0) load_k(0, first);
   });
 
-  // kBias: step i's bias tile into buffer i % 2, this warpgroup's rows by its own threads.
-  auto load_bias = [&](int i) {
-    if constexpr (kBias) {
+  // kBias / kMask: step i's bias or mask tile into buffer i % 2, this warpgroup's rows by its own threads.
+  auto load_staged = [&](int i) {
+    if constexpr (kBias)
       load_bias_tile<64, kBlockN, kBiasRowStride, 128>(group_bias + (i % 2) * kBlockM * kBiasRowStride, a, b, h,
                                                        m0 + group * 64, (first + i) * kBlockN, tid % 128);
-      copy_commit();
-    }
+    if constexpr (kMask)
+      load_mask_tile<64, kBlockN, kMaskRowStride, 128>(group_mask + (i % 2) * kBlockM * kMaskRowStride, a, b, h,
+                                                       m0 + group * 64, (first + i) * kBlockN, tid % 128);
+    if constexpr (kStaged) copy_commit();
   };
-  // Before step i's softmax: its bias has landed for the whole warpgroup, whose every thread is done with
+  // Before step i's softmax: its tile has landed for the whole warpgroup, whose every thread is done with
   // step i - 1's, so step i + 1's loads into that buffer now.
-  auto bias_landed = [&](int i) {
+  auto staged_landed = [&](int i) {
     copy_wait_all();
     asm volatile("bar.sync %0, 128;\n" ::"r"(3 + group) : "memory");  // (barriers 1 and 2: IssueTurns)
-    if (i + 1 < tiles) load_bias(i + 1);
+    if (i + 1 < tiles) load_staged(i + 1);
   };
   // This warpgroup's 64 Q rows; a k-step of 16 columns is 32 bytes inside a slab.
   const uint32_t q_rows = smem_address(q_smem) + group * 64 * kRowBytes;
@@ -245,8 +257,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (masked) mask_positions<kSegments, kTilesN, true>(a, s, b, tile * kBlockN, lane, row0, scale, &keys);
     if constexpr (kExtras) add_bias_mask(a, s, b, h, tile * kBlockN, lane, row0, &keys);
+    if constexpr (kMask) {  // the pairs the mask hides become -inf (raw scores or log2 units alike)
+      staged_landed(i);
+      const uint8_t* rows = group_mask + (i % 2) * kBlockM * kMaskRowStride + (warp % 4 * 16 + lane / 4) * kMaskRowStride;
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint16_t keep = *reinterpret_cast<const uint16_t*>(rows + half * 8 * kMaskRowStride + j * 8 + (lane % 4) * 2);
+          if ((keep & 0xff) == 0) s[j][2 * half] = -INFINITY;
+          if ((keep >> 8) == 0) s[j][2 * half + 1] = -INFINITY;
+        }
+    }
     if constexpr (kBias) {  // log2-unit logits plus the bias; hidden pairs stay -inf
-      bias_landed(i);
+      staged_landed(i);
       const float* rows = group_bias + (i % 2) * kBlockM * kBiasRowStride + (warp % 4 * 16 + lane / 4) * kBiasRowStride;
       const float to_log2 = masked ? 1.0f : scale;
 #pragma unroll
@@ -281,10 +305,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto step_landed = [&](int i) {  // warpgroup 0's products of step i have landed: their buffers may be reloaded
     if (kTurns && tid == 0 && i + 1 < tiles) tma::arrive(&leader_done[i % 2]);
   };
-  if constexpr (kBias) {
-    if (tiles > 0) load_bias(0);
+  if constexpr (kStaged) {
+    if (tiles > 0) load_staged(0);
   }
-  copy_wait_all();               // Q (and the bias instance's first tile)
+  copy_wait_all();               // Q (and the bias or mask instance's first tile)
   wgmma::fence_shared_writes();  // cp.async wrote Q through the generic proxy; wgmma reads through the async one
   __syncthreads();               // every thread's Q rows, and the barriers' initialisation
   if (tiles > 0) {
@@ -347,11 +371,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <typename T, int D, int Dv, bool kBias = false>
+template <typename T, int D, int Dv, bool kBias = false, bool kMask = false>
 constexpr size_t smem_bytes() {
   constexpr int kBlockN = kBlockNFor<D, Dv, kBias>;
   return size_t(kBlockM * D + 2 * kBlockN * (D + Dv)) * sizeof(T) +
-         (kBias ? 2 * size_t(kBlockM) * kBiasStride<kBlockN> * sizeof(float) : 0) + kSwizzleAtom;  // + alignment slack
+         (kBias ? 2 * size_t(kBlockM) * kBiasStride<kBlockN> * sizeof(float) : 0) +
+         (kMask ? 2 * size_t(kBlockM) * kMaskStride<kBlockN> : 0) + kSwizzleAtom;  // + alignment slack
 }
 static_assert(smem_bytes<__nv_bfloat16, 256, 256>() <= 227 * 1024 &&
                   smem_bytes<__nv_bfloat16, 192, 192>() <= 227 * 1024 &&
@@ -360,6 +385,9 @@ static_assert(smem_bytes<__nv_bfloat16, 256, 256>() <= 227 * 1024 &&
 static_assert(smem_bytes<__nv_bfloat16, 64, 64, true>() <= 227 * 1024 &&
                   smem_bytes<__nv_bfloat16, 128, 128, true>() <= 227 * 1024,
               "the bias instances' two bias tiles beside them");
+static_assert(smem_bytes<__nv_bfloat16, 64, 64, false, true>() <= 227 * 1024 &&
+                  smem_bytes<__nv_bfloat16, 128, 128, false, true>() <= 227 * 1024,
+              "the mask instances' two mask tiles beside them");
 
 // One instance's launch: kBlockN keys a K / V tile, smem bytes of dynamic shared memory.
 template <typename T, int kBlockN, typename Kernel>
@@ -383,14 +411,21 @@ template <typename T, int D, bool kPadded, int Dv = D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
   // A bias alone on the 64 and 128 instances (head dims up to 128; 128 itself runs the padded one): its own
-  // instance, the bias staged in shared memory, where the extras instance reads it pair by pair. Never
-  // behind a carry writer, as the extras.
+  // instance, the bias staged in shared memory, where the extras instance reads it pair by pair; a mask alone
+  // likewise. Never behind a carry writer, as the extras.
   if constexpr ((D == 64 || D == 128) && Dv == D) {
     if (flash_takes_bias_alone(a)) {
       constexpr size_t kSmem = smem_bytes<T, D, Dv, true>();
       return launch_kernel<T, kBlockNFor<D, Dv, true>>(
           a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, Dv, true>
                      : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, Dv, true>,
+          kSmem, false, a, stream);
+    }
+    if (flash_takes_mask_alone(a)) {  // likewise a mask alone
+      constexpr size_t kSmem = smem_bytes<T, D, Dv, false, true>();
+      return launch_kernel<T, kBlockNFor<D, Dv>>(
+          a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, Dv, false, true>
+                     : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, Dv, false, true>,
           kSmem, false, a, stream);
     }
   }

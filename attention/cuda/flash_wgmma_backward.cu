@@ -29,10 +29,11 @@ namespace {
 
 using namespace wgmma_backward;
 
-template <typename T, int D, bool kPadded, bool kSegments, bool kSoftCap, bool kExtras, bool kBias = false>
+template <typename T, int D, bool kPadded, bool kSegments, bool kSoftCap, bool kExtras, bool kBias = false,
+          bool kMask = false>
 void launch_instance(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
-  using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias>;
-  auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded, false, false, kBias>;
+  using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias, kMask>;
+  auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded, false, false, kBias, kMask>;
   launch_flash_backward(reinterpret_cast<const void*>(kernel), with_step_maps<T, Traits>(g), Traits::kBlockN, kThreads,
                         Traits::kSmemBytes, dq_slices, stream);
 }
@@ -42,10 +43,13 @@ void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) 
   // The extras spill at D = 96 (beside unsplit dK and dV, 324 bytes a thread) and 32 (760): the 128 instance's
   // split layout and the 64 instance, as before those had instances of their own.
   // A bias alone at exact D = 64 and 128 (the common head dims) has an instance of its own: the positions'
-  // kernel with the bias staged in shared memory, unsplit, where the extras instance reads it per pair.
+  // kernel with the bias staged in shared memory, unsplit, where the extras instance reads it per pair; a mask
+  // alone likewise.
   if constexpr ((D == 64 || D == 128) && !kPadded) {
     if (flash_takes_bias_alone(g.a))
       return launch_instance<T, D, false, false, false, false, true>(g, dq_slices, stream);
+    if (flash_takes_mask_alone(g.a))
+      return launch_instance<T, D, false, false, false, false, false, true>(g, dq_slices, stream);
   }
   if (flash_has_extras(g.a)) {
     constexpr int kExtrasD = D == 96 ? 128 : D == 32 ? 64 : D;

@@ -6,6 +6,7 @@
 #include "attention/cuda/bias_tile.cuh"
 #include "attention/cuda/flash_backward_rows.cuh"
 #include "attention/cuda/flash_cuda.h"
+#include "attention/cuda/mask_tile.cuh"
 #include "attention/cuda/tensor_map.h"
 #include "attention/cuda/tma.cuh"
 #include "attention/cuda/wgmma.cuh"
@@ -19,8 +20,9 @@ using wgmma::kRowBytes;
 using wgmma::kSwizzleAtom;
 
 // kExtras: the extras instance, whose per-pair work needs registers the unsplit D = 128 kernel spends on
-// dK and dV: it splits too (measured faster there). kBias: the bias instance, one more tile in shared memory.
-template <typename T, int D, bool kExtras = false, bool kBias = false>
+// dK and dV: it splits too (measured faster there). kBias, kMask: the bias and mask instances, one more tile in
+// shared memory.
+template <typename T, int D, bool kExtras = false, bool kBias = false, bool kMask = false>
 struct WgmmaBackwardTraits {
   // D > 128: the two warpgroups share 64 keys and split the query block (S^T, dP^T) and D (dK, dV, dQ).
   static constexpr bool kSplit = D > 128 || (kExtras && D == 128);
@@ -50,8 +52,12 @@ struct WgmmaBackwardTraits {
   // The bias instance's tile follows them (16-byte aligned: every count above is a multiple of 8).
   static constexpr size_t kBiasOffset =
       size_t(2 * kBlockN * D + 4 * kBlockM * D + (kSplit ? 2 : 1) * kBlockN * kBlockM);
-  static constexpr size_t kSmemBytes =
-      kBiasOffset * sizeof(T) + (kBias ? size_t(kBlockM) * kBiasStride * sizeof(float) : 0) + kSwizzleAtom;
+  // The mask instance's tile (rows of queries, a byte a key) in its place: rows 16 bytes past kBlockN, so that a
+  // fragment's four query rows two apart fall into different banks.
+  static constexpr int kMaskStride = flash::kMaskStride<kBlockN>;
+  static constexpr size_t kSmemBytes = kBiasOffset * sizeof(T) +
+                                       (kBias ? size_t(kBlockM) * kBiasStride * sizeof(float) : 0) +
+                                       (kMask ? size_t(kBlockM) * kMaskStride : 0) + kSwizzleAtom;
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 192 || D == 256,
                 "dK and dV of 64 keys x D (x D / 2 where split) per warpgroup in registers");
   static_assert(kTilesD % kSlabTiles == 0 && kTilesDq % kSlabTiles == 0, "every share of D in whole slabs");
@@ -87,12 +93,14 @@ FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
 // kDqApart: dK and dV only; flash_wgmma_dq_kernel.cuh forms dQ (flash_wgmma_backward_dq.cu).
 // kBias: an additive bias alone (flash_takes_bias_alone), each step's bias tile staged in shared
 // memory while the step before it ends, dS added into dBias by atomics; positions masked as without it.
+// kMask: a boolean mask alone (flash_takes_mask_alone), staged the same way, a byte a pair.
 template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false,
-          bool kDqApart = false, bool kBias = false>
+          bool kDqApart = false, bool kBias = false, bool kMask = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const __grid_constant__ FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!kBias || !(kSegments || kSoftCap || kExtras || kOrdered || kDqApart), "the bias alone");
-  using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias>;
+  static_assert(!(kBias || kMask) || !(kSegments || kSoftCap || kExtras || kOrdered || kDqApart || (kBias && kMask)),
+                "the bias or the mask alone");
+  using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias, kMask>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
   constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;
   static_assert(kPadded || !Traits::kDqPastD, "dQ's columns past D are left out by the padded instances' bounds");
@@ -109,6 +117,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   T* ds_s = do_buffers + 2 * kBlockM * D;       // dS^T: rows of keys, slabs of 64 queries
   T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kSplit only)
   [[maybe_unused]] float* bias_s = reinterpret_cast<float*>(reinterpret_cast<T*>(smem) + Traits::kBiasOffset);  // kBias
+  [[maybe_unused]] uint8_t* mask_s = reinterpret_cast<uint8_t*>(reinterpret_cast<T*>(smem) + Traits::kBiasOffset);  // kMask
+  constexpr int kMaskStride = Traits::kMaskStride;
   // Per step's rows: LSE in log2 units (+inf where the row saw nothing, so that its P is 0) and delta.
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
   __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
@@ -132,6 +142,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   const bool key_in[2] = {n0 + key_row < a.kv_len, n0 + key_row + 8 < a.kv_len};
   const int64_t key_pos[2] = {key_in[0] ? k_position(a.pos, n0 + key_row) : 0,
                               key_in[1] ? k_position(a.pos, n0 + key_row + 8) : 0};
+  // kBias / kMask: a step's tile of the bias or the mask, its rows of queries (committed by the caller).
+  auto load_staged = [&](int h, int m0) {
+    if constexpr (kBias) load_bias_tile<kBlockM, kBlockN, kBiasStride, kThreads>(bias_s, a, b, h, m0, n0, tid);
+    if constexpr (kMask) load_mask_tile<kBlockM, kBlockN, kMaskStride, kThreads>(mask_s, a, b, h, m0, n0, tid);
+  };
 
   float dk[kTilesD][4], dv[kTilesD][4];
 #pragma unroll
@@ -175,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   bool have = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
   if (have) {
     load_step(0, h, m0);
-    if constexpr (kBias) load_bias_tile<kBlockM, kBlockN, kBiasStride, kThreads>(bias_s, a, b, h, m0, n0, tid);
+    load_staged(h, m0);
     float lse_log2, delta;
     read_stats(h, m0, lse_log2, delta);
     if (tid < kBlockM) lse_buffers[0][tid] = lse_log2, delta_buffers[0][tid] = delta;
@@ -248,12 +263,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     // The extras instance masks every step; the mask tensor hides, the bias joins the exponent. Masked
     // steps of consecutive queries compare columns with each key's seeing ones (step_columns).
     [[maybe_unused]] StepColumns step;  // (the extras instance's dropout reads it again below)
-    // What joins a pair's scaled score in the exponent: -LSE, and the bias instance's bias from its tile (this
-    // thread's pairs: four rows two apart and eight keys in a row per wgmma fragment, conflict-free).
+    // What joins a pair's scaled score in the exponent: -LSE, and the bias instance's bias from its tile, or
+    // -inf where the mask instance's tile hides the pair (this thread's pairs: four rows two apart and eight
+    // keys in a row per wgmma fragment, conflict-free).
     auto exponent_offset = [&](int j, int e) {
       const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
       if constexpr (kBias)
         return fmaf(bias_s[qcol * kBiasStride + key_row + 8 * (e / 2)], kLog2e, -lse_s[qcol]);
+      else if constexpr (kMask)
+        return mask_s[qcol * kMaskStride + key_row + 8 * (e / 2)] ? -lse_s[qcol] : -INFINITY;
       else
         return -lse_s[qcol];
     };
@@ -392,9 +410,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       add_dq_rows<kPadded, kTilesDq>(g, dq, b, h, m0 + (Traits::kDqSplitsRows ? group * 64 : 0) + (warp % 4) * 16 + lane / 4,
                                      Traits::kDqSplitsRows ? 0 : group * kTilesDq * 8, lane);
     }
-    // Every thread has read this step's bias (the barrier above): the next step's lands while dV and dK form.
-    if constexpr (kBias) {
-      if (next) load_bias_tile<kBlockM, kBlockN, kBiasStride, kThreads>(bias_s, a, b, next_h, next_m0, n0, tid);
+    // Every thread has read this step's bias or mask (the barrier above): the next step's lands while dV and dK
+    // form.
+    if constexpr (kBias || kMask) {
+      if (next) load_staged(next_h, next_m0);
       copy_commit();
     }
     wgmma::wait<0>();

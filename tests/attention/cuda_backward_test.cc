@@ -94,8 +94,9 @@ std::vector<CudaGradCase> cuda_grad_cases() {
         const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
         cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
       }
-  // The wgmma backward's bias instances (bias_alone_cases), each kernel forced.
-  for (const DocumentCase& c : bias_alone_cases(seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // The wgmma backward's bias and mask instances (staged_alone_cases), each kernel forced.
+  for (bool mask : {false, true})
+    for (const DocumentCase& c : staged_alone_cases(mask, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   // Packed and cycled documents on shapes of many key and query blocks (D 64 / 128 / 256): query blocks
   // that share no document with a key block are skipped, blocks inside one run unmasked; each kernel
   // forced without the extras and with them (document_cases).

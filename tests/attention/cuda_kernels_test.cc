@@ -86,8 +86,9 @@ std::vector<CudaCase> all_cases() {
         const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
         cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
       }
-  // The wgmma forward's bias instances (bias_alone_cases), each kernel forced.
-  for (const DocumentCase& c : bias_alone_cases(seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // The wgmma forward's bias and mask instances (staged_alone_cases), each kernel forced.
+  for (bool mask : {false, true})
+    for (const DocumentCase& c : staged_alone_cases(mask, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   // Packed and cycled documents on shapes of many 64- and 128-row blocks: key tiles that share no
   // document with a query block are skipped, tiles inside one run unmasked, the rest compare ids; each
   // kernel forced without the extras and with them (document_cases).

@@ -52,11 +52,11 @@ inline std::vector<Options> extras_option_sets() {
   return sets;
 }
 
-// The options the wgmma backward's bias instance takes (a bias beside positions only): alone, causal, a
-// window, sinks, causal with a window and sinks.
-inline std::vector<Options> bias_alone_option_sets() {
+// The options the wgmma kernels' bias instances take (a bias beside positions only): alone, causal, a window,
+// sinks, causal with a window and sinks; `mask` instead of the bias: their mask instances'.
+inline std::vector<Options> staged_alone_option_sets(bool mask) {
   std::vector<Options> sets(5);
-  for (Options& o : sets) o.bias = true;
+  for (Options& o : sets) (mask ? o.mask : o.bias) = true;
   sets[1].causal = true;
   sets[2].window = true;
   sets[3].sinks = true;
@@ -128,18 +128,19 @@ inline std::vector<DocumentCase> padded_head_dim_cases(const std::vector<std::ar
   return cases;
 }
 
-// The wgmma kernels' bias instances (bias_alone_option_sets; each step's bias tile staged in shared memory):
-// rows of keys 16-byte aligned (S a multiple of 4), alternately (S = 134) and never (odd S), several query
-// blocks and key tiles with partial last ones, GQA, B = 2 beside a bias broadcast over batch (dBias from
-// both), T = 1, S < T, D 64 / 128 and the narrower dims the padded instances serve (96, 48); each kernel
-// forced, twice, f16 and bf16 by turns. `seed` counts on.
-inline std::vector<DocumentCase> bias_alone_cases(uint64_t& seed) {
+// The wgmma kernels' bias instances (each step's bias tile staged in shared memory), or with `mask` their mask
+// instances (a byte a pair): rows of keys 16-byte aligned (S a multiple of 16), 4-byte aligned (S = 516, 260),
+// alternately (S = 134) and never (odd S: byte by byte), several query blocks and key tiles with partial last ones,
+// GQA, B = 2 beside a bias broadcast over batch (dBias from both) or a mask of its own per batch, T = 1, S < T,
+// D 64 / 128 and the narrower dims the padded instances serve (96, 48); each kernel forced on
+// staged_alone_option_sets, twice, f16 and bf16 by turns. `seed` counts on.
+inline std::vector<DocumentCase> staged_alone_cases(bool mask, uint64_t& seed) {
   const std::array<int64_t, 6> shapes[] = {{1, 300, 516, 4, 1, 64}, {2, 257, 384, 8, 2, 128}, {1, 257, 134, 8, 2, 128},
                                            {2, 1, 99, 8, 2, 64},    {1, 190, 133, 2, 2, 128}, {2, 131, 256, 4, 4, 64},
                                            {1, 200, 260, 4, 2, 96}, {1, 150, 97, 4, 4, 48}};
   std::vector<DocumentCase> cases;
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
-    for (const Options& opt : bias_alone_option_sets())
+    for (const Options& opt : staged_alone_option_sets(mask))
       for (int repeat = 0; repeat < 2; ++repeat) {
         const auto& [b, t, s, hq, hkv, d] = shapes[seed % std::size(shapes)];
         const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;

@@ -1,0 +1,76 @@
+// A step's tile of the boolean mask staged in shared memory, for the wgmma kernels' mask instances: read per
+// pair from global memory (the extras instances' way), with 64-bit index arithmetic on the path of every
+// probability, a mask ran the kernels at a tenth of their rate; staged by cp.async while the tensor cores work,
+// a pair's mask is one byte of a conflict-free shared-memory read.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/cuda/cuda_inputs.h"
+#include "attention/cuda/flash_tile.cuh"
+
+namespace ra::flash {
+
+// Whether a call's extras are a boolean mask alone (no bias, dropout, soft cap or segment ids), which the wgmma
+// kernels' mask instances take at the head dims they have them for.
+inline bool flash_takes_mask_alone(const CudaAttentionArgs& a) {
+  return a.mask.data && !a.bias.data && a.dropout_prob <= 0.0f && a.soft_cap <= 0.0f && !a.q_segment_ranges &&
+         !a.q_segment_ids.data && a.head_dim == a.value_dim;
+}
+
+// Bytes between a mask tile's rows for kKeys keys: 16 more, so that rows start 16-byte aligned (cp.async) and a
+// fragment's rows (8 apart in the forward, 2 apart in the backward) fall into different banks.
+template <int kKeys>
+constexpr int kMaskStride = kKeys + 16;
+
+// 16 bytes global -> shared by one copy where the source allows it, else four of 4 bytes, else byte by byte
+// (a row of an odd length): the last two wait for nothing but their own loads.
+__device__ __forceinline__ void copy_16_any_alignment(uint8_t* to, const uint8_t* from, bool valid) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(from);
+  if (address % 16 == 0 || !valid) return copy_16(to, from, valid);
+  if (address % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) copy_4(to + 4 * i, from + 4 * i, true);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) to[i] = from[i];
+}
+
+// The mask (u8, broadcast to (B, Hq, T, S_total): CudaAttentionArgs::mask; 0 hides a pair) of query rows m0..
+// and keys n0.. of (batch b, head h) into `tile`, rows kStride bytes apart, by kThreads threads (tid counted among
+// them), each copying the same 16 keys of several rows: as 16 bytes in a row where the keys' positions are
+// consecutive (a run, or sorted keys that fill their range: TileKeys' test) and the mask's key stride is 1, else
+// pair by pair. Rows and keys past the ends read as zeros (those pairs are hidden anyway). Committed by the
+// caller; the pair-by-pair copies are plain stores, visible after the caller's barrier.
+template <int kRows, int kKeys, int kStride, int kThreads>
+__device__ __forceinline__ void load_mask_tile(uint8_t* tile, const CudaAttentionArgs& a, int b, int h, int m0, int n0,
+                                               int tid) {
+  constexpr int kChunks = kKeys / 16, kRowsPerPass = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kRowsPerPass == 0, "every thread copies the same rows");
+  static_assert(kStride % 16 == 0, "rows of 16 bytes");
+  const int chunk = tid % kChunks, r0 = tid / kChunks, key0 = n0 + 16 * chunk;
+  const DeviceView4& mask = a.mask;
+  const uint8_t* head = static_cast<const uint8_t*>(mask.data) + b * mask.stride[0] + h * mask.stride[1];
+  const int keys_in = min(16, a.kv_len - key0);  // <= 0: the chunk is past the end
+  int64_t first_pos = 0;
+  bool run = false;
+  if (keys_in == 16 && mask.stride[3] == 1) {
+    first_pos = k_position(a.pos, key0);
+    run = a.pos.k_run != DevicePositions::kNotARun || (a.pos.keys_sorted && k_position(a.pos, key0 + 15) == first_pos + 15);
+  }
+#pragma unroll
+  for (int n = 0; n < kRows / kRowsPerPass; ++n) {
+    const int r = r0 + n * kRowsPerPass;
+    const bool row_in = m0 + r < a.q_len;
+    const uint8_t* row = head + (row_in ? int64_t(m0 + r) * mask.stride[2] : 0);
+    uint8_t* to = tile + r * kStride + 16 * chunk;
+    if (run || !row_in || keys_in <= 0) {
+      copy_16_any_alignment(to, row + first_pos, run && row_in);
+    } else {
+      for (int i = 0; i < 16; ++i) to[i] = i < keys_in ? row[k_position(a.pos, key0 + i) * mask.stride[3]] : 0;
+    }
+  }
+}
+
+}  // namespace ra::flash
