@@ -113,8 +113,8 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     switch (knob) {
 #define RA_LAB_KNOB(K)                                                                                        \
   case K:                                                                                                     \
-    return apart ? reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, true, false, K>) \
-                 : reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, false, false, K>);
+    return apart ? reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, true, false, false, K>) \
+                 : reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, false, false, false, K>);
       RA_LAB_KNOBS
 #undef RA_LAB_KNOB
     }
