@@ -23,11 +23,16 @@ inline bool flash_takes_mask_alone(const CudaAttentionArgs& a) {
 template <int kKeys>
 constexpr int kMaskStride = kKeys + 16;
 
-// 16 bytes global -> shared by one copy where the source allows it, else four of 4 bytes, else byte by byte
-// (a row of an odd length): the last two wait for nothing but their own loads.
+// 16 bytes global -> shared (`to` 16-byte aligned) by one copy where the source allows it, else four of 4 bytes,
+// else byte by byte (a row of an odd length); zeros where `valid` is false, stored rather than copied (cp.async
+// wants an aligned source even when it reads none).
 __device__ __forceinline__ void copy_16_any_alignment(uint8_t* to, const uint8_t* from, bool valid) {
+  if (!valid) {
+    *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
+    return;
+  }
   const uintptr_t address = reinterpret_cast<uintptr_t>(from);
-  if (address % 16 == 0 || !valid) return copy_16(to, from, valid);
+  if (address % 16 == 0) return copy_16(to, from, true);
   if (address % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) copy_4(to + 4 * i, from + 4 * i, true);
