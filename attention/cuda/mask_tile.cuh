@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "attention/cuda/bias_tile.cuh"
 #include "attention/cuda/cuda_inputs.h"
 #include "attention/cuda/flash_tile.cuh"
 
@@ -14,8 +15,7 @@ namespace ra::flash {
 // Whether a call's extras are a boolean mask alone (no bias, dropout, soft cap or segment ids), which the wgmma
 // kernels' mask instances take at the head dims they have them for.
 inline bool flash_takes_mask_alone(const CudaAttentionArgs& a) {
-  return a.mask.data && !a.bias.data && a.dropout_prob <= 0.0f && a.soft_cap <= 0.0f && !a.q_segment_ranges &&
-         !a.q_segment_ids.data && a.head_dim == a.value_dim;
+  return a.mask.data && !a.bias.data && flash_positions_beside_staged_tile(a);
 }
 
 // Bytes between a mask tile's rows for kKeys keys: 16 more, so that rows start 16-byte aligned (cp.async) and a
