@@ -50,7 +50,9 @@
 # call's cost with and without this build's changes, switched by environment variables); `softcap_documents` (a soft cap
 # beside segment ids: GPU tests, the CLI, the Python layer's), `softcap_bench` (its rows beside segments alone and the cap
 # alone, mma.sync's too, and FlexAttention's); `staged_extras` (a mask alone staged in shared memory: GPU tests, the rings'
-# mask cases, rows with and without a mask or a bias, FlexAttention's and SDPA's with a mask); several as a comma list. Logs go to $OUT.
+# mask cases, rows with and without a mask or a bias, FlexAttention's and SDPA's with a mask); `mask_tiles` (the mask
+# instances' tile summary: GPU tests with a mask or a bias, the rings' mask cases, documents as a mask beside segment ids and FlexAttention's
+# document block mask, a dense mask's rows); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -1163,4 +1165,28 @@ if has staged_extras; then  # issue 20: a mask alone staged in shared memory (th
   for causal in 0 1; do
     timeout 100 python3 bench/torch_extras.py --only mask --seq 16384 --causal $causal 2>&1 | tee -a "$out/torch_extras.txt"
   done
+fi
+if has mask_tiles; then  # issue 20: the mask instances leave out the tiles a mask hides whole (MaskTiles): tests, then
+  # documents given as a boolean mask against the same documents as segment ids and FlexAttention's document block mask
+  # (bench/torch_documents.py's shapes, T = 32768), and a dense random mask (every tile computed, as before) at T = 16384
+  # beside no mask, H = 32 D = 128 and H = 64 D = 64
+  timeout 200 $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter='*mask*:*MaskTiles*:*bias*' 2>&1 |
+    tee "$out/cuda_attention_test.log" | tail -n 8
+  for t in ring_mpi_test ring_backward_mpi_test; do
+    timeout 100 mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 --gtest_filter='*mask*' 2>&1 |
+      tee "$out/$t.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 4
+  done
+  for docs in 16 64; do
+    for causal in "" "--causal"; do
+      for how in "" "--mask-documents"; do
+        heads=16 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 32768 --iters 10 --segments $docs $how $causal
+      done
+    done
+  done
+  for causal in "" "--causal"; do
+    heads=32 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 --mask $causal
+  done
+  heads=32 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10
+  heads=64 head_dim=64 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 --mask
+  timeout 240 python3 bench/torch_documents.py --runs flex 16x128x16 16x128x64 2>&1 | tee "$out/torch_documents.txt"
 fi

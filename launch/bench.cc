@@ -46,7 +46,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, iters = 5, warmup = 1, segments = 0;
   std::string dtype_text = "f32", json_path;
-  bool step_times = false, backward = false, bias = false, mask = false, f32_gradients = false;
+  bool step_times = false, backward = false, bias = false, mask = false, mask_documents = false, f32_gradients = false;
   std::string grad_wire = "f32";
   po::options_description desc("ringattn bench");
   desc.add_options()("help", "this text")
@@ -65,6 +65,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("bias", po::bool_switch(&bias), "an additive f32 bias, one (T, S) matrix broadcast over batch and heads")
     ("mask", po::bool_switch(&mask), "a boolean mask, one (T, S) matrix broadcast over batch and heads, 7 / 8 of "
      "its pairs kept (TFLOP/s count every pair)")
+    ("mask-documents", po::bool_switch(&mask_documents), "with --segments N: the documents as a boolean mask (each "
+     "query keeping its own document's keys) instead of segment ids, as Transformers' dense masks and Llama 4's "
+     "chunked attention give them")
     ("backward", po::bool_switch(&backward), "time a training step's attention: forward, backward (given the "
      "forward's O and LSE) and both, per rank; the ring on N ranks (host or GPU), or one rank's local implementation")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
@@ -85,6 +88,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     positive(v, name);
   RA_CHECK(warmup >= 0, "--warmup is ", warmup, ", expected 0 or more");
   RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq);
+  RA_CHECK(!mask_documents || (segments > 0 && !mask), "--mask-documents turns --segments N's documents into a mask: it "
+           "needs --segments and takes no --mask");
   if (!json_path.empty()) check_output_path(json_path, "", /*overwrite=*/true, "--json");  // before the bench runs
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
   const DType dtype = parse_dtype(dtype_text);
@@ -95,7 +100,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     RA_CHECK(json_path.empty(), "--json applies to the forward bench, not --backward");
     return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, v_head_dim, iters, warmup, dtype,
                                              parse_gradient_wire(grad_wire, "--grad-wire"), segments, bias, mask,
-                                             step_times, f32_gradients},
+                                             step_times, f32_gradients, mask_documents},
                           opts, job);
   }
   const int rank = job.world.rank();
@@ -116,7 +121,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   in.k = k;
   in.v = v;
   Tensor q_segments, kv_segments;
-  if (segments > 0) {
+  const Tensor documents = mask_documents ? document_mask(pos.q, seq, segments) : Tensor();
+  in.mask = documents;
+  if (segments > 0 && !mask_documents) {
     q_segments = packed_segment_ids(batch, pos.q, seq, segments);
     kv_segments = packed_segment_ids(batch, pos.k, seq, segments);
     in.q_segment_ids = q_segments;
@@ -125,7 +132,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   const Tensor bias_matrix = bias ? bench_bias(local, seq, rng) : Tensor();
   const Tensor mask_matrix = mask ? bench_mask(local, seq, rng) : Tensor();
   in.bias = bias_matrix;
-  in.mask = mask_matrix;
+  if (mask) in.mask = mask_matrix;
 
   // Everything the timed loop touches is allocated once: inputs (on the device for cuda), the carry
   // and the outputs. One iteration = reset the carry, accumulate, finalize O and LSE.

@@ -75,7 +75,9 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   host_in.k = k;
   host_in.v = v;
   Tensor q_segments, kv_segments;
-  if (shape.segments > 0) {
+  const Tensor documents = shape.mask_documents ? document_mask(pos.q, T, shape.segments) : Tensor();
+  host_in.mask = documents;
+  if (shape.segments > 0 && !shape.mask_documents) {
     q_segments = packed_segment_ids(B, pos.q, T, shape.segments);
     kv_segments = packed_segment_ids(B, pos.k, T, shape.segments);
     host_in.q_segment_ids = q_segments;
@@ -84,7 +86,7 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   const Tensor bias = shape.bias ? bench_bias(local, T, rng) : Tensor();
   const Tensor mask = shape.mask ? bench_mask(local, T, rng) : Tensor();
   host_in.bias = bias;
-  host_in.mask = mask;
+  if (shape.mask) host_in.mask = mask;
   const InputsCopy staged = job.on_device ? copy_inputs(host_in, MemoryKind::kCuda) : InputsCopy{};
   const AttentionInputs& in = job.on_device ? staged.inputs : host_in;
   const Tensor d_o_run = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();

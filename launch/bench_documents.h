@@ -20,6 +20,18 @@ inline Tensor packed_segment_ids(int64_t batch, const std::vector<int64_t>& posi
   return ids;
 }
 
+// --mask-documents: the same documents as a boolean mask, u8 (1, 1, positions.size(), seq), each query row keeping
+// its own document's keys (what Transformers' dense masks or Llama 4's chunked attention hand a kernel).
+inline Tensor document_mask(const std::vector<int64_t>& positions, int64_t seq, int64_t segments) {
+  const int64_t rows = int64_t(positions.size());
+  Tensor mask(DType::kU8, {1, 1, rows, seq});
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t doc = positions[size_t(r)] * segments / seq;
+    for (int64_t j = 0; j < seq; ++j) mask.data<uint8_t>()[r * seq + j] = j * segments / seq == doc;
+  }
+  return mask;
+}
+
 // The (query, key) pairs one head attends over the whole sequence, the FLOP count's convention:
 // seq^2 without documents, seq^2 / N with N of them (documents of seq / N rows), halved for causal.
 inline double attended_pairs(int64_t seq, int64_t segments, bool causal) {

@@ -1,6 +1,7 @@
 // The CPU `flash_attn2`: tiled online softmax over 64-row query and key blocks, f32 accumulation in
 // the carry, parallel over (batch, head, query block), vectorised for AVX-512, AVX2 or portable
-// SIMD, chosen at run time. Blocks that the causal mask, the window or segments empty are skipped.
+// SIMD, chosen at run time. Blocks that the causal mask, the window, segments or the boolean mask empty are skipped;
+// blocks the boolean mask keeps whole run unmasked.
 // The backward (flash_cpu_backward.inc) shares the tiles, the ISA variants and the skipping.
 #pragma once
 

@@ -47,6 +47,19 @@ struct DeviceView4 {
   int64_t stride[4] = {0, 0, 0, 0};
 };
 
+// A boolean mask summarised per tile (MaskTiles, mask_tiles.h) for the wgmma kernels' mask instances: per map (the
+// mask's own batch rows x heads, 1 each where broadcast), 64-row chunk of query rows and 128-key tile of keys, whether
+// the mask keeps some or all of the tile's pairs (kMaskTileSome / kMaskTileAll); per chunk the first and last tile
+// with a kept pair, per tile the first and last chunk (first > last: none).
+struct DeviceMaskTiles {
+  const uint8_t* states = nullptr;  // (maps, row_chunks, key_tiles); null: not summarised (nothing skipped)
+  const uint8_t* states_by_tile = nullptr;  // the same as (maps, key_tiles, row_chunks): a key tile's in a row
+  const int* firsts = nullptr;      // (maps, row_chunks), then (maps, key_tiles)
+  const int* lasts = nullptr;       // likewise
+  int maps = 0, heads = 1, row_chunks = 0, key_tiles = 0;
+  bool per_batch = false;
+};
+
 struct CudaAttentionArgs {
   DeviceView4 q, k, v;             // (B, T, Hq, D), (B, S, Hkv, D), (B, S, Hkv, Dv); last stride 1
   DeviceView4 bias, mask;          // broadcast to (B, Hq, T, S_total); data null when absent
@@ -60,6 +73,7 @@ struct CudaAttentionArgs {
   const int2* q_key_windows = nullptr;
   const int2* kv_query_windows = nullptr;
   const int* segments_sorted = nullptr;  // non-zero where both sides' ids never decrease (device memory)
+  DeviceMaskTiles mask_tiles;  // filled by MaskTiles where a mask instance runs
   DevicePositions pos;
   int batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
   float scale = 1.0f, soft_cap = 0.0f, dropout_prob = 0.0f;

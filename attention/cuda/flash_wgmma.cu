@@ -17,6 +17,7 @@
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_tile.cuh"
 #include "attention/cuda/mask_tile.cuh"
+#include "attention/cuda/mask_tiles.h"
 #include "attention/cuda/tensor_map.h"
 #include "attention/cuda/tma.cuh"
 #include "attention/cuda/wgmma.cuh"
@@ -140,6 +141,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (kSegments && a.q_segment_ranges) group_seg = segment_range(a.q_segment_ranges, a.q_len, b, m0 + group * 64, 64);
   int first, last;
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
+  // kMask: the tiles before the first the mask keeps a pair of in this block's rows, and after the last, are left out
+  // (MaskTiles). Per step the tiles are staged and applied as without a summary: reading a tile's state a step (from
+  // global memory, a step ahead, to skip staging the tiles the mask keeps whole) cost the forward 31% on a dense
+  // mask, and its branches 16% more (H100, bench/RESULTS.md, "The mask's tile summary").
+  if constexpr (kMask) {
+    static_assert(kBlockN == kMaskTileKeys && kBlockM % kMaskChunkRows == 0, "tiles of the mask's summary");
+    if (a.mask_tiles.states) narrow_to_mask_tiles<kBlockM>(a.mask_tiles, mask_tiles_map(a.mask_tiles, b, h), m0, first, last);
+  }
   const int tiles = last - first + 1;  // <= 0: none
   // Step i starts loading K_{i+1} and V_i into the buffers step i - 1 read, and waits for K_i and V_{i-1}.
   // kTurns: the warpgroups take turns issuing their products (wgmma::IssueTurns), warpgroup 0 first, so that
@@ -407,27 +416,28 @@ void launch_kernel(Kernel kernel, size_t smem, bool overlap_carry_writer, const 
   RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, key_tiles_of<T>(a, kBlockN)));
 }
 
+// The bias instance (kBias) or the mask instance (kMask, after the mask's tile summary): shared memory and tiles of
+// their own, never behind a carry writer (as the extras).
+template <typename T, int D, bool kPadded, bool kBias, bool kMask>
+void launch_staged(const CudaAttentionArgs& a, cudaStream_t stream) {
+  using enum CarryMode;
+  CudaAttentionArgs with = a;
+  const MaskTiles mask_tiles(with, stream);  // (a bias instance's call has no mask: nothing)
+  launch_kernel<T, kBlockNFor<D, D, kBias>>(
+      a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, D, kBias, kMask>
+                 : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, D, kBias, kMask>,
+      smem_bytes<T, D, D, kBias, kMask>(), false, with, stream);
+}
+
 template <typename T, int D, bool kPadded, int Dv = D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
   // A bias alone on the 64 and 128 instances (head dims up to 128; 128 itself runs the padded one): its own
   // instance, the bias staged in shared memory, where the extras instance reads it pair by pair; a mask alone
-  // likewise. Never behind a carry writer, as the extras.
+  // likewise.
   if constexpr ((D == 64 || D == 128) && Dv == D) {
-    if (flash_takes_bias_alone(a)) {
-      constexpr size_t kSmem = smem_bytes<T, D, Dv, true>();
-      return launch_kernel<T, kBlockNFor<D, Dv, true>>(
-          a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, Dv, true>
-                     : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, Dv, true>,
-          kSmem, false, a, stream);
-    }
-    if (flash_takes_mask_alone(a)) {  // likewise a mask alone
-      constexpr size_t kSmem = smem_bytes<T, D, Dv, false, true>();
-      return launch_kernel<T, kBlockNFor<D, Dv>>(
-          a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, Dv, false, true>
-                     : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, Dv, false, true>,
-          kSmem, false, a, stream);
-    }
+    if (flash_takes_bias_alone(a)) return launch_staged<T, D, kPadded, true, false>(a, stream);
+    if (flash_takes_mask_alone(a)) return launch_staged<T, D, kPadded, false, true>(a, stream);
   }
   const bool extras = flash_has_extras(a);
   // Template arguments after the carry mode: kSegments, kSoftCap, kExtras, kPadded, Dv.

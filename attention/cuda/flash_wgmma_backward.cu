@@ -19,9 +19,11 @@
 #include "attention/cuda/flash_wgmma_backward.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "attention/cuda/dispatch.cuh"
 #include "attention/cuda/flash_wgmma_backward_kernel.cuh"
+#include "attention/cuda/mask_tiles.h"
 #include "runtime/cuda_device.h"
 
 namespace ra {
@@ -34,8 +36,11 @@ template <typename T, int D, bool kPadded, bool kSegments, bool kSoftCap, bool k
 void launch_instance(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias, kMask>;
   auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded, false, false, kBias, kMask>;
-  launch_flash_backward(reinterpret_cast<const void*>(kernel), with_step_maps<T, Traits>(g), Traits::kBlockN, kThreads,
-                        Traits::kSmemBytes, dq_slices, stream);
+  FlashBackwardArgs with = with_step_maps<T, Traits>(g);
+  std::optional<MaskTiles> mask_tiles;  // the mask instance's summary of the mask
+  if constexpr (kMask) mask_tiles.emplace(with.a, stream);
+  launch_flash_backward(reinterpret_cast<const void*>(kernel), with, Traits::kBlockN, kThreads, Traits::kSmemBytes,
+                        dq_slices, stream);
 }
 
 template <typename T, int D, bool kPadded>

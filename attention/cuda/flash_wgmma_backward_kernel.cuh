@@ -3,6 +3,8 @@
 // (flash_wgmma_backward_ordered.cu) compile as two translation units, in parallel.
 #pragma once
 
+#include <type_traits>
+
 #include "attention/cuda/bias_tile.cuh"
 #include "attention/cuda/flash_backward_rows.cuh"
 #include "attention/cuda/flash_cuda.h"
@@ -122,6 +124,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   // Per step's rows: LSE in log2 units (+inf where the row saw nothing, so that its P is 0) and delta.
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
   __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
+  // kMask: whether the mask keeps every pair of the step (its tile neither staged nor read), per buffer, written by
+  // thread 0 where the step is found (a register held across the step spilled the kernel further).
+  __shared__ bool mask_all_buffers[2];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
   const int block = kOrdered ? int(gridDim.x) - 1 - int(blockIdx.x) : key_block(g), n0 = block * kBlockN;
@@ -142,10 +147,50 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   const bool key_in[2] = {n0 + key_row < a.kv_len, n0 + key_row + 8 < a.kv_len};
   const int64_t key_pos[2] = {key_in[0] ? k_position(a.pos, n0 + key_row) : 0,
                               key_in[1] ? k_position(a.pos, n0 + key_row + 8) : 0};
-  // kBias / kMask: a step's tile of the bias or the mask, its rows of queries (committed by the caller).
-  auto load_staged = [&](int h, int m0) {
+  // kBias / kMask: a step's tile of the bias or the mask, its rows of queries (committed by the caller); none where
+  // the mask keeps every pair of it.
+  auto load_staged = [&](int h, int m0, bool all_kept) {
     if constexpr (kBias) load_bias_tile<kBlockM, kBlockN, kBiasStride, kThreads>(bias_s, a, b, h, m0, n0, tid);
-    if constexpr (kMask) load_mask_tile<kBlockM, kBlockN, kMaskStride, kThreads>(mask_s, a, b, h, m0, n0, tid);
+    if constexpr (kMask) {
+      if (!all_kept) load_mask_tile<kBlockM, kBlockN, kMaskStride, kThreads>(mask_s, a, b, h, m0, n0, tid);
+    }
+  };
+  // kMask: this key block's column of the mask's summary (MaskColumn), where the call has one that fits.
+  __shared__ std::conditional_t<kMask, MaskColumn, char> mask_column;
+  [[maybe_unused]] const bool column_walk =
+      kMask && a.mask_tiles.states != nullptr && a.mask_tiles.row_chunks <= kMaskColumnChunks;
+  // From (h, m0) on, the next step that sees these keys (next_visible_step); kMask: past the steps whose rows the
+  // mask hides the whole block from (straight to the column's first chunk that keeps a pair, on to the next head
+  // after its last), and whether it keeps every pair of the step (all_kept). Called by every thread (the walk is
+  // the block's): a head with a mask of its own fills the column between two barriers.
+  auto find_step = [&](int& step_h, int& step_m0, BlockKind& step_kind, bool& all_kept) {
+    bool found = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, step_h, step_m0, step_kind);
+    all_kept = false;
+    if constexpr (kMask) {
+      static_assert(kBlockN == kMaskTileKeys && kBlockM % kMaskChunkRows == 0, "tiles of the mask's summary");
+      while (found && column_walk) {
+        const int map = mask_tiles_map(a.mask_tiles, b, step_h);
+        if (map != mask_column.map) {
+          __syncthreads();  // every thread is done with the last head's column
+          fill_mask_column<kThreads>(mask_column, a.mask_tiles, map, block, tid);
+          __syncthreads();
+        }
+        if (step_m0 + kBlockM <= mask_column.rows_first) {
+          step_m0 = mask_column.rows_first / kBlockM * kBlockM;
+        } else if (step_m0 >= mask_column.rows_end) {
+          ++step_h, step_m0 = 0;
+        } else {
+          const uint8_t state = rows_state<kBlockM>(mask_column.states, a.mask_tiles.row_chunks, step_m0);
+          if (state) {
+            all_kept = state & kMaskTileAll;
+            break;
+          }
+          step_m0 += kBlockM;
+        }
+        found = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, step_h, step_m0, step_kind);
+      }
+    }
+    return found;
   };
 
   float dk[kTilesD][4], dv[kTilesD][4];
@@ -187,10 +232,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
 
   int h = kh * (a.q_heads / a.kv_heads), m0 = 0, buffer = 0;
   BlockKind kind = BlockKind::kSkip;
-  bool have = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, h, m0, kind);
+  bool first_all = false;
+  if constexpr (kMask) {
+    if (column_walk) fill_mask_column<kThreads>(mask_column, a.mask_tiles, mask_tiles_map(a.mask_tiles, b, h), block, tid);
+    __syncthreads();
+  }
+  bool have = find_step(h, m0, kind, first_all);
+  if (kMask && tid == 0) mask_all_buffers[0] = first_all;
   if (have) {
     load_step(0, h, m0);
-    load_staged(h, m0);
+    load_staged(h, m0, first_all);
     float lse_log2, delta;
     read_stats(h, m0, lse_log2, delta);
     if (tid < kBlockM) lse_buffers[0][tid] = lse_log2, delta_buffers[0][tid] = delta;
@@ -214,7 +265,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     float next_lse = 0.0f, next_delta = 0.0f;
     // The next step: found (its positions read), its loads started.
     auto prefetch_next = [&] {
-      next = next_visible_step<kBlockM, kBlockN, kSegments>(a, b, kh, n0, k_lo, k_hi, window, lane, next_h, next_m0, next_kind);
+      bool next_all;
+      next = find_step(next_h, next_m0, next_kind, next_all);
+      if (kMask && tid == 0) mask_all_buffers[1 - buffer] = next_all;  // read after the step's barrier before dQ
       if (next) {
         load_step(1 - buffer, next_h, next_m0);
         read_stats(next_h, next_m0, next_lse, next_delta);
@@ -256,6 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     }
 
     // P^T against LSE (0 where a pair is hidden or past an end) while dP^T is computed.
+    const bool mask_all = kMask && mask_all_buffers[buffer];
     const bool masked = kind == BlockKind::kPartial || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
     wgmma::wait<1>();
     wgmma::pin(st);
@@ -271,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       if constexpr (kBias)
         return fmaf(bias_s[qcol * kBiasStride + key_row + 8 * (e / 2)], kLog2e, -lse_s[qcol]);
       else if constexpr (kMask)
-        return mask_s[qcol * kMaskStride + key_row + 8 * (e / 2)] ? -lse_s[qcol] : -INFINITY;
+        return mask_all || mask_s[qcol * kMaskStride + key_row + 8 * (e / 2)] ? -lse_s[qcol] : -INFINITY;
       else
         return -lse_s[qcol];
     };
@@ -305,6 +359,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
                                same_segment<kSegments>(a, segment_buffers[buffer], qcol, b, n0 + key_row + 8 * (e / 2));
           st[j][e] = visible ? fast_exp2(fmaf(st[j][e], scale_log2, exponent_offset(j, e))) : 0.0f;
         }
+    } else if (kMask && mask_all) {  // straight-line, no tile read
+#pragma unroll
+      for (int j = 0; j < kTilesM; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = fast_exp2(fmaf(st[j][e], scale_log2, -lse_s[q_col0 + j * 8 + (lane % 4) * 2 + (e & 1)]));
     } else {  // straight-line: no per-element branch in the common case
 #pragma unroll
       for (int j = 0; j < kTilesM; ++j)
@@ -413,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     // Every thread has read this step's bias or mask (the barrier above): the next step's lands while dV and dK
     // form.
     if constexpr (kBias || kMask) {
-      if (next) load_staged(next_h, next_m0);
+      if (next) load_staged(next_h, next_m0, mask_all_buffers[1 - buffer]);
       copy_commit();
     }
     wgmma::wait<0>();

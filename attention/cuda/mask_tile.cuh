@@ -9,6 +9,7 @@
 #include "attention/cuda/bias_tile.cuh"
 #include "attention/cuda/cuda_inputs.h"
 #include "attention/cuda/flash_tile.cuh"
+#include "attention/cuda/mask_tiles.h"
 
 namespace ra::flash {
 
@@ -42,6 +43,14 @@ __device__ __forceinline__ void copy_16_any_alignment(uint8_t* to, const uint8_t
   for (int i = 0; i < 16; ++i) to[i] = from[i];
 }
 
+// Whether 16 keys from key0 (keys_in of them in range) are one run of a mask row's bytes, from its byte first_pos:
+// all in range, at consecutive positions (a run, or sorted keys that fill their range) and the mask's key stride 1.
+__device__ __forceinline__ bool mask_keys_run(const CudaAttentionArgs& a, int key0, int keys_in, int64_t& first_pos) {
+  if (keys_in < 16 || a.mask.stride[3] != 1) return false;
+  first_pos = k_position(a.pos, key0);
+  return a.pos.k_run != DevicePositions::kNotARun || (a.pos.keys_sorted && k_position(a.pos, key0 + 15) == first_pos + 15);
+}
+
 // The mask (u8, broadcast to (B, Hq, T, S_total): CudaAttentionArgs::mask; 0 hides a pair) of query rows m0..
 // and keys n0.. of (batch b, head h) into `tile`, rows kStride bytes apart, by kThreads threads (tid counted among
 // them), each copying the same 16 keys of several rows: as 16 bytes in a row where the keys' positions are
@@ -59,11 +68,7 @@ __device__ __forceinline__ void load_mask_tile(uint8_t* tile, const CudaAttentio
   const uint8_t* head = static_cast<const uint8_t*>(mask.data) + b * mask.stride[0] + h * mask.stride[1];
   const int keys_in = min(16, a.kv_len - key0);  // <= 0: the chunk is past the end
   int64_t first_pos = 0;
-  bool run = false;
-  if (keys_in == 16 && mask.stride[3] == 1) {
-    first_pos = k_position(a.pos, key0);
-    run = a.pos.k_run != DevicePositions::kNotARun || (a.pos.keys_sorted && k_position(a.pos, key0 + 15) == first_pos + 15);
-  }
+  const bool run = mask_keys_run(a, key0, keys_in, first_pos);
 #pragma unroll
   for (int n = 0; n < kRows / kRowsPerPass; ++n) {
     const int r = r0 + n * kRowsPerPass;
@@ -75,6 +80,69 @@ __device__ __forceinline__ void load_mask_tile(uint8_t* tile, const CudaAttentio
     } else {
       for (int i = 0; i < 16; ++i) to[i] = i < keys_in ? row[k_position(a.pos, key0 + i) * mask.stride[3]] : 0;
     }
+  }
+}
+
+// The summary (MaskTiles) of batch b, head h's mask.
+__device__ __forceinline__ int mask_tiles_map(const DeviceMaskTiles& t, int b, int h) {
+  return (t.per_batch ? b : 0) * t.heads + (t.heads > 1 ? h : 0);
+}
+
+// What the mask keeps of rows [m0, m0 + kRows) (whole 64-row chunks) of a key tile whose chunks' states (row_chunks of
+// them) are `chunk_states`: kMaskTileSome where it keeps a pair, with kMaskTileAll where it keeps every pair in range.
+// Chunks past the rows' end count for neither.
+template <int kRows>
+__device__ __forceinline__ uint8_t rows_state(const uint8_t* chunk_states, int row_chunks, int m0) {
+  static_assert(kRows % kMaskChunkRows == 0, "whole chunks");
+  uint8_t some = 0, all = kMaskTileAll;
+#pragma unroll
+  for (int c = 0; c < kRows / kMaskChunkRows; ++c) {
+    const int chunk = m0 / kMaskChunkRows + c;
+    if (chunk >= row_chunks) break;
+    const uint8_t state = chunk_states[chunk];
+    some |= state & kMaskTileSome, all &= state;
+  }
+  return some ? some | all : 0;
+}
+
+// The key tiles [first, last] of a block of kRows rows from m0 narrowed to those between its chunks' first and last
+// tile with a kept pair (first > last: none).
+template <int kRows>
+__device__ __forceinline__ void narrow_to_mask_tiles(const DeviceMaskTiles& t, int map, int m0, int& first, int& last) {
+  int lo = INT_MAX, hi = -1;
+#pragma unroll
+  for (int c = 0; c < kRows / kMaskChunkRows; ++c) {
+    const int chunk = m0 / kMaskChunkRows + c;
+    if (chunk >= t.row_chunks) break;
+    lo = min(lo, t.firsts[int64_t(map) * t.row_chunks + chunk]);
+    hi = max(hi, t.lasts[int64_t(map) * t.row_chunks + chunk]);
+  }
+  first = max(first, lo), last = min(last, hi);
+}
+
+// A key tile's column of the summary in shared memory, for the backward's walk over query rows: each row chunk's
+// state and the query rows [rows_first, rows_end) of the chunks the mask keeps a pair in (empty: none), of one map
+// (the mask of one head where it has heads of its own). Read from shared memory, a step's state costs the walk no
+// round trip to L2 (one a step cost the backward 12%). Up to kMaskColumnChunks chunks (512K query rows: a mask
+// that many rows long would not fit a GPU beside its keys; past it the walk stages every step's mask).
+constexpr int kMaskColumnChunks = 8192;
+struct MaskColumn {
+  int rows_first, rows_end, map;
+  uint8_t states[kMaskColumnChunks];
+};
+
+// Fills `column` with map `map`'s column of key tile `tile`, by kThreads threads (tid counted among them), between
+// two of the caller's barriers.
+template <int kThreads>
+__device__ __forceinline__ void fill_mask_column(MaskColumn& column, const DeviceMaskTiles& t, int map, int tile, int tid) {
+  const uint8_t* from = t.states_by_tile + (int64_t(map) * t.key_tiles + tile) * t.row_chunks;
+  for (int c = tid; c < t.row_chunks; c += kThreads) column.states[c] = from[c];
+  if (tid == 0) {
+    const int64_t at = int64_t(t.maps) * t.row_chunks + int64_t(map) * t.key_tiles + tile;
+    const int first = t.firsts[at], last = t.lasts[at];
+    column.rows_first = first > last ? 0 : first * kMaskChunkRows;
+    column.rows_end = first > last ? 0 : (last + 1) * kMaskChunkRows;
+    column.map = map;
   }
 }
 

@@ -205,6 +205,14 @@ std::vector<GradCase> cpu_grad_cases() {
         const Shape& sh = shapes[seed % std::size(shapes)];
         cases.push_back({impl, backend, ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.dv, dtype, opt, seed++}});
       }
+  // A mask of documents: blocks it hides whole (skipped), keeps whole (unmasked) and in part, alone and causal.
+  for (Backend backend : {Backend::kCpu, Backend::kNative})
+    for (bool causal : {false, true}) {
+      Options opt;
+      opt.mask = opt.mask_documents = true;
+      opt.causal = causal;
+      cases.push_back({"flash_attn2", backend, ProblemSpec{2, 200, 333, 4, 2, 64, 64, DType::kF32, opt, seed++}});
+    }
   return cases;
 }
 

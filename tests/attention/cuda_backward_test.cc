@@ -97,6 +97,8 @@ std::vector<CudaGradCase> cuda_grad_cases() {
   // The wgmma backward's bias and mask instances (staged_alone_cases), each kernel forced.
   for (bool mask : {false, true})
     for (const DocumentCase& c : staged_alone_cases(mask, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // The mask instances on masks of documents, whole tiles hidden and kept (mask_tile_cases).
+  for (const DocumentCase& c : mask_tile_cases(seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   // Packed and cycled documents on shapes of many key and query blocks (D 64 / 128 / 256): query blocks
   // that share no document with a key block are skipped, blocks inside one run unmasked; each kernel
   // forced without the extras and with them (document_cases).

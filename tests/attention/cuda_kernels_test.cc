@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -13,6 +14,7 @@
 #include "attention/cuda/cuda_attention.h"
 #include "attention/cuda/flash_cuda.h"
 #include "attention/cuda/flash_wgmma.h"
+#include "attention/cuda/mask_tiles.h"
 #include "attention/registry.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
@@ -89,6 +91,8 @@ std::vector<CudaCase> all_cases() {
   // The wgmma forward's bias and mask instances (staged_alone_cases), each kernel forced.
   for (bool mask : {false, true})
     for (const DocumentCase& c : staged_alone_cases(mask, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // The mask instances on masks of documents, whole tiles hidden and kept (mask_tile_cases).
+  for (const DocumentCase& c : mask_tile_cases(seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   // Packed and cycled documents on shapes of many 64- and 128-row blocks: key tiles that share no
   // document with a query block are skipped, tiles inside one run unmasked, the rest compare ids; each
   // kernel forced without the extras and with them (document_cases).
@@ -653,6 +657,94 @@ TEST(BlockChecksum, SealWritesTheTrailerOnTheDevice) {
   EXPECT_EQ(trailer.checksum, expected);
   EXPECT_EQ(trailer.origin_rank, 3u);
   EXPECT_EQ(trailer.magic, BlockSeal::kMagic);
+}
+
+
+// The mask's tile summary (MaskTiles) against one made here from the mask: every tile's states, every chunk's and
+// tile's first and last, for masks of documents of each shape (broadcast, per head, per batch row), rows of odd
+// length (not 4-byte aligned), keys as one run and in an order that is none (read pair by pair).
+TEST(MaskTiles, SummaryMatchesTheMask) {
+  RA_REQUIRE_GPU();
+  int seen[4] = {};  // tiles by state
+  for (uint64_t seed : {30, 31, 32})
+    for (bool permuted : {false, true}) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + (permuted ? " keys permuted" : " keys a run"));
+      Options opt;
+      opt.mask = opt.mask_documents = true;
+      const ProblemSpec spec{2, 333, 517, 4, 2, 64, 64, DType::kBF16, opt, seed};
+      const Problem p(spec);
+      const InputsCopy dev = copy_inputs(p.inputs(), MemoryKind::kCuda);
+      TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+      if (permuted)
+        for (int64_t j = 0; j < spec.kv_len; ++j) pos.k[size_t(j)] = j * 7 % spec.kv_len;  // 7 and 517 coprime
+      const CudaStream stream;
+      DevicePositionBuffer buffer;
+      CudaAttentionArgs args = make_cuda_args(dev.inputs, buffer.upload(pos, stream.get()), p.params());
+      std::vector<uint8_t> states, by_tile;
+      std::vector<int> firsts, lasts;
+      DeviceMaskTiles t;
+      {
+        const MaskTiles summary(args, stream.get());
+        t = args.mask_tiles;
+        ASSERT_NE(t.states, nullptr);
+        const size_t ranges = size_t(t.maps) * (t.row_chunks + t.key_tiles);
+        states.resize(size_t(t.maps) * t.row_chunks * t.key_tiles);
+        by_tile.resize(states.size());
+        firsts.resize(ranges), lasts.resize(ranges);
+        RA_CUDA_CHECK(cudaMemcpyAsync(states.data(), t.states, states.size(), cudaMemcpyDeviceToHost, stream.get()));
+        RA_CUDA_CHECK(cudaMemcpyAsync(by_tile.data(), t.states_by_tile, by_tile.size(), cudaMemcpyDeviceToHost, stream.get()));
+        RA_CUDA_CHECK(cudaMemcpyAsync(firsts.data(), t.firsts, ranges * sizeof(int), cudaMemcpyDeviceToHost, stream.get()));
+        RA_CUDA_CHECK(cudaMemcpyAsync(lasts.data(), t.lasts, ranges * sizeof(int), cudaMemcpyDeviceToHost, stream.get()));
+        stream.synchronize();
+      }
+      const int64_t mb = p.mask.view().dim(0), mh = p.mask.view().dim(1), T = spec.q_len, S = spec.kv_len;
+      EXPECT_EQ(t.maps, (mb > 1 ? spec.batch : 1) * (mh > 1 ? spec.q_heads : 1));
+      EXPECT_EQ(t.row_chunks, (T + 63) / 64);
+      EXPECT_EQ(t.key_tiles, (S + 127) / 128);
+      const uint8_t* m = p.mask.data<uint8_t>();
+      for (int64_t b = 0; b < spec.batch; ++b)
+        for (int64_t h = 0; h < spec.q_heads; ++h) {
+          const int64_t map = (t.per_batch ? b : 0) * t.heads + (t.heads > 1 ? h : 0);
+          const uint8_t* mask = m + ((mb > 1 ? b : 0) * mh + (mh > 1 ? h : 0)) * T * S;
+          for (int chunk = 0; chunk < t.row_chunks; ++chunk)
+            for (int tile = 0; tile < t.key_tiles; ++tile) {
+              bool some = false, all = true;
+              for (int64_t r = chunk * 64; r < std::min<int64_t>(T, chunk * 64 + 64); ++r)
+                for (int64_t j = tile * 128; j < std::min<int64_t>(S, tile * 128 + 128); ++j) {
+                  const bool kept = mask[r * S + pos.k[size_t(j)]] != 0;
+                  some = some || kept, all = all && kept;
+                }
+              const uint8_t expected = some ? kMaskTileSome | (all ? kMaskTileAll : 0) : 0;
+              ASSERT_EQ(int(states[size_t((map * t.row_chunks + chunk) * t.key_tiles + tile)]), int(expected))
+                  << "b " << b << " h " << h << " chunk " << chunk << " tile " << tile;
+              ASSERT_EQ(int(by_tile[size_t((map * t.key_tiles + tile) * t.row_chunks + chunk)]), int(expected))
+                  << "by tile: b " << b << " h " << h << " chunk " << chunk << " tile " << tile;
+            }
+          for (int chunk = 0; chunk < t.row_chunks; ++chunk) {
+            int first = INT_MAX, last = -1;
+            for (int tile = 0; tile < t.key_tiles; ++tile)
+              if (states[size_t((map * t.row_chunks + chunk) * t.key_tiles + tile)]) first = std::min(first, tile), last = tile;
+            const size_t at = size_t(map * t.row_chunks + chunk);
+            if (last >= 0) EXPECT_EQ(firsts[at], first) << "chunk " << chunk;
+            else EXPECT_GT(firsts[at], lasts[at]) << "chunk " << chunk;
+            EXPECT_EQ(lasts[at], last) << "chunk " << chunk;
+          }
+          for (int tile = 0; tile < t.key_tiles; ++tile) {
+            int first = INT_MAX, last = -1;
+            for (int chunk = 0; chunk < t.row_chunks; ++chunk)
+              if (states[size_t((map * t.row_chunks + chunk) * t.key_tiles + tile)]) first = std::min(first, chunk), last = chunk;
+            const size_t at = size_t(t.maps * t.row_chunks + map * t.key_tiles + tile);
+            if (last >= 0) EXPECT_EQ(firsts[at], first) << "tile " << tile;
+            else EXPECT_GT(firsts[at], lasts[at]) << "tile " << tile;
+            EXPECT_EQ(lasts[at], last) << "tile " << tile;
+          }
+        }
+      for (uint8_t state : states) ++seen[state];
+    }
+  // Documents of up to 600 keys over 517: tiles hidden whole, kept in part and kept whole all occur.
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[kMaskTileSome], 0);
+  EXPECT_GT(seen[kMaskTileSome | kMaskTileAll], 0);
 }
 
 }  // namespace

@@ -41,6 +41,16 @@ std::vector<KernelCase> all_cases() {
         ProblemSpec spec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.dv, dtype, opt, seed++};
         cases.push_back({impl, backend, spec});
       }
+  // A mask of documents: blocks it hides whole (skipped by the flash kernels), keeps whole (run unmasked) and keeps
+  // in part, alone and causal, the mask's three shapes by seed.
+  for (Backend backend : {Backend::kCpu, Backend::kNative})
+    for (DType dtype : {DType::kF32, DType::kBF16})
+      for (bool causal : {false, true}) {
+        Options opt;
+        opt.mask = opt.mask_documents = true;
+        opt.causal = causal;
+        cases.push_back({"flash_attn2", backend, ProblemSpec{2, 300, 517, 4, 2, 64, 64, dtype, opt, seed++}});
+      }
   return cases;
 }
 

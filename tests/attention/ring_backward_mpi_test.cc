@@ -384,6 +384,13 @@ std::vector<RingBackwardCase> ring_backward_cases() {
     c.gradient_wire = DType::kBF16, c.batch = batch;
     cases.push_back(c);
   }
+  // A mask of documents (whole tiles hidden and kept): the wgmma mask instances' steps by the mask's tile summary.
+  Options documents = opts[5], causal_documents = opts[5];
+  documents.mask_documents = causal_documents.mask_documents = causal_documents.causal = true;
+  RingBackwardCase masked = gpu(SequenceLayout::kStriped, documents, DType::kBF16, 520, 520, 4, 2, "flash_attn2");
+  masked.head_dim = masked.v_head_dim = 128;
+  cases.push_back(masked);
+  cases.push_back(gpu(SequenceLayout::kZigzag, causal_documents, DType::kF16, 520, 520, 4, 2, "flash_attn2"));
   RingBackwardCase narrow_dims = gpu(SequenceLayout::kStriped, opts[1], DType::kF16, 111, 111, 4, 4, "flash_attn2");
   narrow_dims.head_dim = narrow_dims.v_head_dim = 80;
   cases.push_back(narrow_dims);

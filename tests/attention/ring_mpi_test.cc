@@ -150,6 +150,12 @@ std::vector<RingCase> ring_cases() {
   // Head dims between the flash kernels' instances, Dv != D (MLA's 192 / 128): the carry holds Dv columns.
   cases.push_back({SequenceLayout::kZigzag, opts[6], DType::kBF16, 150, 150, 4, 2, "flash_attn2", 192, 128});
   cases.push_back({SequenceLayout::kStriped, opts[1], DType::kF16, 131, 131, 4, 4, "flash_attn2", 80, 80});
+  // A mask of documents (whole tiles hidden and kept): on Hopper the wgmma mask instances summarise each step's
+  // mask by tiles, over the striped layout's keys (positions that are no run) and zigzag's halves.
+  Options documents = opts[5], causal_documents = opts[5];
+  documents.mask_documents = causal_documents.mask_documents = causal_documents.causal = true;
+  cases.push_back({SequenceLayout::kStriped, documents, DType::kBF16, 520, 520, 4, 2, "flash_attn2", 128});
+  cases.push_back({SequenceLayout::kZigzag, causal_documents, DType::kF16, 520, 520, 4, 2, "flash_attn2", 64});
   cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kBF16, 150, 150, 4, 2, "cudnn", 192, 128});
   return cases;
 }

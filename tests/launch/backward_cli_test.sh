@@ -258,6 +258,12 @@ expect "bench --f32-gradients without --backward" 2 "--f32-gradients applies to 
   --heads 2 --head-dim 16 --iters 1 --f32-gradients
 expect "bench --backward --f32-gradients" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward --impl flash_attn2 \
   --seq 33 --heads 2 --head-dim 16 --iters 1 --f32-gradients
+expect "bench --mask-documents: the ring's documents as a mask" 0 "ring *cpu *2 .*forward+backward" "$mpiexec" \
+  --oversubscribe -np 2 "$ra" bench --backward --seq 67 --heads 2 --head-dim 16 --iters 1 --segments 3 --mask-documents
+expect "bench --mask-documents without --segments" 2 "--mask-documents turns --segments N's documents into a mask" \
+  "$ra" bench --seq 16 --heads 2 --head-dim 16 --iters 1 --mask-documents
+expect "bench --mask-documents beside --mask" 2 "takes no --mask" "$ra" bench --seq 16 --heads 2 --head-dim 16 \
+  --iters 1 --segments 2 --mask-documents --mask
 expect "bench --backward: the host ring on 2 ranks" 0 "ring *cpu *2 .*forward+backward" "$mpiexec" --oversubscribe -np 2 \
   "$ra" bench --backward --seq 67 --heads 4 --kv-heads 2 --head-dim 32 --causal --iters 2
 expect "bench --backward: a local implementation" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward \

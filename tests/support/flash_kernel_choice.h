@@ -150,6 +150,25 @@ inline std::vector<DocumentCase> staged_alone_cases(bool mask, uint64_t& seed) {
   return cases;
 }
 
+// A mask of documents (Options::mask_documents: whole tiles hidden, whole tiles kept, tiles across an edge) on shapes
+// of many 64-row chunks and 128-key tiles, on staged_alone_option_sets: the wgmma kernels' mask instances leave out
+// what the mask's tile summary (MaskTiles) hides and read none of the mask where it keeps every pair. The wgmma
+// kernel forced (elsewhere: mma.sync), f16 and bf16 by turns, the mask's three shapes by seed. `seed` counts on.
+inline std::vector<DocumentCase> mask_tile_cases(uint64_t& seed) {
+  const std::array<int64_t, 6> shapes[] = {{1, 700, 900, 4, 2, 128}, {2, 513, 640, 4, 1, 64}, {1, 1000, 1000, 2, 2, 128},
+                                           {1, 384, 1031, 8, 2, 64},  {2, 640, 515, 4, 4, 128}};
+  std::vector<DocumentCase> cases;
+  for (Options opt : staged_alone_option_sets(true))
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      opt.mask_documents = true;
+      const auto& [b, t, s, hq, hkv, d] = shapes[seed % std::size(shapes)];
+      const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
+      cases.push_back({ProblemSpec{b, t, s, hq, hkv, d, d, dtype, opt, seed}, FlashKernel::kWgmma});
+      ++seed;
+    }
+  return cases;
+}
+
 // "", "_packed" or "_cycled": the test name's mark of ProblemSpec::segment_ids.
 inline std::string segment_ids_suffix(SegmentIds ids) {
   return ids == SegmentIds::kPacked ? "_packed" : ids == SegmentIds::kCycled ? "_cycled" : ids == SegmentIds::kLong ? "_long" : "";

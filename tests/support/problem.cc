@@ -41,6 +41,7 @@ std::string Options::name() const {
   add(segments, "segments");
   add(dropout, "dropout");
   add(narrow_window, "narrow_window");
+  add(mask_documents, "documents");
   return n.empty() ? "plain" : n;
 }
 
@@ -80,12 +81,30 @@ Problem::Problem(const ProblemSpec& spec) : spec_(spec) {
       if (rng() % 8 == 0) x[i] = -INFINITY;
     std::fill(x + (T / 3) * S, x + (T / 3 + 1) * S, -INFINITY);
   }
-  if (o.mask) {
+  if (o.mask && !o.mask_documents) {
     mask = Tensor(DType::kU8, {B, 1, T, S});  // broadcast over heads
     uint8_t* m = mask.data<uint8_t>();
     for (int64_t i = 0; i < mask.numel(); ++i) m[i] = (rng() % 5) != 0;
     // One fully masked query row per batch: it must come out as O = 0, LSE = -inf (or the sink).
     for (int64_t b = 0; b < B; ++b) std::fill(m + (b * T + T / 2) * S, m + (b * T + T / 2 + 1) * S, uint8_t(0));
+  }
+  if (o.mask && o.mask_documents) {
+    const int64_t mb = spec.seed % 3 == 0 ? 1 : B, mh = spec.seed % 3 == 1 ? Hq : 1;
+    mask = Tensor(DType::kU8, {mb, mh, T, S});
+    uint8_t* m = mask.data<uint8_t>();
+    for (int64_t bh = 0; bh < mb * mh; ++bh) {
+      std::vector<int64_t> starts{0};  // the documents' first keys
+      while (starts.back() < S) starts.push_back(std::min<int64_t>(S, starts.back() + 1 + int64_t(rng() % 600)));
+      std::vector<bool> holey(starts.size());
+      for (size_t d = 0; d < holey.size(); ++d) holey[d] = rng() % 3 == 0;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t p = t + (S - T) > 0 ? t + (S - T) : t % S;  // the query's key position (as segment ids)
+        const size_t d = size_t(std::upper_bound(starts.begin(), starts.end(), p) - starts.begin()) - 1;
+        uint8_t* row = m + (bh * T + t) * S;
+        for (int64_t j = starts[d]; j < starts[d + 1]; ++j) row[j] = !holey[d] || rng() % 16 != 0;
+      }
+      std::fill(m + (bh * T + T / 2) * S, m + (bh * T + T / 2 + 1) * S, uint8_t(0));  // a fully masked row
+    }
   }
   if (o.segments) {  // packed sequences: sorted ids with random lengths, aligned to the end for T != S
     q_seg = Tensor(DType::kI32, {B, T});

@@ -20,6 +20,10 @@ struct Options {
   // A window of at most 3 keys to the left and 2 to the right (instead of `window`'s up to S / 3): the
   // ring's blocks wholly outside it are skipped, even where their position ranges overlap the queries'.
   bool narrow_window = false;
+  // With `mask`: documents of 1 to 600 keys instead of random pairs, each query row keeping its document's keys (some
+  // documents with holes, one pair in 16): whole tiles hidden, whole tiles kept, tiles across an edge. The mask's
+  // shape by seed: (1, 1, T, S), (B, Hq, T, S) with each head's own documents, or (B, 1, T, S).
+  bool mask_documents = false;
   std::string name() const;
 };
 
