@@ -142,9 +142,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   int first, last;
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   // kMask: the tiles before the first the mask keeps a pair of in this block's rows, and after the last, are left out
-  // (MaskTiles). Per step the tiles are staged and applied as without a summary: reading a tile's state a step (from
-  // global memory, a step ahead, to skip staging the tiles the mask keeps whole) cost the forward 31% on a dense
-  // mask, and its branches 16% more (H100, bench/RESULTS.md, "The mask's tile summary").
+  // (MaskTiles). Per step the tiles are staged and applied as without a summary: reading each tile's state (a step
+  // ahead, to skip staging the tiles the mask keeps whole) ran a dense mask's forward at 301 TFLOP/s, 352 with the
+  // summary off, against 415 without that code (H100, bench/RESULTS.md, "The mask's tile summary").
   if constexpr (kMask) {
     static_assert(kBlockN == kMaskTileKeys && kBlockM % kMaskChunkRows == 0, "tiles of the mask's summary");
     if (a.mask_tiles.states) narrow_to_mask_tiles<kBlockM>(a.mask_tiles, mask_tiles_map(a.mask_tiles, b, h), m0, first, last);
