@@ -18,6 +18,10 @@ struct AttentionInputs {
   TensorView q, k, v;
   TensorView bias, mask, sinks;
   TensorView q_segment_ids, kv_segment_ids;
+  // The caller's name for the mask's bytes, 0 for none: calls that give the same nonzero name promise the same
+  // bytes at the mask's address (a model's layers, and a forward and its backward, reading one mask), so the GPU
+  // kernels summarise it once (attention/cuda/mask_tiles.h). ringattn.torch names a tensor by its version.
+  uint64_t mask_identity = 0;
 };
 
 // Where rows sit in the global sequence. Queries are aligned to the end of the keys (bottom-right),

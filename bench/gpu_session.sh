@@ -52,7 +52,8 @@
 # alone, mma.sync's too, and FlexAttention's); `staged_extras` (a mask alone staged in shared memory: GPU tests, the rings'
 # mask cases, rows with and without a mask or a bias, FlexAttention's and SDPA's with a mask); `mask_tiles` (the mask
 # instances' tile summary: GPU tests with a mask or a bias, the rings' mask cases, documents as a mask beside segment ids and FlexAttention's
-# document block mask, a dense mask's rows); several as a comma list. Logs go to $OUT.
+# document block mask, a dense mask's rows); `mask_named` (a named mask's summary made once: the same tests, the Python layer's
+# with a mask, documents as a mask summarised each call and named, beside segment ids and FlexAttention); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -1188,5 +1189,32 @@ if has mask_tiles; then  # issue 20: the mask instances leave out the tiles a ma
   done
   heads=32 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10
   heads=64 head_dim=64 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 --mask
+  timeout 240 python3 bench/torch_documents.py --runs flex 16x128x16 16x128x64 2>&1 | tee "$out/torch_documents.txt"
+fi
+if has mask_named; then  # issue 20: a named mask's tile summary made once and kept (MaskTiles): the GPU tests with a mask, the
+  # rings' mask cases, then documents as a mask summarised every call and named (made once), beside segment ids and
+  # FlexAttention's document block mask (made once, outside its timing), and a dense random mask either way
+  timeout 200 $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter='*mask*:*Mask*:*bias*:*segment*' 2>&1 |
+    tee "$out/cuda_attention_test.log" | tail -n 8
+  for t in ring_mpi_test ring_backward_mpi_test; do
+    timeout 100 mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 --gtest_filter='*mask*:*Mask*:*segment*' 2>&1 |
+      tee "$out/$t.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 4
+  done
+  if [ -d $build/python/ringattn ]; then  # the Python layer names its masks itself: its CUDA tests with a mask
+    PYTHONPATH=$build/python timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py \
+      -k "mask or option or graph" 2>&1 | tail -n 6 | tee "$out/python_tests.log"
+  fi
+  for docs in 16 64; do
+    for causal in "" "--causal"; do
+      for how in "" "--mask-documents" "--mask-documents --mask-named"; do
+        echo "# $docs documents $causal ${how:-as segment ids}" | tee -a "$out/bench.txt"
+        heads=16 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 32768 --iters 10 --segments $docs $how $causal
+      done
+    done
+  done
+  for how in "" "--mask-named"; do
+    echo "# dense random mask ${how:-summarised every call}" | tee -a "$out/bench.txt"
+    heads=32 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 --mask $how
+  done
   timeout 240 python3 bench/torch_documents.py --runs flex 16x128x16 16x128x64 2>&1 | tee "$out/torch_documents.txt"
 fi

@@ -46,7 +46,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   AttentionOptions opts;
   int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0, iters = 5, warmup = 1, segments = 0;
   std::string dtype_text = "f32", json_path;
-  bool step_times = false, backward = false, bias = false, mask = false, mask_documents = false, f32_gradients = false;
+  bool step_times = false, backward = false, bias = false, mask = false, mask_documents = false, mask_named = false;
+  bool f32_gradients = false;
   std::string grad_wire = "f32";
   po::options_description desc("ringattn bench");
   desc.add_options()("help", "this text")
@@ -68,6 +69,10 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     ("mask-documents", po::bool_switch(&mask_documents), "with --segments N: the documents as a boolean mask (each "
      "query keeping its own document's keys) instead of segment ids, as Transformers' dense masks and Llama 4's "
      "chunked attention give them")
+    ("mask-named", po::bool_switch(&mask_named), "with a mask: name it (AttentionInputs::mask_identity, as "
+     "ringattn.torch names a tensor by its version), so that the GPU kernels summarise it at the first (untimed) call "
+     "and keep the summary, as a model's layers and each forward's backward share one mask; without it every call "
+     "reads the whole mask to summarise it")
     ("backward", po::bool_switch(&backward), "time a training step's attention: forward, backward (given the "
      "forward's O and LSE) and both, per rank; the ring on N ranks (host or GPU), or one rank's local implementation")
     ("grad-wire", po::value(&grad_wire)->default_value("f32"), kGradWireHelp)
@@ -90,6 +95,9 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   RA_CHECK(segments >= 0 && segments <= seq, "--segments ", segments, " must be between 0 and --seq ", seq);
   RA_CHECK(!mask_documents || (segments > 0 && !mask), "--mask-documents turns --segments N's documents into a mask: it "
            "needs --segments and takes no --mask");
+  RA_CHECK(!mask_named || mask || mask_documents, "--mask-named names the call's mask: it needs --mask or --mask-documents");
+  RA_CHECK(!mask_named || opts.backend == "cuda", "--mask-named: only the GPU kernels summarise a mask (--backend cuda); "
+           "the host kernels read its bytes block by block in every call");
   if (!json_path.empty()) check_output_path(json_path, "", /*overwrite=*/true, "--json");  // before the bench runs
   RA_CHECK(heads % kv_heads == 0, "--heads ", heads, " is not a multiple of --kv-heads ", kv_heads);
   const DType dtype = parse_dtype(dtype_text);
@@ -100,7 +108,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     RA_CHECK(json_path.empty(), "--json applies to the forward bench, not --backward");
     return bench_backward(BackwardBenchShape{batch, seq, heads, kv_heads, head_dim, v_head_dim, iters, warmup, dtype,
                                              parse_gradient_wire(grad_wire, "--grad-wire"), segments, bias, mask,
-                                             step_times, f32_gradients, mask_documents},
+                                             step_times, f32_gradients, mask_documents, mask_named},
                           opts, job);
   }
   const int rank = job.world.rank();
@@ -137,7 +145,8 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   // Everything the timed loop touches is allocated once: inputs (on the device for cuda), the carry
   // and the outputs. One iteration = reset the carry, accumulate, finalize O and LSE.
   const InputsCopy staged = job.on_device ? copy_inputs(in, MemoryKind::kCuda) : InputsCopy{};
-  const AttentionInputs& run_in = job.on_device ? staged.inputs : in;
+  AttentionInputs run_in = job.on_device ? staged.inputs : in;
+  run_in.mask_identity = mask_named ? kBenchMaskName : 0;
   validate_attention(run_in, params, pos, impl->max_head_dim());
   Carry carry = Carry::empty(batch, heads, local, v_head_dim, job.memory());
   Tensor o(dtype, {batch, local, heads, v_head_dim}, job.memory()), lse(DType::kF32, {batch, heads, local}, job.memory());

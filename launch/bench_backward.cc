@@ -88,7 +88,8 @@ int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts
   host_in.bias = bias;
   if (shape.mask) host_in.mask = mask;
   const InputsCopy staged = job.on_device ? copy_inputs(host_in, MemoryKind::kCuda) : InputsCopy{};
-  const AttentionInputs& in = job.on_device ? staged.inputs : host_in;
+  AttentionInputs in = job.on_device ? staged.inputs : host_in;
+  in.mask_identity = shape.mask_named ? kBenchMaskName : 0;
   const Tensor d_o_run = job.on_device ? to_memory(d_o, MemoryKind::kCuda) : Tensor();
   const TensorView d_o_view = job.on_device ? d_o_run.view() : d_o.view();
   validate_attention(in, params, pos, impl->max_head_dim());

@@ -14,6 +14,7 @@ struct BackwardBenchShape {
   bool step_times = false;            // --step-times: the GPU ring's spans of device time, per rank
   bool f32_gradients = false;         // --f32-gradients: dq, dk, dv in f32 (through f32 accumulators)
   bool mask_documents = false;        // --mask-documents: the documents as a boolean mask, not segment ids
+  bool mask_named = false;            // --mask-named: the mask's tile summary made once (AttentionInputs::mask_identity)
 };
 
 int bench_backward(const BackwardBenchShape& shape, const AttentionOptions& opts, Job& job);

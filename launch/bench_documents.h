@@ -32,6 +32,9 @@ inline Tensor document_mask(const std::vector<int64_t>& positions, int64_t seq, 
   return mask;
 }
 
+// --mask-named: the name (AttentionInputs::mask_identity) of the bench's mask, which no iteration changes.
+constexpr uint64_t kBenchMaskName = 1;
+
 // The (query, key) pairs one head attends over the whole sequence, the FLOP count's convention:
 // seq^2 without documents, seq^2 / N with N of them (documents of seq / N rows), halved for causal.
 inline double attended_pairs(int64_t seq, int64_t segments, bool causal) {

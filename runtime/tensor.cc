@@ -98,6 +98,14 @@ Tensor Tensor::temporary(DType dtype, Shape shape, MemoryKind memory, void* cuda
   return t;
 }
 
+Tensor Tensor::scratch(size_t bytes, MemoryKind memory, void* cuda_stream, const char* what) {
+  Tensor t;
+  void* p = allocate_temporary_bytes(bytes, memory, cuda_stream, what);
+  t.storage_ = std::unique_ptr<void, Release>(p, Release(memory, /*from_cache=*/true, cuda_stream));
+  t.view_ = TensorView(p, DType::kU8, Shape{int64_t(bytes)}, memory);
+  return t;
+}
+
 TensorView narrow(const TensorView& view, int dim, int64_t start, int64_t length) {
   RA_CHECK(dim >= 0 && dim < view.rank() && start >= 0 && length >= 0 && start + length <= view.dim(dim),
            "narrow: rows [", start, ", ", start + length, ") of dimension ", dim, " are outside shape ",

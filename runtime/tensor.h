@@ -78,6 +78,9 @@ class Tensor {
   // the stream lives, and work of other streams that uses it must be ordered before the stream's later
   // work. On the host: as the constructor.
   static Tensor temporary(DType dtype, Shape shape, MemoryKind memory, void* cuda_stream);
+  // The same as `bytes` u8 left unset, for a kernel that writes all it reads (named `what` in an
+  // out-of-memory error): a small call's temporaries then cost no fill.
+  static Tensor scratch(size_t bytes, MemoryKind memory, void* cuda_stream, const char* what);
 
   TensorView view() const { return view_; }
   operator TensorView() const { return view_; }

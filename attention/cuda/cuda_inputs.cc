@@ -43,6 +43,7 @@ CudaAttentionArgs make_cuda_args(const AttentionInputs& in, const DevicePosition
   const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
   if (in.bias.defined()) a.bias = device_view(broadcast_to(in.bias, full, "bias"), "bias");
   if (in.mask.defined()) a.mask = device_view(broadcast_to(in.mask, full, "mask"), "mask");
+  a.mask_identity = in.mask.defined() ? in.mask_identity : 0;
   a.q_segment_ids = device_view(in.q_segment_ids, "q_segment_ids");
   a.kv_segment_ids = device_view(in.kv_segment_ids, "kv_segment_ids");
   a.pos = pos;

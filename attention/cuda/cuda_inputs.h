@@ -52,8 +52,7 @@ struct DeviceView4 {
 // the mask keeps some or all of the tile's pairs (kMaskTileSome / kMaskTileAll); per chunk the first and last tile
 // with a kept pair, per tile the first and last chunk (first > last: none).
 struct DeviceMaskTiles {
-  const uint8_t* states = nullptr;  // (maps, row_chunks, key_tiles); null: not summarised (nothing skipped)
-  const uint8_t* states_by_tile = nullptr;  // the same as (maps, key_tiles, row_chunks): a key tile's in a row
+  const uint8_t* states = nullptr;  // (maps, key_tiles, row_chunks): a key tile's in a row; null: not summarised
   const int* firsts = nullptr;      // (maps, row_chunks), then (maps, key_tiles)
   const int* lasts = nullptr;       // likewise
   int maps = 0, heads = 1, row_chunks = 0, key_tiles = 0;
@@ -74,6 +73,7 @@ struct CudaAttentionArgs {
   const int2* kv_query_windows = nullptr;
   const int* segments_sorted = nullptr;  // non-zero where both sides' ids never decrease (device memory)
   DeviceMaskTiles mask_tiles;  // filled by MaskTiles where a mask instance runs
+  uint64_t mask_identity = 0;  // AttentionInputs::mask_identity (host side: MaskTiles keeps a named mask's summary)
   DevicePositions pos;
   int batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0, value_dim = 0;
   float scale = 1.0f, soft_cap = 0.0f, dropout_prob = 0.0f;

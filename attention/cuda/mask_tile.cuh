@@ -135,7 +135,7 @@ struct MaskColumn {
 // two of the caller's barriers.
 template <int kThreads>
 __device__ __forceinline__ void fill_mask_column(MaskColumn& column, const DeviceMaskTiles& t, int map, int tile, int tid) {
-  const uint8_t* from = t.states_by_tile + (int64_t(map) * t.key_tiles + tile) * t.row_chunks;
+  const uint8_t* from = t.states + (int64_t(map) * t.key_tiles + tile) * t.row_chunks;
   for (int c = tid; c < t.row_chunks; c += kThreads) column.states[c] = from[c];
   if (tid == 0) {
     const int64_t at = int64_t(t.maps) * t.row_chunks + int64_t(map) * t.key_tiles + tile;

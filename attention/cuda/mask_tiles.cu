@@ -1,9 +1,12 @@
 #include "attention/cuda/mask_tiles.h"
 
 #include <climits>
+#include <mutex>
+#include <vector>
 
 #include "attention/cuda/mask_tile.cuh"
 #include "runtime/cuda_device.h"
+#include "runtime/graph_capture.h"
 
 namespace ra {
 namespace {
@@ -33,8 +36,7 @@ __device__ __forceinline__ void words_of_16(const uint8_t* from, uint32_t (&word
 
 // One block per (key tile, row chunk, map): whether the mask keeps some / all of the tile's pairs in range (as the
 // mask instances read it: local query rows, keys by position), and the chunk's and tile's ranges widened to it.
-__global__ void mask_tiles_kernel(const __grid_constant__ CudaAttentionArgs a, uint8_t* states, uint8_t* states_by_tile,
-                                  int* firsts, int* lasts) {
+__global__ void mask_tiles_kernel(const __grid_constant__ CudaAttentionArgs a, uint8_t* states, int* firsts, int* lasts) {
   const DeviceMaskTiles& t = a.mask_tiles;
   const int tile = blockIdx.x, chunk = blockIdx.y, map = blockIdx.z;
   const int key0 = tile * kMaskTileKeys + 16 * int(threadIdx.x % kKeyChunks), r0 = threadIdx.x / kKeyChunks;
@@ -79,8 +81,7 @@ __global__ void mask_tiles_kernel(const __grid_constant__ CudaAttentionArgs a, u
   all = __syncthreads_and(all);
   if (threadIdx.x != 0) return;
   const uint8_t state = some ? kMaskTileSome | (all ? kMaskTileAll : 0) : 0;
-  states[(int64_t(map) * t.row_chunks + chunk) * t.key_tiles + tile] = state;
-  states_by_tile[(int64_t(map) * t.key_tiles + tile) * t.row_chunks + chunk] = state;
+  states[(int64_t(map) * t.key_tiles + tile) * t.row_chunks + chunk] = state;
   if (!some) return;
   const int64_t chunk_at = int64_t(map) * t.row_chunks + chunk;
   const int64_t tile_at = int64_t(t.maps) * t.row_chunks + int64_t(map) * t.key_tiles + tile;
@@ -88,46 +89,152 @@ __global__ void mask_tiles_kernel(const __grid_constant__ CudaAttentionArgs a, u
   atomicMin(firsts + tile_at, chunk), atomicMax(lasts + tile_at, chunk);
 }
 
+// The summary's shape for args (no pointers yet), or maps = 0 where args has no mask or too many chunks for a grid.
+DeviceMaskTiles shape_of(const CudaAttentionArgs& a) {
+  DeviceMaskTiles t;
+  if (!a.mask.data || a.q_len == 0 || a.kv_len == 0) return t;
+  t.per_batch = a.mask.stride[0] != 0 && a.batch > 1;
+  t.heads = a.mask.stride[1] != 0 ? a.q_heads : 1;
+  t.row_chunks = (a.q_len + kMaskChunkRows - 1) / kMaskChunkRows;
+  t.key_tiles = (a.kv_len + kMaskTileKeys - 1) / kMaskTileKeys;
+  const int maps = (t.per_batch ? a.batch : 1) * t.heads;
+  if (t.row_chunks > 65535 || maps > 65535) return t;  // a grid's y and z: left unsummarised (nothing skipped)
+  t.maps = maps;
+  return t;
+}
+
+size_t ranges_of(const DeviceMaskTiles& t) { return size_t(t.maps) * (t.row_chunks + t.key_tiles); }
+size_t bytes_of(const DeviceMaskTiles& t) {
+  return 2 * ranges_of(t) * sizeof(int) + size_t(t.maps) * t.row_chunks * t.key_tiles;
+}
+
+// Queues the summary of a's mask into `summary` (bytes_of(t) bytes) on `stream`; returns t pointing into it.
+DeviceMaskTiles summarise(CudaAttentionArgs a, DeviceMaskTiles t, void* summary, cudaStream_t stream) {
+  const size_t ranges = ranges_of(t);
+  int* firsts = static_cast<int*>(summary);
+  int* lasts = firsts + ranges;
+  uint8_t* states = reinterpret_cast<uint8_t*>(lasts + ranges);
+  a.mask_tiles = t;
+  // firsts start past any tile or chunk (0x7f7f7f7f), lasts before any (-1): min and max take the kept ones.
+  RA_CUDA_CHECK(cudaMemsetAsync(firsts, 0x7f, ranges * sizeof(int), stream));
+  RA_CUDA_CHECK(cudaMemsetAsync(lasts, 0xff, ranges * sizeof(int), stream));
+  mask_tiles_kernel<<<dim3(unsigned(t.key_tiles), unsigned(t.row_chunks), unsigned(t.maps)), kThreads, 0, stream>>>(
+      a, states, firsts, lasts);
+  RA_CUDA_CHECK(cudaGetLastError());
+  t.states = states, t.firsts = firsts, t.lasts = lasts;
+  return t;
+}
+
+// All a kept summary depends on: the caller's name for the mask's bytes, where they are, and how the call reads them.
+struct KeptKey {
+  uint64_t identity = 0;
+  int device = -1;
+  const void* mask = nullptr;
+  int64_t strides[4] = {};
+  int batch = 0, q_heads = 0, q_len = 0, kv_len = 0;
+  int64_t first_key = 0;
+  bool operator==(const KeptKey&) const = default;
+};
+
+KeptKey key_of(const CudaAttentionArgs& a, int device) {
+  KeptKey key;
+  key.identity = a.mask_identity, key.device = device, key.mask = a.mask.data;
+  for (int i = 0; i < 4; ++i) key.strides[i] = a.mask.stride[i];
+  key.batch = a.batch, key.q_heads = a.q_heads, key.q_len = a.q_len, key.kv_len = a.kv_len;
+  key.first_key = a.pos.k_run;
+  return key;
+}
+
+}  // namespace
+
+// A summary kept for later calls. Its memory goes back in stream order once the last kernel that read it is done
+// (last_use, recorded after each), on the thread's own stream: the streams that read it may be gone by then.
+struct KeptMaskTiles {
+  KeptKey key;
+  DeviceMaskTiles tiles;
+  void* memory = nullptr;
+  CudaEvent last_use;
+
+  ~KeptMaskTiles() {
+    if (!memory) return;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) return;
+    (void)cudaSetDevice(key.device);
+    (void)cudaStreamWaitEvent(cudaStreamPerThread, last_use.get(), 0);
+    cuda_release_temporary(memory, cudaStreamPerThread);
+    (void)cudaSetDevice(current);
+  }
+};
+
+namespace {
+
+// The kept summaries, the most recently used last. A few: a model's layers share one mask, and each summary is a
+// byte a tile (2 MB for a 32768 x 131072 mask). Never destroyed: at exit the driver takes their memory back.
+class KeptSummaries {
+ public:
+  static constexpr size_t kCapacity = 8;
+
+  std::shared_ptr<KeptMaskTiles> find_or_make(CudaAttentionArgs& a, const DeviceMaskTiles& shape, cudaStream_t stream) {
+    int device = 0;
+    RA_CUDA_CHECK(cudaGetDevice(&device));
+    const KeptKey key = key_of(a, device);
+    std::shared_ptr<KeptMaskTiles> dropped;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = kept_.begin(); it != kept_.end(); ++it)
+      if ((*it)->key == key) {
+        std::shared_ptr<KeptMaskTiles> found = *it;
+        kept_.erase(it);
+        kept_.push_back(found);
+        // After the summary is made, and after other streams' reads of it (so that last_use covers them all).
+        RA_CUDA_CHECK(cudaStreamWaitEvent(stream, found->last_use.get(), 0));
+        return found;
+      }
+    auto made = std::make_shared<KeptMaskTiles>();
+    made->key = key;
+    made->memory = cuda_allocate_temporary(bytes_of(shape), stream, "the mask's tile summary");
+    made->tiles = summarise(a, shape, made->memory, stream);  // throws: made's memory goes back on this thread's stream
+    made->last_use.record(stream);
+    kept_.push_back(made);
+    if (kept_.size() > kCapacity) {
+      dropped = kept_.front();  // released once the lock is let go, and the last call reading it has ended
+      kept_.erase(kept_.begin());
+    }
+    return made;
+  }
+
+  int count() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return int(kept_.size());
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<KeptMaskTiles>> kept_;
+};
+
+KeptSummaries& kept_summaries() {
+  static auto* kept = new KeptSummaries;
+  return *kept;
+}
+
 }  // namespace
 
 MaskTiles::MaskTiles(CudaAttentionArgs& a, cudaStream_t stream) : stream_(stream) {
-  if (!a.mask.data || a.q_len == 0 || a.kv_len == 0) return;
-  DeviceMaskTiles t;
-  t.per_batch = a.mask.stride[0] != 0 && a.batch > 1;
-  t.heads = a.mask.stride[1] != 0 ? a.q_heads : 1;
-  t.maps = (t.per_batch ? a.batch : 1) * t.heads;
-  t.row_chunks = (a.q_len + kMaskChunkRows - 1) / kMaskChunkRows;
-  t.key_tiles = (a.kv_len + kMaskTileKeys - 1) / kMaskTileKeys;
-  if (t.row_chunks > 65535 || t.maps > 65535) return;  // a grid's y and z: left unsummarised (nothing skipped)
-  const size_t ranges = size_t(t.maps) * (t.row_chunks + t.key_tiles);
-  const size_t states = size_t(t.maps) * t.row_chunks * t.key_tiles;
-  summary_ = cuda_allocate_temporary(2 * ranges * sizeof(int) + 2 * states, stream, "the mask's tile summary");
-  int* firsts = static_cast<int*>(summary_);
-  int* lasts = firsts + ranges;
-  uint8_t* state = reinterpret_cast<uint8_t*>(lasts + ranges);
-  a.mask_tiles = t;
-  // firsts start past any tile or chunk (0x7f7f7f7f), lasts before any (-1): min and max take the kept ones.
-  cudaError_t launched = cudaMemsetAsync(firsts, 0x7f, ranges * sizeof(int), stream);
-  if (launched == cudaSuccess) launched = cudaMemsetAsync(lasts, 0xff, ranges * sizeof(int), stream);
-  if (launched == cudaSuccess) {
-    mask_tiles_kernel<<<dim3(unsigned(t.key_tiles), unsigned(t.row_chunks), unsigned(t.maps)), kThreads, 0, stream>>>(
-        a, state, state + states, firsts, lasts);
-    launched = cudaGetLastError();
+  const DeviceMaskTiles shape = shape_of(a);
+  if (shape.maps == 0) return;
+  if (a.mask_identity != 0 && a.pos.k_run != DevicePositions::kNotARun && !cuda_stream_capturing(stream)) {
+    kept_ = kept_summaries().find_or_make(a, shape, stream);
+    a.mask_tiles = kept_->tiles;
+    return;
   }
-  if (launched != cudaSuccess) {
-    a.mask_tiles = DeviceMaskTiles{};
-    cuda_release_temporary(summary_, stream);
-    summary_ = nullptr;
-    RA_CUDA_CHECK(launched);
-  }
-  a.mask_tiles.states = state;
-  a.mask_tiles.states_by_tile = state + states;
-  a.mask_tiles.firsts = firsts;
-  a.mask_tiles.lasts = lasts;
+  temporary_ = Tensor::scratch(bytes_of(shape), MemoryKind::kCuda, stream, "the mask's tile summary");
+  a.mask_tiles = summarise(a, shape, temporary_.view().data(), stream);
 }
 
 MaskTiles::~MaskTiles() {
-  if (summary_) cuda_release_temporary(summary_, stream_);
+  if (kept_) kept_->last_use.record(stream_);
 }
+
+int kept_mask_tiles_count() { return kept_summaries().count(); }
 
 }  // namespace ra

@@ -66,14 +66,14 @@ int chunks_of(int rows) { return (rows + kSegmentChunkRows - 1) / kSegmentChunkR
 
 }  // namespace
 
-SegmentRanges::SegmentRanges(CudaAttentionArgs& a, cudaStream_t stream) : stream_(stream) {
+SegmentRanges::SegmentRanges(CudaAttentionArgs& a, cudaStream_t stream) {
   if (!a.q_segment_ids.data || a.q_len == 0 || a.kv_len == 0) return;
   const int q_chunks = chunks_of(a.q_len), kv_chunks = chunks_of(a.kv_len);
   // The flag first (int2 alignment kept), then the ranges and the windows of q's chunks and of k's.
   const size_t per_side = size_t(a.batch) * (q_chunks + kv_chunks);
-  ranges_ = cuda_allocate_temporary(sizeof(int2) * (1 + 2 * per_side), stream, "the segment ids' block ranges");
-  int* sorted = static_cast<int*>(ranges_);
-  int2* q_ranges = static_cast<int2*>(ranges_) + 1;
+  ranges_ = Tensor::scratch(sizeof(int2) * (1 + 2 * per_side), MemoryKind::kCuda, stream, "the segment ids' block ranges");
+  int* sorted = ranges_.data<int>();
+  int2* q_ranges = ranges_.data<int2>() + 1;
   int2* kv_ranges = q_ranges + size_t(a.batch) * q_chunks;
   int2* q_windows = kv_ranges + size_t(a.batch) * kv_chunks;
   int2* kv_windows = q_windows + size_t(a.batch) * q_chunks;
@@ -85,21 +85,13 @@ SegmentRanges::SegmentRanges(CudaAttentionArgs& a, cudaStream_t stream) : stream
         q_ranges, a.q_len, q_chunks, kv_ranges, a.kv_len, kv_chunks, sorted, q_windows, kv_windows);
     launched = cudaGetLastError();
   }
-  if (launched != cudaSuccess) {
-    cuda_release_temporary(ranges_, stream);
-    ranges_ = nullptr;
-    RA_CUDA_CHECK(launched);
-  }
+  RA_CUDA_CHECK(launched);
   a.q_segment_ranges = q_ranges;
   a.kv_segment_ranges = kv_ranges;
   a.q_key_windows = q_windows;
   a.kv_query_windows = kv_windows;
   a.segments_sorted = sorted;
   a.after_carry_writer = false;
-}
-
-SegmentRanges::~SegmentRanges() {
-  if (ranges_) cuda_release_temporary(ranges_, stream_);
 }
 
 }  // namespace ra

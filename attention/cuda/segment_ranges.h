@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention/cuda/cuda_inputs.h"
+#include "runtime/tensor.h"
 
 namespace ra {
 
@@ -22,13 +23,9 @@ constexpr int kSegmentChunkRows = 64;
 class SegmentRanges {
  public:
   SegmentRanges(CudaAttentionArgs& args, cudaStream_t stream);
-  ~SegmentRanges();
-  SegmentRanges(const SegmentRanges&) = delete;
-  SegmentRanges& operator=(const SegmentRanges&) = delete;
 
  private:
-  void* ranges_ = nullptr;
-  cudaStream_t stream_;
+  Tensor ranges_;  // the call temporary (Tensor::scratch)
 };
 
 }  // namespace ra

@@ -15,7 +15,10 @@ scaled_dot_product_attention), "sbhd" (T, B, H, D: Megatron's); as views, withou
 looks like another format (more heads than any model and than its tokens; batch rows of one query and one key)
 draws a warning naming it. Keyword options, by the seeds' names: causal, window=(left, right)
 (-1: unbounded), softcap, scale (0: 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32,
-mask (the same shape, bool / uint8, true = attend; both may drop leading 1s, as a (T, S) mask),
+mask (the same shape, bool / uint8, true = attend; both may drop leading 1s, as a (T, S) mask), mask_identity (a
+nonzero int naming the mask's bytes: calls given the same one promise the same bytes at the same address, and the
+GPU kernels then summarise the mask by tiles once instead of reading it whole in each call; ringattn.torch names
+each mask tensor and version itself),
 segment_ids (B, T) int32 and kv_segment_ids (B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed, flash_kernel
 ("auto", "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run; any other implementation refuses it). Bad input raises ValueError naming the tensor and dimension.
 float64 arrays (bias and sinks float32 or float64) run impl="sdpa" on the host as the f64 reference: inputs,

@@ -18,7 +18,8 @@ float64 tensors (CPU, impl="sdpa") run the f64 reference forward and backward, l
 torch.autograd.gradcheck needs. Options, by the seeds' names: causal, window=(left, right) (-1: unbounded), softcap, scale (None:
 1/sqrt(D)), sinks (Hq,) float32, bias (B|1, Hq|1, T|1, S) float32 (sinks and bias in another float dtype, as a
 model holds them, are cast to float32 and get their gradients in their own dtype), mask (same shape, bool, true =
-attend; leading 1s may be dropped, as a (T, S) mask),
+attend; leading 1s may be dropped, as a (T, S) mask; on a GPU summarised by tiles once per tensor and version, so
+that a model's layers and the backward share one summary),
 segment_ids (B, T) int32 and kv_segment_ids (B, S), dropout, dropout_seed, batch_offset / head_offset (a slice of
 the batch or heads, as a data- or tensor-parallel rank holds: dropout keyed by the global indices); flash_kernel ("auto",
 "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run, refused by any other implementation).
@@ -28,6 +29,7 @@ shapes (q (total_q, Hq, D) and cu_seqlens_q / cu_seqlens_k); ringattn.varlen say
 """
 
 import hashlib
+import itertools
 import pathlib
 import warnings
 from typing import Optional
@@ -35,6 +37,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 from torch.utils.dlpack import to_dlpack
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _core, varlen
 from . import _four_dims, _int32_segments, _refuse_on_every_rank
@@ -116,6 +119,23 @@ def _maybe(x: Optional[Tensor]) -> Optional[Tensor]:
     return None if x is None else _plain(x)
 
 
+# Names for the core of the masks' bytes (its mask_identity): one per tensor (the storage's root view) and version. The
+# GPU kernels then summarise a mask once for all the calls that read it (a model's layers, each forward's backward)
+# rather than reading it whole in each; writing into the tensor in place bumps its version, and with it the name.
+# Writes PyTorch does not count (through .data, or another library's view of its memory) are not seen.
+_mask_names = WeakTensorKeyDictionary()
+_mask_name_counter = itertools.count(1)
+
+
+def _mask_identity(mask: Tensor) -> int:
+    root = mask if mask._base is None else mask._base
+    named = _mask_names.get(root)
+    if named is None or named[0] != root._version:
+        named = (root._version, next(_mask_name_counter))
+        _mask_names[root] = named
+    return named[1]
+
+
 def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left, window_right, softcap, scale,
              dropout, dropout_seed, batch_offset, head_offset, flash_kernel, deterministic=False):
     """The core's option dict from the ops' flat arguments (the custom-op schema takes no dicts)."""
@@ -129,6 +149,8 @@ def _options(sinks, bias, mask, segment_ids, kv_segment_ids, causal, window_left
         if tensor is not None:
             options[name] = tensor
     options = _int32_segments(options)  # on the tensors, then each as the core takes it
+    if mask is not None and mask.is_cuda:
+        options["mask_identity"] = _mask_identity(mask)
     for name in ("sinks", "bias", "mask", "segment_ids", "kv_segment_ids"):
         if name in options:
             options[name] = _plain(options[name])

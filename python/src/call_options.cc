@@ -39,10 +39,12 @@ CallOptions options_from(const nb::dict& options) {
       else if (name == "sinks") o.sinks = array();
       else if (name == "bias") o.bias = array();
       else if (name == "mask") o.mask = array();
+      else if (name == "mask_identity") o.mask_identity = nb::cast<uint64_t>(value);
       else if (name == "segment_ids") o.segment_ids = array();
       else if (name == "kv_segment_ids") o.kv_segment_ids = array();
       else RA_FAIL("unknown option '", name, "' (known: causal, window, softcap, scale, dropout, dropout_seed, "
-                   "batch_offset, head_offset, flash_kernel, deterministic, sinks, bias, mask, segment_ids, kv_segment_ids)");
+                   "batch_offset, head_offset, flash_kernel, deterministic, sinks, bias, mask, mask_identity, segment_ids, "
+                   "kv_segment_ids)");
     } catch (const nb::cast_error&) {
       RA_FAIL("option ", name, " has type ", nb::cast<std::string>(nb::handle(value.type()).attr("__name__")), ": expected ",
               name == "window" ? "a (left, right) pair of ints" : name == "causal" || name == "deterministic" ? "a bool"
@@ -78,6 +80,8 @@ AttentionInputs inputs_of(const AnyArray& q, const AnyArray& k, const AnyArray& 
   if (o.sinks) in.sinks = view_of(*o.sinks, "sinks", 1, where);
   if (o.bias) in.bias = view_of(*o.bias, "bias", 4, where);
   if (o.mask) in.mask = view_of(*o.mask, "mask", 4, where);
+  RA_CHECK(o.mask || o.mask_identity == 0, "mask_identity ", o.mask_identity, " names a mask, but the call has none");
+  in.mask_identity = o.mask_identity;
   RA_CHECK(o.segment_ids || !o.kv_segment_ids, "kv_segment_ids without segment_ids (the queries' ids)");
   if (o.segment_ids) {
     in.q_segment_ids = view_of(*o.segment_ids, "segment_ids", 2, where);

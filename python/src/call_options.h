@@ -27,10 +27,11 @@ struct CallOptions {
   FlashKernel flash_kernel = FlashKernel::kAuto;  // "auto" | "mma_sync" | "wgmma" (CUDA flash_attn2)
   bool deterministic = false;  // the backward's sums in a fixed order (AttentionParams::deterministic)
   OptionalArray sinks, bias, mask, segment_ids, kv_segment_ids;
+  uint64_t mask_identity = 0;  // AttentionInputs::mask_identity: the caller's name for the mask's bytes
 };
 
 // The keyword options of a Python call (a dict: causal, window, softcap, scale, dropout, dropout_seed, batch_offset, head_offset,
-// flash_kernel, deterministic, sinks, bias, mask, segment_ids, kv_segment_ids); an unknown name is an error listing the
+// flash_kernel, deterministic, sinks, bias, mask, mask_identity, segment_ids, kv_segment_ids); an unknown name is an error listing the
 // known ones.
 CallOptions options_from(const nb::dict& options);
 

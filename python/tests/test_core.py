@@ -297,6 +297,7 @@ def test_outputs_own_their_memory():
         (lambda a: dict(a, sinks=np.zeros(3, np.float32)), "sinks"),
         (lambda a: dict(a, window=(2,)), "window"),
         (lambda a: dict(a, casual=True), "unknown option 'casual'"),
+        (lambda a: dict(a, mask_identity=5), "mask_identity 5 names a mask, but the call has none"),
         (lambda a: dict(a, head_offset=-2), "batch_offset 0 and head_offset -2: expected the global index"),
         (lambda a: dict(a, bias=[1.0, 2.0]), "bias is a list, expected an array"),
         (lambda a: dict(a, impl="nonexistent"), "nonexistent"),

@@ -90,6 +90,26 @@ def test_every_option_and_its_gradients_equal_the_f64_reference(impl):
                             bias=bias, **options)
 
 
+def test_a_mask_written_in_place_between_calls_gives_the_new_masks_results():
+    # The kernels summarise a mask once per tensor and version (ringattn.torch's mask_identity): the layers of a
+    # model share the summary; an in-place write (through the tensor or a view of it) makes a new one.
+    dtype = torch.bfloat16
+    ids = torch.arange(300) // 70  # documents of 70 keys: tiles hidden whole and kept whole
+    mask = (ids[:, None] == ids[None, :])[None, None].to(GPU)
+    cases = [("documents", lambda m: None), ("again, unchanged", lambda m: None),
+             ("a view written", lambda m: m[0, 0, :, 140:].fill_(True)),
+             ("written in place", lambda m: m.logical_not_())]
+    for seed, (name, write) in enumerate(cases):
+        write(mask)
+        q, k, v, do = tensors(10 + seed, dtype, B=1, T=300, S=300, H=4, Hkv=2)
+        o = rt.attention(q, k, v, mask=mask)
+        o.backward(do)
+        try:
+            check_against_reference(dtype, q, k, v, do, o, mask=mask)
+        except AssertionError as e:
+            raise AssertionError(name) from e
+
+
 @pytest.mark.parametrize("impl", ["flash_attn2", "sdpa", "cudnn"])
 def test_a_loss_reading_lse_gets_its_gradient(impl):
     # cudnn's backward takes no dlse: such a backward runs on flash_attn2's kernels.

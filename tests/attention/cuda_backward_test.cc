@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <utility>
 
 #include "attention/backward.h"
@@ -231,6 +232,41 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_g
          "_T" + std::to_string(s.q_len) + "_S" + std::to_string(s.kv_len) + "_D" + std::to_string(s.head_dim) + dv + "_G" +
          std::to_string(s.q_heads / s.kv_heads) + (c.slice_offsets ? "_slice_offsets" : "");
 });
+
+// A named mask (AttentionInputs::mask_identity, as ringattn.torch names a tensor by its version) is summarised once:
+// the second forward and backward read the kept summary and still give the mask's gradients. Other bytes at the same
+// address under a new name (the tensor changed in place) get a summary of their own: the complement's gradients.
+TEST(CudaMaskTiles, ANamedMaskKeepsItsGradientsAcrossCalls) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
+  Options opt;
+  opt.mask = opt.mask_documents = true;
+  DeviceGradProblem setup(ProblemSpec{2, 333, 517, 4, 2, 64, 64, DType::kBF16, opt, 61}, 62);
+  auto& [problem, host_in, device_in, d_o, d_o_device] = setup;
+  problem.params().flash_kernel = FlashKernel::kWgmma;
+  auto impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  AttentionInputs named = device_in.inputs;
+  auto expect_gradients = [&](const char* which) {
+    SCOPED_TRACE(which);
+    const Gradients g = impl->backward(named, problem.params(), d_o_device);
+    RA_CUDA_CHECK(cudaDeviceSynchronize());
+    const ReferenceGradients ref = reference_attention_backward_f64(
+        host_in, problem.params(), TokenPositions::dense(problem.spec().q_len, problem.spec().kv_len), d_o);
+    for (const auto& [got, want, name] : {std::tuple{&g.dq, &ref.dq, "dq"}, {&g.dk, &ref.dk, "dk"}, {&g.dv, &ref.dv, "dv"}}) {
+      const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, DType::kBF16);
+      EXPECT_EQ(cmp.nan, 0) << name;
+      EXPECT_EQ(cmp.wrong, 0) << name << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance << ")";
+    }
+  };
+  named.mask_identity = 0x6e616d6564;
+  expect_gradients("first call: the summary made and kept");
+  expect_gradients("second call: the kept summary");
+  uint8_t* bytes = problem.mask.data<uint8_t>();
+  for (int64_t i = 0; i < problem.mask.numel(); ++i) bytes[i] = !bytes[i];
+  RA_CUDA_CHECK(cudaMemcpy(named.mask.data(), bytes, size_t(problem.mask.numel()), cudaMemcpyHostToDevice));
+  named.mask_identity = 0x6e616d6565;
+  expect_gradients("the complement under a new name");
+}
 
 // A loss that reads LSE too: dLSE beside dO, from the implementation's forward (O in f32), through the
 // accumulator path (f32 gradients, and any bias) and the direct one (q's dtype), each kernel, every option

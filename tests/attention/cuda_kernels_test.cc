@@ -680,7 +680,7 @@ TEST(MaskTiles, SummaryMatchesTheMask) {
       const CudaStream stream;
       DevicePositionBuffer buffer;
       CudaAttentionArgs args = make_cuda_args(dev.inputs, buffer.upload(pos, stream.get()), p.params());
-      std::vector<uint8_t> states, by_tile;
+      std::vector<uint8_t> states;
       std::vector<int> firsts, lasts;
       DeviceMaskTiles t;
       {
@@ -689,10 +689,8 @@ TEST(MaskTiles, SummaryMatchesTheMask) {
         ASSERT_NE(t.states, nullptr);
         const size_t ranges = size_t(t.maps) * (t.row_chunks + t.key_tiles);
         states.resize(size_t(t.maps) * t.row_chunks * t.key_tiles);
-        by_tile.resize(states.size());
         firsts.resize(ranges), lasts.resize(ranges);
         RA_CUDA_CHECK(cudaMemcpyAsync(states.data(), t.states, states.size(), cudaMemcpyDeviceToHost, stream.get()));
-        RA_CUDA_CHECK(cudaMemcpyAsync(by_tile.data(), t.states_by_tile, by_tile.size(), cudaMemcpyDeviceToHost, stream.get()));
         RA_CUDA_CHECK(cudaMemcpyAsync(firsts.data(), t.firsts, ranges * sizeof(int), cudaMemcpyDeviceToHost, stream.get()));
         RA_CUDA_CHECK(cudaMemcpyAsync(lasts.data(), t.lasts, ranges * sizeof(int), cudaMemcpyDeviceToHost, stream.get()));
         stream.synchronize();
@@ -715,15 +713,13 @@ TEST(MaskTiles, SummaryMatchesTheMask) {
                   some = some || kept, all = all && kept;
                 }
               const uint8_t expected = some ? kMaskTileSome | (all ? kMaskTileAll : 0) : 0;
-              ASSERT_EQ(int(states[size_t((map * t.row_chunks + chunk) * t.key_tiles + tile)]), int(expected))
+              ASSERT_EQ(int(states[size_t((map * t.key_tiles + tile) * t.row_chunks + chunk)]), int(expected))
                   << "b " << b << " h " << h << " chunk " << chunk << " tile " << tile;
-              ASSERT_EQ(int(by_tile[size_t((map * t.key_tiles + tile) * t.row_chunks + chunk)]), int(expected))
-                  << "by tile: b " << b << " h " << h << " chunk " << chunk << " tile " << tile;
             }
           for (int chunk = 0; chunk < t.row_chunks; ++chunk) {
             int first = INT_MAX, last = -1;
             for (int tile = 0; tile < t.key_tiles; ++tile)
-              if (states[size_t((map * t.row_chunks + chunk) * t.key_tiles + tile)]) first = std::min(first, tile), last = tile;
+              if (states[size_t((map * t.key_tiles + tile) * t.row_chunks + chunk)]) first = std::min(first, tile), last = tile;
             const size_t at = size_t(map * t.row_chunks + chunk);
             if (last >= 0) EXPECT_EQ(firsts[at], first) << "chunk " << chunk;
             else EXPECT_GT(firsts[at], lasts[at]) << "chunk " << chunk;
@@ -732,7 +728,7 @@ TEST(MaskTiles, SummaryMatchesTheMask) {
           for (int tile = 0; tile < t.key_tiles; ++tile) {
             int first = INT_MAX, last = -1;
             for (int chunk = 0; chunk < t.row_chunks; ++chunk)
-              if (states[size_t((map * t.row_chunks + chunk) * t.key_tiles + tile)]) first = std::min(first, chunk), last = chunk;
+              if (states[size_t((map * t.key_tiles + tile) * t.row_chunks + chunk)]) first = std::min(first, chunk), last = chunk;
             const size_t at = size_t(t.maps * t.row_chunks + map * t.key_tiles + tile);
             if (last >= 0) EXPECT_EQ(firsts[at], first) << "tile " << tile;
             else EXPECT_GT(firsts[at], lasts[at]) << "tile " << tile;
@@ -745,6 +741,37 @@ TEST(MaskTiles, SummaryMatchesTheMask) {
   EXPECT_GT(seen[0], 0);
   EXPECT_GT(seen[kMaskTileSome], 0);
   EXPECT_GT(seen[kMaskTileSome | kMaskTileAll], 0);
+}
+
+// A named mask's summary is made at its first call and kept: a later call with the same name, address and shape gets
+// the same one, a call without a name its own, and only the most recently used few are kept.
+TEST(MaskTiles, KeepsTheSummariesOfAFewNamedMasks) {
+  RA_REQUIRE_GPU();
+  Options opt;
+  opt.mask = opt.mask_documents = true;
+  const ProblemSpec spec{1, 200, 300, 2, 2, 64, 64, DType::kBF16, opt, 50};
+  const Problem p(spec);
+  const InputsCopy dev = copy_inputs(p.inputs(), MemoryKind::kCuda);
+  const CudaStream stream;
+  DevicePositionBuffer buffer;
+  const DevicePositions pos = buffer.upload(TokenPositions::dense(spec.q_len, spec.kv_len), stream.get());
+  auto summary_of = [&](uint64_t name) {
+    AttentionInputs in = dev.inputs;
+    in.mask_identity = name;
+    CudaAttentionArgs args = make_cuda_args(in, pos, p.params());
+    const MaskTiles summary(args, stream.get());
+    return args.mask_tiles.states;
+  };
+  const int before = kept_mask_tiles_count();
+  const uint8_t* first = summary_of(0x6d61736b00);
+  EXPECT_EQ(kept_mask_tiles_count(), std::min(before + 1, 8));
+  EXPECT_EQ(summary_of(0x6d61736b00), first);
+  summary_of(0);
+  EXPECT_EQ(kept_mask_tiles_count(), std::min(before + 1, 8)) << "an unnamed mask's summary was kept";
+  for (uint64_t name = 1; name <= 12; ++name) summary_of(0x6d61736b00 + name);
+  EXPECT_EQ(kept_mask_tiles_count(), 8);
+  EXPECT_EQ(summary_of(0x6d61736b0c), summary_of(0x6d61736b0c));
+  stream.synchronize();
 }
 
 }  // namespace

@@ -264,6 +264,10 @@ expect "bench --mask-documents without --segments" 2 "--mask-documents turns --s
   "$ra" bench --seq 16 --heads 2 --head-dim 16 --iters 1 --mask-documents
 expect "bench --mask-documents beside --mask" 2 "takes no --mask" "$ra" bench --seq 16 --heads 2 --head-dim 16 \
   --iters 1 --segments 2 --mask-documents --mask
+expect "bench --mask-named without a mask" 2 "--mask-named names the call's mask: it needs --mask or --mask-documents" \
+  "$ra" bench --seq 16 --heads 2 --head-dim 16 --iters 1 --mask-named
+expect "bench --mask-named on the host" 2 "--mask-named: only the GPU kernels summarise a mask" \
+  "$ra" bench --seq 16 --heads 2 --head-dim 16 --iters 1 --mask --mask-named
 expect "bench --backward: the host ring on 2 ranks" 0 "ring *cpu *2 .*forward+backward" "$mpiexec" --oversubscribe -np 2 \
   "$ra" bench --backward --seq 67 --heads 4 --kv-heads 2 --head-dim 32 --causal --iters 2
 expect "bench --backward: a local implementation" 0 "flash_attn2 *cpu *1 .* backward" "$ra" bench --backward \
