@@ -163,13 +163,14 @@ class _PerTensor:
         self.fn, self.slots, self.seen = fn, slots, []
 
     def __call__(self, tensor, *args):
-        if torch.compiler.is_compiling():  # traced tensors are not the run's
+        version = None if torch.compiler.is_compiling() else rt._version_of(tensor)
+        if version is None:  # traced tensors are not the run's; an inference tensor's writes are not counted
             return self.fn(tensor, *args)
         for entry in self.seen:
-            if entry[0] is tensor and entry[1] == tensor._version and entry[2] == args:
+            if entry[0] is tensor and entry[1] == version and entry[2] == args:
                 return entry[3]
         result = self.fn(tensor, *args)
-        self.seen = [(tensor, tensor._version, args, result)] + self.seen[:self.slots - 1]
+        self.seen = [(tensor, version, args, result)] + self.seen[:self.slots - 1]
         return result
 
 

@@ -127,11 +127,20 @@ _mask_names = WeakTensorKeyDictionary()
 _mask_name_counter = itertools.count(1)
 
 
+def _version_of(x: Tensor) -> Optional[int]:
+    """x's version (bumped by every in-place write PyTorch counts), or None for an inference tensor (one made under
+    torch.inference_mode, which counts no writes): nothing read from such a tensor may be remembered."""
+    return None if x.is_inference() else x._version
+
+
 def _mask_identity(mask: Tensor) -> int:
     root = mask if mask._base is None else mask._base
+    version = _version_of(root)
+    if version is None:
+        return 0  # summarised in every call
     named = _mask_names.get(root)
-    if named is None or named[0] != root._version:
-        named = (root._version, next(_mask_name_counter))
+    if named is None or named[0] != version:
+        named = (version, next(_mask_name_counter))
         _mask_names[root] = named
     return named[1]
 

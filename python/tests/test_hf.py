@@ -100,6 +100,22 @@ def test_llama_packed_sequences_by_position_ids():
     check_twins(model, reference, ids(2, 41), position_ids=positions)
 
 
+def test_padding_and_packing_under_inference_mode():
+    """Tensors made under torch.inference_mode count no writes (their version cannot be read): the mask and
+    position_ids read once a forward are read in every layer instead, with the same logits."""
+    model, reference = twins(transformers.LlamaConfig)
+    positions = torch.cat([torch.arange(n) for n in (11, 1, 20, 9)])[None]
+    with torch.inference_mode():
+        mask = torch.ones(2, 29, dtype=torch.long)
+        mask[0, 21:] = 0
+        for inputs, valid in ((dict(input_ids=ids(2, 29), attention_mask=mask), mask.bool()),
+                              (dict(input_ids=ids(1, 41), position_ids=positions.clone()), None)):
+            got = model(**inputs, use_cache=False).logits
+            want = reference(**inputs, use_cache=False).logits
+            keep = (slice(None),) if valid is None else valid
+            close(got[keep], want[keep], TOL)
+
+
 def test_llama_packed_sequences_by_cu_seq_lens():
     """FlashAttention's packed kwargs (DataCollatorWithFlattening's): eager reads position_ids, ringattn the
     cumulative lengths: the same sequences."""

@@ -134,6 +134,24 @@ def test_qkv_format_gives_bshd_results_and_gradients(qkv_format, axes):
             rt.attention(*leaves, layout_bhtd=True, qkv_format="sbhd")
 
 
+def test_masks_are_named_by_tensor_and_version():
+    """The name the core gets for a mask's bytes (its tile summary made once a name, on GPUs): the same while the
+    tensor is unchanged, whatever view of it is passed; new after any in-place write PyTorch counts; never for an
+    inference tensor, whose writes are not counted."""
+    mask = torch.rand(2, 1, 9, 9) < 0.5
+    name = rt._mask_identity(mask)
+    assert name != 0 and rt._mask_identity(mask) == name
+    assert rt._mask_identity(mask[:, :, :5]) == name  # a view: the root's bytes (the core keys its address too)
+    mask[0, 0, 3].fill_(True)
+    renamed = rt._mask_identity(mask)
+    assert renamed not in (0, name) and rt._mask_identity(mask[1]) == renamed
+    mask.logical_not_()
+    assert rt._mask_identity(mask) not in (0, name, renamed)
+    assert rt._mask_identity(mask.clone()) != rt._mask_identity(mask)
+    with torch.inference_mode():
+        assert rt._mask_identity(torch.ones(3, 3, dtype=torch.bool)) == 0
+
+
 @pytest.mark.parametrize("imports", ["import ringattn; import torch", "import ringattn.torch"])
 def test_ringattn_imported_before_torch(imports):
     # A fresh interpreter importing ringattn first: its core's NVIDIA libraries are the ones PyTorch loads (the CUDA

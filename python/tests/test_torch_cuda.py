@@ -110,6 +110,19 @@ def test_a_mask_written_in_place_between_calls_gives_the_new_masks_results():
             raise AssertionError(name) from e
 
 
+def test_a_mask_made_under_inference_mode_is_read_in_every_call():
+    # An inference tensor counts no writes: its summary is made in each call, so a write between calls is seen.
+    q, k, v, _ = tensors(20, torch.bfloat16, B=1, T=300, S=300, H=4, Hkv=2)
+    with torch.inference_mode():
+        ids = torch.arange(300, device=GPU) // 70
+        mask = (ids[:, None] == ids[None, :])[None, None]
+        for write in (lambda m: None, lambda m: m.logical_not_()):
+            write(mask)
+            o = rt.attention(q, k, v, mask=mask)
+            want, _, _ = reference.forward(host64(q), host64(k), host64(v), mask=mask.cpu().numpy())
+            close(o.cpu(), torch.from_numpy(want), TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("impl", ["flash_attn2", "sdpa", "cudnn"])
 def test_a_loss_reading_lse_gets_its_gradient(impl):
     # cudnn's backward takes no dlse: such a backward runs on flash_attn2's kernels.
