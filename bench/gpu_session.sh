@@ -1217,4 +1217,9 @@ if has mask_named; then  # issue 20: a named mask's tile summary made once and k
     heads=32 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 --mask $how
   done
   timeout 240 python3 bench/torch_documents.py --runs flex 16x128x16 16x128x64 2>&1 | tee "$out/torch_documents.txt"
+  if [ -d $build/python/ringattn ]; then  # 8 layers sharing one mask through ringattn.torch
+    for docs in 16 64; do
+      PYTHONPATH=$build/python timeout 100 python3 bench/torch_named_mask.py --documents $docs 2>&1 | tee -a "$out/torch_named_mask.txt"
+    done
+  fi
 fi

@@ -32,6 +32,7 @@ constexpr int kGroups = 2;                // warpgroups per block
 constexpr int kThreads = kGroups * 128;
 [[maybe_unused]] constexpr int kWarps = kThreads / 32;  // used by the sm_90a body only
 constexpr int kBlockM = kGroups * 64;     // query rows per block
+constexpr int kMaskWholeTiles = 2048;    // the mask instance's steps whose state a block holds (256K keys from its first)
 // Keys per K/V tile: 128, or what Q and two K and V buffers leave room for in shared memory: 96 at
 // head_dim 192, 64 at 256 (192 KiB each); MLA's instance (D = 192, Dv = 128) 128 (208 KiB). The bias
 // instance (kBias) has two bias tiles of 128 rows beside them: 64 keys at head_dim 128 (166 KiB); the mask
@@ -76,7 +77,7 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // stages its 64 rows of a tile's bias in shared memory while the tile before it computes. kMask: a boolean mask
 // alone (flash_takes_mask_alone), staged the same way, a byte a pair.
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, int Dv = D,
-          bool kBias = false, bool kMask = false>
+          bool kBias = false, bool kMask = false, bool kMaskWhole = false>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_wgmma_kernel(const CudaAttentionArgs a, const __grid_constant__ KvMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -99,10 +100,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kBiasRowStride = kBiasStride<kBlockN>;
   [[maybe_unused]] float* const group_bias =
       reinterpret_cast<float*>(v_smem + 2 * kBlockN * Dv) + group * 64 * kBiasRowStride;
-  // kMask likewise, bytes.
+  // kMask likewise, bytes; kMaskWhole then 16 rows of ones (the pairs of a tile the mask keeps whole) and, per
+  // warpgroup, which of the block's tiles from `first` on the mask keeps whole (the summary's kMaskTileAll).
   constexpr int kMaskRowStride = kMaskStride<kBlockN>;
-  [[maybe_unused]] uint8_t* const group_mask =
-      reinterpret_cast<uint8_t*>(v_smem + 2 * kBlockN * Dv) + group * 64 * kMaskRowStride;
+  [[maybe_unused]] uint8_t* const mask_smem = reinterpret_cast<uint8_t*>(v_smem + 2 * kBlockN * Dv);
+  [[maybe_unused]] uint8_t* const group_mask = mask_smem + group * 64 * kMaskRowStride;
+  [[maybe_unused]] uint8_t* const mask_ones = mask_smem + 2 * kBlockM * kMaskRowStride;
+  [[maybe_unused]] uint8_t* const group_whole = mask_ones + 16 * kMaskRowStride + group * kMaskWholeTiles;
   // Causal: later query rows see more keys. Blocks start in index order, so the longest go first and
   // the last wave is made of short ones (a shorter tail).
   const int m_block = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -142,14 +146,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   int first, last;
   block_visible_tiles<kBlockN, kBlockM, kSegments>(a, b, m0, block_q_lo, block_q_hi, first, last);
   // kMask: the tiles before the first the mask keeps a pair of in this block's rows, and after the last, are left out
-  // (MaskTiles). Per step the tiles are staged and applied as without a summary: reading each tile's state (a step
-  // ahead, to skip staging the tiles the mask keeps whole) ran a dense mask's forward at 301 TFLOP/s, 352 with the
-  // summary off, against 415 without that code (H100, bench/RESULTS.md, "The mask's tile summary").
+  // (MaskTiles). kMaskWhole (where the kept summary says the mask keeps at least half its tiles whole): each
+  // warpgroup's states of the tiles between are read into shared memory once, and the tiles the mask keeps whole (a
+  // document's inside) are neither staged nor read, their pairs taken from the ones. Its spills cost a mask that keeps
+  // no tile whole a fifth (H100, a dense random mask 326 TFLOP/s against 405; documents 1.09-1.23x), hence two
+  // instances (bench/RESULTS.md, "A named mask summarised once").
+  [[maybe_unused]] int whole_span = 0;  // steps with a known state: [0, whole_span)
   if constexpr (kMask) {
-    static_assert(kBlockN == kMaskTileKeys && kBlockM % kMaskChunkRows == 0, "tiles of the mask's summary");
-    if (a.mask_tiles.states) narrow_to_mask_tiles<kBlockM>(a.mask_tiles, mask_tiles_map(a.mask_tiles, b, h), m0, first, last);
+    static_assert(kBlockN == kMaskTileKeys && kBlockM == 2 * kMaskChunkRows, "a warpgroup's rows: a chunk of the summary");
+    const DeviceMaskTiles& t = a.mask_tiles;
+    if (t.states) {
+      const int map = mask_tiles_map(t, b, h);
+      narrow_to_mask_tiles<kBlockM>(t, map, m0, first, last);
+      if constexpr (kMaskWhole) {
+        whole_span = max(0, min(last - first + 1, kMaskWholeTiles));
+        for (int x = tid; x < 2 * whole_span; x += kThreads) {
+          const int g = x / whole_span, i = x % whole_span, chunk = m0 / kMaskChunkRows + g;
+          mask_ones[16 * kMaskRowStride + g * kMaskWholeTiles + i] =
+              chunk < t.row_chunks &&
+              (t.states[(int64_t(map) * t.key_tiles + first + i) * t.row_chunks + chunk] & kMaskTileAll);
+        }
+        for (int x = tid; x < 16 * kMaskRowStride / 4; x += kThreads)
+          reinterpret_cast<uint32_t*>(mask_ones)[x] = 0x01010101u;
+      }
+    }
+    if constexpr (kMaskWhole) __syncthreads();  // (before the first tile is staged)
   }
   const int tiles = last - first + 1;  // <= 0: none
+  [[maybe_unused]] auto kept_whole = [&](int i) { return kMaskWhole && i < whole_span && group_whole[i] != 0; };
   // Step i starts loading K_{i+1} and V_i into the buffers step i - 1 read, and waits for K_i and V_{i-1}.
   // kTurns: the warpgroups take turns issuing their products (wgmma::IssueTurns), warpgroup 0 first, so that
   // one's softmax runs while the other's products do; the loads are started by warpgroup 1, which runs
@@ -188,8 +212,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_bias_tile<64, kBlockN, kBiasRowStride, 128>(group_bias + (i % 2) * kBlockM * kBiasRowStride, a, b, h,
                                                        m0 + group * 64, (first + i) * kBlockN, tid % 128);
     if constexpr (kMask)
-      load_mask_tile<64, kBlockN, kMaskRowStride, 128>(group_mask + (i % 2) * kBlockM * kMaskRowStride, a, b, h,
-                                                       m0 + group * 64, (first + i) * kBlockN, tid % 128);
+      if (!kept_whole(i))
+        load_mask_tile<64, kBlockN, kMaskRowStride, 128>(group_mask + (i % 2) * kBlockM * kMaskRowStride, a, b, h,
+                                                         m0 + group * 64, (first + i) * kBlockN, tid % 128);
     if constexpr (kStaged) copy_commit();
   };
   // Before step i's softmax: its tile has landed for the whole warpgroup, whose every thread is done with
@@ -268,7 +293,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kExtras) add_bias_mask(a, s, b, h, tile * kBlockN, lane, row0, &keys);
     if constexpr (kMask) {  // the pairs the mask hides become -inf (raw scores or log2 units alike)
       staged_landed(i);
-      const uint8_t* rows = group_mask + (i % 2) * kBlockM * kMaskRowStride + (warp % 4 * 16 + lane / 4) * kMaskRowStride;
+      const uint8_t* rows = kept_whole(i) ? mask_ones + lane / 4 * kMaskRowStride
+                                          : group_mask + (i % 2) * kBlockM * kMaskRowStride +
+                                                (warp % 4 * 16 + lane / 4) * kMaskRowStride;
 #pragma unroll
       for (int j = 0; j < kTilesN; ++j)
 #pragma unroll
@@ -380,12 +407,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <typename T, int D, int Dv, bool kBias = false, bool kMask = false>
+template <typename T, int D, int Dv, bool kBias = false, bool kMask = false, bool kMaskWhole = false>
 constexpr size_t smem_bytes() {
   constexpr int kBlockN = kBlockNFor<D, Dv, kBias>;
   return size_t(kBlockM * D + 2 * kBlockN * (D + Dv)) * sizeof(T) +
          (kBias ? 2 * size_t(kBlockM) * kBiasStride<kBlockN> * sizeof(float) : 0) +
-         (kMask ? 2 * size_t(kBlockM) * kMaskStride<kBlockN> : 0) + kSwizzleAtom;  // + alignment slack
+         (kMask ? 2 * size_t(kBlockM) * kMaskStride<kBlockN> : 0) +
+         (kMaskWhole ? 16 * size_t(kMaskStride<kBlockN>) + 2 * kMaskWholeTiles : 0) + kSwizzleAtom;  // + alignment slack
 }
 static_assert(smem_bytes<__nv_bfloat16, 256, 256>() <= 227 * 1024 &&
                   smem_bytes<__nv_bfloat16, 192, 192>() <= 227 * 1024 &&
@@ -394,9 +422,9 @@ static_assert(smem_bytes<__nv_bfloat16, 256, 256>() <= 227 * 1024 &&
 static_assert(smem_bytes<__nv_bfloat16, 64, 64, true>() <= 227 * 1024 &&
                   smem_bytes<__nv_bfloat16, 128, 128, true>() <= 227 * 1024,
               "the bias instances' two bias tiles beside them");
-static_assert(smem_bytes<__nv_bfloat16, 64, 64, false, true>() <= 227 * 1024 &&
-                  smem_bytes<__nv_bfloat16, 128, 128, false, true>() <= 227 * 1024,
-              "the mask instances' two mask tiles beside them");
+static_assert(smem_bytes<__nv_bfloat16, 64, 64, false, true, true>() <= 227 * 1024 &&
+                  smem_bytes<__nv_bfloat16, 128, 128, false, true, true>() <= 227 * 1024,
+              "the mask instances' two mask tiles beside them, the ones and the states of the tiles kept whole");
 
 // One instance's launch: kBlockN keys a K / V tile, smem bytes of dynamic shared memory.
 template <typename T, int kBlockN, typename Kernel>
@@ -418,15 +446,22 @@ void launch_kernel(Kernel kernel, size_t smem, bool overlap_carry_writer, const 
 
 // The bias instance (kBias) or the mask instance (kMask, after the mask's tile summary): shared memory and tiles of
 // their own, never behind a carry writer (as the extras).
+template <typename T, int D, bool kPadded, bool kBias, bool kMask, bool kMaskWhole = false>
+void launch_staged_kernel(const CudaAttentionArgs& with, cudaStream_t stream) {
+  using enum CarryMode;
+  launch_kernel<T, kBlockNFor<D, D, kBias>>(
+      with.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, D, kBias, kMask, kMaskWhole>
+                    : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, D, kBias, kMask, kMaskWhole>,
+      smem_bytes<T, D, D, kBias, kMask, kMaskWhole>(), false, with, stream);
+}
+
 template <typename T, int D, bool kPadded, bool kBias, bool kMask>
 void launch_staged(const CudaAttentionArgs& a, cudaStream_t stream) {
-  using enum CarryMode;
   CudaAttentionArgs with = a;
   const MaskTiles mask_tiles(with, stream);  // (a bias instance's call has no mask: nothing)
-  launch_kernel<T, kBlockNFor<D, D, kBias>>(
-      a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, D, kBias, kMask>
-                 : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, D, kBias, kMask>,
-      smem_bytes<T, D, D, kBias, kMask>(), false, with, stream);
+  if constexpr (kMask)
+    if (mask_tiles.keeps_tiles_whole()) return launch_staged_kernel<T, D, kPadded, kBias, kMask, true>(with, stream);
+  launch_staged_kernel<T, D, kPadded, kBias, kMask>(with, stream);
 }
 
 template <typename T, int D, bool kPadded, int Dv = D>

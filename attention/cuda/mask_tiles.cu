@@ -15,6 +15,10 @@ constexpr int kThreads = 128, kKeyChunks = kMaskTileKeys / 16;  // a thread read
 
 constexpr int kPasses = kMaskChunkRows / (kThreads / kKeyChunks);  // rows a thread reads
 
+// The tiles the mask keeps a pair of and those it keeps whole, counted in kCountSpread pairs of counters (tile by tile
+// in turn: one pair would take every block's atomic at one address), summed on the host.
+constexpr int kCountSpread = 64, kCounts = 2 * kCountSpread;
+
 // Whether each of the 16 bytes in `words` is non-zero (some, all).
 __device__ __forceinline__ void kept_of_16(const uint32_t (&words)[4], bool& some, bool& all) {
 #pragma unroll
@@ -36,7 +40,8 @@ __device__ __forceinline__ void words_of_16(const uint8_t* from, uint32_t (&word
 
 // One block per (key tile, row chunk, map): whether the mask keeps some / all of the tile's pairs in range (as the
 // mask instances read it: local query rows, keys by position), and the chunk's and tile's ranges widened to it.
-__global__ void mask_tiles_kernel(const __grid_constant__ CudaAttentionArgs a, uint8_t* states, int* firsts, int* lasts) {
+__global__ void mask_tiles_kernel(const __grid_constant__ CudaAttentionArgs a, uint8_t* states, int* firsts, int* lasts,
+                                  int* counts) {
   const DeviceMaskTiles& t = a.mask_tiles;
   const int tile = blockIdx.x, chunk = blockIdx.y, map = blockIdx.z;
   const int key0 = tile * kMaskTileKeys + 16 * int(threadIdx.x % kKeyChunks), r0 = threadIdx.x / kKeyChunks;
@@ -87,6 +92,9 @@ __global__ void mask_tiles_kernel(const __grid_constant__ CudaAttentionArgs a, u
   const int64_t tile_at = int64_t(t.maps) * t.row_chunks + int64_t(map) * t.key_tiles + tile;
   atomicMin(firsts + chunk_at, tile), atomicMax(lasts + chunk_at, tile);
   atomicMin(firsts + tile_at, chunk), atomicMax(lasts + tile_at, chunk);
+  int* count = counts + 2 * (tile % kCountSpread);
+  atomicAdd(count, 1);
+  if (all) atomicAdd(count + 1, 1);
 }
 
 // The summary's shape for args (no pointers yet), or maps = 0 where args has no mask or too many chunks for a grid.
@@ -105,21 +113,24 @@ DeviceMaskTiles shape_of(const CudaAttentionArgs& a) {
 
 size_t ranges_of(const DeviceMaskTiles& t) { return size_t(t.maps) * (t.row_chunks + t.key_tiles); }
 size_t bytes_of(const DeviceMaskTiles& t) {
-  return 2 * ranges_of(t) * sizeof(int) + size_t(t.maps) * t.row_chunks * t.key_tiles;
+  return (2 * ranges_of(t) + kCounts) * sizeof(int) + size_t(t.maps) * t.row_chunks * t.key_tiles;
 }
+int* counts_in(void* summary, const DeviceMaskTiles& t) { return static_cast<int*>(summary) + 2 * ranges_of(t); }
 
 // Queues the summary of a's mask into `summary` (bytes_of(t) bytes) on `stream`; returns t pointing into it.
 DeviceMaskTiles summarise(CudaAttentionArgs a, DeviceMaskTiles t, void* summary, cudaStream_t stream) {
   const size_t ranges = ranges_of(t);
   int* firsts = static_cast<int*>(summary);
   int* lasts = firsts + ranges;
-  uint8_t* states = reinterpret_cast<uint8_t*>(lasts + ranges);
+  int* counts = counts_in(summary, t);
+  uint8_t* states = reinterpret_cast<uint8_t*>(counts + kCounts);
   a.mask_tiles = t;
   // firsts start past any tile or chunk (0x7f7f7f7f), lasts before any (-1): min and max take the kept ones.
   RA_CUDA_CHECK(cudaMemsetAsync(firsts, 0x7f, ranges * sizeof(int), stream));
   RA_CUDA_CHECK(cudaMemsetAsync(lasts, 0xff, ranges * sizeof(int), stream));
+  RA_CUDA_CHECK(cudaMemsetAsync(counts, 0, kCounts * sizeof(int), stream));
   mask_tiles_kernel<<<dim3(unsigned(t.key_tiles), unsigned(t.row_chunks), unsigned(t.maps)), kThreads, 0, stream>>>(
-      a, states, firsts, lasts);
+      a, states, firsts, lasts, counts);
   RA_CUDA_CHECK(cudaGetLastError());
   t.states = states, t.firsts = firsts, t.lasts = lasts;
   return t;
@@ -154,6 +165,9 @@ struct KeptMaskTiles {
   DeviceMaskTiles tiles;
   void* memory = nullptr;
   CudaEvent last_use;
+  const int* counts = nullptr;  // the host's copy (KeptSummaries' slots), there once `counted` has completed
+  CudaEvent counted;
+  bool decided = false, keeps_tiles_whole = false;
 
   ~KeptMaskTiles() {
     if (!memory) return;
@@ -174,7 +188,8 @@ class KeptSummaries {
  public:
   static constexpr size_t kCapacity = 8;
 
-  std::shared_ptr<KeptMaskTiles> find_or_make(CudaAttentionArgs& a, const DeviceMaskTiles& shape, cudaStream_t stream) {
+  std::shared_ptr<KeptMaskTiles> find_or_make(CudaAttentionArgs& a, const DeviceMaskTiles& shape, cudaStream_t stream,
+                                              bool& keeps_tiles_whole) {
     int device = 0;
     RA_CUDA_CHECK(cudaGetDevice(&device));
     const KeptKey key = key_of(a, device);
@@ -187,6 +202,8 @@ class KeptSummaries {
         kept_.push_back(found);
         // After the summary is made, and after other streams' reads of it (so that last_use covers them all).
         RA_CUDA_CHECK(cudaStreamWaitEvent(stream, found->last_use.get(), 0));
+        if (!found->decided && cudaEventQuery(found->counted.get()) == cudaSuccess) decide(*found);
+        keeps_tiles_whole = found->keeps_tiles_whole;
         return found;
       }
     auto made = std::make_shared<KeptMaskTiles>();
@@ -194,6 +211,14 @@ class KeptSummaries {
     made->memory = cuda_allocate_temporary(bytes_of(shape), stream, "the mask's tile summary");
     made->tiles = summarise(a, shape, made->memory, stream);  // throws: made's memory goes back on this thread's stream
     made->last_use.record(stream);
+    // Its counts to the host, read by a later call once there (the first one runs the plain mask instance).
+    if (!count_slots_.defined()) count_slots_ = Tensor(DType::kI32, {kCountSlots * kCounts}, MemoryKind::kPinned);
+    int* slot = count_slots_.data<int>() + (next_slot_++ % kCountSlots) * kCounts;
+    RA_CUDA_CHECK(cudaMemcpyAsync(slot, counts_in(made->memory, shape), kCounts * sizeof(int), cudaMemcpyDeviceToHost,
+                                  stream));
+    made->counts = slot;
+    made->counted.record(stream);
+    keeps_tiles_whole = false;
     kept_.push_back(made);
     if (kept_.size() > kCapacity) {
       dropped = kept_.front();  // released once the lock is let go, and the last call reading it has ended
@@ -208,8 +233,22 @@ class KeptSummaries {
   }
 
  private:
+  // Host copies of the counts: slots taken in turn, twice as many as summaries kept, so that a copy still in flight
+  // for a dropped summary lands in a slot no kept one reads (and a stray one would only pick the slower instance).
+  // Pinned once and never freed: freeing pinned memory waits for the device.
+  static constexpr int kCountSlots = 2 * kCapacity;
+
+  static void decide(KeptMaskTiles& kept) {
+    int some = 0, all = 0;
+    for (int i = 0; i < kCountSpread; ++i) some += kept.counts[2 * i], all += kept.counts[2 * i + 1];
+    kept.keeps_tiles_whole = some > 0 && 2 * all >= some;
+    kept.decided = true;
+  }
+
   std::mutex mutex_;
   std::vector<std::shared_ptr<KeptMaskTiles>> kept_;
+  Tensor count_slots_;
+  size_t next_slot_ = 0;
 };
 
 KeptSummaries& kept_summaries() {
@@ -223,7 +262,7 @@ MaskTiles::MaskTiles(CudaAttentionArgs& a, cudaStream_t stream) : stream_(stream
   const DeviceMaskTiles shape = shape_of(a);
   if (shape.maps == 0) return;
   if (a.mask_identity != 0 && a.pos.k_run != DevicePositions::kNotARun && !cuda_stream_capturing(stream)) {
-    kept_ = kept_summaries().find_or_make(a, shape, stream);
+    kept_ = kept_summaries().find_or_make(a, shape, stream, keeps_tiles_whole_);
     a.mask_tiles = kept_->tiles;
     return;
   }

@@ -36,10 +36,16 @@ class MaskTiles {
   MaskTiles(const MaskTiles&) = delete;
   MaskTiles& operator=(const MaskTiles&) = delete;
 
+  // Whether the mask keeps whole at least half the tiles it keeps a pair of (a document mask's inside), known for a
+  // kept summary once its counts have come back to the host (read without a wait; false until then): the forward then
+  // runs the instance that neither stages nor reads such tiles, which costs a mask that keeps none whole a fifth.
+  bool keeps_tiles_whole() const { return keeps_tiles_whole_; }
+
  private:
   Tensor temporary_;
   std::shared_ptr<KeptMaskTiles> kept_;
   cudaStream_t stream_;
+  bool keeps_tiles_whole_ = false;
 };
 
 // How many kept summaries there are now (for the tests); each is a few hundred KB at most (a byte a tile).

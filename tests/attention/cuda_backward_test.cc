@@ -10,8 +10,13 @@
 #include <utility>
 
 #include "attention/backward.h"
+#include "attention/compare.h"
+#include "attention/cpu/sdpa_cpu.h"
+#include "attention/cuda/cuda_inputs.h"
 #include "attention/cuda/flash_wgmma.h"
+#include "attention/cuda/mask_tiles.h"
 #include "attention/registry.h"
+#include "attention/tolerance.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
 #include "runtime/random.h"
@@ -234,9 +239,11 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaBackwardVsReference, testing::ValuesIn(cuda_g
 });
 
 // A named mask (AttentionInputs::mask_identity, as ringattn.torch names a tensor by its version) is summarised once:
-// the second forward and backward read the kept summary and still give the mask's gradients. Other bytes at the same
-// address under a new name (the tensor changed in place) get a summary of their own: the complement's gradients.
-TEST(CudaMaskTiles, ANamedMaskKeepsItsGradientsAcrossCalls) {
+// the second forward and backward read the kept summary and still give the mask's O and gradients. Other bytes at the
+// same address under a new name (the tensor changed in place) get a summary of their own: the complement's. A mask
+// that keeps most of its tiles whole (two large documents) runs, once its kept summary's counts are on the host, the
+// forward instance that neither stages nor reads those tiles (MaskTiles::keeps_tiles_whole), with the same results.
+TEST(CudaMaskTiles, ANamedMaskKeepsItsResultsAcrossCalls) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (!flash_wgmma_available()) GTEST_SKIP() << "no sm_90a code or not a Hopper GPU";
   Options opt;
@@ -245,27 +252,55 @@ TEST(CudaMaskTiles, ANamedMaskKeepsItsGradientsAcrossCalls) {
   auto& [problem, host_in, device_in, d_o, d_o_device] = setup;
   problem.params().flash_kernel = FlashKernel::kWgmma;
   auto impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  const TokenPositions pos = TokenPositions::dense(problem.spec().q_len, problem.spec().kv_len);
   AttentionInputs named = device_in.inputs;
-  auto expect_gradients = [&](const char* which) {
+  auto expect_results = [&](const char* which) {
     SCOPED_TRACE(which);
+    const AttentionOutput out = impl->forward(named, problem.params());
     const Gradients g = impl->backward(named, problem.params(), d_o_device);
     RA_CUDA_CHECK(cudaDeviceSynchronize());
-    const ReferenceGradients ref = reference_attention_backward_f64(
-        host_in, problem.params(), TokenPositions::dense(problem.spec().q_len, problem.spec().kv_len), d_o);
+    const ReferenceOutput ref_out = reference_attention_f64(host_in, problem.params(), pos);
+    const Comparison o = compare(to_memory(out.o, MemoryKind::kHost), to_memory(out.lse, MemoryKind::kHost), ref_out,
+                                 output_tolerance(DType::kBF16, max_abs_value(host_in.v)), kLseTolerance);
+    EXPECT_EQ(o.nan, 0);
+    EXPECT_EQ(o.wrong, 0) << "o: max |error| " << o.max_abs_error << ", max LSE error " << o.max_lse_error;
+    const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
     for (const auto& [got, want, name] : {std::tuple{&g.dq, &ref.dq, "dq"}, {&g.dk, &ref.dk, "dk"}, {&g.dv, &ref.dv, "dv"}}) {
       const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, DType::kBF16);
       EXPECT_EQ(cmp.nan, 0) << name;
       EXPECT_EQ(cmp.wrong, 0) << name << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance << ")";
     }
   };
+  auto keeps_tiles_whole = [&] {
+    const CudaStream stream;
+    DevicePositionBuffer buffer;
+    CudaAttentionArgs args = make_cuda_args(named, buffer.upload(pos, stream.get()), problem.params());
+    const MaskTiles tiles(args, stream.get());
+    stream.synchronize();
+    return tiles.keeps_tiles_whole();
+  };
+  auto write_mask = [&](uint64_t name) {
+    RA_CUDA_CHECK(cudaMemcpy(named.mask.data(), problem.mask.data<uint8_t>(), size_t(problem.mask.numel()),
+                             cudaMemcpyHostToDevice));
+    named.mask_identity = name;
+  };
   named.mask_identity = 0x6e616d6564;
-  expect_gradients("first call: the summary made and kept");
-  expect_gradients("second call: the kept summary");
+  expect_results("first call: the summary made and kept");
+  expect_results("second call: the kept summary");
   uint8_t* bytes = problem.mask.data<uint8_t>();
   for (int64_t i = 0; i < problem.mask.numel(); ++i) bytes[i] = !bytes[i];
-  RA_CUDA_CHECK(cudaMemcpy(named.mask.data(), bytes, size_t(problem.mask.numel()), cudaMemcpyHostToDevice));
-  named.mask_identity = 0x6e616d6565;
-  expect_gradients("the complement under a new name");
+  write_mask(0x6e616d6565);
+  expect_results("the complement under a new name");
+  // Two documents, rows [0, 166) with keys [0, 256) and the rest with the rest: most kept tiles kept whole.
+  const int64_t T = problem.spec().q_len, S = problem.spec().kv_len, maps = problem.mask.numel() / (T * S);
+  for (int64_t m = 0; m < maps; ++m)
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t j = 0; j < S; ++j) bytes[(m * T + r) * S + j] = (r < 166) == (j < 256);
+  write_mask(0x6e616d6566);
+  expect_results("two documents: the plain instance while the counts are on their way");
+  EXPECT_TRUE(keeps_tiles_whole());
+  expect_results("two documents: the instance that skips the tiles kept whole");
+  expect_results("two documents, again");
 }
 
 // A loss that reads LSE too: dLSE beside dO, from the implementation's forward (O in f32), through the
