@@ -156,6 +156,27 @@ million_tokens() {  # forward + backward of 1M tokens causal on 2 GPUs (time, TF
       --head-dim 128 --dtype bf16 --seq 1048576 --causal --layout zigzag --warmup 0 --iters 1 2>&1 | tee -a "$out/million.txt"
   done
 }
+mask_tests() {  # cuda_attention_test's tests matching $1, then the rings' matching $2 (2 ranks on the GPU)
+  local t
+  timeout 200 $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter="$1" 2>&1 |
+    tee "$out/cuda_attention_test.log" | tail -n 8
+  for t in ring_mpi_test ring_backward_mpi_test; do
+    timeout 100 mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 --gtest_filter="$2" 2>&1 |
+      tee "$out/$t.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 4
+  done
+}
+documents_rows() {  # bench --backward at bench/torch_documents.py's shapes (H=16 D=128 T=32768; 16 and 64 documents,
+  # causal or not), once for each way of handing the documents over in "$@" ("": segment ids)
+  local docs causal how
+  for docs in 16 64; do
+    for causal in "" "--causal"; do
+      for how in "$@"; do
+        echo "# $docs documents $causal ${how:-as segment ids}" | tee -a "$out/bench.txt"
+        heads=16 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 32768 --iters 10 --segments $docs $how $causal
+      done
+    done
+  done
+}
 unit_tests() {  # cuda_attention_test, unless no_tests=1 (a call after one that tested this build)
   [ -n "${no_tests:-}" ] || $build/tests/cuda_attention_test --gtest_brief=1 2>&1 | tee "$out/cuda_attention_test.log" | tail -n 8
 }
@@ -1171,19 +1192,8 @@ if has mask_tiles; then  # issue 20: the mask instances leave out the tiles a ma
   # documents given as a boolean mask against the same documents as segment ids and FlexAttention's document block mask
   # (bench/torch_documents.py's shapes, T = 32768), and a dense random mask (every tile computed, as before) at T = 16384
   # beside no mask, H = 32 D = 128 and H = 64 D = 64
-  timeout 200 $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter='*mask*:*MaskTiles*:*bias*' 2>&1 |
-    tee "$out/cuda_attention_test.log" | tail -n 8
-  for t in ring_mpi_test ring_backward_mpi_test; do
-    timeout 100 mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 --gtest_filter='*mask*' 2>&1 |
-      tee "$out/$t.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 4
-  done
-  for docs in 16 64; do
-    for causal in "" "--causal"; do
-      for how in "" "--mask-documents"; do
-        heads=16 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 32768 --iters 10 --segments $docs $how $causal
-      done
-    done
-  done
+  mask_tests '*mask*:*MaskTiles*:*bias*' '*mask*'
+  documents_rows "" "--mask-documents"
   for causal in "" "--causal"; do
     heads=32 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 --mask $causal
   done
@@ -1194,24 +1204,12 @@ fi
 if has mask_named; then  # issue 20: a named mask's tile summary made once and kept (MaskTiles): the GPU tests with a mask, the
   # rings' mask cases, then documents as a mask summarised every call and named (made once), beside segment ids and
   # FlexAttention's document block mask (made once, outside its timing), and a dense random mask either way
-  timeout 200 $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter='*mask*:*Mask*:*bias*:*segment*' 2>&1 |
-    tee "$out/cuda_attention_test.log" | tail -n 8
-  for t in ring_mpi_test ring_backward_mpi_test; do
-    timeout 100 mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 --gtest_filter='*mask*:*Mask*:*segment*' 2>&1 |
-      tee "$out/$t.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 4
-  done
+  mask_tests '*mask*:*Mask*:*bias*:*segment*' '*mask*:*Mask*:*segment*'
   if [ -d $build/python/ringattn ]; then  # the Python layer names its masks itself: its CUDA tests with a mask
     PYTHONPATH=$build/python timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py \
       -k "mask or option or graph" 2>&1 | tail -n 6 | tee "$out/python_tests.log"
   fi
-  for docs in 16 64; do
-    for causal in "" "--causal"; do
-      for how in "" "--mask-documents" "--mask-documents --mask-named"; do
-        echo "# $docs documents $causal ${how:-as segment ids}" | tee -a "$out/bench.txt"
-        heads=16 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 32768 --iters 10 --segments $docs $how $causal
-      done
-    done
-  done
+  documents_rows "" "--mask-documents" "--mask-documents --mask-named"
   for how in "" "--mask-named"; do
     echo "# dense random mask ${how:-summarised every call}" | tee -a "$out/bench.txt"
     heads=32 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 --mask $how

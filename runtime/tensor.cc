@@ -90,11 +90,9 @@ Tensor::Tensor(DType dtype, Shape shape, MemoryKind memory) {
 
 Tensor Tensor::temporary(DType dtype, Shape shape, MemoryKind memory, void* cuda_stream) {
   const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
-  Tensor t;
-  void* p = allocate_temporary_bytes(bytes, memory, cuda_stream, tensor_description(dtype, shape).c_str());
-  t.storage_ = std::unique_ptr<void, Release>(p, Release(memory, /*from_cache=*/true, cuda_stream));
-  fill_zero_temporary_bytes(p, bytes, memory, cuda_stream);
-  t.view_ = TensorView(p, dtype, shape, memory);
+  Tensor t = scratch(bytes, memory, cuda_stream, tensor_description(dtype, shape).c_str());
+  fill_zero_temporary_bytes(t.view_.data(), bytes, memory, cuda_stream);
+  t.view_ = TensorView(t.view_.data(), dtype, shape, memory);
   return t;
 }
 

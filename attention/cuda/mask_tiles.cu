@@ -169,7 +169,7 @@ struct KeptMaskTiles {
   CudaEvent counted;
   bool decided = false, keeps_tiles_whole = false;
 
-  ~KeptMaskTiles() {
+  ~KeptMaskTiles() {  // (not ScopedCudaDevice, whose failures throw: a destructor must not)
     if (!memory) return;
     int current = -1;
     if (cudaGetDevice(&current) != cudaSuccess) return;
