@@ -182,6 +182,9 @@ Gradients AttentionImpl::backward(const AttentionInputs& in, const AttentionPara
       check_output(into->dv, "dv", in.v.shape(), in.q, true);
       check_parameter_output(into->dbias, "dbias", in.bias, "bias", into->bias_gradient, in.q);
       check_parameter_output(into->dsinks, "dsinks", in.sinks, "sinks", into->sinks_gradient, in.q);
+      check_outputs_apart({{into->dq, "dq"}, {into->dk, "dk"}, {into->dv, "dv"}, {into->dbias, "dbias"},
+                           {into->dsinks, "dsinks"}},
+                          in, {{o, "o"}, {lse, "lse"}, {d_o, "do"}, {d_lse, "dlse"}});
     }
   });
   void* stream = cuda_stream();

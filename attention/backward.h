@@ -9,6 +9,8 @@
 // The sinks' gradient needs only LSE and delta: sinks_gradient_into, once per call.
 #pragma once
 
+#include <initializer_list>
+
 #include "attention/inputs.h"
 #include "runtime/tensor.h"
 
@@ -81,6 +83,17 @@ Tensor gradient_in_dtype(Tensor acc, DType dtype, void* cuda_stream = nullptr);
 // Checks a caller-given output: `shape`, contiguous, in q's memory, f32 or (with q_dtype_or_f32) q's dtype.
 void check_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& q,
                   bool q_dtype_or_f32);
+
+// A view and its name in messages.
+struct NamedView {
+  TensorView view;
+  const char* name;
+};
+// Refuses an output that shares memory with one of `reads` (what the call reads) or with another output: the
+// implementations write their outputs in pieces while they still read, so the result would depend on which ran.
+// `reads` ends with the call's inputs (q, k, v, bias, mask, sinks and segment ids), added here.
+void check_outputs_apart(std::initializer_list<NamedView> outputs, const AttentionInputs& in,
+                         std::initializer_list<NamedView> reads = {});
 
 // Checks dO, LSE (when need_lse), delta, dLSE and O (when given) against validated inputs, naming the
 // tensor and the dimension.

@@ -58,6 +58,7 @@ void AttentionImpl::forward_into(const AttentionInputs& in, const AttentionParam
     const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
     check_output(out.o, "o", Shape{B, T, Hq, Dv}, in.q, /*q_dtype_or_f32=*/true);
     check_output(out.lse, "lse", Shape{B, Hq, T}, in.q, /*q_dtype_or_f32=*/false);
+    check_outputs_apart({{out.o, "o"}, {out.lse, "lse"}}, in);
   });
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   if (forward_direct(in, params, pos, out)) return;

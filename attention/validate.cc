@@ -154,6 +154,22 @@ void check_output(const TensorView& out, const char* name, const Shape& shape, c
   RA_CHECK(out.memory() == q.memory(), "output ", name, " must be in q's memory (host or device)");
 }
 
+void check_outputs_apart(std::initializer_list<NamedView> outputs, const AttentionInputs& in,
+                         std::initializer_list<NamedView> reads) {
+  const NamedView inputs[] = {{in.q, "q"},       {in.k, "k"},         {in.v, "v"},
+                              {in.bias, "bias"}, {in.mask, "mask"},   {in.sinks, "sinks"},
+                              {in.q_segment_ids, "segment_ids"}, {in.kv_segment_ids, "kv_segment_ids"}};
+  auto refuse_meeting = [](const NamedView& out, const NamedView& other, const char* what) {
+    RA_CHECK(!spans_meet(out.view, other.view), "output ", out.name, " shares memory with ", what, other.name,
+             ": outputs need memory of their own (the call still reads its inputs while it writes its outputs)");
+  };
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (const NamedView& read : inputs) refuse_meeting(*out, read, "input ");
+    for (const NamedView& read : reads) refuse_meeting(*out, read, "input ");
+    for (auto other = outputs.begin(); other != out; ++other) refuse_meeting(*out, *other, "output ");
+  }
+}
+
 void validate_backward(const AttentionInputs& in, const TensorView& o, const BackwardInputs& grad, bool need_lse) {
   const int64_t B = in.q.dim(0), T = in.q.dim(1), Hq = in.q.dim(2), Dv = in.v.dim(3);
   RA_CHECK(grad.d_o.defined(), "do (the gradient of o) is required for the backward pass, expected (", B, ", ", T,

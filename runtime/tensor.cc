@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "runtime/error.h"
 #include "runtime/memory.h"
@@ -102,6 +103,26 @@ Tensor Tensor::scratch(size_t bytes, MemoryKind memory, void* cuda_stream, const
   t.storage_ = std::unique_ptr<void, Release>(p, Release(memory, /*from_cache=*/true, cuda_stream));
   t.view_ = TensorView(p, DType::kU8, Shape{int64_t(bytes)}, memory);
   return t;
+}
+
+namespace {
+
+// [first, end) addresses of a non-empty view's bytes.
+std::pair<uintptr_t, uintptr_t> byte_span(const TensorView& v) {
+  int64_t low = 0, high = 0;  // element offsets of the lowest and highest element
+  for (int d = 0; d < v.rank(); ++d) (v.stride(d) < 0 ? low : high) += (v.dim(d) - 1) * v.stride(d);
+  const auto base = reinterpret_cast<uintptr_t>(v.data());
+  const auto size = int64_t(dtype_size(v.dtype()));
+  return {base + low * size, base + (high + 1) * size};
+}
+
+}  // namespace
+
+bool spans_meet(const TensorView& a, const TensorView& b) {
+  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a_first, a_end] = byte_span(a);
+  const auto [b_first, b_end] = byte_span(b);
+  return a_first < b_end && b_first < a_end;
 }
 
 TensorView narrow(const TensorView& view, int dim, int64_t start, int64_t length) {

@@ -104,6 +104,10 @@ class Tensor {
   TensorView view_;
 };
 
+// Whether two views' byte spans (from their lowest to their highest element) meet: views that share memory, or
+// strided ones whose elements interleave (taken as sharing). Empty views meet nothing.
+bool spans_meet(const TensorView& a, const TensorView& b);
+
 // The sub-view of rows [start, start + length) along `dim` (no copy).
 TensorView narrow(const TensorView& view, int dim, int64_t start, int64_t length);
 

@@ -88,6 +88,18 @@ __device__ __forceinline__ int mask_tiles_map(const DeviceMaskTiles& t, int b, i
   return (t.per_batch ? b : 0) * t.heads + (t.heads > 1 ? h : 0);
 }
 
+// Where the summary's arrays (DeviceMaskTiles) hold one map's entries: the state of a key tile at a row chunk (a key
+// tile's chunks in a row), a row chunk's range of kept tiles, and a key tile's range of kept chunks.
+__device__ __forceinline__ int64_t mask_state_at(const DeviceMaskTiles& t, int map, int tile, int chunk) {
+  return (int64_t(map) * t.key_tiles + tile) * t.row_chunks + chunk;
+}
+__device__ __forceinline__ int64_t mask_chunk_range_at(const DeviceMaskTiles& t, int map, int chunk) {
+  return int64_t(map) * t.row_chunks + chunk;
+}
+__device__ __forceinline__ int64_t mask_tile_range_at(const DeviceMaskTiles& t, int map, int tile) {
+  return int64_t(t.maps) * t.row_chunks + int64_t(map) * t.key_tiles + tile;
+}
+
 // What the mask keeps of rows [m0, m0 + kRows) (whole 64-row chunks) of a key tile whose chunks' states (row_chunks of
 // them) are `chunk_states`: kMaskTileSome where it keeps a pair, with kMaskTileAll where it keeps every pair in range.
 // Chunks past the rows' end count for neither.
@@ -114,8 +126,8 @@ __device__ __forceinline__ void narrow_to_mask_tiles(const DeviceMaskTiles& t, i
   for (int c = 0; c < kRows / kMaskChunkRows; ++c) {
     const int chunk = m0 / kMaskChunkRows + c;
     if (chunk >= t.row_chunks) break;
-    lo = min(lo, t.firsts[int64_t(map) * t.row_chunks + chunk]);
-    hi = max(hi, t.lasts[int64_t(map) * t.row_chunks + chunk]);
+    lo = min(lo, t.firsts[mask_chunk_range_at(t, map, chunk)]);
+    hi = max(hi, t.lasts[mask_chunk_range_at(t, map, chunk)]);
   }
   first = max(first, lo), last = min(last, hi);
 }
@@ -135,10 +147,10 @@ struct MaskColumn {
 // two of the caller's barriers.
 template <int kThreads>
 __device__ __forceinline__ void fill_mask_column(MaskColumn& column, const DeviceMaskTiles& t, int map, int tile, int tid) {
-  const uint8_t* from = t.states + (int64_t(map) * t.key_tiles + tile) * t.row_chunks;
+  const uint8_t* from = t.states + mask_state_at(t, map, tile, 0);
   for (int c = tid; c < t.row_chunks; c += kThreads) column.states[c] = from[c];
   if (tid == 0) {
-    const int64_t at = int64_t(t.maps) * t.row_chunks + int64_t(map) * t.key_tiles + tile;
+    const int64_t at = mask_tile_range_at(t, map, tile);
     const int first = t.firsts[at], last = t.lasts[at];
     column.rows_first = first > last ? 0 : first * kMaskChunkRows;
     column.rows_end = first > last ? 0 : (last + 1) * kMaskChunkRows;

@@ -86,10 +86,10 @@ __global__ void mask_tiles_kernel(const __grid_constant__ CudaAttentionArgs a, u
   all = __syncthreads_and(all);
   if (threadIdx.x != 0) return;
   const uint8_t state = some ? kMaskTileSome | (all ? kMaskTileAll : 0) : 0;
-  states[(int64_t(map) * t.key_tiles + tile) * t.row_chunks + chunk] = state;
+  states[flash::mask_state_at(t, map, tile, chunk)] = state;
   if (!some) return;
-  const int64_t chunk_at = int64_t(map) * t.row_chunks + chunk;
-  const int64_t tile_at = int64_t(t.maps) * t.row_chunks + int64_t(map) * t.key_tiles + tile;
+  const int64_t chunk_at = flash::mask_chunk_range_at(t, map, chunk);
+  const int64_t tile_at = flash::mask_tile_range_at(t, map, tile);
   atomicMin(firsts + chunk_at, tile), atomicMax(lasts + chunk_at, tile);
   atomicMin(firsts + tile_at, chunk), atomicMax(lasts + tile_at, chunk);
   int* count = counts + 2 * (tile % kCountSpread);

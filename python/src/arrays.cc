@@ -2,6 +2,7 @@
 
 #include <nanobind/stl/string.h>
 
+#include <string_view>
 #include <utility>
 
 #include "runtime/error.h"
@@ -18,7 +19,12 @@ DType dtype_of(const nb::dlpack::dtype& t, const char* name) {
     if (t.code == uint8_t(Code::Bfloat) && t.bits == 16) return DType::kBF16;
     if (t.code == uint8_t(Code::Float) && t.bits == 64) return DType::kF64;
     if (t.code == uint8_t(Code::Int) && t.bits == 32) return DType::kI32;
-    if ((t.code == uint8_t(Code::UInt) || t.code == uint8_t(Code::Bool)) && t.bits == 8) return DType::kU8;
+    if (t.code == uint8_t(Code::UInt) && t.bits == 8) return DType::kU8;
+    // Booleans are taken as the mask's bytes; anything else would be misnamed as u8 in its refusal.
+    if (t.code == uint8_t(Code::Bool) && t.bits == 8) {
+      RA_CHECK(std::string_view(name) == "mask", name, " has dtype bool, which only the mask may have");
+      return DType::kU8;
+    }
   }
   RA_FAIL(name, " has a dtype ringattn does not take (DLPack code ", int(t.code), ", ", int(t.bits),
           " bits): expected float32, float16 or bfloat16 (int32 segment ids, bool / uint8 mask)");

@@ -12,6 +12,30 @@
 
 namespace ra::python {
 
+namespace {
+
+// A bool option: Python's bool, or numpy's (a config read through numpy); nanobind casts neither an int nor a
+// numpy bool.
+bool bool_option(nb::handle value) {
+  const nb::handle type = value.type();
+  if (nb::hasattr(type, "__module__") && nb::cast<std::string>(type.attr("__module__")) == "numpy" &&
+      (nb::cast<std::string>(type.attr("__name__")) == "bool_" || nb::cast<std::string>(type.attr("__name__")) == "bool"))
+    return nb::cast<bool>(value.attr("item")());
+  return nb::cast<bool>(value);
+}
+
+// What an option takes, for the refusal of a value of another type.
+const char* option_type_text(const std::string& name) {
+  if (name == "window") return "a (left, right) pair of ints";
+  if (name == "causal" || name == "deterministic") return "a bool";
+  if (name == "flash_kernel") return "a str";
+  if (name == "dropout_seed" || name == "mask_identity") return "an integer in [0, 2^64)";
+  if (name == "batch_offset" || name == "head_offset") return "an integer";
+  return "a number";
+}
+
+}  // namespace
+
 CallOptions options_from(const nb::dict& options) {
   CallOptions o;
   for (auto [key, value] : options) {
@@ -26,7 +50,7 @@ CallOptions options_from(const nb::dict& options) {
       }
     };
     try {
-      if (name == "causal") o.causal = nb::cast<bool>(value);
+      if (name == "causal") o.causal = bool_option(value);
       else if (name == "window") o.window = nb::cast<std::optional<std::pair<int64_t, int64_t>>>(value);
       else if (name == "softcap") o.softcap = nb::cast<float>(value);
       else if (name == "scale") o.scale = nb::cast<float>(value);
@@ -35,7 +59,7 @@ CallOptions options_from(const nb::dict& options) {
       else if (name == "batch_offset") o.batch_offset = nb::cast<int64_t>(value);
       else if (name == "head_offset") o.head_offset = nb::cast<int64_t>(value);
       else if (name == "flash_kernel") o.flash_kernel = parse_flash_kernel(nb::cast<std::string>(value), "flash_kernel");
-      else if (name == "deterministic") o.deterministic = nb::cast<bool>(value);
+      else if (name == "deterministic") o.deterministic = bool_option(value);
       else if (name == "sinks") o.sinks = array();
       else if (name == "bias") o.bias = array();
       else if (name == "mask") o.mask = array();
@@ -46,9 +70,10 @@ CallOptions options_from(const nb::dict& options) {
                    "batch_offset, head_offset, flash_kernel, deterministic, sinks, bias, mask, mask_identity, segment_ids, "
                    "kv_segment_ids)");
     } catch (const nb::cast_error&) {
-      RA_FAIL("option ", name, " has type ", nb::cast<std::string>(nb::handle(value.type()).attr("__name__")), ": expected ",
-              name == "window" ? "a (left, right) pair of ints" : name == "causal" || name == "deterministic" ? "a bool"
-              : name == "flash_kernel" ? "a str" : "a number");
+      std::string shown = nb::cast<std::string>(nb::repr(value));
+      if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+      RA_FAIL("option ", name, " is ", shown, " of type ",
+              nb::cast<std::string>(nb::handle(value.type()).attr("__name__")), ": expected ", option_type_text(name));
     }
   }
   return o;

@@ -393,6 +393,41 @@ def test_bad_output_arrays_are_refused_naming_them(make_out, pattern):
         ringattn.attention(q, k, v, return_lse=True, out=make_out(np.empty_like(o), np.empty_like(lse)))
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "flash_attn2", "blockwise"])
+def test_outputs_that_share_memory_with_what_the_call_reads_are_refused(impl):
+    # The implementations write outputs in pieces while they still read: an out= that is an input (in place) or
+    # another output is refused by name, before anything is written.
+    q, k, v, do, _ = problem(15, T=20, S=20)
+    o, lse = ringattn.attention(q, k, v, return_lse=True, impl=impl)
+    grads = ringattn.attention_backward(q, k, v, o, lse, do, impl=impl)
+    shares = "output {} shares memory with {} {}: outputs need memory of their own"
+    mine = q.copy()
+    with pytest.raises(ValueError, match=shares.format("o", "input", "q")):
+        ringattn.attention(mine, k, v, return_lse=True, impl=impl, out=(mine, np.empty_like(lse)))
+    np.testing.assert_array_equal(mine, q)
+    whole = np.empty(o.size + lse.size + 1, np.float32)  # lse's first element inside o's last row
+    with pytest.raises(ValueError, match=shares.format("lse", "output", "o")):
+        ringattn.attention(q, k, v, return_lse=True, impl=impl,
+                           out=(whole[: o.size].reshape(o.shape), whole[o.size - 1 : o.size - 1 + lse.size].reshape(lse.shape)))
+    for out, pattern in [
+        ((np.empty_like(q), k, np.empty_like(v)), shares.format("dk", "input", "k")),
+        ((np.empty_like(q), np.empty_like(k), v[:, :, :, :]), shares.format("dv", "input", "v")),
+        ((do.copy(), np.empty_like(k), np.empty_like(v)), None),
+        ((np.empty_like(q), np.empty_like(k), np.empty_like(v)), None),
+    ]:
+        if pattern is None:  # apart: taken, and the same gradients
+            for mine, want in zip(ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, out=out), grads):
+                np.testing.assert_array_equal(mine, want)
+            continue
+        with pytest.raises(ValueError, match=pattern):
+            ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, out=out)
+    same = np.empty_like(k)
+    with pytest.raises(ValueError, match=shares.format("dv", "output", "dk")):
+        ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, out=(np.empty_like(q), same, same))
+    with pytest.raises(ValueError, match=shares.format("dq", "input", "do")):
+        ringattn.attention_backward(q, k, v, o, lse, do, impl=impl, out=(do, np.empty_like(k), np.empty_like(v)))
+
+
 def test_int64_segment_ids_are_taken_as_int32():
     q, k, v, do, _ = problem(41, T=20, S=20)
     seg = np.repeat(np.arange(4), 5)[None].repeat(2, axis=0)  # int64, numpy's default
@@ -448,8 +483,31 @@ def test_deterministic_is_an_option_of_every_call():
     fixed = ringattn.attention_backward(q, k, v, o, lse, do, deterministic=True, **extra)
     for a, b in zip(plain, fixed):
         assert np.array_equal(a, b)
-    with pytest.raises(ValueError, match="option deterministic has type str: expected a bool"):
+    with pytest.raises(ValueError, match="option deterministic is 'yes' of type str: expected a bool"):
         ringattn.attention_backward(q, k, v, o, lse, do, deterministic="yes")
+
+
+def test_option_values_of_numpy_types_and_their_refusals():
+    # A config read through numpy gives numpy scalars: its bools and ints are taken as Python's. A value of
+    # the wrong kind is refused naming the option, the value and what it takes.
+    q, k, v, _, _ = problem(10, T=20, S=20)
+    want = ringattn.attention(q, k, v, causal=True, window=(3, 0), dropout=0.25, dropout_seed=7)
+    got = ringattn.attention(q, k, v, causal=np.bool_(True), window=(np.int64(3), np.int32(0)),
+                             dropout=np.float32(0.25), dropout_seed=np.uint64(7))
+    np.testing.assert_array_equal(got, want)
+    for options, pattern in [
+        (dict(causal=1), "option causal is 1 of type int: expected a bool"),
+        (dict(dropout=0.1, dropout_seed=-1), r"option dropout_seed is -1 of type int: expected an integer in \[0, 2\^64\)"),
+        (dict(batch_offset=1.5), "option batch_offset is 1.5 of type float: expected an integer"),
+        (dict(causal=np.ones(100, bool)), r"option causal is array\(\[ True, .*\.\.\. of type ndarray: expected a bool"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            ringattn.attention(q, k, v, **options)
+    for name in ["segment_ids", "bias"]:
+        with pytest.raises(ValueError, match=f"{name} has dtype bool, which only the mask may have"):
+            ringattn.attention(q, k, v, **{name: np.ones((2, 20) if name == "segment_ids" else (20, 20), bool)})
+    with pytest.raises(ValueError, match="q has dtype bool, which only the mask may have"):
+        ringattn.attention(q > 0, k, v)
 
 
 def test_kept_implementations_released_and_made_again():

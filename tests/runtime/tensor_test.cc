@@ -20,6 +20,24 @@ TEST(Tensor, ContiguousStridesAndNarrow) {
   EXPECT_THROW(narrow(t, 1, 2, 2), Error);
 }
 
+// Views meet where their byte spans do: neighbours apart, a row inside its tensor, a reversed view at both
+// ends, the two halves of a tensor apart, and an empty view nowhere.
+TEST(Tensor, SpansMeetWhereViewsShareBytes) {
+  Tensor t(DType::kF32, {4, 6});
+  const TensorView whole = t.view();
+  EXPECT_TRUE(spans_meet(whole, whole));
+  EXPECT_TRUE(spans_meet(whole, narrow(whole, 0, 2, 1)));
+  EXPECT_FALSE(spans_meet(narrow(whole, 0, 0, 2), narrow(whole, 0, 2, 2)));
+  EXPECT_TRUE(spans_meet(narrow(whole, 0, 0, 3), narrow(whole, 0, 2, 2)));
+  const TensorView reversed(t.data<float>() + 23, DType::kF32, Shape{4, 6}, {-6, -1});
+  EXPECT_TRUE(spans_meet(reversed, narrow(whole, 0, 0, 1)));
+  EXPECT_TRUE(spans_meet(reversed, narrow(whole, 0, 3, 1)));
+  Tensor other(DType::kF32, {4, 6});
+  EXPECT_FALSE(spans_meet(whole, other.view()));
+  EXPECT_FALSE(spans_meet(whole, narrow(whole, 0, 1, 0)));
+  EXPECT_FALSE(spans_meet(whole, TensorView()));
+}
+
 TEST(Tensor, BroadcastGivesZeroStrides) {
   Tensor t(DType::kF32, {1, 4, 1, 5});
   TensorView b = broadcast_to(t, Shape{2, 4, 3, 5}, "bias");
