@@ -53,7 +53,9 @@
 # mask cases, rows with and without a mask or a bias, FlexAttention's and SDPA's with a mask); `mask_tiles` (the mask
 # instances' tile summary: GPU tests with a mask or a bias, the rings' mask cases, documents as a mask beside segment ids and FlexAttention's
 # document block mask, a dense mask's rows); `mask_named` (a named mask's summary made once: the same tests, the Python layer's
-# with a mask, documents as a mask summarised each call and named, beside segment ids and FlexAttention); several as a comma list. Logs go to $OUT.
+# with a mask, documents as a mask summarised each call and named, beside segment ids and FlexAttention); `mend_tests` (the SASS
+# check, the GPU tests whole), `mend_python` (the rings' tests on 2 ranks, the Python package's CUDA tests, the named mask's
+# documents rows beside segment ids); several as a comma list. Logs go to $OUT.
 #   bash .device/on-device.sh bash bench/gpu_session.sh BUILD STAGE[,STAGE...] [GPUS]
 # BUILD: a build folder small enough to carry, or what bench/pack_for_device.sh makes of one (a build's
 # statically linked programs are 47 MB each, past the carry's 64 MiB together).
@@ -156,12 +158,14 @@ million_tokens() {  # forward + backward of 1M tokens causal on 2 GPUs (time, TF
       --head-dim 128 --dtype bf16 --seq 1048576 --causal --layout zigzag --warmup 0 --iters 1 2>&1 | tee -a "$out/million.txt"
   done
 }
-mask_tests() {  # cuda_attention_test's tests matching $1, then the rings' matching $2 (2 ranks on the GPU)
+mask_tests() {  # cuda_attention_test's tests matching $1 (none where empty), then the rings' matching $2 (2 ranks on the
+  # GPU; none where empty); $tests_timeout and $ring_timeout bound each run
   local t
-  timeout 200 $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter="$1" 2>&1 |
+  [ -z "$1" ] || timeout ${tests_timeout:-200} $build/tests/cuda_attention_test --gtest_brief=1 --gtest_filter="$1" 2>&1 |
     tee "$out/cuda_attention_test.log" | tail -n 8
+  [ -n "$2" ] || return 0
   for t in ring_mpi_test ring_backward_mpi_test; do
-    timeout 100 mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 --gtest_filter="$2" 2>&1 |
+    timeout ${ring_timeout:-100} mpirun -np 2 $build/tests/$t --backend=cuda --gtest_brief=1 --gtest_filter="$2" 2>&1 |
       tee "$out/$t.log" | grep -v "^\[  SKIPPED\|^\s*$" | tail -n 4
   done
 }
@@ -1200,6 +1204,21 @@ if has mask_tiles; then  # issue 20: the mask instances leave out the tiles a ma
   heads=32 head_dim=128 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10
   heads=64 head_dim=64 bench 1 --backward --impl flash_attn2 --seq 16384 --iters 10 --mask
   timeout 240 python3 bench/torch_documents.py --runs flex 16x128x16 16x128x64 2>&1 | tee "$out/torch_documents.txt"
+fi
+if has mend_tests; then  # fifty-fifth session: the mask summary's index helpers (a review mend of the CUDA code) and outputs
+  # that share memory with inputs refused: the SASS check, the GPU tests whole
+  python3 bench/check_wgmma_convergence.py $(ls $build/lib/libra_core.so $build/attention/libra_attention.a 2>/dev/null | head -n 1) |
+    tee "$out/wgmma_convergence.txt" | tail -n 3
+  tests_timeout=380 mask_tests '*' ''
+fi
+if has mend_python; then  # the same session: the rings' tests whole (2 ranks sharing the GPU), the Python package's CUDA
+  # tests, then the named mask's documents rows beside segment ids (the summary's helpers are in both passes' code)
+  ring_timeout=130 mask_tests '' '*'
+  if [ -d $build/python/ringattn ]; then
+    PYTHONPATH=$build/python timeout 300 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_torch_cuda.py 2>&1 |
+      tail -n 6 | tee "$out/python_tests.log"
+  fi
+  documents_rows "" "--mask-documents --mask-named"
 fi
 if has mask_named; then  # issue 20: a named mask's tile summary made once and kept (MaskTiles): the GPU tests with a mask, the
   # rings' mask cases, then documents as a mask summarised every call and named (made once), beside segment ids and

@@ -455,6 +455,20 @@ std::vector<std::string> H5File::dataset_names(const std::string& group) const {
   return names;  // HDF5's name index is in order
 }
 
+std::vector<std::string> H5File::dataset_paths(size_t limit) const {
+  struct Found {
+    std::vector<std::string> paths;
+    size_t limit;
+  } found{{}, limit};
+  auto visit = [](hid_t, const char* name, const H5O_info_t* object, void* data) -> herr_t {
+    auto& f = *static_cast<Found*>(data);
+    if (object->type == H5O_TYPE_DATASET) f.paths.emplace_back(name);
+    return f.paths.size() >= f.limit ? 1 : 0;  // 1 stops the visit
+  };
+  if (limit > 0) H5Ovisit(file_, H5_INDEX_NAME, H5_ITER_INC, visit, &found);
+  return found.paths;
+}
+
 std::vector<int64_t> H5File::read_integers(const std::string& dataset) const {
   const std::string where = describe(dataset);
   const DatasetInfo meta = info(dataset);

@@ -60,6 +60,8 @@ class H5File {
                     MemoryKind memory = MemoryKind::kHost) const;
   // The names of the datasets directly in `group` ("/" for the root), sorted; empty where there is no such group.
   std::vector<std::string> dataset_names(const std::string& group) const;
+  // The paths of the file's datasets in every group ("layer0/q"), in name order, the first `limit` of them.
+  std::vector<std::string> dataset_paths(size_t limit) const;
   // A whole 1-dimensional dataset of integers of any width and sign, as int64 (a small index table such as
   // cu_seqlens); throws naming the dataset for another shape or type. Each rank reads it on its own.
   std::vector<int64_t> read_integers(const std::string& dataset) const;

@@ -18,9 +18,26 @@ namespace {
 
 std::string where(const H5File& f, const std::string& dataset) { return "dataset '" + dataset + "' of '" + f.path() + "'"; }
 
+// What a file that lacks dataset `missing` holds instead: "; it holds a, b/q" (the first few), and where one in a
+// group bears the missing name, that a path names it. Empty for a file without datasets.
+std::string what_the_file_holds(const H5File& f, const std::string& missing) {
+  constexpr size_t kShown = 12;
+  const std::vector<std::string> paths = f.dataset_paths(kShown + 1);
+  if (paths.empty()) return "; it holds no dataset";
+  std::string text = "; it holds ";
+  for (size_t i = 0; i < std::min(paths.size(), kShown); ++i) text += (i ? ", " : "") + paths[i];
+  if (paths.size() > kShown) text += ", ...";
+  const std::string base = missing.substr(missing.find_last_of('/') + 1);
+  for (const std::string& path : paths)
+    if (path.size() > base.size() && path.compare(path.size() - base.size(), base.size(), base) == 0 &&
+        path[path.size() - base.size() - 1] == '/')
+      return text + " (a dataset in a group is named by its path: '" + path + "'; see the --*-dataset options)";
+  return text;
+}
+
 DatasetInfo required(const H5File& f, const std::string& name, int rank, const std::string& layout,
                      const char* rank_hint = "") {
-  RA_CHECK(f.has(name), "input '", f.path(), "' has no dataset '", name, "' ", layout);
+  RA_CHECK(f.has(name), "input '", f.path(), "' has no dataset '", name, "' ", layout, what_the_file_holds(f, name));
   DatasetInfo info = f.info(name);
   RA_CHECK(info.shape.rank == rank, where(f, name), " has rank ", info.shape.rank, " (shape ", info.shape.str(),
            "), expected ", rank, " ", layout, rank_hint);
@@ -589,7 +606,7 @@ void check_upstream_gradient(const H5File& f, const ShardPlan& p, const std::str
   const std::string dims = dims_text(format, "q_len", "q_heads", "v_head_dim");
   const Shape expected = qkv_shape(format, p.batch, p.q_len, p.q_heads, p.v_head_dim);
   RA_CHECK(f.has(name), "--backward needs dO: '", f.path(), "' has no dataset '", name, "' of shape ", expected.str(),
-           " ", dims, " (write one with generate --with-grad, or name it with --do-dataset)");
+           " ", dims, " (write one with generate --with-grad, or name it with --do-dataset)", what_the_file_holds(f, name));
   const DatasetInfo info = required(f, name, expected.rank, dims);
   const std::string hint = format_hint(format, info.shape, {p.batch, p.q_len, p.q_heads, p.v_head_dim});
   RA_CHECK(hint.empty(), where(f, name), " has shape ", info.shape.str(), ", expected ", expected.str(), " ", dims, hint);
@@ -608,7 +625,7 @@ Tensor read_upstream_gradient(const H5File& f, const ShardPlan& p, const std::st
 bool check_lse_gradient(const H5File& f, const ShardPlan& p, const std::string& name) {
   if (!f.has(name)) {
     RA_CHECK(name == kLseGradientDataset, "--dlse-dataset: '", f.path(), "' has no dataset '", name, "' (dLoss/dlse, ",
-             "float32 (", p.batch, ", ", p.q_heads, ", ", p.q_len, "))");
+             "float32 (", p.batch, ", ", p.q_heads, ", ", p.q_len, "))", what_the_file_holds(f, name));
     return false;
   }
   const DatasetInfo info = required(f, name, 3, "(batch, q_heads, q_len)");

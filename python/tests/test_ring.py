@@ -211,6 +211,7 @@ def test_a_refused_call_raises_its_own_error_where_the_ranks_agreement_fails_too
     ("unknown_option", "unknown option 'casual'"),
     ("k_head_dim", "k dimension 3 (head_dim) is 8, expected 32"),  # by the ring's, at the call's start
     ("out_shape", "output o has shape"),
+    ("out_is_q", "output o shares memory with input q"),
     ("do_dtype", "do has dtype f16, expected f32"),
 ])
 def test_one_ranks_bad_argument_stops_every_rank_at_once_quoting_it(bad, reason):
@@ -230,6 +231,9 @@ def test_one_ranks_bad_argument_stops_every_rank_at_once_quoting_it(bad, reason)
         options["casual"] = True
     if mine and bad == "k_head_dim":
         k = np.ascontiguousarray(k[..., :8])
+    if mine and bad == "out_is_q":
+        q = q.copy()  # (the ring goes on with it below)
+        out = (q, np.empty((1, q.shape[2], q.shape[1]), np.float32))
     if mine and bad == "out_shape":
         out = (np.empty(q.shape[:3] + (3,), np.float32), np.empty((1, q.shape[2], q.shape[1]), np.float32))
     start = time.monotonic()

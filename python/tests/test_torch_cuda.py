@@ -183,6 +183,22 @@ def test_arrays_in_two_places_are_refused_naming_the_one_elsewhere():
         rt.attention(q.detach().cpu(), k.detach().cpu(), v)
 
 
+@pytest.mark.parametrize("impl", ["flash_attn2", "cudnn", "sdpa"])
+def test_cuda_outputs_that_share_memory_with_inputs_are_refused_and_nothing_is_written(impl):
+    q, k, v, do = (x.detach() for x in tensors(7, torch.bfloat16, T=64, S=64, H=4, Hkv=4))
+    o, lse = ringattn.attention(q, k, v, causal=True, return_lse=True, impl=impl)
+    mine = q.clone()
+    with pytest.raises(ValueError, match="output o shares memory with input q"):
+        ringattn.attention(mine, k, v, causal=True, return_lse=True, impl=impl, out=(mine, torch.empty_like(lse)))
+    assert torch.equal(mine, q)
+    kv = torch.stack([k, v])  # dk written over k and v's buffer
+    with pytest.raises(ValueError, match="output dk shares memory with input k"):
+        ringattn.attention_backward(q, kv[0], kv[1], o, lse, do, causal=True, impl=impl,
+                                    out=(torch.empty_like(q), kv[0], torch.empty_like(v)))
+    torch.cuda.synchronize()
+    assert torch.equal(kv[0], k) and torch.equal(kv[1], v)
+
+
 def test_the_core_takes_and_returns_cuda_tensors_of_the_callers_framework():
     q, k, v, do = (x.detach() for x in tensors(6, torch.bfloat16))
     o, lse = ringattn.attention(q, k, v, causal=True, return_lse=True)
