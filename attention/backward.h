@@ -84,6 +84,11 @@ Tensor gradient_in_dtype(Tensor acc, DType dtype, void* cuda_stream = nullptr);
 void check_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& q,
                   bool q_dtype_or_f32);
 
+// Under deterministic: refuses a dbias (broadcast to (B, H, T, S)) with a broadcast dimension, whose sums the
+// kernels of `backend` ("cuda", "host") add by atomics across blocks or threads in no fixed order (each pair of a
+// full bias has one writer). The host ring's exact sums (attention/ring/ring_backward_exact.cc) take any bias.
+void check_dbias_deterministic(const TensorView& dbias, const char* backend);
+
 // A view and its name in messages.
 struct NamedView {
   TensorView view;

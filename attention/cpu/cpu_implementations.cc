@@ -1,5 +1,6 @@
 // The CPU implementations as registry entries: sdpa, flash_attn2 (cpu: best SIMD; native: portable
 // code only) and blockwise. Names and aliases follow the seeds.
+#include "attention/backward.h"
 #include "attention/cpu/blockwise_cpu.h"
 #include "attention/cpu/flash_cpu.h"
 #include "attention/registry.h"
@@ -10,6 +11,16 @@
 
 namespace ra {
 namespace {
+
+// Host kernels add a broadcast bias's gradient by atomics across threads, in no fixed order: refused under
+// deterministic, as on cuda (every other host sum has a fixed order already).
+void check_host_deterministic(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
+                              const GradViews& acc) {
+  if (params.deterministic && acc.dbias.defined())
+    check_dbias_deterministic(broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys},
+                                           "dbias"),
+                              "host");
+}
 
 class SdpaCpu final : public AttentionImpl {
  public:
@@ -24,6 +35,7 @@ class SdpaCpu final : public AttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                            const BackwardInputs& grad, const GradViews& acc) const override {
+    check_host_deterministic(in, pos, params, acc);
     sdpa_accumulate_backward_cpu(in, pos, params, grad, acc);
   }
 
@@ -45,6 +57,7 @@ class FlashCpu final : public AttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                            const BackwardInputs& grad, const GradViews& acc) const override {
+    check_host_deterministic(in, pos, params, acc);
     flash_accumulate_backward_cpu(in, pos, params, grad, acc, isa());
   }
 
@@ -65,6 +78,7 @@ class BlockwiseCpu final : public AttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                            const BackwardInputs& grad, const GradViews& acc) const override {
+    check_host_deterministic(in, pos, params, acc);
     blockwise_accumulate_backward_cpu(in, pos, params, grad, acc);
   }
 

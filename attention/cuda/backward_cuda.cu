@@ -301,14 +301,6 @@ void add_slices_cuda(float* into, const float* slices, int count, int64_t n, cud
   RA_CUDA_CHECK(cudaGetLastError());
 }
 
-void check_dbias_deterministic(const TensorView& dbias) {
-  static const char* const kDims[] = {"batch", "head", "query", "key"};
-  for (int i = 0; i < 4; ++i)
-    RA_CHECK(dbias.stride(i) != 0 || dbias.dim(i) <= 1, "dbias: the bias is broadcast over its ", kDims[i],
-             " dimension, whose gradient the cuda backward sums by atomics in no fixed order; --deterministic on "
-             "cuda needs a bias of full shape (B, H, T, S), or --backend cpu");
-}
-
 TensorView finite_or_positive_infinity(const TensorView& lse, Tensor& scratch, cudaStream_t stream) {
   const int64_t n = lse.numel();
   float* into = call_scratch(scratch, size_t(n) * sizeof(float), stream, "the backward's LSE with +inf for empty rows")

@@ -34,10 +34,6 @@ void add_convert_cuda(const TensorView& sum, const TensorView& addend, const Ten
 // after another, n % 4 == 0, 16-byte aligned): the deterministic backward's dQ slices.
 void add_slices_cuda(float* into, const float* slices, int count, int64_t n, cudaStream_t stream);
 
-// Under --deterministic: refuses a dbias (broadcast to (B, H, T, S)) with a broadcast dimension, whose
-// sums the CUDA kernels add by atomics in no fixed order (each pair of a full bias has one writer).
-void check_dbias_deterministic(const TensorView& dbias);
-
 // A copy of an f32 LSE with -inf (rows that saw no key) replaced by +inf, in `scratch` (grow-only: no
 // allocation, and so no device-wide wait in cudaFree, once it is large enough): kernels that recompute
 // P = exp(S - LSE) then give P = 0 there instead of exp(+inf).

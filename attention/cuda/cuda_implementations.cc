@@ -88,7 +88,7 @@ class FlashCuda final : public CudaAttentionImpl {
     g.dv = acc.dv.data_as<float>();
     if (acc.dbias.defined()) {
       const TensorView dbias = broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias");
-      if (params.deterministic) check_dbias_deterministic(dbias);
+      if (params.deterministic) check_dbias_deterministic(dbias, "cuda");
       g.dbias = DeviceView4{dbias.data(), {dbias.stride(0), dbias.stride(1), dbias.stride(2), dbias.stride(3)}};
     }
     flash_backward_cuda(g, in.q.dtype(), params.deterministic ? &dq_slices_ : nullptr, stream_);
@@ -137,7 +137,8 @@ class SdpaCuda final : public CudaAttentionImpl {
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
     if (params.deterministic && acc.dbias.defined())
-      check_dbias_deterministic(broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias"));
+      check_dbias_deterministic(broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias"),
+                                "cuda");
     runner_.accumulate_backward(in, make_cuda_args(in, pos, params), grad, acc, stream_);
   }
 

@@ -61,6 +61,36 @@ def _stream(stream):
     return 0 if stream is None else int(stream)
 
 
+def _refused(name, value, expected):
+    shown = repr(value)
+    return ValueError("%s is %s of type %s: expected %s" % (name, shown if len(shown) <= 40 else shown[:37] + "...",
+                                                           type(value).__name__, expected))
+
+
+def _flag(name, value):
+    """A keyword argument that is a bool (Python's or numpy's): anything else is refused by name, since a string
+    such as "false" would read as true."""
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool")):
+        return bool(value)
+    raise _refused(name, value, "a bool")
+
+
+def _word(name, value):
+    """A keyword argument that is a str (an implementation, a layout, a wire)."""
+    if isinstance(value, str):
+        return value
+    raise _refused(name, value, "a str")
+
+
+def _length(name, value):
+    """None, or a keyword argument that is an integer (Python's or numpy's)."""
+    if value is None:
+        return None
+    if not isinstance(value, bool) and hasattr(value, "__index__"):
+        return value.__index__()
+    raise _refused(name, value, "None or an integer")
+
+
 def _int32_segments(options):
     """options with int64 segment ids (numpy's and PyTorch's default integers) as the core's int32, once
     their values are checked to fit."""
@@ -139,6 +169,7 @@ def attention(q, k, v, *, impl="flash_attn2", return_lse=False, out=None, stream
     out: None, or (o, lse) arrays to write into. qkv_format: "bshd" (None), "bhsd" or "sbhd" (module docstring).
     """
     out = _format_out(out, qkv_format)
+    impl, return_lse = _word("impl", impl), _flag("return_lse", return_lse)
     axes, (q, k, v) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
     _note_layout(q, k, qkv_format)  # (given no format, q and k as given)
     results = _explained(qkv_format, lambda: _core.attention(q, k, v, impl, _call_options(options), return_lse,
@@ -158,10 +189,13 @@ def attention_backward(q, k, v, o, lse, do, *, dlse=None, impl="flash_attn2", f3
     call has a bias or sinks, (dq, dk, dv[, dbias][, dsinks]) too (float32), None for a gradient not needed (a
     bias that is an attention mask): that one is not formed at all (its sums skipped) and comes back None.
     deterministic=True (an option, as FlashAttention's): on a GPU the same bits on every run (dQ summed in
-    a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are.
+    a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are, but for
+    the gradient of a bias broadcast over batch, heads or rows, which threads add in no fixed order: that one is
+    refused with deterministic=True, on the host as on a GPU (ring_attention_backward's exact host sums take it).
     qkv_format: the forward's; o and do in it, dq, dk, dv returned in it.
     """
     out = _format_out(out, qkv_format)
+    impl, f32_gradients = _word("impl", impl), _flag("f32_gradients", f32_gradients)
     axes, (q, k, v, o, do) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
     grads = _explained(qkv_format, lambda: _core.attention_backward(
         q, k, v, o, lse, do, dlse, impl, _call_options(options), f32_gradients, _gradient_out(out, options),
@@ -191,6 +225,9 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
     """
     try:
         out = _format_out(out, qkv_format)
+        layout, local_impl = _word("layout", layout), _word("local_impl", local_impl)
+        global_q_len, global_kv_len = _length("global_q_len", global_q_len), _length("global_kv_len", global_kv_len)
+        deterministic, return_lse = _flag("deterministic", deterministic), _flag("return_lse", return_lse)
         axes, (q, k, v) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v)))
         _note_layout(q, k, qkv_format)  # (given no format, q and k as given)
         call_options, call_stream = _call_options(options), _stream(stream)
@@ -198,7 +235,7 @@ def ring_attention(q, k, v, *, comm, layout="zigzag", global_q_len=None, global_
         _refuse_on_every_rank(lambda: comm, timeout, error)
         raise
     results = _explained(qkv_format, lambda: _core.ring_attention(
-        q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout), bool(deterministic), "f32",
+        q, k, v, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout), deterministic, "f32",
         call_options, return_lse, out, call_stream, q))
     return _in_format(axes, results, 1)
 
@@ -219,6 +256,10 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, dlse=None, layout="zig
     """
     try:
         out = _format_out(out, qkv_format)
+        layout, local_impl = _word("layout", layout), _word("local_impl", local_impl)
+        global_q_len, global_kv_len = _length("global_q_len", global_q_len), _length("global_kv_len", global_kv_len)
+        deterministic, f32_gradients = _flag("deterministic", deterministic), _flag("f32_gradients", f32_gradients)
+        grad_wire = _word("grad_wire", grad_wire)
         axes, (q, k, v, o, do) = _to_core(qkv_format, (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
         call_options, gradient_out, call_stream = _call_options(options), _gradient_out(out, options), _stream(stream)
     except Exception as error:
@@ -226,7 +267,7 @@ def ring_attention_backward(q, k, v, o, lse, do, *, comm, dlse=None, layout="zig
         raise
     grads = _explained(qkv_format, lambda: _core.ring_attention_backward(
         q, k, v, o, lse, do, dlse, comm, layout, global_q_len, global_kv_len, local_impl, float(timeout),
-        bool(deterministic), grad_wire, call_options, f32_gradients, gradient_out, call_stream, q))
+        deterministic, grad_wire, call_options, f32_gradients, gradient_out, call_stream, q))
     return _in_bias_shape(_in_format(axes, tuple(grads), 3), options, out)
 
 

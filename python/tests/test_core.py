@@ -363,8 +363,10 @@ def test_backward_out_names_the_bias_and_sinks_gradients_or_none_to_form_none(im
         out += tuple(np.full(x.shape, np.nan, np.float32) if want else None for x, want in zip((bias, sinks), named))
         got = ringattn.attention_backward(q, k, v, o, lse, do, out=out, **opts)
         assert len(got) == 5 and all(a is b for a, b in zip(got, out))
-        for mine, theirs in zip(got, (dq, dk, dv, dbias, dsinks)):
-            if mine is not None:
+        for i, (mine, theirs) in enumerate(zip(got, (dq, dk, dv, dbias, dsinks))):
+            if mine is not None and i == 3:  # a broadcast bias's gradient: threads add it in no fixed order
+                np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+            elif mine is not None:
                 np.testing.assert_array_equal(mine, theirs)
     with pytest.raises(ValueError, match=r"out must be a sequence \(dq, dk, dv\) or \(dq, dk, dv, dbias or None, "
                                          r"dsinks or None\)"):
@@ -487,6 +489,28 @@ def test_deterministic_is_an_option_of_every_call():
         ringattn.attention_backward(q, k, v, o, lse, do, deterministic="yes")
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "flash_attn2", "blockwise"])
+def test_deterministic_host_backward_refuses_a_broadcast_bias_gradient_and_repeats_a_full_ones_bits(impl):
+    # Host threads add a broadcast bias's gradient in no fixed order (the bits of dbias may change from run to
+    # run), so deterministic=True refuses it, naming the dimension, as a GPU does; a full bias has one writer
+    # per element: the same bits on every run.
+    q, k, v, do, _ = problem(19, T=29, S=41)
+    full = np.random.default_rng(20).standard_normal((2, 4, 29, 41)).astype(np.float32)
+    for bias, broadcast in [(full[:1, :1], "batch"), (full[:, :1], "head"), (full[:, :, :1], "query"), (full, None)]:
+        opts = dict(causal=True, bias=bias, impl=impl, deterministic=True)
+        o, lse = ringattn.attention(q, k, v, return_lse=True, **opts)
+        if broadcast is not None:
+            with pytest.raises(ValueError, match=f"dbias: the bias is broadcast over its {broadcast} dimension, whose "
+                                                 "gradient the host backward sums by atomics in no fixed order"):
+                ringattn.attention_backward(q, k, v, o, lse, do, **opts)
+            ringattn.attention_backward(q, k, v, o, lse, do, **dict(opts, deterministic=False))  # taken without it
+            continue
+        first = ringattn.attention_backward(q, k, v, o, lse, do, **opts)
+        for _ in range(5):
+            for mine, theirs in zip(ringattn.attention_backward(q, k, v, o, lse, do, **opts), first):
+                np.testing.assert_array_equal(mine, theirs)
+
+
 def test_option_values_of_numpy_types_and_their_refusals():
     # A config read through numpy gives numpy scalars: its bools and ints are taken as Python's. A value of
     # the wrong kind is refused naming the option, the value and what it takes.
@@ -508,6 +532,16 @@ def test_option_values_of_numpy_types_and_their_refusals():
             ringattn.attention(q, k, v, **{name: np.ones((2, 20) if name == "segment_ids" else (20, 20), bool)})
     with pytest.raises(ValueError, match="q has dtype bool, which only the mask may have"):
         ringattn.attention(q > 0, k, v)
+    # The functions' own keywords likewise (a string "false" would have read as true).
+    assert ringattn.attention(q, k, v, return_lse=np.bool_(True))[1].shape == (2, 4, 20)
+    for call, pattern in [
+        (lambda: ringattn.attention(q, k, v, return_lse=1), "return_lse is 1 of type int: expected a bool"),
+        (lambda: ringattn.attention(q, k, v, impl=None), "impl is None of type NoneType: expected a str"),
+        (lambda: ringattn.attention_backward(q, k, v, q, np.zeros((2, 4, 20), np.float32), q, f32_gradients="false"),
+         "f32_gradients is 'false' of type str: expected a bool"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            call()
 
 
 def test_kept_implementations_released_and_made_again():

@@ -212,6 +212,8 @@ def test_a_refused_call_raises_its_own_error_where_the_ranks_agreement_fails_too
     ("k_head_dim", "k dimension 3 (head_dim) is 8, expected 32"),  # by the ring's, at the call's start
     ("out_shape", "output o has shape"),
     ("out_is_q", "output o shares memory with input q"),
+    ("deterministic_str", "deterministic is 'no' of type str: expected a bool"),  # by the Python layer's
+    ("global_len_float", "global_q_len is 12.5 of type float: expected None or an integer"),
     ("do_dtype", "do has dtype f16, expected f32"),
 ])
 def test_one_ranks_bad_argument_stops_every_rank_at_once_quoting_it(bad, reason):
@@ -234,6 +236,10 @@ def test_one_ranks_bad_argument_stops_every_rank_at_once_quoting_it(bad, reason)
     if mine and bad == "out_is_q":
         q = q.copy()  # (the ring goes on with it below)
         out = (q, np.empty((1, q.shape[2], q.shape[1]), np.float32))
+    if mine and bad == "deterministic_str":
+        options["deterministic"] = "no"
+    if mine and bad == "global_len_float":
+        options["global_q_len"] = 12.5
     if mine and bad == "out_shape":
         out = (np.empty(q.shape[:3] + (3,), np.float32), np.empty((1, q.shape[2], q.shape[1]), np.float32))
     start = time.monotonic()

@@ -246,8 +246,8 @@ check named-mask-missing 2 "--mask-dataset names dataset '/layer3/mask'" -- "$ra
   --q-dataset /layer3/attn/q --k-dataset layer3/attn/k --v-dataset /layer3/attn/v --mask-dataset /layer3/mask
 check dataset-missing 2 "has no dataset '/layer3/attn/x'" -- "$ra" run --input groups.h5 --output x.h5 --q-dataset /layer3/attn/x
 # A missing dataset's refusal says what the file holds, and which path names one of that name in a group.
-check dataset-missing-lists-the-file -r 2 2 "has no dataset 'q' .*; it holds layer3/attn/k, layer3/attn/q, layer3/attn/v \
-(a dataset in a group is named by its path: 'layer3/attn/q'" -- mpi 2 "$ra" run --input groups.h5 --output x.h5
+check dataset-missing-lists-the-file 2 "has no dataset 'q' .*; it holds layer3/attn/k, layer3/attn/q, layer3/attn/v \
+(a dataset in a group is named by its path: 'layer3/attn/q'" -r 2 -- mpi 2 "$ra" run --input groups.h5 --output x.h5
 no_output dataset-missing-no-output x.h5
 # Progress on long work: rank 0, stderr, off with --quiet.
 check progress-lines 0 "ring step 2 of 2" -- mpi 2 "$ra" run --input in.h5 --output p.h5 --causal
