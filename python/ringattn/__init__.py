@@ -299,18 +299,33 @@ def release_rings():
     _core.release_rings()
 
 
+def _sequence_axis(x, axis, what):
+    """axis as an index into x's dimensions (negative counts from the end), refused by name outside them."""
+    ndim = len(x.shape)
+    if isinstance(axis, bool) or not hasattr(axis, "__index__") or not -ndim <= axis.__index__() < ndim:
+        raise ValueError("%s: axis %r is not a dimension of an array of shape %s" % (what, axis, tuple(x.shape)))
+    return axis.__index__() % ndim
+
+
 def shard(x, axis, layout, rank, size):
     """Rank `rank`'s rows (of `size` ranks) of the global sequence axis `axis` of x under `layout`."""
-    rows = _core.layout_indices(layout, x.shape[axis], size, rank)
-    return x[(slice(None),) * (axis % x.ndim) + (rows,)]
+    axis = _sequence_axis(x, axis, "shard")
+    size, rank = _length("size", size), _length("rank", rank)
+    if size is None or rank is None or size < 1 or not 0 <= rank < size:
+        raise ValueError("shard: rank %r of size %r, expected 0 <= rank < size" % (rank, size))
+    rows = _core.layout_indices(_word("layout", layout), x.shape[axis], size, rank)
+    return x[(slice(None),) * axis + (rows,)]
 
 
 def unshard(shards, axis, layout):
     """The global array from every rank's shard (a list in rank order, uneven lengths too): a PyTorch
     tensor from PyTorch shards (on their device), numpy otherwise."""
     size = len(shards)
-    length = sum(s.shape[axis] for s in shards)
+    if size == 0:
+        raise ValueError("unshard: no shards (a list of every rank's, in rank order)")
     first = shards[0]
+    axis = _sequence_axis(first, axis, "unshard")
+    length = sum(s.shape[axis] for s in shards)
     shape = list(first.shape)
     shape[axis] = length
     if type(first).__module__.startswith("torch"):
@@ -321,6 +336,10 @@ def unshard(shards, axis, layout):
         first = _np.asarray(first)
         out = _np.empty(shape, dtype=first.dtype)
     for rank, part in enumerate(shards):
-        rows = _core.layout_indices(layout, length, size, rank)
-        out[(slice(None),) * (axis % out.ndim) + (rows,)] = part
+        rows = _core.layout_indices(_word("layout", layout), length, size, rank)
+        if part.shape[axis] != len(rows):  # (shards out of rank order, or of another layout)
+            raise ValueError("unshard: shard %d has %d rows along axis %d, but the %s layout of %d rows over %d ranks "
+                             "gives rank %d %d: pass every rank's shard, in rank order" %
+                             (rank, part.shape[axis], axis, layout, length, size, rank, len(rows)))
+        out[(slice(None),) * axis + (rows,)] = part
     return out

@@ -127,6 +127,26 @@ def test_shard_unshard_round_trip(layout):
     np.testing.assert_array_equal(ringattn.unshard(parts, 1, layout), x)
 
 
+def test_shard_and_unshard_refuse_what_names_no_shard():
+    x = np.arange(2 * 11 * 3).reshape(2, 11, 3)
+    np.testing.assert_array_equal(ringattn.shard(x, -2, "zigzag", 0, 3), ringattn.shard(x, 1, "zigzag", 0, 3))
+    for args, pattern in [
+        ((x, 3, "zigzag", 0, 2), r"shard: axis 3 is not a dimension of an array of shape \(2, 11, 3\)"),
+        ((x, 1.0, "zigzag", 0, 2), "shard: axis 1.0 is not a dimension"),
+        ((x, 1, "zigzag", 2, 2), "shard: rank 2 of size 2, expected 0 <= rank < size"),
+        ((x, 1, "zigzag", 0, 0), "shard: rank 0 of size 0"),
+        ((x, 1, "ZIGZAG", 0, 2), "layout 'ZIGZAG' is unknown"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            ringattn.shard(*args)
+    parts = [ringattn.shard(x, 1, "zigzag", r, 3) for r in range(3)]  # 3, 4 and 4 rows
+    with pytest.raises(ValueError, match="unshard: shard 0 has 4 rows along axis 1, but the zigzag layout of 11 rows "
+                                         "over 3 ranks gives rank 0 3: pass every rank's shard, in rank order"):
+        ringattn.unshard(parts[::-1], 1, "zigzag")
+    with pytest.raises(ValueError, match="unshard: no shards"):
+        ringattn.unshard([], 1, "zigzag")
+
+
 def test_deterministic_gives_the_same_bits_for_every_ring_size():
     q, k, v, do, extra = problem(9, T=37, S=37, H=4, Hkv=2, **CASES["everything"])
     results = []
