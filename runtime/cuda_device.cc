@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/graph_capture.h"
+#include "runtime/kept_temporaries.h"
 #include "runtime/capture_mode.h"
 
 namespace ra {
@@ -139,6 +140,7 @@ cudaMemPool_t pool_of_current_device(bool create) {
 // Gives the driver every cached block whose release the device has reached, without waiting for it
 // (a wait here could hang on a collective whose peer has died).
 void trim_cache_now() {
+  drop_kept_temporaries();
   if (cudaMemPool_t pool = pool_of_current_device(/*create=*/false)) (void)cudaMemPoolTrimTo(pool, 0);
 }
 
@@ -206,7 +208,35 @@ size_t cuda_cached_bytes() {
   return cached;
 }
 
+namespace {
+struct Keepers {
+  std::mutex mutex;
+  std::vector<void (*)()> drops;
+};
+Keepers& keepers() {
+  static auto* all = new Keepers;  // never destroyed: a keeper may drop at exit
+  return *all;
+}
+}  // namespace
+
+void drop_when_releasing_the_cache(void (*drop)()) {
+  Keepers& all = keepers();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.drops.push_back(drop);
+}
+
+void drop_kept_temporaries() {
+  std::vector<void (*)()> drops;
+  {
+    Keepers& all = keepers();
+    std::lock_guard<std::mutex> lock(all.mutex);
+    drops = all.drops;
+  }
+  for (auto drop : drops) drop();
+}
+
 void cuda_release_cached() {
+  drop_kept_temporaries();  // their blocks freed in stream order, before the wait below
   const auto pools = every_pool();
   if (pools.empty()) return;  // also where there is no device
   int current = 0;

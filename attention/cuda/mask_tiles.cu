@@ -7,6 +7,7 @@
 #include "attention/cuda/mask_tile.cuh"
 #include "runtime/cuda_device.h"
 #include "runtime/graph_capture.h"
+#include "runtime/kept_temporaries.h"
 
 namespace ra {
 namespace {
@@ -194,7 +195,7 @@ class KeptSummaries {
     RA_CUDA_CHECK(cudaGetDevice(&device));
     const KeptKey key = key_of(a, device);
     std::shared_ptr<KeptMaskTiles> dropped;
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     for (auto it = kept_.begin(); it != kept_.end(); ++it)
       if ((*it)->key == key) {
         std::shared_ptr<KeptMaskTiles> found = *it;
@@ -228,8 +229,17 @@ class KeptSummaries {
   }
 
   int count() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     return int(kept_.size());
+  }
+
+  // Lets go of every summary (the device cache is being handed back): each goes back once its last reader is done.
+  // May run inside find_or_make's allocation on this thread (an allocation that failed drops them): hence the
+  // recursive mutex; nothing there holds a position in kept_ across the allocation.
+  void drop_all() {
+    std::vector<std::shared_ptr<KeptMaskTiles>> dropped;
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    dropped.swap(kept_);
   }
 
  private:
@@ -245,14 +255,17 @@ class KeptSummaries {
     kept.decided = true;
   }
 
-  std::mutex mutex_;
+  std::recursive_mutex mutex_;
   std::vector<std::shared_ptr<KeptMaskTiles>> kept_;
   Tensor count_slots_;
   size_t next_slot_ = 0;
 };
 
 KeptSummaries& kept_summaries() {
-  static auto* kept = new KeptSummaries;
+  static auto* kept = [] {
+    drop_when_releasing_the_cache([] { kept_summaries().drop_all(); });
+    return new KeptSummaries;
+  }();
   return *kept;
 }
 

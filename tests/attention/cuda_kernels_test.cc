@@ -772,6 +772,14 @@ TEST(MaskTiles, KeepsTheSummariesOfAFewNamedMasks) {
   EXPECT_EQ(kept_mask_tiles_count(), 8);
   EXPECT_EQ(summary_of(0x6d61736b0c), summary_of(0x6d61736b0c));
   stream.synchronize();
+  // Handing the device cache back drops the kept summaries (each would pin its chunk of the pool), and a later call
+  // of a name makes its summary again.
+  release_device_cache();
+  EXPECT_EQ(kept_mask_tiles_count(), 0);
+  EXPECT_EQ(device_cache_bytes(), 0u);
+  summary_of(0x6d61736b0c);
+  EXPECT_EQ(kept_mask_tiles_count(), 1);
+  stream.synchronize();
 }
 
 }  // namespace
