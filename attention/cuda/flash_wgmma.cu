@@ -106,8 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] uint8_t* const mask_smem = reinterpret_cast<uint8_t*>(v_smem + 2 * kBlockN * Dv);
   [[maybe_unused]] uint8_t* const group_mask = mask_smem + group * 64 * kMaskRowStride;
   [[maybe_unused]] uint8_t* const mask_ones = mask_smem + 2 * kBlockM * kMaskRowStride;
-  [[maybe_unused]] uint8_t* const whole_flags = mask_ones + 16 * kMaskRowStride;  // kMaskWholeTiles a warpgroup
-  [[maybe_unused]] uint8_t* const group_whole = whole_flags + group * kMaskWholeTiles;
+  [[maybe_unused]] uint8_t* const group_whole = mask_ones + 16 * kMaskRowStride + group * kMaskWholeTiles;
   // Causal: later query rows see more keys. Blocks start in index order, so the longest go first and
   // the last wave is made of short ones (a shorter tail).
   const int m_block = a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -163,8 +162,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         whole_span = max(0, min(last - first + 1, kMaskWholeTiles));
         for (int x = tid; x < 2 * whole_span; x += kThreads) {
           const int g = x / whole_span, i = x % whole_span, chunk = m0 / kMaskChunkRows + g;
-          whole_flags[g * kMaskWholeTiles + i] =
-              chunk < t.row_chunks && (t.states[mask_state_at(t, map, first + i, chunk)] & kMaskTileAll);
+          // The state's index written out rather than mask_state_at(t, map, first + i, chunk): that form (first + i
+          // in 32 bits) moved ptxas' allocation, and the kDirect instance's stack went from 96 to 152 bytes (the named
+          // 16 documents' forward 0.82x segment ids' instead of 0.98x, H100, bench/RESULTS.md).
+          mask_ones[16 * kMaskRowStride + g * kMaskWholeTiles + i] =
+              chunk < t.row_chunks &&
+              (t.states[(int64_t(map) * t.key_tiles + first + i) * t.row_chunks + chunk] & kMaskTileAll);
         }
         for (int x = tid; x < 16 * kMaskRowStride / 4; x += kThreads)
           reinterpret_cast<uint32_t*>(mask_ones)[x] = 0x01010101u;
