@@ -65,9 +65,9 @@ void check_dbias_deterministic(const TensorView& dbias, const char* backend) {
   static const char* const kDims[] = {"batch", "head", "query", "key"};
   for (int i = 0; i < 4; ++i)
     RA_CHECK(dbias.stride(i) != 0 || dbias.dim(i) <= 1, "dbias: the bias is broadcast over its ", kDims[i],
-             " dimension, whose gradient the ", backend, " backward sums by atomics in no fixed order; deterministic on ",
-             backend, " needs a bias of full shape (B, H, T, S), or the host ring's exact sums (--backend cpu --impl "
-             "ring --deterministic; ring_attention_backward(deterministic=True) on host arrays)");
+             " dimension, whose gradient the ", backend, " backward sums by atomics in no fixed order; ",
+             "deterministic on ", backend, " needs a bias of full shape (B, H, T, S), or the host ring's exact sums "
+             "(--backend cpu --impl ring --deterministic; ring_attention_backward(deterministic=True) on host arrays)");
 }
 
 Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream) {

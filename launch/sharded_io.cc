@@ -606,7 +606,8 @@ void check_upstream_gradient(const H5File& f, const ShardPlan& p, const std::str
   const std::string dims = dims_text(format, "q_len", "q_heads", "v_head_dim");
   const Shape expected = qkv_shape(format, p.batch, p.q_len, p.q_heads, p.v_head_dim);
   RA_CHECK(f.has(name), "--backward needs dO: '", f.path(), "' has no dataset '", name, "' of shape ", expected.str(),
-           " ", dims, " (write one with generate --with-grad, or name it with --do-dataset)", what_the_file_holds(f, name));
+           " ", dims, " (write one with generate --with-grad, or name it with --do-dataset)",
+           what_the_file_holds(f, name));
   const DatasetInfo info = required(f, name, expected.rank, dims);
   const std::string hint = format_hint(format, info.shape, {p.batch, p.q_len, p.q_heads, p.v_head_dim});
   RA_CHECK(hint.empty(), where(f, name), " has shape ", info.shape.str(), ", expected ", expected.str(), " ", dims, hint);

@@ -136,9 +136,10 @@ class SdpaCuda final : public CudaAttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
-    if (params.deterministic && acc.dbias.defined())
-      check_dbias_deterministic(broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias"),
-                                "cuda");
+    if (params.deterministic && acc.dbias.defined()) {
+      const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
+      check_dbias_deterministic(broadcast_to(acc.dbias, full, "dbias"), "cuda");
+    }
     runner_.accumulate_backward(in, make_cuda_args(in, pos, params), grad, acc, stream_);
   }
 

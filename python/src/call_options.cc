@@ -18,9 +18,9 @@ namespace {
 // numpy bool.
 bool bool_option(nb::handle value) {
   const nb::handle type = value.type();
-  if (nb::hasattr(type, "__module__") && nb::cast<std::string>(type.attr("__module__")) == "numpy" &&
-      (nb::cast<std::string>(type.attr("__name__")) == "bool_" || nb::cast<std::string>(type.attr("__name__")) == "bool"))
-    return nb::cast<bool>(value.attr("item")());
+  const bool numpy = nb::hasattr(type, "__module__") && nb::cast<std::string>(type.attr("__module__")) == "numpy";
+  const std::string type_name = nb::cast<std::string>(type.attr("__name__"));
+  if (numpy && (type_name == "bool_" || type_name == "bool")) return nb::cast<bool>(value.attr("item")());
   return nb::cast<bool>(value);
 }
 
