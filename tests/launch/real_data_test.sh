@@ -163,7 +163,7 @@ check nonfinite-allowed-written 0 "the output holds [1-9][0-9]* NaN or Inf value
 check huge-claimed-shape 2 "'k' slice (1, 549755813888, 4, 32) f32" -r 2 -- mpi 2 "$ra" run --input huge.h5 --output x.h5
 # 9. A file open for writing elsewhere.
 $python -c "import h5py, time; f = h5py.File('locked.h5', 'w'); f['q'] = [1.0]; f.flush(); open('locked.ready', 'w'); time.sleep(120)" &
-for _ in $(seq 100); do [ -e locked.ready ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ -e locked.ready ] && break; sleep 0.1; done  # (up to 60 s: h5py's import on a loaded machine)
 check locked-file 2 "it is locked: another process holds it open for writing" -- "$ra" run --input locked.h5 --output x.h5
 kill %1 2>/dev/null
 # Not HDF5, or cut short: said so, not taken for a lock ("superblock" holds "lock").
