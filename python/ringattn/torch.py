@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.utils.dlpack import to_dlpack
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import _core, varlen
+from . import _core, _flag, varlen
 from . import _four_dims, _int32_segments, _refuse_on_every_rank
 from .formats import explained, note_layout, reorder, to_core
 from . import shard as ringattn_shard
@@ -494,7 +494,7 @@ def _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids,
     """The ops' flat option arguments (masks and biases are (B, H, T, S) in both layouts)."""
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     bias, mask = _four_dims(bias), _four_dims(mask)  # views: dbias flows back in the bias's own shape
-    return (sinks, bias, mask, segment_ids, kv_segment_ids, bool(causal), left, right,
+    return (sinks, bias, mask, segment_ids, kv_segment_ids, _flag("causal", causal), left, right,
             float(softcap or 0.0), float(scale or 0.0), float(dropout), int(dropout_seed), int(batch_offset),
             int(head_offset), str(flash_kernel))
 
@@ -595,7 +595,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     cap, dropout, window or flash_kernel), flash_attn2 elsewhere, the CUDA sdpa (with a warning) for f32 or head
     dims the flash kernels do not take; on the host flash_attn2 (sdpa for f64). Gradients flow to q, k, v, and to bias and sinks where given. deterministic=True (as
     FlashAttention's): on CUDA tensors the backward gives the same bits on every run (dQ summed in a fixed
-    order, slower); CPU backwards do anyway. qkv_format: "bshd" (None: (B, T, H, D)), "bhsd" ((B, H, T, D), as
+    order, slower); CPU backwards do anyway, but for the gradient of a bias broadcast over batch, heads or rows
+    (threads add it in no fixed order), which deterministic=True refuses on either device. qkv_format: "bshd" (None: (B, T, H, D)), "bhsd" ((B, H, T, D), as
     F.scaled_dot_product_attention; layout_bhtd=True says the same) or "sbhd" ((T, B, H, D), Megatron's): q, k,
     v and o in it, as views.
     """
@@ -608,7 +609,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     args = _option_args(causal, window, softcap, scale, sinks, bias, mask, segment_ids, kv_segment_ids, dropout,
                         dropout_seed, batch_offset, head_offset, flash_kernel)
     o, lse = _run_automatic(lambda chosen: explained(qkv_format, lambda: _eager_call(
-        _attention_forward, _AttentionEager, q, k, v, *args, bool(deterministic), chosen)), impl, q, v,
+        _attention_forward, _AttentionEager, q, k, v, *args, _flag("deterministic", deterministic), chosen)), impl, q, v,
         _asks_only_what_cudnn_expresses(args))
     o = reorder(o, axes, "o")
     return (o, lse) if return_lse else o
@@ -657,7 +658,7 @@ def ring_attention(q, k, v, *, comm=None, group=None, layout="zigzag", global_q_
     plain = layout != "striped" and _asks_only_what_cudnn_expresses(args)  # (cudnn steps take runs of positions)
     o, lse = _run_automatic(lambda chosen: explained(qkv_format, lambda: _eager_call(
         _ring_forward, _RingEager, q, k, v, *args, handle, layout, global_q_len, global_kv_len, chosen, float(timeout),
-        bool(deterministic), str(grad_wire))), local_impl, q, v, plain)
+        _flag("deterministic", deterministic), str(grad_wire))), local_impl, q, v, plain)
     o = reorder(o, axes, "o")
     return (o, lse) if return_lse else o
 

@@ -544,6 +544,16 @@ def test_deterministic_reaches_the_backward_and_changes_no_cpu_bit():
         assert torch.equal(plain, fixed)
 
 
+def test_flags_of_another_type_are_refused_by_name():
+    # A string such as "no" would read as true: causal and deterministic take bools (Python's or numpy's) only.
+    q, k, v, _ = tensors(12)
+    for options, pattern in [(dict(causal="no"), "causal is 'no' of type str: expected a bool"),
+                             (dict(deterministic="false"), "deterministic is 'false' of type str: expected a bool")]:
+        with pytest.raises(ValueError, match=pattern):
+            rt.attention(q, k, v, **options)
+    assert rt.attention(q, k, v, causal=np.bool_(True)).shape == q.shape
+
+
 def test_eager_calls_skip_the_ops_dispatch_and_modes_still_see_the_op():
     """Plain eager calls run through a torch.autograd.Function (the custom op's dispatch costs more than a
     small call's kernels); a dispatch mode (as FakeTensorMode, FlopCounterMode) sees the op itself, with
