@@ -19,7 +19,7 @@ namespace {
 std::string where(const H5File& f, const std::string& dataset) { return "dataset '" + dataset + "' of '" + f.path() + "'"; }
 
 // What a file that lacks dataset `missing` holds instead: "; it holds a, b/q" (the first few), and where one in a
-// group bears the missing name, that a path names it. Empty for a file without datasets.
+// group bears the missing name, that a path names it ("; it holds no dataset" for a file without any).
 std::string what_the_file_holds(const H5File& f, const std::string& missing) {
   constexpr size_t kShown = 12;
   const std::vector<std::string> paths = f.dataset_paths(kShown + 1);

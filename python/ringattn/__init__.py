@@ -324,7 +324,7 @@ def unshard(shards, axis, layout):
     if size == 0:
         raise ValueError("unshard: no shards (a list of every rank's, in rank order)")
     first = shards[0]
-    axis = _sequence_axis(first, axis, "unshard")
+    axis, layout = _sequence_axis(first, axis, "unshard"), _word("layout", layout)
     length = sum(s.shape[axis] for s in shards)
     shape = list(first.shape)
     shape[axis] = length
@@ -336,7 +336,7 @@ def unshard(shards, axis, layout):
         first = _np.asarray(first)
         out = _np.empty(shape, dtype=first.dtype)
     for rank, part in enumerate(shards):
-        rows = _core.layout_indices(_word("layout", layout), length, size, rank)
+        rows = _core.layout_indices(layout, length, size, rank)
         if part.shape[axis] != len(rows):  # (shards out of rank order, or of another layout)
             raise ValueError("unshard: shard %d has %d rows along axis %d, but the %s layout of %d rows over %d ranks "
                              "gives rank %d %d: pass every rank's shard, in rank order" %
