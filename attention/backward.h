@@ -16,6 +16,8 @@
 
 namespace ra {
 
+struct AttentionParams;
+
 struct BackwardInputs {
   TensorView lse;    // (B, Hq, T) f32: the forward's final LSE of these rows, natural log (-inf: no key seen)
   TensorView d_o;    // (B, T, Hq, Dv): the loss's gradient with respect to O, q's dtype or f32
@@ -84,10 +86,15 @@ Tensor gradient_in_dtype(Tensor acc, DType dtype, void* cuda_stream = nullptr);
 void check_output(const TensorView& out, const char* name, const Shape& shape, const TensorView& q,
                   bool q_dtype_or_f32);
 
-// Under deterministic: refuses a dbias (broadcast to (B, H, T, S)) with a broadcast dimension, whose sums the
+// A dbias (the bias's shape, or a view of a larger accumulator) as the kernels index it, over every (batch, query
+// head, query, key) pair of the call: (B, Hq, T, total_keys), stride 0 where the bias broadcasts. Undefined for an
+// undefined dbias (no gradient wanted).
+TensorView dbias_over_pairs(const TensorView& dbias, const AttentionInputs& in, int64_t total_keys);
+
+// Under params.deterministic: refuses a dbias (from dbias_over_pairs) with a broadcast dimension, whose sums the
 // kernels of `backend` ("cuda", "host") add by atomics across blocks or threads in no fixed order (each pair of a
 // full bias has one writer). The host ring's exact sums (attention/ring/ring_backward_exact.cc) take any bias.
-void check_dbias_deterministic(const TensorView& dbias, const char* backend);
+void check_dbias_deterministic(const TensorView& dbias_pairs, const AttentionParams& params, const char* backend);
 
 // A view and its name in messages.
 struct NamedView {

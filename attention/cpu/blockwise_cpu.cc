@@ -77,13 +77,12 @@ void add_rows(const TensorView& into, const Tensor& chunk, int64_t l0) {
 void blockwise_accumulate_backward_cpu(const AttentionInputs& in, const TokenPositions& pos,
                                        const AttentionParams& p, const BackwardInputs& grad, const GradViews& acc) {
   const int64_t T = in.q.dim(1), S = in.k.dim(1);
-  const Shape full{in.q.dim(0), in.q.dim(2), T, pos.total_keys};
+  const TensorView dbias_pairs = dbias_over_pairs(acc.dbias, in, pos.total_keys);
   for (int64_t q0 = 0; q0 < T; q0 += p.block_q) {
     const int64_t nq = std::min(p.block_q, T - q0);
     const Tensor lse = row_chunk(grad.lse, q0, nq), delta = row_chunk(grad.delta, q0, nq);
     const BackwardInputs chunk_grad{lse, narrow(grad.d_o, 1, q0, nq), delta};
-    const TensorView dbias = acc.dbias.defined() ? narrow(broadcast_to(acc.dbias, full, "dbias"), 2, q0, nq)
-                                                 : TensorView();
+    const TensorView dbias = dbias_pairs.defined() ? narrow(dbias_pairs, 2, q0, nq) : TensorView();
     Tensor dq(DType::kF32, {in.q.dim(0), nq, in.q.dim(2), in.q.dim(3)});
     for (int64_t k0 = 0; k0 < S; k0 += p.block_k) {
       const int64_t nk = std::min(p.block_k, S - k0);

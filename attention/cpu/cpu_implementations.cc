@@ -16,10 +16,7 @@ namespace {
 // deterministic, as on cuda (every other host sum has a fixed order already).
 void check_host_deterministic(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                               const GradViews& acc) {
-  if (params.deterministic && acc.dbias.defined())
-    check_dbias_deterministic(broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys},
-                                           "dbias"),
-                              "host");
+  check_dbias_deterministic(dbias_over_pairs(acc.dbias, in, pos.total_keys), params, "host");
 }
 
 class SdpaCpu final : public AttentionImpl {

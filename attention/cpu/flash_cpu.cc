@@ -101,9 +101,7 @@ void flash_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPos
   FlashCpuBackwardParams g{kernel_params(in, pos, params), d_o.data<float>(), grad.lse.data_as<float>(),
                            grad.delta.data_as<float>(), acc.dq.data_as<float>(), acc.dk.data_as<float>(),
                            acc.dv.data_as<float>(), nullptr, {}};
-  if (acc.dbias.defined()) {  // a bias without a wanted gradient has no dbias
-    const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
-    const TensorView dbias = broadcast_to(acc.dbias, full, "dbias");
+  if (const TensorView dbias = dbias_over_pairs(acc.dbias, in_raw, pos.total_keys); dbias.defined()) {
     g.dbias = dbias.data_as<float>();
     for (int i = 0; i < 4; ++i) g.dbias_stride[i] = dbias.stride(i);
   }

@@ -141,14 +141,6 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
     }
 }
 
-// dbias's strides over (B, Hq, T, S_total): 0 where the bias broadcasts; a strided view (a blockwise
-// chunk of a larger accumulator) keeps its own.
-std::array<int64_t, kMaxRank> dbias_strides(const TensorView& dbias, const AttentionInputs& in,
-                                            const TokenPositions& pos) {
-  const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
-  return broadcast_to(dbias, full, "dbias").strides();
-}
-
 }  // namespace
 
 void sdpa_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPositions& pos, const AttentionParams& p,
@@ -158,7 +150,8 @@ void sdpa_accumulate_backward_cpu(const AttentionInputs& in_raw, const TokenPosi
   BackwardBuffers<float> buf{d_o.data<float>(),     grad.lse.data_as<float>(), grad.delta.data_as<float>(),
                              acc.dq.data_as<float>(), acc.dk.data_as<float>(),  acc.dv.data_as<float>(),
                              acc.dbias.data_as<float>()};
-  if (acc.dbias.defined()) buf.dbias_strides = dbias_strides(acc.dbias, in_raw, pos);
+  // A strided view (a blockwise chunk of a larger accumulator) keeps its own strides.
+  if (acc.dbias.defined()) buf.dbias_strides = dbias_over_pairs(acc.dbias, in_raw, pos.total_keys).strides();
   sdpa_backward_rows(in, pos, p, buf);
 }
 
@@ -172,7 +165,7 @@ bool sdpa_accumulate_backward_fixed(const AttentionInputs& in_raw, const TokenPo
   buf.units = acc.units;
   buf.out_of_range = &out_of_range;
   if (acc.dbias != nullptr)  // strides from the bias's shape (the sums are contiguous in it)
-    buf.dbias_strides = dbias_strides(TensorView(acc.dbias, DType::kF32, in_raw.bias.shape()), in_raw, pos);
+    buf.dbias_strides = dbias_over_pairs(TensorView(acc.dbias, DType::kF32, in_raw.bias.shape()), in_raw, pos.total_keys).strides();
   sdpa_backward_rows(in, pos, p, buf);
   return !out_of_range.load();
 }
@@ -218,7 +211,7 @@ ReferenceGradients reference_attention_backward_f64(const AttentionInputs& in_ra
   if (in_raw.bias.defined()) {
     g.dbias.assign(size_t(in_raw.bias.numel()), 0.0);
     buf.dbias = g.dbias.data();
-    buf.dbias_strides = dbias_strides(TensorView(buf.dbias, DType::kF64, in_raw.bias.shape()), in_raw, pos);
+    buf.dbias_strides = dbias_over_pairs(TensorView(buf.dbias, DType::kF64, in_raw.bias.shape()), in_raw, pos.total_keys).strides();
     if (with_terms) {
       g.dbias_terms.assign(g.dbias.size(), 0.0);
       buf.dbias_terms = g.dbias_terms.data();

@@ -86,9 +86,8 @@ class FlashCuda final : public CudaAttentionImpl {
     FlashBackwardArgs g = backward_args(in, pos, params, grad, acc.dq);
     g.dk = acc.dk.data_as<float>();
     g.dv = acc.dv.data_as<float>();
-    if (acc.dbias.defined()) {
-      const TensorView dbias = broadcast_to(acc.dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys}, "dbias");
-      if (params.deterministic) check_dbias_deterministic(dbias, "cuda");
+    if (const TensorView dbias = dbias_over_pairs(acc.dbias, in, pos.total_keys); dbias.defined()) {
+      check_dbias_deterministic(dbias, params, "cuda");
       g.dbias = DeviceView4{dbias.data(), {dbias.stride(0), dbias.stride(1), dbias.stride(2), dbias.stride(3)}};
     }
     flash_backward_cuda(g, in.q.dtype(), params.deterministic ? &dq_slices_ : nullptr, stream_);
@@ -136,10 +135,7 @@ class SdpaCuda final : public CudaAttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
-    if (params.deterministic && acc.dbias.defined()) {
-      const Shape full{in.q.dim(0), in.q.dim(2), in.q.dim(1), pos.total_keys};
-      check_dbias_deterministic(broadcast_to(acc.dbias, full, "dbias"), "cuda");
-    }
+    check_dbias_deterministic(dbias_over_pairs(acc.dbias, in, pos.total_keys), params, "cuda");
     runner_.accumulate_backward(in, make_cuda_args(in, pos, params), grad, acc, stream_);
   }
 

@@ -195,8 +195,7 @@ void SdpaCudaRunner::accumulate_backward(const AttentionInputs& in, const CudaAt
   const Tensor q = as_f32(in.q, T, Hq, D), k = as_f32(in.k, S, Hkv, D), v = as_f32(in.v, S, Hkv, Dv);
   const Tensor d_o = as_f32(grad.d_o, T, Hq, Dv);
   GradientRowArgs g{grad.lse.data_as<float>(), grad.delta.data_as<float>(), nullptr, {0, 0, 0, 0}};
-  if (acc.dbias.defined()) {
-    const TensorView dbias = broadcast_to(acc.dbias, Shape{B, Hq, T, a.pos.total_keys}, "dbias");
+  if (const TensorView dbias = dbias_over_pairs(acc.dbias, in, a.pos.total_keys); dbias.defined()) {
     g.dbias = dbias.data_as<float>();
     for (int i = 0; i < 4; ++i) g.dbias_stride[i] = dbias.stride(i);
   }

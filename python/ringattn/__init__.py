@@ -115,8 +115,11 @@ def _four_dims(x):
 
 
 def _call_options(options):
-    """options as the core takes them: int32 segment ids, 4-dimensional bias and mask."""
+    """options as the core takes them: Python bools, int32 segment ids, 4-dimensional bias and mask."""
     options = _int32_segments(options)
+    if any(name in options for name in ("causal", "deterministic")):
+        options = dict(options, **{name: _flag("option " + name, options[name]) for name in ("causal", "deterministic")
+                                   if name in options})
     if any(_four_dims(options.get(name)) is not options.get(name) for name in ("bias", "mask")):
         options = dict(options, **{name: _four_dims(options[name]) for name in ("bias", "mask") if name in options})
     return options

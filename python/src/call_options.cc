@@ -14,16 +14,6 @@ namespace ra::python {
 
 namespace {
 
-// A bool option: Python's bool, or numpy's (a config read through numpy); nanobind casts neither an int nor a
-// numpy bool.
-bool bool_option(nb::handle value) {
-  const nb::handle type = value.type();
-  const bool numpy = nb::hasattr(type, "__module__") && nb::cast<std::string>(type.attr("__module__")) == "numpy";
-  const std::string type_name = nb::cast<std::string>(type.attr("__name__"));
-  if (numpy && (type_name == "bool_" || type_name == "bool")) return nb::cast<bool>(value.attr("item")());
-  return nb::cast<bool>(value);
-}
-
 // What an option takes, for the refusal of a value of another type.
 const char* option_type_text(const std::string& name) {
   if (name == "window") return "a (left, right) pair of ints";
@@ -50,7 +40,7 @@ CallOptions options_from(const nb::dict& options) {
       }
     };
     try {
-      if (name == "causal") o.causal = bool_option(value);
+      if (name == "causal") o.causal = nb::cast<bool>(value);
       else if (name == "window") o.window = nb::cast<std::optional<std::pair<int64_t, int64_t>>>(value);
       else if (name == "softcap") o.softcap = nb::cast<float>(value);
       else if (name == "scale") o.scale = nb::cast<float>(value);
@@ -59,7 +49,7 @@ CallOptions options_from(const nb::dict& options) {
       else if (name == "batch_offset") o.batch_offset = nb::cast<int64_t>(value);
       else if (name == "head_offset") o.head_offset = nb::cast<int64_t>(value);
       else if (name == "flash_kernel") o.flash_kernel = parse_flash_kernel(nb::cast<std::string>(value), "flash_kernel");
-      else if (name == "deterministic") o.deterministic = bool_option(value);
+      else if (name == "deterministic") o.deterministic = nb::cast<bool>(value);
       else if (name == "sinks") o.sinks = array();
       else if (name == "bias") o.bias = array();
       else if (name == "mask") o.mask = array();
