@@ -19,7 +19,8 @@ mask (the same shape, bool / uint8, true = attend; both may drop leading 1s, as 
 nonzero int naming the mask's bytes: calls given the same one promise the same bytes at the same address, and the
 GPU kernels then summarise the mask by tiles once instead of reading it whole in each call; ringattn.torch names
 each mask tensor and version itself),
-segment_ids (B, T) int32 and kv_segment_ids (B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed, flash_kernel
+segment_ids (B, T) int32 and kv_segment_ids (B, S) (int64 ones, numpy's and PyTorch's default, are converted), dropout, dropout_seed (only
+beside dropout: alone it would change nothing, and is refused), flash_kernel
 ("auto", "mma_sync" or "wgmma": which CUDA flash_attn2 kernels run; any other implementation refuses it). Bad input raises ValueError naming the tensor and dimension.
 float64 arrays (bias and sinks float32 or float64) run impl="sdpa" on the host as the f64 reference: inputs,
 arithmetic and results (o, lse, gradients) in float64, for finite-difference checks; the other implementations,

@@ -66,6 +66,9 @@ CallOptions options_from(const nb::dict& options) {
               nb::cast<std::string>(nb::handle(value.type()).attr("__name__")), ": expected ", option_type_text(name));
     }
   }
+  // As the CLI's --dropout-seed: a seed without dropout would change nothing (dropout=0.0 given is taken).
+  RA_CHECK(options.contains("dropout") || !options.contains("dropout_seed"), "dropout_seed ", o.dropout_seed,
+           " without dropout: no pair is dropped, so the seed would change nothing (pass dropout=p too)");
   return o;
 }
 

@@ -523,6 +523,7 @@ def test_option_values_of_numpy_types_and_their_refusals():
         (dict(causal=1), "option causal is 1 of type int: expected a bool"),
         (dict(dropout=0.1, dropout_seed=-1), r"option dropout_seed is -1 of type int: expected an integer in \[0, 2\^64\)"),
         (dict(batch_offset=1.5), "option batch_offset is 1.5 of type float: expected an integer"),
+        (dict(dropout_seed=3), "dropout_seed 3 without dropout: no pair is dropped"),
         (dict(causal=np.ones(100, bool)), r"option causal is array\(\[ True, .*\.\.\. of type ndarray: expected a bool"),
     ]:
         with pytest.raises(ValueError, match=pattern):
