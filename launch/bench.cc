@@ -238,11 +238,13 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
   if (rank == 0) {
     std::printf("#%11s %8s %6s %5s %8s %4s %4s %4s %5s %6s %10s %11s %12s %10s %7s\n", "impl", "backend", "ranks", "B",
                 "T", "Hq", "Hkv", "D", "dtype", "causal", "layout", "time(ms)", "GFLOP/s/rank", "comm(ms)", "hidden");
+    // A single call's local kernel has no layout: its one rank holds every token.
+    const char* layout_shown = ring_stats(*impl) ? layout_name(ctx.layout) : "-";
     char hidden_text[16] = "      -";
     if (!std::isnan(hidden)) std::snprintf(hidden_text, sizeof(hidden_text), "%6.0f%%", hidden * 100);
     std::printf(" %11s %8s %6d %5ld %8ld %4ld %4ld %4s %5s %6d %10s %11.2f %12.2f %10.3f %s\n",
                 std::string(impl->name()).c_str(), opts.backend.c_str(), n, long(batch), long(seq), long(heads),
-                long(kv_heads), head_dims_text(head_dim, v_head_dim).c_str(), dtype_text.c_str(), int(params.causal), layout_name(ctx.layout),
+                long(kv_heads), head_dims_text(head_dim, v_head_dim).c_str(), dtype_text.c_str(), int(params.causal), layout_shown,
                 time * 1e3, flops / time * 1e-9, comm * 1e3, hidden_text);
     if (n > 1) {
       int64_t fewest = seq;
@@ -271,10 +273,10 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                   "host: call to first kernel %.3f\n", r, row[0], row[1], row[2], row[0] - row[1], row[3]);
     }
     if (!json_path.empty()) {
-      nlohmann::json row = {{"impl", impl->name()}, {"local_impl", opts.local_impl}, {"backend", opts.backend},
+      nlohmann::json row = {{"impl", impl->name()}, {"local_impl", stats ? nlohmann::json(opts.local_impl) : nlohmann::json()}, {"backend", opts.backend},
                             {"ranks", n}, {"batch", batch}, {"seq", seq}, {"heads", heads}, {"kv_heads", kv_heads},
                             {"head_dim", head_dim}, {"v_head_dim", v_head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
-                            {"layout", layout_name(ctx.layout)}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
+                            {"layout", stats ? nlohmann::json(layout_name(ctx.layout)) : nlohmann::json()}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
                             {"comm_s", comm}, {"device_gib", device_gib},
                             {"transport", stats && n > 1 ? stats->transport : ""}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)},
                             {"work_imbalance", imbalance}, {"times_s", times}};
