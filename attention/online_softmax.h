@@ -1,6 +1,6 @@
 // Scalar pieces of online softmax shared by the CPU kernels, the carry merge and the CUDA kernels:
 // the row state with its merge and normalize, the NaN-safe rescale factor, visibility of a (query,
-// key) pair and the dropout hash. Internal
+// key) pair and dropout's decisions. Internal
 // linkage on purpose: ISA-specific translation units include this and must not share copies.
 #pragma once
 
@@ -92,17 +92,58 @@ RA_HD_INLINE bool position_visible(int64_t qpos, int64_t kpos, bool causal, int6
   return true;
 }
 
-// A uniform [0, 1) number from (seed, b, h, q, k): SplitMix64 finalizer over the packed coordinates,
-// so a dropout decision depends on global positions only, never on blocking or ring size.
-RA_HD_INLINE float dropout_uniform(uint64_t seed, int64_t b, int64_t h, int64_t q, int64_t k) {
-  uint64_t x = seed ^ (uint64_t(b) * 0x9e3779b97f4a7c15ull) ^ (uint64_t(h) * 0xc2b2ae3d27d4eb4full) ^
-               (uint64_t(q) * 0x165667b19e3779f9ull) ^ (uint64_t(k) * 0xd6e8feb86659fd93ull);
+// Dropout's decisions depend on the seed and the pair's global batch, head, query and key positions only, never on
+// blocking or ring size. They come in three levels, so that a kernel forms each level once where it is shared:
+//   head key  = SplitMix64's finalizer over (seed, b, h), 32 bits of it  (once per batch and head);
+//   row key   = MurmurHash3's 32-bit finalizer over the head key and the query's position  (once per query row);
+//   pair bits = that finalizer over the row key and the key's position  (eleven integer operations a pair).
+// A pair is dropped where its bits fall below dropout_threshold(p): probability p to within 2^-32.
+RA_HD_INLINE uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85ebca6bu;
+  x ^= x >> 13;
+  x *= 0xc2b2ae35u;
+  x ^= x >> 16;
+  return x;
+}
+
+RA_HD_INLINE uint32_t dropout_head_key(uint64_t seed, int64_t b, int64_t h) {
+  uint64_t x = seed ^ (uint64_t(b) * 0x9e3779b97f4a7c15ull) ^ (uint64_t(h) * 0xc2b2ae3d27d4eb4full);
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 27;
   x *= 0x94d049bb133111ebull;
   x ^= x >> 31;
-  return float(x >> 40) * (1.0f / 16777216.0f);
+  return uint32_t(x >> 32);
+}
+
+// A position as one 32-bit word (its high half folded in: positions past 2^32 stay distinct from their low half).
+RA_HD_INLINE uint32_t dropout_position_word(int64_t position, uint32_t odd) {
+  return uint32_t(uint64_t(position)) * odd ^ uint32_t(uint64_t(position) >> 32) * 0x27d4eb2fu;
+}
+
+RA_HD_INLINE uint32_t dropout_row_key(uint32_t head_key, int64_t q) {
+  return mix32(head_key ^ dropout_position_word(q, 0x9e3779b1u));
+}
+
+RA_HD_INLINE uint32_t dropout_key_word(int64_t k) { return dropout_position_word(k, 0x85ebca77u); }
+
+// ceil(p * 2^32) in integers, the same on host and device (p * 2^32 is exact in floats); 0 below 2^-32 (which also
+// keeps a denormal p, flushed to 0 by the device, from deciding otherwise there).
+RA_HD_INLINE uint32_t dropout_threshold(float p) {
+  if (!(p >= 1.0f / 4294967296.0f)) return 0u;
+  const float scaled = p * 4294967296.0f;  // < 2^32 for p < 1
+  const uint32_t whole = uint32_t(scaled);
+  return whole + (float(whole) < scaled ? 1u : 0u);
+}
+
+RA_HD_INLINE bool dropout_drops(uint32_t row_key, uint32_t key_word, uint32_t threshold) {
+  return mix32(row_key ^ key_word) < threshold;
+}
+
+// One pair's decision from scratch (the reference paths, which form no level once).
+RA_HD_INLINE bool dropout_drops(uint64_t seed, int64_t b, int64_t h, int64_t q, int64_t k, float p) {
+  return dropout_drops(dropout_row_key(dropout_head_key(seed, b, h), q), dropout_key_word(k), dropout_threshold(p));
 }
 
 }  // namespace ra

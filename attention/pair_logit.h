@@ -49,8 +49,8 @@ namespace ra {
 template <typename Acc>
 Acc dropout_weight(const AttentionParams& p, Acc keep_scale, Acc e, int64_t b, int64_t h, int64_t qpos, int64_t kpos) {
   if (p.dropout_prob <= 0) return e;
-  return dropout_uniform(p.dropout_seed, p.batch_offset + b, p.head_offset + h, qpos, kpos) < p.dropout_prob ? Acc(0)
-                                                                                                        : e * keep_scale;
+  return dropout_drops(p.dropout_seed, p.batch_offset + b, p.head_offset + h, qpos, kpos, p.dropout_prob) ? Acc(0)
+                                                                                                     : e * keep_scale;
 }
 
 }  // namespace ra

@@ -407,6 +407,35 @@ __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, f
   }
 }
 
+// Whether a call's extras are dropout alone (no bias, mask, soft cap or segment ids; V as wide as K), which the
+// wgmma kernels' dropout instances take at the head dims they have them for.
+inline bool flash_takes_dropout_alone(const CudaAttentionArgs& a) {
+  return a.dropout_prob > 0.0f && !a.bias.data && !a.mask.data && a.soft_cap <= 0.0f && !a.q_segment_ranges &&
+         !a.q_segment_ids.data && a.head_dim == a.value_dim;
+}
+
+// Dropout on a fragment of probabilities from key n0 with its two rows' keys formed once (dropout_row_key; the
+// wgmma forward's dropout instance): a dropped pair's P becomes 0, a kept one's P / (1 - p), branch-free, each pair
+// a few integer operations. Columns past the keys' end (P = 0) read no position.
+template <int NT>
+__device__ __forceinline__ void drop_keyed(const CudaAttentionArgs& a, float (&s)[NT][4], const uint32_t (&row_key)[2],
+                                           int n0, int lane, const TileKeys* keys) {
+  const uint32_t threshold = dropout_threshold(a.dropout_prob);
+  const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = n0 + j * 8 + (lane % 4) * 2 + c;
+      const uint32_t word = dropout_key_word(keys->consecutive || col < a.kv_len ? key_position(a, keys, n0, col) : 0);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float& p = s[j][2 * i + c];
+        p = dropout_drops(row_key[i], word, threshold) ? 0.0f : p * keep_scale;
+      }
+    }
+}
+
 // The softmax half of an online-softmax step on a 16-row fragment: S (scores times `sc`, in log2
 // units) -> P in place, the running max and this lane's share of the denominator updated, and the
 // factor `alpha` by which O must be rescaled. A row with nothing visible yet keeps max -inf:

@@ -76,13 +76,16 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // kBias: an additive bias alone (flash_takes_bias_alone), masked by positions as without it: each warpgroup
 // stages its 64 rows of a tile's bias in shared memory while the tile before it computes. kMask: a boolean mask
 // alone (flash_takes_mask_alone), staged the same way, a byte a pair.
+// kDropout: dropout beside positions alone (flash_takes_dropout_alone): each row's dropout key formed once, each
+// pair's decision from it and the key's position (drop_keyed), tiles masked by positions as without it.
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, int Dv = D,
-          bool kBias = false, bool kMask = false, bool kMaskWhole = false>
+          bool kBias = false, bool kMask = false, bool kMaskWhole = false, bool kDropout = false>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_wgmma_kernel(const CudaAttentionArgs a, const __grid_constant__ KvMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias || kMask) || !(kSegments || kSoftCap || kExtras || (kBias && kMask)) && Dv == D,
                 "the bias or the mask alone");
+  static_assert(!kDropout || !(kSegments || kSoftCap || kExtras || kBias || kMask), "dropout beside positions alone");
   constexpr bool kStaged = kBias || kMask;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
@@ -122,6 +125,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t lo, hi;
     warp_query_range<16>(a, warp_row0, lane, lo, hi);
     if (lane == 0) warp_q_lo[warp] = lo, warp_q_hi[warp] = hi;
+  }
+  // kDropout: every row's dropout key, formed once for all its tiles (registers held across the tiles spill).
+  __shared__ std::conditional_t<kDropout, uint32_t[kBlockM], char> drop_row_keys;
+  if constexpr (kDropout) {
+    if (tid < kBlockM)
+      drop_row_keys[tid] = dropout_row_key(dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h),
+                                           m0 + tid < a.q_len ? q_position(a.pos, m0 + tid) : 0);
   }
   __syncthreads();
   int64_t block_q_lo = INT64_MAX, block_q_hi = INT64_MIN, group_q_lo = INT64_MAX, group_q_hi = INT64_MIN;
@@ -324,6 +334,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     softmax_probabilities(s, m_row, l_row, masked || kBias ? 1.0f : scale, alpha);
     if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s, b, h, tile * kBlockN, lane, row0, &keys);
+    if constexpr (kDropout) {
+      const uint32_t row_key[2] = {drop_row_keys[row0 - m0], drop_row_keys[row0 + 8 - m0]};
+      drop_keyed(a, s, row_key, tile * kBlockN, lane, &keys);
+    }
   };
   auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
 #pragma unroll
@@ -467,6 +481,16 @@ void launch_staged(const CudaAttentionArgs& a, cudaStream_t stream) {
   launch_staged_kernel<T, D, kPadded, kBias, kMask>(with, stream);
 }
 
+// Dropout beside positions alone (kDropout): never behind a carry writer (as the extras).
+template <typename T, int D, bool kPadded>
+void launch_dropout(const CudaAttentionArgs& a, cudaStream_t stream) {
+  using enum CarryMode;
+  launch_kernel<T, kBlockNFor<D, D>>(
+      a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, D, false, false, false, true>
+                 : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, D, false, false, false, true>,
+      smem_bytes<T, D, D>(), false, a, stream);
+}
+
 template <typename T, int D, bool kPadded, int Dv = D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
@@ -476,6 +500,7 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   if constexpr ((D == 64 || D == 128) && Dv == D) {
     if (flash_takes_bias_alone(a)) return launch_staged<T, D, kPadded, true, false>(a, stream);
     if (flash_takes_mask_alone(a)) return launch_staged<T, D, kPadded, false, true>(a, stream);
+    if (flash_takes_dropout_alone(a)) return launch_dropout<T, D, kPadded>(a, stream);
   }
   const bool extras = flash_has_extras(a);
   // Template arguments after the carry mode: kSegments, kSoftCap, kExtras, kPadded, Dv.

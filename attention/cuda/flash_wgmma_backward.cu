@@ -32,10 +32,11 @@ namespace {
 using namespace wgmma_backward;
 
 template <typename T, int D, bool kPadded, bool kSegments, bool kSoftCap, bool kExtras, bool kBias = false,
-          bool kMask = false>
+          bool kMask = false, bool kDropout = false>
 void launch_instance(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias, kMask>;
-  auto kernel = flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded, false, false, kBias, kMask>;
+  auto kernel =
+      flash_wgmma_backward_kernel<T, D, kSegments, kSoftCap, kExtras, kPadded, false, false, kBias, kMask, kDropout>;
   FlashBackwardArgs with = with_step_maps<T, Traits>(g);
   std::optional<MaskTiles> mask_tiles;  // the mask instance's summary of the mask
   if constexpr (kMask) mask_tiles.emplace(with.a, stream);
@@ -55,6 +56,8 @@ void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) 
       return launch_instance<T, D, false, false, false, false, true>(g, dq_slices, stream);
     if (flash_takes_mask_alone(g.a))
       return launch_instance<T, D, false, false, false, false, false, true>(g, dq_slices, stream);
+    if (flash_takes_dropout_alone(g.a))
+      return launch_instance<T, D, false, false, false, false, false, false, true>(g, dq_slices, stream);
   }
   if (flash_has_extras(g.a)) {
     constexpr int kExtrasD = D == 96 ? 128 : D == 32 ? 64 : D;

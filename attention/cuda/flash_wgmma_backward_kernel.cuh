@@ -96,12 +96,16 @@ FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
 // kBias: an additive bias alone (flash_takes_bias_alone), each step's bias tile staged in shared
 // memory while the step before it ends, dS added into dBias by atomics; positions masked as without it.
 // kMask: a boolean mask alone (flash_takes_mask_alone), staged the same way, a byte a pair.
+// kDropout: dropout beside positions alone (flash_takes_dropout_alone): each step's rows' dropout keys formed once
+// into shared memory beside their LSE, each pair's decision from its row's key and its key's position.
 template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false,
-          bool kDqApart = false, bool kBias = false, bool kMask = false>
+          bool kDqApart = false, bool kBias = false, bool kMask = false, bool kDropout = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const __grid_constant__ FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias || kMask) || !(kSegments || kSoftCap || kExtras || kOrdered || kDqApart || (kBias && kMask)),
                 "the bias or the mask alone");
+  static_assert(!kDropout || !(kSegments || kSoftCap || kExtras || kOrdered || kDqApart || kBias || kMask),
+                "dropout beside positions alone");
   using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias, kMask>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
   constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;
@@ -127,6 +131,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   // kMask: whether the mask keeps every pair of the step (its tile neither staged nor read), per buffer, written by
   // thread 0 where the step is found (a register held across the step spilled the kernel further).
   __shared__ bool mask_all_buffers[2];
+  // kDropout: per step's rows, their dropout keys (dropout_row_key).
+  __shared__ std::conditional_t<kDropout, uint32_t[2][kBlockM], char> drop_key_buffers;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
   const int block = kOrdered ? int(gridDim.x) - 1 - int(blockIdx.x) : key_block(g), n0 = block * kBlockN;
@@ -230,6 +236,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     }
   };
 
+  // kDropout: a step's rows' dropout keys into their buffer (read after the next step's first barrier; the buffer's
+  // last readers, the step before, are past this one's).
+  auto store_drop_keys = [&](int into, int h, int m0) {
+    if constexpr (kDropout) {
+      if (tid < kBlockM)
+        drop_key_buffers[into][tid] =
+            dropout_row_key(dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h),
+                            m0 + tid < a.q_len ? q_position(a.pos, m0 + tid) : 0);
+    }
+  };
   int h = kh * (a.q_heads / a.kv_heads), m0 = 0, buffer = 0;
   BlockKind kind = BlockKind::kSkip;
   bool first_all = false;
@@ -245,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     float lse_log2, delta;
     read_stats(h, m0, lse_log2, delta);
     if (tid < kBlockM) lse_buffers[0][tid] = lse_log2, delta_buffers[0][tid] = delta;
+    store_drop_keys(0, h, m0);
   }
   copy_commit();
   // This warpgroup's 64 rows of K and V (A of S^T and dP^T), and dQ's operands: dS's query slab and K's
@@ -271,6 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       if (next) {
         load_step(1 - buffer, next_h, next_m0);
         read_stats(next_h, next_m0, next_lse, next_delta);
+        store_drop_keys(1 - buffer, next_h, next_m0);
       }
       copy_commit();
     };
@@ -374,6 +392,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     wgmma::pin(dpt);
     // dS^T = P^T (dP^T - delta), then both as 16-bit A operands.
     uint32_t pt[kTilesM / 2][4], dst[kTilesM / 2][4];
+    // kDropout: the forward's decisions (drop_keyed), from the rows' keys and this thread's two keys' words.
+    [[maybe_unused]] uint32_t drop_threshold = 0, key_word[2] = {0, 0};
+    [[maybe_unused]] float keep_scale = 1.0f;
+    [[maybe_unused]] const uint32_t* drop_keys_s = nullptr;
+    if constexpr (kDropout) {
+      drop_threshold = dropout_threshold(a.dropout_prob);
+      keep_scale = 1.0f / (1.0f - a.dropout_prob);
+      key_word[0] = dropout_key_word(key_pos[0]), key_word[1] = dropout_key_word(key_pos[1]);
+      drop_keys_s = drop_key_buffers[buffer];
+    }
 #pragma unroll
     for (int j = 0; j < kTilesM; ++j)
 #pragma unroll
@@ -396,6 +424,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           }
           dpt[j][e] = ds;
           st[j][e] = p * weight;
+          continue;
+        }
+        if constexpr (kDropout) {  // dS = P (dP w - delta), and P w into dV, w = 0 (dropped) or 1 / (1 - p)
+          const float weight = dropout_drops(drop_keys_s[qcol], key_word[e / 2], drop_threshold) ? 0.0f : keep_scale;
+          dpt[j][e] = st[j][e] * (dpt[j][e] * weight - delta_s[qcol]);
+          st[j][e] *= weight;
           continue;
         }
         dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[qcol]);

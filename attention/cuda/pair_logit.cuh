@@ -30,8 +30,8 @@ __device__ __forceinline__ bool pair_bias_mask(const CudaAttentionArgs& a, int b
 __device__ __forceinline__ float dropout_weight(const CudaAttentionArgs& a, int b, int h, int64_t qpos, int64_t kpos,
                                                 float keep_scale) {
   if (a.dropout_prob <= 0.0f) return 1.0f;
-  return dropout_uniform(a.dropout_seed, a.batch_offset + b, a.head_offset + h, qpos, kpos) < a.dropout_prob ? 0.0f
-                                                                                                       : keep_scale;
+  return dropout_drops(a.dropout_seed, a.batch_offset + b, a.head_offset + h, qpos, kpos, a.dropout_prob) ? 0.0f
+                                                                                                    : keep_scale;
 }
 
 // `dot` is q.k of query row `row` and key row `col` of (batch b, head h).

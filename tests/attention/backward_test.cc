@@ -81,7 +81,7 @@ double dense_loss(const DenseProblem& p) {
           if (!seen[size_t(j)]) continue;
           double weight = std::exp(logit[size_t(j)] - top) / denominator;
           if (a.dropout_prob > 0)
-            weight *= dropout_uniform(a.dropout_seed, b, h, qpos, j) < a.dropout_prob ? 0.0 : keep;
+            weight *= dropout_drops(a.dropout_seed, b, h, qpos, j, a.dropout_prob) ? 0.0 : keep;
           for (int64_t d = 0; d < p.Dv; ++d)
             loss += weight * p.v[size_t(((b * p.S + j) * p.Hkv + kh) * p.Dv + d)] *
                     p.d_o[size_t(((b * p.T + t) * p.Hq + h) * p.Dv + d)];

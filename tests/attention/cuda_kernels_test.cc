@@ -88,9 +88,9 @@ std::vector<CudaCase> all_cases() {
         const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
         cases.push_back({"flash_attn2", ProblemSpec{sh.b, sh.t, sh.s, sh.hq, sh.hkv, sh.d, sh.d, dtype, opt, seed++}, kernel});
       }
-  // The wgmma forward's bias and mask instances (staged_alone_cases), each kernel forced.
-  for (bool mask : {false, true})
-    for (const DocumentCase& c : staged_alone_cases(mask, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // The wgmma forward's bias and mask instances (alone_cases), each kernel forced.
+  for (bool Options::* extra : {&Options::bias, &Options::mask})
+    for (const DocumentCase& c : alone_cases(extra, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   // The mask instances on masks of documents, whole tiles hidden and kept (mask_tile_cases).
   for (const DocumentCase& c : mask_tile_cases(seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   // Packed and cycled documents on shapes of many 64- and 128-row blocks: key tiles that share no
@@ -147,6 +147,8 @@ std::vector<CudaCase> all_cases() {
   // cudnn with v_head_dim != head_dim (MLA's 192 / 128 and others), each option it expresses.
   for (const ProblemSpec& spec : cudnn_head_dim_cases(seed)) cases.push_back({"cudnn", spec});
 #endif
+  // The wgmma forward's dropout instances (alone_cases: each row's key formed once), each kernel forced.
+  for (const DocumentCase& c : alone_cases(&Options::dropout, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   return cases;
 }
 

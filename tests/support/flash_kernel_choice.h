@@ -52,11 +52,11 @@ inline std::vector<Options> extras_option_sets() {
   return sets;
 }
 
-// The options the wgmma kernels' bias instances take (a bias beside positions only): alone, causal, a window,
-// sinks, causal with a window and sinks; `mask` instead of the bias: their mask instances'.
-inline std::vector<Options> staged_alone_option_sets(bool mask) {
+// The options the wgmma kernels' instances of one extra beside positions take (`extra`: &Options::bias, ::mask or
+// ::dropout): alone, causal, a window, sinks, causal with a window and sinks.
+inline std::vector<Options> alone_option_sets(bool Options::* extra) {
   std::vector<Options> sets(5);
-  for (Options& o : sets) (mask ? o.mask : o.bias) = true;
+  for (Options& o : sets) o.*extra = true;
   sets[1].causal = true;
   sets[2].window = true;
   sets[3].sinks = true;
@@ -128,19 +128,20 @@ inline std::vector<DocumentCase> padded_head_dim_cases(const std::vector<std::ar
   return cases;
 }
 
-// The wgmma kernels' bias instances (each step's bias tile staged in shared memory), or with `mask` their mask
-// instances (a byte a pair): rows of keys 16-byte aligned (S a multiple of 16), 4-byte aligned (S = 516, 260),
+// The wgmma kernels' instances of one extra beside positions (`extra`): the bias instances (each step's bias tile
+// staged in shared memory), the mask instances (a byte a pair), the dropout instances (each row's key formed once).
+// Rows of keys 16-byte aligned (S a multiple of 16), 4-byte aligned (S = 516, 260),
 // alternately (S = 134) and never (odd S: byte by byte), several query blocks and key tiles with partial last ones,
 // GQA, B = 2 beside a bias broadcast over batch (dBias from both) or a mask of its own per batch, T = 1, S < T,
 // D 64 / 128 and the narrower dims the padded instances serve (96, 48); each kernel forced on
-// staged_alone_option_sets, twice, f16 and bf16 by turns. `seed` counts on.
-inline std::vector<DocumentCase> staged_alone_cases(bool mask, uint64_t& seed) {
+// alone_option_sets, twice, f16 and bf16 by turns. `seed` counts on.
+inline std::vector<DocumentCase> alone_cases(bool Options::* extra, uint64_t& seed) {
   const std::array<int64_t, 6> shapes[] = {{1, 300, 516, 4, 1, 64}, {2, 257, 384, 8, 2, 128}, {1, 257, 134, 8, 2, 128},
                                            {2, 1, 99, 8, 2, 64},    {1, 190, 133, 2, 2, 128}, {2, 131, 256, 4, 4, 64},
                                            {1, 200, 260, 4, 2, 96}, {1, 150, 97, 4, 4, 48}};
   std::vector<DocumentCase> cases;
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
-    for (const Options& opt : staged_alone_option_sets(mask))
+    for (const Options& opt : alone_option_sets(extra))
       for (int repeat = 0; repeat < 2; ++repeat) {
         const auto& [b, t, s, hq, hkv, d] = shapes[seed % std::size(shapes)];
         const DType dtype = seed % 2 ? DType::kBF16 : DType::kF16;
@@ -158,7 +159,7 @@ inline std::vector<DocumentCase> mask_tile_cases(uint64_t& seed) {
   const std::array<int64_t, 6> shapes[] = {{1, 700, 900, 4, 2, 128}, {2, 513, 640, 4, 1, 64}, {1, 1000, 1000, 2, 2, 128},
                                            {1, 384, 1031, 8, 2, 64},  {2, 640, 515, 4, 4, 128}};
   std::vector<DocumentCase> cases;
-  for (Options opt : staged_alone_option_sets(true))
+  for (Options opt : alone_option_sets(&Options::mask))
     for (int repeat = 0; repeat < 3; ++repeat) {
       opt.mask_documents = true;
       const auto& [b, t, s, hq, hkv, d] = shapes[seed % std::size(shapes)];

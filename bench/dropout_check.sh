@@ -1,0 +1,34 @@
+#!/bin/bash
+# Dropout on the wgmma kernels (bench/RESULTS.md, "Dropout's own wgmma instances"): the GPU tests, then dropout's rows
+# beside the same shapes without it and on the mma.sync kernel forced (each pair's decision formed from scratch), and
+# PyTorch's SDPA FlashAttention-2 with dropout. A pack of another build gives its rows alone ("rows" only), so that two
+# calls on one warm machine compare builds.
+#   bash .device/on-device.sh bash bench/dropout_check.sh PACK [STAGES]   (STAGES, in this order: quick (the unit tests
+# with dropout), rows, torch, tests (all the GPU tests); carry PACK)
+set -u
+b=${1:-pack}; stages=,${2:-quick,rows,torch,tests},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
+source bench/device_tests.sh
+has() { [[ $stages == *,$1,* ]]; }
+if has quick; then
+  $b/tests/cuda_attention_test --gtest_color=no --gtest_filter='*ropout*' > $out/unit_dropout.log 2>&1
+  grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $out/unit_dropout.log | head -20 | tee -a $out/log.txt
+fi
+row() {  # the single-call forward and backward: TFLOP/s
+  mpirun -np 1 $bin bench --backend cuda --impl flash_attn2 --batch 1 --dtype bf16 --seq 16384 --backward --warmup 2 "$@" 2>&1 |
+    grep -v '^#' | grep -o "forward  *[0-9.]*  *[0-9.]*\|backward  *[0-9.]*  *[0-9.]*" | tr '\n' ' '
+}
+if has rows; then
+  for shape in "--heads 32 --head-dim 128" "--heads 64 --head-dim 64"; do for causal in "" "--causal"; do
+    for flags in "" "--dropout 0.1" "--dropout 0.1 --flash-kernel mma_sync"; do
+      iters=10; [[ $flags == *mma_sync* ]] && iters=3
+      echo "$b $shape $causal $flags: $(row $shape $causal $flags --iters $iters)" | tee -a $out/rows.txt
+    done
+  done; done
+fi
+if has torch; then
+  for causal in 0 1; do
+    python3 bench/torch_extras.py --seq 16384 --heads 32 --head-dim 128 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
+    python3 bench/torch_extras.py --seq 16384 --heads 64 --head-dim 64 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
+  done
+fi
+has tests && gpu_tests

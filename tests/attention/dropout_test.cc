@@ -1,0 +1,82 @@
+// Dropout's decisions (attention/online_softmax.h): the threshold is ceil(p 2^32) exactly, the levels a kernel
+// forms once give the decision formed from scratch, and the decisions behave as independent draws of probability p:
+// by rows, by keys, by heads and batch entries, by seeds, and between neighbouring pairs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "attention/online_softmax.h"
+
+namespace ra::test {
+namespace {
+
+TEST(Dropout, ThresholdIsCeilOfPTimesTwoToThe32) {
+  EXPECT_EQ(dropout_threshold(0.0f), 0u);
+  EXPECT_EQ(dropout_threshold(-0.5f), 0u);
+  EXPECT_EQ(dropout_threshold(NAN), 0u);
+  EXPECT_EQ(dropout_threshold(1e-40f), 0u);  // a denormal, which a device flushes to 0
+  EXPECT_EQ(dropout_threshold(0.5f), 2147483648u);
+  EXPECT_EQ(dropout_threshold(0.25f), 1073741824u);
+  for (float p : {0.1f, 0.125f, 0.3f, 0.7f, 1e-6f, 3e-9f, 0.99999994f}) {
+    const double exact = std::ceil(double(p) * 4294967296.0);
+    EXPECT_EQ(double(dropout_threshold(p)), exact) << p;
+  }
+}
+
+TEST(Dropout, LevelsGiveTheDecisionFromScratch) {
+  for (int64_t q : {int64_t(0), int64_t(7), int64_t(1) << 33})
+    for (int64_t k : {int64_t(0), int64_t(5), (int64_t(1) << 32) + 5}) {
+      const uint32_t row = dropout_row_key(dropout_head_key(11, 2, 3), q);
+      EXPECT_EQ(dropout_drops(11, 2, 3, q, k, 0.4f), dropout_drops(row, dropout_key_word(k), dropout_threshold(0.4f)));
+    }
+  // Positions past 2^32 do not repeat their low half's decisions.
+  int differ = 0;
+  for (int64_t k = 0; k < 256; ++k)
+    differ += dropout_drops(1, 0, 0, 9, k, 0.5f) != dropout_drops(1, 0, 0, 9, k + (int64_t(1) << 32), 0.5f);
+  EXPECT_GT(differ, 90);
+}
+
+// The fraction of n draws dropped, within 5 standard deviations of p.
+void expect_rate(const std::vector<bool>& dropped, double p, const char* what) {
+  double count = 0;
+  for (bool d : dropped) count += d;
+  const double n = double(dropped.size()), sigma = std::sqrt(p * (1 - p) / n);
+  EXPECT_NEAR(count / n, p, 5 * sigma) << what;
+}
+
+TEST(Dropout, DecisionsAreDrawsOfProbabilityP) {
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    std::vector<bool> pairs, first_keys, heads, seeds;
+    for (int64_t q = 0; q < 300; ++q)
+      for (int64_t k = 0; k < 300; ++k) pairs.push_back(dropout_drops(7, 0, 0, q, k, p));
+    for (int64_t q = 0; q < 20000; ++q) first_keys.push_back(dropout_drops(7, 0, 0, q, 0, p));  // one key, many rows
+    for (int64_t h = 0; h < 20000; ++h) heads.push_back(dropout_drops(7, h % 8, h / 8, 3, 4, p));  // one pair
+    for (uint64_t seed = 0; seed < 20000; ++seed) seeds.push_back(dropout_drops(seed, 0, 0, 3, 4, p));
+    expect_rate(pairs, p, "pairs");
+    expect_rate(first_keys, p, "rows");
+    expect_rate(heads, p, "batch and heads");
+    expect_rate(seeds, p, "seeds");
+  }
+}
+
+TEST(Dropout, NeighbouringDecisionsAreIndependent) {
+  // P(both dropped) = p^2 for neighbours along keys, along queries, across heads and across seeds.
+  const float p = 0.3f;
+  for (int axis = 0; axis < 4; ++axis) {
+    std::vector<bool> both;
+    for (int64_t q = 0; q < 200; ++q)
+      for (int64_t k = 0; k < 200; ++k) {
+        const bool here = dropout_drops(5, 1, 2, q, k, p);
+        const bool next = axis == 0   ? dropout_drops(5, 1, 2, q, k + 1, p)
+                          : axis == 1 ? dropout_drops(5, 1, 2, q + 1, k, p)
+                          : axis == 2 ? dropout_drops(5, 1, 3, q, k, p)
+                                      : dropout_drops(6, 1, 2, q, k, p);
+        both.push_back(here && next);
+      }
+    expect_rate(both, double(p) * p, "neighbours");
+  }
+}
+
+}  // namespace
+}  // namespace ra::test
