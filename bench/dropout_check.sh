@@ -31,4 +31,4 @@ if has torch; then
     python3 bench/torch_extras.py --seq 16384 --heads 64 --head-dim 64 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
   done
 fi
-has tests && gpu_tests
+if has tests; then gpu_tests; fi
