@@ -4,7 +4,7 @@
 # PyTorch's SDPA FlashAttention-2 with dropout. A pack of another build gives its rows alone ("rows" only), so that two
 # calls on one warm machine compare builds.
 #   bash .device/on-device.sh bash bench/dropout_check.sh PACK [STAGES]   (STAGES, in this order: quick (the unit tests
-# with dropout), rows, torch, tests (all the GPU tests); carry PACK)
+# with dropout), rows, docs (16 packed documents with and without dropout), torch, tests (all the GPU tests); carry PACK)
 set -u
 b=${1:-pack}; stages=,${2:-quick,rows,torch,tests},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
 source bench/device_tests.sh
@@ -22,6 +22,13 @@ if has rows; then
     for flags in "" "--dropout 0.1" "--dropout 0.1 --flash-kernel mma_sync"; do
       iters=10; [[ $flags == *mma_sync* ]] && iters=3
       echo "$b $shape $causal $flags: $(row $shape $causal $flags --iters $iters)" | tee -a $out/rows.txt
+    done
+  done; done
+fi
+if has docs; then
+  for shape in "--heads 32 --head-dim 128" "--heads 64 --head-dim 64"; do for causal in "" "--causal"; do
+    for flags in "--segments 16" "--segments 16 --dropout 0.1"; do
+      echo "$b $shape $causal $flags: $(row $shape $causal $flags --iters 10)" | tee -a $out/docs.txt
     done
   done; done
 fi

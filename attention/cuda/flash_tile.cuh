@@ -407,11 +407,12 @@ __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, f
   }
 }
 
-// Whether a call's extras are dropout alone (no bias, mask, soft cap or segment ids; V as wide as K), which the
-// wgmma kernels' dropout instances take at the head dims they have them for.
-inline bool flash_takes_dropout_alone(const CudaAttentionArgs& a) {
-  return a.dropout_prob > 0.0f && !a.bias.data && !a.mask.data && a.soft_cap <= 0.0f && !a.q_segment_ranges &&
-         !a.q_segment_ids.data && a.head_dim == a.value_dim;
+// Whether a call's extras are dropout beside positions and segment ids (no bias, mask or soft cap; V as wide as K),
+// which the wgmma kernels' dropout instances take at the head dims they have them for (segment ids through their
+// ranges, as the positions' instances take them).
+inline bool flash_takes_dropout_beside_positions(const CudaAttentionArgs& a) {
+  return a.dropout_prob > 0.0f && !a.bias.data && !a.mask.data && a.soft_cap <= 0.0f &&
+         (!a.q_segment_ids.data || a.q_segment_ranges) && a.head_dim == a.value_dim;
 }
 
 // Dropout on a fragment of probabilities from key n0 with its two rows' keys formed once (dropout_row_key; the

@@ -76,8 +76,8 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // kBias: an additive bias alone (flash_takes_bias_alone), masked by positions as without it: each warpgroup
 // stages its 64 rows of a tile's bias in shared memory while the tile before it computes. kMask: a boolean mask
 // alone (flash_takes_mask_alone), staged the same way, a byte a pair.
-// kDropout: dropout beside positions alone (flash_takes_dropout_alone): each row's dropout key formed once, each
-// pair's decision from it and the key's position (drop_keyed), tiles masked by positions as without it.
+// kDropout: dropout beside positions and segment ids (flash_takes_dropout_beside_positions): each row's dropout key
+// formed once, each pair's decision from it and the key's position (drop_keyed), tiles masked as without it.
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, int Dv = D,
           bool kBias = false, bool kMask = false, bool kMaskWhole = false, bool kDropout = false>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias || kMask) || !(kSegments || kSoftCap || kExtras || (kBias && kMask)) && Dv == D,
                 "the bias or the mask alone");
-  static_assert(!kDropout || !(kSegments || kSoftCap || kExtras || kBias || kMask), "dropout beside positions alone");
+  static_assert(!kDropout || !(kSoftCap || kExtras || kBias || kMask), "dropout beside positions and segment ids");
   constexpr bool kStaged = kBias || kMask;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
@@ -481,13 +481,13 @@ void launch_staged(const CudaAttentionArgs& a, cudaStream_t stream) {
   launch_staged_kernel<T, D, kPadded, kBias, kMask>(with, stream);
 }
 
-// Dropout beside positions alone (kDropout): never behind a carry writer (as the extras).
-template <typename T, int D, bool kPadded>
+// Dropout beside positions and segment ids (kDropout): never behind a carry writer (as the extras).
+template <typename T, int D, bool kPadded, bool kSegments>
 void launch_dropout(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
   launch_kernel<T, kBlockNFor<D, D>>(
-      a.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, D, false, false, false, true>
-                 : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, D, false, false, false, true>,
+      a.o_direct ? flash_wgmma_kernel<T, D, kDirect, kSegments, false, false, kPadded, D, false, false, false, true>
+                 : flash_wgmma_kernel<T, D, kFromCarry, kSegments, false, false, kPadded, D, false, false, false, true>,
       smem_bytes<T, D, D>(), false, a, stream);
 }
 
@@ -500,7 +500,8 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   if constexpr ((D == 64 || D == 128) && Dv == D) {
     if (flash_takes_bias_alone(a)) return launch_staged<T, D, kPadded, true, false>(a, stream);
     if (flash_takes_mask_alone(a)) return launch_staged<T, D, kPadded, false, true>(a, stream);
-    if (flash_takes_dropout_alone(a)) return launch_dropout<T, D, kPadded>(a, stream);
+    if (flash_takes_dropout_beside_positions(a))
+      return a.q_segment_ranges ? launch_dropout<T, D, kPadded, true>(a, stream) : launch_dropout<T, D, kPadded, false>(a, stream);
   }
   const bool extras = flash_has_extras(a);
   // Template arguments after the carry mode: kSegments, kSoftCap, kExtras, kPadded, Dv.

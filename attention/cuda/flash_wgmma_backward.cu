@@ -56,8 +56,9 @@ void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) 
       return launch_instance<T, D, false, false, false, false, true>(g, dq_slices, stream);
     if (flash_takes_mask_alone(g.a))
       return launch_instance<T, D, false, false, false, false, false, true>(g, dq_slices, stream);
-    if (flash_takes_dropout_alone(g.a))
-      return launch_instance<T, D, false, false, false, false, false, false, true>(g, dq_slices, stream);
+    if (flash_takes_dropout_beside_positions(g.a))
+      return g.a.q_segment_ranges ? launch_instance<T, D, false, true, false, false, false, false, true>(g, dq_slices, stream)
+                                  : launch_instance<T, D, false, false, false, false, false, false, true>(g, dq_slices, stream);
   }
   if (flash_has_extras(g.a)) {
     constexpr int kExtrasD = D == 96 ? 128 : D == 32 ? 64 : D;

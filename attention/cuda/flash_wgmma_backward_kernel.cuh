@@ -96,16 +96,16 @@ FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
 // kBias: an additive bias alone (flash_takes_bias_alone), each step's bias tile staged in shared
 // memory while the step before it ends, dS added into dBias by atomics; positions masked as without it.
 // kMask: a boolean mask alone (flash_takes_mask_alone), staged the same way, a byte a pair.
-// kDropout: dropout beside positions alone (flash_takes_dropout_alone): each step's rows' dropout keys formed once
-// into shared memory beside their LSE, each pair's decision from its row's key and its key's position.
+// kDropout: dropout beside positions and segment ids (flash_takes_dropout_beside_positions): each step's rows' dropout
+// keys formed once into shared memory beside their LSE, each pair's decision from its row's key and its key's position.
 template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false,
           bool kDqApart = false, bool kBias = false, bool kMask = false, bool kDropout = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const __grid_constant__ FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias || kMask) || !(kSegments || kSoftCap || kExtras || kOrdered || kDqApart || (kBias && kMask)),
                 "the bias or the mask alone");
-  static_assert(!kDropout || !(kSegments || kSoftCap || kExtras || kOrdered || kDqApart || kBias || kMask),
-                "dropout beside positions alone");
+  static_assert(!kDropout || !(kSoftCap || kExtras || kOrdered || kDqApart || kBias || kMask),
+                "dropout beside positions and segment ids");
   using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias, kMask>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
   constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;

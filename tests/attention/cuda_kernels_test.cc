@@ -149,6 +149,8 @@ std::vector<CudaCase> all_cases() {
 #endif
   // The wgmma forward's dropout instances (alone_cases: each row's key formed once), each kernel forced.
   for (const DocumentCase& c : alone_cases(&Options::dropout, seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
+  // And beside packed, cycled and long documents (dropout_document_cases).
+  for (const DocumentCase& c : dropout_document_cases(seed)) cases.push_back({"flash_attn2", c.spec, c.kernel});
   return cases;
 }
 

@@ -110,6 +110,25 @@ inline std::vector<DocumentCase> document_cases(const std::vector<std::array<int
   return cases;
 }
 
+// Packed, cycled and long documents with dropout beside them (document_options' four cases without the extras, and
+// dropout): the wgmma kernels' dropout instances with segment ids, on shapes of many 64- and 128-row blocks (D 64 /
+// 128, GQA, B = 2, S != T), each kernel forced, f16 and bf16 by turns. `seed` counts on.
+inline std::vector<DocumentCase> dropout_document_cases(uint64_t& seed) {
+  const std::array<int64_t, 6> shapes[] = {{1, 700, 700, 4, 2, 128}, {2, 333, 600, 4, 4, 64}, {1, 517, 389, 8, 2, 128}};
+  std::vector<DocumentCase> cases;
+  for (SegmentIds ids : {SegmentIds::kPacked, SegmentIds::kCycled, SegmentIds::kLong})
+    for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+      for (int o = 0; o < 4; ++o) {
+        Options opt = document_options(o, false);
+        opt.dropout = true;
+        const auto& [b, t, s, hq, hkv, d] = shapes[seed % std::size(shapes)];
+        ProblemSpec spec{b, t, s, hq, hkv, d, d, seed % 2 ? DType::kBF16 : DType::kF16, opt, seed++};
+        spec.segment_ids = ids;
+        cases.push_back({spec, kernel});
+      }
+  return cases;
+}
+
 // Head dims between the flash instances' 64 / 128 / 256 columns (multiples of 8: zero columns loaded, never
 // stored) and Dv != D both ways (MLA's 192 / 128), on `shapes` (B, T, S, Hq, Hkv, taken in turn by seed): each
 // kernel forced on every option set, twice, f16 and bf16 by turns. `seed` counts on.
