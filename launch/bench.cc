@@ -239,7 +239,7 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     std::printf("#%11s %8s %6s %5s %8s %4s %4s %4s %5s %6s %10s %11s %12s %10s %7s\n", "impl", "backend", "ranks", "B",
                 "T", "Hq", "Hkv", "D", "dtype", "causal", "layout", "time(ms)", "GFLOP/s/rank", "comm(ms)", "hidden");
     // A single call's local kernel has no layout: its one rank holds every token.
-    const char* layout_shown = ring_stats(*impl) ? layout_name(ctx.layout) : "-";
+    const char* layout_shown = ring ? layout_name(ctx.layout) : "-";
     char hidden_text[16] = "      -";
     if (!std::isnan(hidden)) std::snprintf(hidden_text, sizeof(hidden_text), "%6.0f%%", hidden * 100);
     std::printf(" %11s %8s %6d %5ld %8ld %4ld %4ld %4s %5s %6d %10s %11.2f %12.2f %10.3f %s\n",
@@ -255,17 +255,16 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
     if (job.on_device && std::isnan(hidden))
       std::printf("  hidden: not measured on GPUs without --step-times (the device times of the steps give it)\n");
     if (job.on_device) std::printf("  device memory in use on the busiest rank: %.2f GiB (CUDA context and NCCL included)\n", device_gib);
-    const RingStats* stats = ring_stats(*impl);
-    if (stats && n > 1)  // comm(ms) above times the communicator's own shifts, whatever moved the ring's blocks
-      std::printf("  ring transport: %s%s\n", stats->transport.c_str(),
-                  stats->transport == ctx.comm->backend_name() ? "" : " (comm(ms) times the communicator's shifts)");
-    if (stats && !stats->step_compute_ms.empty()) {  // rank 0's last iteration, device times
+    if (ring && n > 1)  // comm(ms) above times the communicator's own shifts, whatever moved the ring's blocks
+      std::printf("  ring transport: %s%s\n", ring->transport.c_str(),
+                  ring->transport == ctx.comm->backend_name() ? "" : " (comm(ms) times the communicator's shifts)");
+    if (ring && !ring->step_compute_ms.empty()) {  // rank 0's last iteration, device times
       float kernels = 0;
-      for (float ms : stats->step_compute_ms) kernels += ms;
+      for (float ms : ring->step_compute_ms) kernels += ms;
       std::printf("  ring steps on rank 0 (ms): kernels %s | exchanges %s | first kernel start to last end %.2f, of "
                   "which between kernels %.2f | host: call to first kernel queued %.3f\n",
-                  joined(stats->step_compute_ms).c_str(), joined(stats->step_exchange_ms).c_str(),
-                  double(stats->ring_ms), double(stats->ring_ms - kernels), stats->host_before_first_kernel_ms);
+                  joined(ring->step_compute_ms).c_str(), joined(ring->step_exchange_ms).c_str(),
+                  double(ring->ring_ms), double(ring->ring_ms - kernels), ring->host_before_first_kernel_ms);
     }
     for (int r = 0; per_rank && r < n; ++r) {
       const double* row = &rank_rows[4 * size_t(r)];
@@ -273,12 +272,12 @@ int cmd_bench(int argc, char** argv, const MpiSession& mpi) {
                   "host: call to first kernel %.3f\n", r, row[0], row[1], row[2], row[0] - row[1], row[3]);
     }
     if (!json_path.empty()) {
-      nlohmann::json row = {{"impl", impl->name()}, {"local_impl", stats ? nlohmann::json(opts.local_impl) : nlohmann::json()}, {"backend", opts.backend},
+      nlohmann::json row = {{"impl", impl->name()}, {"local_impl", ring ? nlohmann::json(opts.local_impl) : nlohmann::json()}, {"backend", opts.backend},
                             {"ranks", n}, {"batch", batch}, {"seq", seq}, {"heads", heads}, {"kv_heads", kv_heads},
                             {"head_dim", head_dim}, {"v_head_dim", v_head_dim}, {"dtype", dtype_text}, {"causal", params.causal},
-                            {"layout", stats ? nlohmann::json(layout_name(ctx.layout)) : nlohmann::json()}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
+                            {"layout", ring ? nlohmann::json(layout_name(ctx.layout)) : nlohmann::json()}, {"time_s", time}, {"gflops_per_rank", flops / time * 1e-9},
                             {"comm_s", comm}, {"device_gib", device_gib},
-                            {"transport", stats && n > 1 ? stats->transport : ""}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)},
+                            {"transport", ring && n > 1 ? ring->transport : ""}, {"hidden_fraction", std::isnan(hidden) ? nlohmann::json() : nlohmann::json(hidden)},
                             {"work_imbalance", imbalance}, {"times_s", times}};
       std::ofstream json(json_path);
       json << row.dump(2) << "\n";
