@@ -66,14 +66,13 @@ TensorView dbias_over_pairs(const TensorView& dbias, const AttentionInputs& in, 
   return broadcast_to(dbias, Shape{in.q.dim(0), in.q.dim(2), in.q.dim(1), total_keys}, "dbias");
 }
 
-void check_dbias_deterministic(const TensorView& dbias_pairs, const AttentionParams& params, const char* backend) {
+void check_dbias_deterministic(const TensorView& dbias_pairs, const AttentionParams& params) {
   if (!params.deterministic || !dbias_pairs.defined()) return;
   static const char* const kDims[] = {"batch", "head", "query", "key"};
   for (int i = 0; i < 4; ++i)
     RA_CHECK(dbias_pairs.stride(i) != 0 || dbias_pairs.dim(i) <= 1, "dbias: the bias is broadcast over its ", kDims[i],
-             " dimension, whose gradient the ", backend, " backward sums by atomics in no fixed order; ",
-             "deterministic on ", backend, " needs a bias of full shape (B, H, T, S), or the host ring's exact sums "
-             "(--backend cpu --impl ring --deterministic; ring_attention_backward(deterministic=True) on host arrays)");
+             " dimension, whose gradient the cuda backward sums by atomics in no fixed order; deterministic on cuda "
+             "needs a bias of full shape (B, H, T, S), or a host backward (host arrays: every sum in a fixed order)");
 }
 
 Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream) {

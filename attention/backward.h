@@ -92,9 +92,9 @@ void check_output(const TensorView& out, const char* name, const Shape& shape, c
 TensorView dbias_over_pairs(const TensorView& dbias, const AttentionInputs& in, int64_t total_keys);
 
 // Under params.deterministic: refuses a dbias (from dbias_over_pairs) with a broadcast dimension, whose sums the
-// kernels of `backend` ("cuda", "host") add by atomics across blocks or threads in no fixed order (each pair of a
-// full bias has one writer). The host ring's exact sums (attention/ring/ring_backward_exact.cc) take any bias.
-void check_dbias_deterministic(const TensorView& dbias_pairs, const AttentionParams& params, const char* backend);
+// cuda kernels add by atomics across blocks in no fixed order (each pair of a full bias has one writer). The host
+// kernels give each shared element to one thread, its sharers in order, so they take any bias.
+void check_dbias_deterministic(const TensorView& dbias_pairs, const AttentionParams& params);
 
 // A view and its name in messages.
 struct NamedView {

@@ -34,7 +34,8 @@ struct AttentionParams {
   // The backward's sums in a fixed order, so its gradients are the same bits on every run (for the same
   // shapes, ring size, layout and GPU model): the CUDA flash_attn2 backward adds dQ per block into slices of
   // its own, summed in order (memory: up to 16 f32 copies of dQ), cudnn takes its deterministic algorithm.
-  // Host implementations are deterministic anyway; the host ring's exact sums are RingContext's.
+  // Host implementations are deterministic anyway (a broadcast bias's gradient too); the host ring's exact sums
+  // are RingContext's.
   bool deterministic = false;
 
   bool has_window() const { return window_left >= 0 || window_right >= 0; }

@@ -12,13 +12,6 @@
 namespace ra {
 namespace {
 
-// Host kernels add a broadcast bias's gradient by atomics across threads, in no fixed order: refused under
-// deterministic, as on cuda (every other host sum has a fixed order already).
-void check_host_deterministic(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
-                              const GradViews& acc) {
-  check_dbias_deterministic(dbias_over_pairs(acc.dbias, in, pos.total_keys), params, "host");
-}
-
 class SdpaCpu final : public AttentionImpl {
  public:
   explicit SdpaCpu(Backend backend) : backend_(backend) {}
@@ -32,7 +25,6 @@ class SdpaCpu final : public AttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                            const BackwardInputs& grad, const GradViews& acc) const override {
-    check_host_deterministic(in, pos, params, acc);
     sdpa_accumulate_backward_cpu(in, pos, params, grad, acc);
   }
 
@@ -54,7 +46,6 @@ class FlashCpu final : public AttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                            const BackwardInputs& grad, const GradViews& acc) const override {
-    check_host_deterministic(in, pos, params, acc);
     flash_accumulate_backward_cpu(in, pos, params, grad, acc, isa());
   }
 
@@ -75,7 +66,6 @@ class BlockwiseCpu final : public AttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                            const BackwardInputs& grad, const GradViews& acc) const override {
-    check_host_deterministic(in, pos, params, acc);
     blockwise_accumulate_backward_cpu(in, pos, params, grad, acc);
   }
 

@@ -3,7 +3,7 @@
 // type, or fixed point for the deterministic ring: each f64 term rounded on its own, integer sums).
 // Each row's probabilities are recomputed from its final LSE, so no T x S matrix is kept. Parallel over
 // (batch, K/V head): a thread owns the dK / dV rows of its head and the dQ rows of the query heads of its
-// group; dBias, which a broadcast bias shares across threads, is added atomically.
+// group, and the dBias elements of those (a broadcast bias's shared ones by taking every sharer in order).
 #include <atomic>
 #include <cmath>
 #include <vector>
@@ -53,92 +53,91 @@ void sdpa_backward_rows(const HostInputs& in, const TokenPositions& pos, const A
   const Acc scale = effective_scale(p, D), cap = p.logits_soft_cap;
   const LogitT logit_scale = effective_scale(p, D);
   const Acc keep_scale = Acc(1) / (Acc(1) - Acc(p.dropout_prob));
+  // A thread takes a (batch, K/V head) unit; a broadcast bias's gradient shared across batch entries or K/V heads
+  // makes those one unit, its members taken in order, so that every sum has one order on any run.
+  const bool shared_b = buf.dbias != nullptr && buf.dbias_strides[0] == 0;
+  const bool shared_h = buf.dbias != nullptr && buf.dbias_strides[1] == 0;
 #pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t kh = 0; kh < Hkv; ++kh) {
-      std::vector<Sum> dq_row(static_cast<size_t>(D));
-      std::vector<double> dq_terms_row(kTerms ? size_t(D) : 0);
-      for (int64_t h = kh * group; h < (kh + 1) * group; ++h)
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t r = (b * Hq + h) * T + t;
-          const Acc lse = Acc(buf.lse[r]), delta = Acc(buf.delta[r]);
-          if (lse == -INFINITY) continue;  // the row saw nothing: no gradient flows through it
-          const LogitT* q = in.q.data_as<LogitT>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
-          const LogitT* d_o = buf.d_o + ((b * T + t) * Hq + h) * Dv;
-          std::fill(dq_row.begin(), dq_row.end(), Sum(0));
-          std::fill(dq_terms_row.begin(), dq_terms_row.end(), 0.0);
-          for (int64_t j = 0; j < S; ++j) {
-            const Acc s = pair_logit<LogitT>(in, pos, p, logit_scale, q, b, h, kh, t, j);
-            if (s == -INFINITY) continue;
-            const int64_t kpos = pos.k[size_t(j)];
-            // P <= 1: LSE bounds every logit of its row, but a rounded LSE (f32, of logits far from 0) may
-            // sit an ulp below the largest one.
-            const Acc prob = std::exp(std::fmin(s - lse, Acc(0)));
-            const Acc weight = dropout_weight(p, keep_scale, Acc(1), b, h, pos.q[size_t(t)], kpos);
-            const LogitT* v = in.v.data_as<LogitT>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
-            Sum* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
-            [[maybe_unused]] double* dv_terms = kTerms ? buf.dv_terms + (dv - buf.dv) : nullptr;
-            Acc dp = 0;
-            double dp_terms = 0;
-            for (int64_t d = 0; d < Dv; ++d) {
-              dp += Acc(d_o[d]) * Acc(v[d]);
-              add_term(dv[d], prob * weight * Acc(d_o[d]), buf.units.dv, buf.out_of_range);
-              if constexpr (kTerms) {
-                dp_terms += std::fabs(double(d_o[d]) * double(v[d]));
-                dv_terms[d] += std::fabs(double(prob * weight * Acc(d_o[d])));
+  for (int64_t unit_b = 0; unit_b < (shared_b ? 1 : B); ++unit_b)
+    for (int64_t unit_h = 0; unit_h < (shared_h ? 1 : Hkv); ++unit_h)
+      for (int64_t b = unit_b; b < (shared_b ? B : unit_b + 1); ++b)
+        for (int64_t kh = unit_h; kh < (shared_h ? Hkv : unit_h + 1); ++kh) {
+          std::vector<Sum> dq_row(static_cast<size_t>(D));
+          std::vector<double> dq_terms_row(kTerms ? size_t(D) : 0);
+          for (int64_t h = kh * group; h < (kh + 1) * group; ++h)
+            for (int64_t t = 0; t < T; ++t) {
+              const int64_t r = (b * Hq + h) * T + t;
+              const Acc lse = Acc(buf.lse[r]), delta = Acc(buf.delta[r]);
+              if (lse == -INFINITY) continue;  // the row saw nothing: no gradient flows through it
+              const LogitT* q = in.q.data_as<LogitT>() + b * in.q.stride(0) + t * in.q.stride(1) + h * in.q.stride(2);
+              const LogitT* d_o = buf.d_o + ((b * T + t) * Hq + h) * Dv;
+              std::fill(dq_row.begin(), dq_row.end(), Sum(0));
+              std::fill(dq_terms_row.begin(), dq_terms_row.end(), 0.0);
+              for (int64_t j = 0; j < S; ++j) {
+                const Acc s = pair_logit<LogitT>(in, pos, p, logit_scale, q, b, h, kh, t, j);
+                if (s == -INFINITY) continue;
+                const int64_t kpos = pos.k[size_t(j)];
+                // P <= 1: LSE bounds every logit of its row, but a rounded LSE (f32, of logits far from 0) may
+                // sit an ulp below the largest one.
+                const Acc prob = std::exp(std::fmin(s - lse, Acc(0)));
+                const Acc weight = dropout_weight(p, keep_scale, Acc(1), b, h, pos.q[size_t(t)], kpos);
+                const LogitT* v =
+                    in.v.data_as<LogitT>() + b * in.v.stride(0) + j * in.v.stride(1) + kh * in.v.stride(2);
+                Sum* dv = buf.dv + ((b * S + j) * Hkv + kh) * Dv;
+                [[maybe_unused]] double* dv_terms = kTerms ? buf.dv_terms + (dv - buf.dv) : nullptr;
+                Acc dp = 0;
+                double dp_terms = 0;
+                for (int64_t d = 0; d < Dv; ++d) {
+                  dp += Acc(d_o[d]) * Acc(v[d]);
+                  add_term(dv[d], prob * weight * Acc(d_o[d]), buf.units.dv, buf.out_of_range);
+                  if constexpr (kTerms) {
+                    dp_terms += std::fabs(double(d_o[d]) * double(v[d]));
+                    dv_terms[d] += std::fabs(double(prob * weight * Acc(d_o[d])));
+                  }
+                }
+                const Acc ds = prob * (dp * weight - delta);  // d loss / d logit
+                // |dS|'s terms: P (|dP| weight + |delta|), each of dP and delta from its own sum of |products|.
+                [[maybe_unused]] const double ds_terms =
+                    kTerms ? double(prob) * (dp_terms * std::fabs(double(weight)) + buf.delta_terms[r]) : 0.0;
+                const int64_t bias_at = b * buf.dbias_strides[0] + h * buf.dbias_strides[1] + t * buf.dbias_strides[2] +
+                                        kpos * buf.dbias_strides[3];
+                if (buf.dbias != nullptr) {  // this unit's alone (above)
+                  if constexpr (kTerms) buf.dbias_terms[bias_at] += ds_terms;
+                  add_term(buf.dbias[bias_at], ds, buf.units.dbias, buf.out_of_range);
+                }
+                Acc dx = ds * scale;  // through the soft cap: d(cap tanh(x / cap)) / dx = 1 - tanh^2
+                [[maybe_unused]] double dx_terms = ds_terms * double(scale);
+                if (cap > 0) {
+                  const Acc capped = in.bias.defined() ? s - Acc(in.bias.data_as<LogitT>()[b * in.bias.stride(0) +
+                                                                                         h * in.bias.stride(1) +
+                                                                                         t * in.bias.stride(2) +
+                                                                                         kpos * in.bias.stride(3)])
+                                                       : s;
+                  const Acc th = capped / cap;
+                  dx *= Acc(1) - th * th;
+                  dx_terms *= std::fabs(double(Acc(1) - th * th));
+                }
+                const LogitT* k =
+                    in.k.data_as<LogitT>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
+                Sum* dk = buf.dk + ((b * S + j) * Hkv + kh) * D;
+                for (int64_t d = 0; d < D; ++d) {
+                  add_term(dq_row[size_t(d)], dx * Acc(k[d]), buf.units.dq, buf.out_of_range);
+                  add_term(dk[d], dx * Acc(q[d]), buf.units.dk, buf.out_of_range);
+                }
+                if constexpr (kTerms) {
+                  double* dk_terms = buf.dk_terms + (dk - buf.dk);
+                  for (int64_t d = 0; d < D; ++d) {
+                    dq_terms_row[size_t(d)] += dx_terms * std::fabs(double(k[d]));
+                    dk_terms[d] += dx_terms * std::fabs(double(q[d]));
+                  }
+                }
               }
+              Sum* dq = buf.dq + ((b * T + t) * Hq + h) * D;
+              for (int64_t d = 0; d < D; ++d) dq[d] += dq_row[size_t(d)];
+              if constexpr (kTerms)
+                for (int64_t d = 0; d < D; ++d) buf.dq_terms[(dq - buf.dq) + d] += dq_terms_row[size_t(d)];
             }
-            const Acc ds = prob * (dp * weight - delta);  // d loss / d logit
-            // |dS|'s terms: P (|dP| weight + |delta|), each of dP and delta from its own sum of |products|.
-            [[maybe_unused]] const double ds_terms =
-                kTerms ? double(prob) * (dp_terms * std::fabs(double(weight)) + buf.delta_terms[r]) : 0.0;
-            const int64_t bias_at = b * buf.dbias_strides[0] + h * buf.dbias_strides[1] + t * buf.dbias_strides[2] +
-                                    kpos * buf.dbias_strides[3];
-            if (buf.dbias != nullptr) {
-              if constexpr (kTerms) {
-#pragma omp atomic
-                buf.dbias_terms[bias_at] += ds_terms;
-              }
-              if constexpr (std::is_same_v<Sum, Fixed>) {  // no atomic add on 128 bits
-#pragma omp critical(ra_fixed_dbias)
-                add_term(buf.dbias[bias_at], ds, buf.units.dbias, buf.out_of_range);
-              } else {
-#pragma omp atomic
-                buf.dbias[bias_at] += ds;
-              }
-            }
-            Acc dx = ds * scale;  // through the soft cap: d(cap tanh(x / cap)) / dx = 1 - tanh^2
-            [[maybe_unused]] double dx_terms = ds_terms * double(scale);
-            if (cap > 0) {
-              const Acc capped = in.bias.defined() ? s - Acc(in.bias.data_as<LogitT>()[b * in.bias.stride(0) +
-                                                                                     h * in.bias.stride(1) +
-                                                                                     t * in.bias.stride(2) +
-                                                                                     kpos * in.bias.stride(3)])
-                                                   : s;
-              const Acc th = capped / cap;
-              dx *= Acc(1) - th * th;
-              dx_terms *= std::fabs(double(Acc(1) - th * th));
-            }
-            const LogitT* k = in.k.data_as<LogitT>() + b * in.k.stride(0) + j * in.k.stride(1) + kh * in.k.stride(2);
-            Sum* dk = buf.dk + ((b * S + j) * Hkv + kh) * D;
-            for (int64_t d = 0; d < D; ++d) {
-              add_term(dq_row[size_t(d)], dx * Acc(k[d]), buf.units.dq, buf.out_of_range);
-              add_term(dk[d], dx * Acc(q[d]), buf.units.dk, buf.out_of_range);
-            }
-            if constexpr (kTerms) {
-              double* dk_terms = buf.dk_terms + (dk - buf.dk);
-              for (int64_t d = 0; d < D; ++d) {
-                dq_terms_row[size_t(d)] += dx_terms * std::fabs(double(k[d]));
-                dk_terms[d] += dx_terms * std::fabs(double(q[d]));
-              }
-            }
-          }
-          Sum* dq = buf.dq + ((b * T + t) * Hq + h) * D;
-          for (int64_t d = 0; d < D; ++d) dq[d] += dq_row[size_t(d)];
-          if constexpr (kTerms)
-            for (int64_t d = 0; d < D; ++d) buf.dq_terms[(dq - buf.dq) + d] += dq_terms_row[size_t(d)];
         }
-    }
 }
 
 }  // namespace

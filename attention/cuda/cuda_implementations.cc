@@ -87,7 +87,7 @@ class FlashCuda final : public CudaAttentionImpl {
     g.dk = acc.dk.data_as<float>();
     g.dv = acc.dv.data_as<float>();
     if (const TensorView dbias = dbias_over_pairs(acc.dbias, in, pos.total_keys); dbias.defined()) {
-      check_dbias_deterministic(dbias, params, "cuda");
+      check_dbias_deterministic(dbias, params);
       g.dbias = DeviceView4{dbias.data(), {dbias.stride(0), dbias.stride(1), dbias.stride(2), dbias.stride(3)}};
     }
     flash_backward_cuda(g, in.q.dtype(), params.deterministic ? &dq_slices_ : nullptr, stream_);
@@ -135,7 +135,7 @@ class SdpaCuda final : public CudaAttentionImpl {
   bool has_backward() const override { return true; }
   void accumulate_backward_device(const AttentionInputs& in, const DevicePositions& pos, const AttentionParams& params,
                                   const BackwardInputs& grad, const GradViews& acc) const override {
-    check_dbias_deterministic(dbias_over_pairs(acc.dbias, in, pos.total_keys), params, "cuda");
+    check_dbias_deterministic(dbias_over_pairs(acc.dbias, in, pos.total_keys), params);
     runner_.accumulate_backward(in, make_cuda_args(in, pos, params), grad, acc, stream_);
   }
 

@@ -193,9 +193,9 @@ def attention_backward(q, k, v, o, lse, do, *, dlse=None, impl="flash_attn2", f3
     call has a bias or sinks, (dq, dk, dv[, dbias][, dsinks]) too (float32), None for a gradient not needed (a
     bias that is an attention mask): that one is not formed at all (its sums skipped) and comes back None.
     deterministic=True (an option, as FlashAttention's): on a GPU the same bits on every run (dQ summed in
-    a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm); host backwards are, but for
-    the gradient of a bias broadcast over batch, heads or rows, which threads add in no fixed order: that one is
-    refused with deterministic=True, on the host as on a GPU (ring_attention_backward's exact host sums take it).
+    a fixed order, up to 16 float32 copies of dq; cudnn's deterministic algorithm; the gradient of a bias
+    broadcast over batch, heads, rows or keys, which a GPU sums by atomics, is refused with it there); host
+    backwards are anyway, that gradient included.
     qkv_format: the forward's; o and do in it, dq, dk, dv returned in it.
     """
     out = _format_out(out, qkv_format)

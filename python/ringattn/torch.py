@@ -595,8 +595,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, s
     cap, dropout, window or flash_kernel), flash_attn2 elsewhere, the CUDA sdpa (with a warning) for f32 or head
     dims the flash kernels do not take; on the host flash_attn2 (sdpa for f64). Gradients flow to q, k, v, and to bias and sinks where given. deterministic=True (as
     FlashAttention's): on CUDA tensors the backward gives the same bits on every run (dQ summed in a fixed
-    order, slower); CPU backwards do anyway, but for the gradient of a bias broadcast over batch, heads or rows
-    (threads add it in no fixed order), which deterministic=True refuses on either device. qkv_format: "bshd" (None: (B, T, H, D)), "bhsd" ((B, H, T, D), as
+    order, slower; the gradient of a bias broadcast over batch, heads, rows or keys, summed by atomics there, is
+    refused with it); CPU backwards do anyway, that gradient included. qkv_format: "bshd" (None: (B, T, H, D)), "bhsd" ((B, H, T, D), as
     F.scaled_dot_product_attention; layout_bhtd=True says the same) or "sbhd" ((T, B, H, D), Megatron's): q, k,
     v and o in it, as views.
     """

@@ -3,11 +3,14 @@
 // mistake the two share cannot pass). Then every CPU implementation x dtype x option against the
 // oracle on randomised shapes, block splitting, closed forms and bad input.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <utility>
 #include <random>
 #include <tuple>
 
@@ -701,6 +704,65 @@ TEST(FlashBackwardDq, ThreadPartialsGiveTheSameBitsOnEveryRun) {
   }
   for (int run = 1; run < 4; ++run)
     EXPECT_EQ(std::memcmp(dq[0].data<float>(), dq[size_t(run)].data<float>(), dq[0].view().nbytes()), 0) << "run " << run;
+}
+
+// A broadcast bias's gradient is shared across batch entries, heads, rows or keys. Each host backward gives
+// every shared element to one thread, which takes its sharers in order: with several threads, the same bits on
+// every run (with or without deterministic), and the f64 reference's gradients.
+TEST(HostBackward, BroadcastBiasGradientIsTheSameBitsOnEveryRun) {
+  const int threads_before = omp_get_max_threads();
+  omp_set_num_threads(4);
+  const ProblemSpec spec{2, 29, 70, 4, 2, 16, 24, DType::kF32, Options{true}, 23};
+  Problem problem(spec);
+  const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+  const Tensor d_o = random_d_o(spec, DType::kF32);
+  std::mt19937_64 rng(24);
+  const Shape shapes[] = {{1, 1, 29, 70}, {1, 4, 29, 70}, {2, 1, 29, 70}, {2, 4, 1, 70}, {2, 4, 29, 1}, {1, 1, 1, 70}};
+  for (const Shape& shape : shapes) {
+    problem.bias = random_normal(DType::kF32, shape, rng, 1.0f);
+    const AttentionInputs in = problem.inputs();
+    AttentionParams params = problem.params();
+    const ReferenceGradients ref = reference_attention_backward_f64(in, params, pos, d_o);
+    Tensor lse(DType::kF32, {2, 4, 29}), o(DType::kF32, {2, 29, 4, 24});
+    for (size_t i = 0; i < ref.forward.lse.size(); ++i) lse.data<float>()[i] = float(ref.forward.lse[i]);
+    for (size_t i = 0; i < ref.forward.o.size(); ++i) o.data<float>()[i] = float(ref.forward.o[i]);
+    const Tensor delta = compute_delta(o, d_o, TensorView());
+    const BackwardInputs grad{lse, d_o, delta};
+    const std::function<void(const GradViews&)> backwards[] = {
+        [&](const GradViews& acc) {
+          AttentionRegistry::builtin().create("sdpa", Backend::kCpu)->accumulate_backward(in, pos, params, grad, acc);
+        },
+        [&](const GradViews& acc) {
+          AttentionRegistry::builtin().create("blockwise", Backend::kCpu)->accumulate_backward(in, pos, params, grad,
+                                                                                              acc);
+        },
+        [&](const GradViews& acc) {
+          flash_accumulate_backward_cpu(in, pos, params, grad, acc, best_cpu_isa(), CpuDqStrategy::kSecondPass);
+        },
+        [&](const GradViews& acc) {
+          flash_accumulate_backward_cpu(in, pos, params, grad, acc, best_cpu_isa(), CpuDqStrategy::kThreadPartials);
+        },
+    };
+    for (size_t which = 0; which < std::size(backwards); ++which) {
+      const std::string what = "backward " + std::to_string(which) + ", bias " + shape.str();
+      GradAccumulators first = GradAccumulators::zeros(in, MemoryKind::kHost);
+      backwards[which](first.views());
+      // A bias broadcast over keys has dbias = sum of a row's dS = 0: allowed by its terms, as verify does.
+      const GradientComparison dbias = compare_gradient(first.dbias, ref.dbias, DType::kF32, &ref.dbias_terms);
+      EXPECT_EQ(dbias.wrong + dbias.nan, 0) << what << ": dbias max |error| " << dbias.max_abs_error;
+      expect_gradient(first.dq, ref.dq, what.c_str());
+      for (int run = 0; run < 4; ++run) {
+        params.deterministic = run % 2 == 0;
+        GradAccumulators again = GradAccumulators::zeros(in, MemoryKind::kHost);
+        backwards[which](again.views());
+        for (const auto& [mine, theirs] : {std::pair{&again.dbias, &first.dbias}, std::pair{&again.dq, &first.dq},
+                                           std::pair{&again.dk, &first.dk}, std::pair{&again.dv, &first.dv}})
+          EXPECT_EQ(std::memcmp(mine->data<float>(), theirs->data<float>(), theirs->view().nbytes()), 0) << what;
+      }
+      params.deterministic = false;
+    }
+  }
+  omp_set_num_threads(threads_before);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, FlashBackwardIsa,
