@@ -94,10 +94,13 @@ RA_HD_INLINE bool position_visible(int64_t qpos, int64_t kpos, bool causal, int6
 
 // Dropout's decisions depend on the seed and the pair's global batch, head, query and key positions only, never on
 // blocking or ring size. They come in three levels, so that a kernel forms each level once where it is shared:
-//   head key  = SplitMix64's finalizer over (seed, b, h), 32 bits of it  (once per batch and head);
-//   row key   = MurmurHash3's 32-bit finalizer over the head key and the query's position  (once per query row);
-//   pair bits = that finalizer over the row key and the key's position  (eleven integer operations a pair).
-// A pair is dropped where its bits fall below dropout_threshold(p): probability p to within 2^-32.
+//   head key = SplitMix64's finalizer over (seed, b, h), 32 bits of it  (once per batch and head);
+//   row key  = MurmurHash3's 32-bit finalizer over the head key and the query's position  (once per query row);
+//   key bits = that finalizer over the row key and the key's position with bit 3 cleared, whose low half decides
+//              the key with bit 3 clear and its high half the key 8 further on.
+// Keys 8 apart share one finalizer because an MMA fragment's thread holds both (its rows r and r + 8; its columns
+// 8j + c and 8(j + 1) + c): a kernel whose keys start on a multiple of 16 hashes once for two pairs. A pair is
+// dropped where its 16 bits fall below dropout_threshold(p): probability p to within 2^-17.
 RA_HD_INLINE uint32_t mix32(uint32_t x) {
   x ^= x >> 16;
   x *= 0x85ebca6bu;
@@ -126,24 +129,33 @@ RA_HD_INLINE uint32_t dropout_row_key(uint32_t head_key, int64_t q) {
   return mix32(head_key ^ dropout_position_word(q, 0x9e3779b1u));
 }
 
-RA_HD_INLINE uint32_t dropout_key_word(int64_t k) { return dropout_position_word(k, 0x85ebca77u); }
+// The word of keys k and k ^ 8 (bit 3 cleared): both pairs' decisions come from one finalizer.
+RA_HD_INLINE uint32_t dropout_key_word(int64_t k) { return dropout_position_word(k & ~int64_t(8), 0x85ebca77u); }
 
-// ceil(p * 2^32) in integers, the same on host and device (p * 2^32 is exact in floats); 0 below 2^-32 (which also
-// keeps a denormal p, flushed to 0 by the device, from deciding otherwise there).
+RA_HD_INLINE uint32_t dropout_key_bits(uint32_t row_key, uint32_t key_word) { return mix32(row_key ^ key_word); }
+
+// round(p * 2^16) in integers, the same on host and device (p * 2^32 is exact in floats, and a denormal p, which the
+// device flushes to 0, gives 0 on the host too); p < 2^-17 drops nothing.
 RA_HD_INLINE uint32_t dropout_threshold(float p) {
-  if (!(p >= 1.0f / 4294967296.0f)) return 0u;
+  if (!(p > 0.0f)) return 0u;
+  if (p >= 1.0f) return 65536u;  // every pair
   const float scaled = p * 4294967296.0f;  // < 2^32 for p < 1
-  const uint32_t whole = uint32_t(scaled);
-  return whole + (float(whole) < scaled ? 1u : 0u);
+  return uint32_t((uint64_t(scaled) + 32768u) >> 16);
 }
 
-RA_HD_INLINE bool dropout_drops(uint32_t row_key, uint32_t key_word, uint32_t threshold) {
-  return mix32(row_key ^ key_word) < threshold;
+// The decisions of the two keys one finalizer serves: the one with bit 3 clear (low half), the one 8 further (high).
+RA_HD_INLINE bool dropout_low_drops(uint32_t bits, uint32_t threshold) { return (bits & 0xffffu) < threshold; }
+RA_HD_INLINE bool dropout_high_drops(uint32_t bits, uint32_t threshold) { return (bits >> 16) < threshold; }
+
+// Key position k's decision in row `row_key` (any k: the half is chosen by its bit 3).
+RA_HD_INLINE bool dropout_drops(uint32_t row_key, int64_t k, uint32_t threshold) {
+  const uint32_t bits = dropout_key_bits(row_key, dropout_key_word(k));
+  return (k & 8) ? dropout_high_drops(bits, threshold) : dropout_low_drops(bits, threshold);
 }
 
 // One pair's decision from scratch (the reference paths, which form no level once).
 RA_HD_INLINE bool dropout_drops(uint64_t seed, int64_t b, int64_t h, int64_t q, int64_t k, float p) {
-  return dropout_drops(dropout_row_key(dropout_head_key(seed, b, h), q), dropout_key_word(k), dropout_threshold(p));
+  return dropout_drops(dropout_row_key(dropout_head_key(seed, b, h), q), k, dropout_threshold(p));
 }
 
 }  // namespace ra

@@ -407,32 +407,57 @@ __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, f
   }
 }
 
-// Whether a call's extras are dropout beside positions and segment ids (no bias, mask or soft cap; V as wide as K),
-// which the wgmma kernels' dropout instances take at the head dims they have them for (segment ids through their
-// ranges, as the positions' instances take them).
+// Whether the keys pair up as dropout's decisions do (dropout_key_word): each 16 key rows from a multiple of 16 (an
+// MMA fragment's rows, or its column pairs 8 apart) are positions k and k + 8 with k's bit 3 clear, so that one
+// finalizer decides two of a thread's pairs. A run from a multiple of 16 does (a single call's keys); otherwise the
+// host's copy of the positions says (a ring's blocks: zigzag and striped chunks of a multiple of 16 do).
+inline bool dropout_keys_pair_up(const DevicePositions& pos, int64_t kv_len) {
+  if (pos.k_run != DevicePositions::kNotARun) return (pos.k_run & 15) == 0;
+  if (pos.k_host == nullptr) return false;
+  for (int64_t i = 0; i < kv_len; ++i)
+    if (i % 16 < 8 && ((pos.k_host[i] & 8) != 0 || (i + 8 < kv_len && pos.k_host[i + 8] != pos.k_host[i] + 8)))
+      return false;
+  return true;
+}
+
+// Whether a call's extras are dropout beside positions and segment ids (no bias, mask or soft cap; V as wide as K)
+// on keys that pair up, which the wgmma kernels' dropout instances take at the head dims they have them for (segment
+// ids through their ranges, as the positions' instances take them). Keys that do not pair up take the extras.
 inline bool flash_takes_dropout_beside_positions(const CudaAttentionArgs& a) {
   return a.dropout_prob > 0.0f && !a.bias.data && !a.mask.data && a.soft_cap <= 0.0f &&
-         (!a.q_segment_ids.data || a.q_segment_ranges) && a.head_dim == a.value_dim;
+         (!a.q_segment_ids.data || a.q_segment_ranges) && a.head_dim == a.value_dim &&
+         dropout_keys_pair_up(a.pos, a.kv_len);
+}
+
+// Query row `row`'s dropout key (dropout_row_key), formed once per row by the wgmma kernels' dropout instances; a
+// row past the queries' end (never stored) takes position 0.
+__device__ __forceinline__ uint32_t dropout_row_key_at(const CudaAttentionArgs& a, int b, int h, int64_t row) {
+  return dropout_row_key(dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h),
+                         row < a.q_len ? q_position(a.pos, row) : 0);
 }
 
 // Dropout on a fragment of probabilities from key n0 with its two rows' keys formed once (dropout_row_key; the
-// wgmma forward's dropout instance): a dropped pair's P becomes 0, a kept one's P / (1 - p), branch-free, each pair
-// a few integer operations. Columns past the keys' end (P = 0) read no position.
+// wgmma forward's dropout instance, whose keys pair up: dropout_keys_pair_up): a dropped pair's P becomes 0, a kept
+// one's P / (1 - p), branch-free. Columns 8j + c and 8(j + 1) + c (j even) are keys 8 apart, whose decisions are one
+// finalizer's halves. Columns past the keys' end (P = 0) read no position.
 template <int NT>
 __device__ __forceinline__ void drop_keyed(const CudaAttentionArgs& a, float (&s)[NT][4], const uint32_t (&row_key)[2],
                                            int n0, int lane, const TileKeys* keys) {
+  static_assert(NT % 2 == 0, "keys 8 apart pair up within the tile");
   const uint32_t threshold = dropout_threshold(a.dropout_prob);
   const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+  for (int j = 0; j < NT; j += 2)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int col = n0 + j * 8 + (lane % 4) * 2 + c;
       const uint32_t word = dropout_key_word(keys->consecutive || col < a.kv_len ? key_position(a, keys, n0, col) : 0);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float& p = s[j][2 * i + c];
-        p = dropout_drops(row_key[i], word, threshold) ? 0.0f : p * keep_scale;
+        const uint32_t bits = dropout_key_bits(row_key[i], word);
+        float &low = s[j][2 * i + c], &high = s[j + 1][2 * i + c];
+        low = dropout_low_drops(bits, threshold) ? 0.0f : low * keep_scale;
+        high = dropout_high_drops(bits, threshold) ? 0.0f : high * keep_scale;
       }
     }
 }

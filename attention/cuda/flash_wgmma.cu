@@ -130,8 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ std::conditional_t<kDropout, uint32_t[kBlockM], char> drop_row_keys;
   if constexpr (kDropout) {
     if (tid < kBlockM)
-      drop_row_keys[tid] = dropout_row_key(dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h),
-                                           m0 + tid < a.q_len ? q_position(a.pos, m0 + tid) : 0);
+      drop_row_keys[tid] = dropout_row_key_at(a, b, h, m0 + tid);
   }
   __syncthreads();
   int64_t block_q_lo = INT64_MAX, block_q_hi = INT64_MIN, group_q_lo = INT64_MAX, group_q_hi = INT64_MIN;

@@ -241,9 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   auto store_drop_keys = [&](int into, int h, int m0) {
     if constexpr (kDropout) {
       if (tid < kBlockM)
-        drop_key_buffers[into][tid] =
-            dropout_row_key(dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h),
-                            m0 + tid < a.q_len ? q_position(a.pos, m0 + tid) : 0);
+        drop_key_buffers[into][tid] = dropout_row_key_at(a, b, h, m0 + tid);
     }
   };
   int h = kh * (a.q_heads / a.kv_heads), m0 = 0, buffer = 0;
@@ -392,18 +390,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     wgmma::pin(dpt);
     // dS^T = P^T (dP^T - delta), then both as 16-bit A operands.
     uint32_t pt[kTilesM / 2][4], dst[kTilesM / 2][4];
-    // kDropout: the forward's decisions (drop_keyed), from the rows' keys and this thread's two keys' words.
-    [[maybe_unused]] uint32_t drop_threshold = 0, key_word[2] = {0, 0};
+    // kDropout: the forward's decisions (drop_keyed), from the rows' keys and this thread's keys' word: its two keys
+    // are 8 apart with the first's bit 3 clear (dropout_keys_pair_up), so one finalizer a query decides both.
+    [[maybe_unused]] uint32_t drop_threshold = 0, key_word = 0;
     [[maybe_unused]] float keep_scale = 1.0f;
     [[maybe_unused]] const uint32_t* drop_keys_s = nullptr;
     if constexpr (kDropout) {
       drop_threshold = dropout_threshold(a.dropout_prob);
       keep_scale = 1.0f / (1.0f - a.dropout_prob);
-      key_word[0] = dropout_key_word(key_pos[0]), key_word[1] = dropout_key_word(key_pos[1]);
+      key_word = dropout_key_word(key_pos[0]);
       drop_keys_s = drop_key_buffers[buffer];
     }
 #pragma unroll
-    for (int j = 0; j < kTilesM; ++j)
+    for (int j = 0; j < kTilesM; ++j) {
+      [[maybe_unused]] uint32_t drop_bits[2];  // kDropout: query column e & 1's bits (low half: key 0, high: key 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
@@ -427,7 +427,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           continue;
         }
         if constexpr (kDropout) {  // dS = P (dP w - delta), and P w into dV, w = 0 (dropped) or 1 / (1 - p)
-          const float weight = dropout_drops(drop_keys_s[qcol], key_word[e / 2], drop_threshold) ? 0.0f : keep_scale;
+          if (e < 2) drop_bits[e] = dropout_key_bits(drop_keys_s[qcol], key_word);
+          const bool dropped = e < 2 ? dropout_low_drops(drop_bits[e & 1], drop_threshold)
+                                     : dropout_high_drops(drop_bits[e & 1], drop_threshold);
+          const float weight = dropped ? 0.0f : keep_scale;
           dpt[j][e] = st[j][e] * (dpt[j][e] * weight - delta_s[qcol]);
           st[j][e] *= weight;
           continue;
@@ -438,6 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
         }
         if constexpr (kSoftCap) dpt[j][e] *= soft_cap_slope(st[j][e], lse_s[qcol], 0.0f, a.soft_cap);  // P = 0: dS = 0 anyway
       }
+    }
 #pragma unroll
     for (int kc = 0; kc < kTilesM / 2; ++kc) {
       pack_probabilities<T>(st, kc, pt[kc]);

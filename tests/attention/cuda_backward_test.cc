@@ -307,6 +307,55 @@ TEST(CudaMaskTiles, ANamedMaskKeepsItsResultsAcrossCalls) {
   expect_results("two documents, again");
 }
 
+// Dropout's decisions of keys 8 apart share one finalizer (dropout_key_word), which the wgmma dropout instances form
+// once for two pairs where the keys pair up (dropout_keys_pair_up); keys that do not take the extras instances. Key
+// positions as a ring's blocks have them: a run from an offset off 16 (the extras), a run from a multiple of 16 past
+// 0, every other position (the extras), and two runs from multiples of 16 (a zigzag block: positions read, paired);
+// the forward and the backward against the f64 reference at those positions, each kernel, D 64 and 128, with and
+// without causal.
+TEST(CudaDropout, KeyPositionsOffTheKernelsPairingMatchTheReference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
+  uint64_t seed = 71;
+  for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true})
+        for (int layout = 0; layout < 4; ++layout) {
+          if (kernel == FlashKernel::kWgmma && !flash_wgmma_available()) continue;
+          Options opt;
+          opt.dropout = true, opt.causal = causal;
+          const int64_t T = 203, S = 299;
+          DeviceGradProblem setup(ProblemSpec{1, T, S, 4, 2, d, d, DType::kBF16, opt, seed}, seed + 1);
+          ++seed;
+          auto& [problem, host_in, device_in, d_o, d_o_device] = setup;
+          problem.params().flash_kernel = kernel;
+          TokenPositions pos;
+          for (int64_t j = 0; j < S; ++j)
+            pos.k.push_back(layout == 0 ? 5 + j : layout == 1 ? 48 + j : layout == 2 ? 2 * j + 1 : j < 144 ? j : 400 + j);
+          for (int64_t i = 0; i < T; ++i) pos.q.push_back(pos.k[size_t(i + S - T)]);  // bottom-right: the last keys'
+          pos.total_keys = pos.k.back() + 1;
+          const char* layouts[] = {"a run from 5", "a run from 48", "every other", "two runs"};
+          SCOPED_TRACE(std::string(flash_kernel_name(kernel)) + " D=" + std::to_string(d) + (causal ? " causal, " : ", ") +
+                       layouts[layout]);
+          const AttentionOutput out = impl->forward(device_in.inputs, problem.params(), pos);
+          const Gradients g = impl->backward(device_in.inputs, problem.params(), pos, d_o_device);
+          RA_CUDA_CHECK(cudaDeviceSynchronize());
+          const ReferenceOutput ref_out = reference_attention_f64(host_in, problem.params(), pos);
+          const Comparison o = compare(to_memory(out.o, MemoryKind::kHost), to_memory(out.lse, MemoryKind::kHost),
+                                       ref_out, output_tolerance(DType::kBF16, max_abs_value(host_in.v)), kLseTolerance);
+          EXPECT_EQ(o.nan, 0);
+          EXPECT_EQ(o.wrong, 0) << "o: max |error| " << o.max_abs_error;
+          const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
+          for (const auto& [got, want, name] :
+               {std::tuple{&g.dq, &ref.dq, "dq"}, {&g.dk, &ref.dk, "dk"}, {&g.dv, &ref.dv, "dv"}}) {
+            const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, DType::kBF16);
+            EXPECT_EQ(cmp.nan, 0) << name;
+            EXPECT_EQ(cmp.wrong, 0) << name << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance
+                                    << ")";
+          }
+        }
+}
+
 // A loss that reads LSE too: dLSE beside dO, from the implementation's forward (O in f32), through the
 // accumulator path (f32 gradients, and any bias) and the direct one (q's dtype), each kernel, every option
 // alone and combined; cudnn, whose backward forms rowsum(dO * O) itself, refuses it by name.

@@ -1,6 +1,7 @@
-// Dropout's decisions (attention/online_softmax.h): the threshold is ceil(p 2^32) exactly, the levels a kernel
-// forms once give the decision formed from scratch, and the decisions behave as independent draws of probability p:
-// by rows, by keys, by heads and batch entries, by seeds, and between neighbouring pairs.
+// Dropout's decisions (attention/online_softmax.h): the threshold is round(p 2^16) exactly, the levels a kernel
+// forms once (keys 8 apart sharing one finalizer's halves) give the decision formed from scratch, and the decisions
+// behave as independent draws of probability p: by rows, by keys, by heads and batch entries, by seeds, and between
+// neighbouring pairs, the keys that share a finalizer among them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,24 +12,34 @@
 namespace ra::test {
 namespace {
 
-TEST(Dropout, ThresholdIsCeilOfPTimesTwoToThe32) {
+TEST(Dropout, ThresholdIsPTimesTwoToThe16Rounded) {
   EXPECT_EQ(dropout_threshold(0.0f), 0u);
   EXPECT_EQ(dropout_threshold(-0.5f), 0u);
   EXPECT_EQ(dropout_threshold(NAN), 0u);
   EXPECT_EQ(dropout_threshold(1e-40f), 0u);  // a denormal, which a device flushes to 0
-  EXPECT_EQ(dropout_threshold(0.5f), 2147483648u);
-  EXPECT_EQ(dropout_threshold(0.25f), 1073741824u);
-  for (float p : {0.1f, 0.125f, 0.3f, 0.7f, 1e-6f, 3e-9f, 0.99999994f}) {
-    const double exact = std::ceil(double(p) * 4294967296.0);
+  EXPECT_EQ(dropout_threshold(1.0f), 65536u);
+  EXPECT_EQ(dropout_threshold(0.5f), 32768u);
+  EXPECT_EQ(dropout_threshold(0.25f), 16384u);
+  EXPECT_EQ(dropout_threshold(7.0f / 131072), 4u);  // 3.5 rounds half up
+  for (float p : {0.1f, 0.125f, 0.3f, 0.7f, 1e-6f, 3e-9f, 1e-5f, 0.99999994f}) {
+    const double exact = std::floor(double(p) * 65536.0 + 0.5);
     EXPECT_EQ(double(dropout_threshold(p)), exact) << p;
+    EXPECT_LE(std::fabs(double(dropout_threshold(p)) / 65536.0 - double(p)), 1.0 / 131072) << p;
   }
 }
 
 TEST(Dropout, LevelsGiveTheDecisionFromScratch) {
+  const uint32_t threshold = dropout_threshold(0.4f);
   for (int64_t q : {int64_t(0), int64_t(7), int64_t(1) << 33})
-    for (int64_t k : {int64_t(0), int64_t(5), (int64_t(1) << 32) + 5}) {
+    for (int64_t k : {int64_t(0), int64_t(5), int64_t(13), (int64_t(1) << 32) + 5, (int64_t(1) << 32) + 24}) {
       const uint32_t row = dropout_row_key(dropout_head_key(11, 2, 3), q);
-      EXPECT_EQ(dropout_drops(11, 2, 3, q, k, 0.4f), dropout_drops(row, dropout_key_word(k), dropout_threshold(0.4f)));
+      EXPECT_EQ(dropout_drops(11, 2, 3, q, k, 0.4f), dropout_drops(row, k, threshold));
+      // Keys k and k ^ 8 are the low and high halves of one finalizer, as the kernels form them.
+      const int64_t low = k & ~int64_t(8), high = low + 8;
+      const uint32_t bits = dropout_key_bits(row, dropout_key_word(low));
+      EXPECT_EQ(dropout_key_word(low), dropout_key_word(high));
+      EXPECT_EQ(dropout_drops(11, 2, 3, q, low, 0.4f), dropout_low_drops(bits, threshold));
+      EXPECT_EQ(dropout_drops(11, 2, 3, q, high, 0.4f), dropout_high_drops(bits, threshold));
     }
   // Positions past 2^32 do not repeat their low half's decisions.
   int differ = 0;
@@ -61,9 +72,10 @@ TEST(Dropout, DecisionsAreDrawsOfProbabilityP) {
 }
 
 TEST(Dropout, NeighbouringDecisionsAreIndependent) {
-  // P(both dropped) = p^2 for neighbours along keys, along queries, across heads and across seeds.
+  // P(both dropped) = p^2 for neighbours along keys (1 apart, and 8 apart: one finalizer's two halves), along
+  // queries, across heads and across seeds.
   const float p = 0.3f;
-  for (int axis = 0; axis < 4; ++axis) {
+  for (int axis = 0; axis < 5; ++axis) {
     std::vector<bool> both;
     for (int64_t q = 0; q < 200; ++q)
       for (int64_t k = 0; k < 200; ++k) {
@@ -71,7 +83,8 @@ TEST(Dropout, NeighbouringDecisionsAreIndependent) {
         const bool next = axis == 0   ? dropout_drops(5, 1, 2, q, k + 1, p)
                           : axis == 1 ? dropout_drops(5, 1, 2, q + 1, k, p)
                           : axis == 2 ? dropout_drops(5, 1, 3, q, k, p)
-                                      : dropout_drops(6, 1, 2, q, k, p);
+                          : axis == 3 ? dropout_drops(6, 1, 2, q, k, p)
+                                      : dropout_drops(5, 1, 2, q, k ^ 8, p);
         both.push_back(here && next);
       }
     expect_rate(both, double(p) * p, "neighbours");
