@@ -345,6 +345,13 @@ std::vector<RingBackwardCase> ring_backward_cases() {
   cases.push_back(cudnn_contiguous);
   cases.push_back(gpu(SequenceLayout::kZigzag, opts[1], DType::kBF16, 96, 96, 4, 2, "flash_attn2", true));
   cases.push_back(gpu(SequenceLayout::kContiguous, opts[0], DType::kF16, 3, 3, 2, 2, "flash_attn2"));  // fewer tokens than ranks
+  // Dropout alone in 16-bit (dropout_keys_pair_up): the wgmma dropout instances where each rank's chunks pair up in
+  // 16s (T = 256 on 2 ranks: contiguous, zigzag), the extras where they do not (striped; zigzag chunks of 50).
+  Options dropout;
+  dropout.dropout = dropout.causal = true;
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped})
+    cases.push_back(gpu(layout, dropout, DType::kBF16, 256, 256, 4, 2, "flash_attn2"));
+  cases.push_back(gpu(SequenceLayout::kZigzag, dropout, DType::kBF16, 200, 200, 4, 2, "flash_attn2"));
   Options capped_documents;  // Gemma 2's packed documents: the flash kernels' soft-cap instances with segment ids
   capped_documents.causal = capped_documents.segments = capped_documents.softcap = true;
   for (SequenceLayout layout : {SequenceLayout::kZigzag, SequenceLayout::kContiguous})

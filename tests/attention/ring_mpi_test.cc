@@ -145,6 +145,14 @@ std::vector<RingCase> ring_cases() {
   cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kBF16, 256, 256, 4, 2, "flash_attn2", 128});
   cases.push_back({SequenceLayout::kContiguous, opts[0], DType::kBF16, 256, 256, 4, 4, "flash_attn2", 128});
   cases.push_back({SequenceLayout::kStriped, opts[7], DType::kF16, 203, 203, 4, 1, "flash_attn2", 128});
+  // Dropout alone in 16-bit (dropout_keys_pair_up): at T = 256 each rank's chunks pair up in 16s on 2 ranks (the wgmma
+  // dropout instances: contiguous runs, and zigzag's two runs from the host's positions); striped positions and T =
+  // 200's zigzag chunks of 50 do not (the extras).
+  Options dropout;
+  dropout.dropout = dropout.causal = true;
+  for (SequenceLayout layout : {SequenceLayout::kContiguous, SequenceLayout::kZigzag, SequenceLayout::kStriped})
+    cases.push_back({layout, dropout, DType::kBF16, 256, 256, 4, 2, "flash_attn2", 128});
+  cases.push_back({SequenceLayout::kZigzag, dropout, DType::kBF16, 200, 200, 4, 2, "flash_attn2", 128});
   // head_dim 256 on positions only: on Hopper the ring's steps run the wgmma kernel's 64-key tiles.
   cases.push_back({SequenceLayout::kZigzag, opts[1], DType::kBF16, 230, 230, 4, 2, "flash_attn2", 256});
   // Head dims between the flash kernels' instances, Dv != D (MLA's 192 / 128): the carry holds Dv columns.
