@@ -410,7 +410,8 @@ __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, f
 // Whether the keys pair up as dropout's decisions do (dropout_key_word): each 16 key rows from a multiple of 16 (an
 // MMA fragment's rows, or its column pairs 8 apart) are positions k and k + 8 with k's bit 3 clear, so that one
 // finalizer decides two of a thread's pairs. A run from a multiple of 16 does (a single call's keys); otherwise the
-// host's copy of the positions says (a ring's blocks: zigzag and striped chunks of a multiple of 16 do).
+// host's copy of the positions says (a ring's blocks: contiguous and zigzag chunks of a multiple of 16 do, striped
+// positions do not).
 inline bool dropout_keys_pair_up(const DevicePositions& pos, int64_t kv_len) {
   if (pos.k_run != DevicePositions::kNotARun) return (pos.k_run & 15) == 0;
   if (pos.k_host == nullptr) return false;
