@@ -34,4 +34,11 @@ std::optional<int64_t> run_start(std::span<const int64_t> positions) {
   return positions[0];
 }
 
+bool dropout_keys_pair_up(std::span<const int64_t> positions) {
+  for (size_t i = 0; i < positions.size(); ++i)
+    if (i % 16 < 8 && ((positions[i] & 8) != 0 || (i + 8 < positions.size() && positions[i + 8] != positions[i] + 8)))
+      return false;
+  return true;
+}
+
 }  // namespace ra

@@ -40,6 +40,10 @@ struct TokenPositions {
 // contiguous layout's are), else none: the CUDA kernels then compute a row's position rather than read it.
 std::optional<int64_t> run_start(std::span<const int64_t> positions);
 
+// Whether key positions pair up as dropout's decisions do (dropout_key_word): each 16 entries from a multiple of 16
+// are positions k and k + 8 with k's bit 3 clear, so that a kernel holding both hashes once for the two.
+bool dropout_keys_pair_up(std::span<const int64_t> positions);
+
 // Contiguous copies of every defined tensor of `in` in `memory` (e.g. host inputs staged to the
 // device for the cuda backend), and the inputs viewing them.
 struct InputsCopy {

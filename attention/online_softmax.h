@@ -101,13 +101,18 @@ RA_HD_INLINE bool position_visible(int64_t qpos, int64_t kpos, bool causal, int6
 // Keys 8 apart share one finalizer because an MMA fragment's thread holds both (its rows r and r + 8; its columns
 // 8j + c and 8(j + 1) + c): a kernel whose keys start on a multiple of 16 hashes once for two pairs. A pair is
 // dropped where its 16 bits fall below dropout_threshold(p): probability p to within 2^-17.
-RA_HD_INLINE uint32_t mix32(uint32_t x) {
+// MurmurHash3's finalizer but its last step (x ^= x >> 16), which changes only the low half.
+RA_HD_INLINE uint32_t mix32_but_last(uint32_t x) {
   x ^= x >> 16;
   x *= 0x85ebca6bu;
   x ^= x >> 13;
   x *= 0xc2b2ae35u;
-  x ^= x >> 16;
   return x;
+}
+
+RA_HD_INLINE uint32_t mix32(uint32_t x) {
+  x = mix32_but_last(x);
+  return x ^ (x >> 16);
 }
 
 RA_HD_INLINE uint32_t dropout_head_key(uint64_t seed, int64_t b, int64_t h) {
@@ -146,6 +151,22 @@ RA_HD_INLINE uint32_t dropout_threshold(float p) {
 // The decisions of the two keys one finalizer serves: the one with bit 3 clear (low half), the one 8 further (high).
 RA_HD_INLINE bool dropout_low_drops(uint32_t bits, uint32_t threshold) { return (bits & 0xffffu) < threshold; }
 RA_HD_INLINE bool dropout_high_drops(uint32_t bits, uint32_t threshold) { return (bits >> 16) < threshold; }
+
+// The same decisions as kernels that hold both keys take them (dropout_keys_pair_up), in fewer instructions: from
+// the finalizer before its last step (dropout_pair_bits) and the threshold shifted to the high half
+// (dropout_threshold_high). The high key's 16 bits are that value's high half, which the last step leaves as it is;
+// the low key's are the xor of its two halves, compared in the high half too.
+RA_HD_INLINE uint32_t dropout_pair_bits(uint32_t row_key, uint32_t key_word) { return mix32_but_last(row_key ^ key_word); }
+
+// dropout_threshold(p) << 16, which only a threshold below 2^16 has (p below 1 - 2^-17; the pair kernels take no other).
+RA_HD_INLINE uint32_t dropout_threshold_high(uint32_t threshold) { return threshold << 16; }
+
+RA_HD_INLINE bool dropout_pair_low_drops(uint32_t pair_bits, uint32_t threshold_high) {
+  return ((pair_bits << 16) ^ (pair_bits & 0xffff0000u)) < threshold_high;
+}
+RA_HD_INLINE bool dropout_pair_high_drops(uint32_t pair_bits, uint32_t threshold_high) {
+  return pair_bits < threshold_high;
+}
 
 // Key position k's decision in row `row_key` (any k: the half is chosen by its bit 3).
 RA_HD_INLINE bool dropout_drops(uint32_t row_key, int64_t k, uint32_t threshold) {

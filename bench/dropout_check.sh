@@ -1,7 +1,7 @@
 #!/bin/bash
-# Dropout on the wgmma kernels (bench/RESULTS.md, "Dropout's own wgmma instances"): the GPU tests, then dropout's rows
-# beside the same shapes without it and on the mma.sync kernel forced (each pair's decision formed from scratch), and
-# PyTorch's SDPA FlashAttention-2 with dropout. A pack of another build gives its rows alone ("rows" only), so that two
+# Dropout on the flash kernels (bench/RESULTS.md, "Dropout's own wgmma instances", "mma.sync's dropout instances"): the
+# GPU tests, then dropout's rows beside the same shapes without it, each on the kernel auto picks and on the mma.sync
+# kernel forced (Ampere's), and PyTorch's SDPA FlashAttention-2 with dropout. A pack of another build gives its rows alone ("rows" only), so that two
 # calls on one warm machine compare builds.
 #   bash .device/on-device.sh bash bench/dropout_check.sh PACK [STAGES]   (STAGES, in this order: quick (the unit tests
 # with dropout), rows, docs (16 packed documents with and without dropout), torch, tests (all the GPU tests); carry PACK)
@@ -18,9 +18,10 @@ row() {  # the single-call forward and backward: TFLOP/s
     grep -v '^#' | grep -o "forward  *[0-9.]*  *[0-9.]*\|backward  *[0-9.]*  *[0-9.]*" | tr '\n' ' '
 }
 if has rows; then
-  for shape in "--heads 32 --head-dim 128" "--heads 64 --head-dim 64"; do for causal in "" "--causal"; do
-    for flags in "" "--dropout 0.1" "--dropout 0.1 --flash-kernel mma_sync"; do
-      iters=10; [[ $flags == *mma_sync* ]] && iters=3
+  for shape in "--heads 32 --head-dim 128" "--heads 64 --head-dim 64" "--heads 16 --head-dim 256"; do
+    for causal in "" "--causal"; do
+    for flags in "" "--dropout 0.1" "--flash-kernel mma_sync" "--dropout 0.1 --flash-kernel mma_sync"; do
+      iters=10; [[ $flags == *mma_sync* ]] && iters=4
       echo "$b $shape $causal $flags: $(row $shape $causal $flags --iters $iters)" | tee -a $out/rows.txt
     done
   done; done
@@ -36,6 +37,7 @@ if has torch; then
   for causal in 0 1; do
     python3 bench/torch_extras.py --seq 16384 --heads 32 --head-dim 128 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
     python3 bench/torch_extras.py --seq 16384 --heads 64 --head-dim 64 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
+    python3 bench/torch_extras.py --seq 16384 --heads 16 --head-dim 256 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
   done
 fi
 if has tests; then gpu_tests; fi

@@ -30,13 +30,19 @@ struct DevicePositions {
   static constexpr int64_t kNotARun = INT64_MIN;
   int64_t q_run = kNotARun, k_run = kNotARun;
   static int64_t run_of(std::span<const int64_t> positions) { return run_start(positions).value_or(kNotARun); }
+  // Whether the keys pair up as dropout's decisions do (dropout_keys_pair_up), where the caller found it once (a
+  // ring's blocks); unknown: a launch that needs it scans k_host.
+  enum class KeyPairing : int8_t { kUnknown, kPairs, kApart };
+  KeyPairing key_pairing = KeyPairing::kUnknown;
 
-  // The positions of the keys from row `first` on (a block of them): every view of the keys moves together.
+  // The positions of the keys from row `first` on (a block of them): every view of the keys moves together. Keys
+  // that pair up from a multiple of 16 still do; any other answer is unknown again.
   DevicePositions keys_from(int64_t first) const {
     DevicePositions block = *this;
     block.k += first;
     if (block.k_host != nullptr) block.k_host += first;
     if (block.k_run != kNotARun) block.k_run += first;
+    if (block.key_pairing != KeyPairing::kPairs || first % 16 != 0) block.key_pairing = KeyPairing::kUnknown;
     return block;
   }
 };

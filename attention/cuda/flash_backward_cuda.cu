@@ -57,8 +57,12 @@ struct BackwardTraits {
 // extras one compares them in pair_logit); the others compile without them (at the register limit).
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 // kSoftCap: P from the capped logits and dS times the cap's derivative (with kSegments, not kExtras).
-template <typename T, int D, bool kExtras, bool kSegments, bool kPadded, bool kSoftCap = false>
+// kDropout: dropout beside positions and segment ids (flash_takes_dropout_beside_positions, with kSegments), as the
+// wgmma backward's instance takes it: each step's rows' dropout keys formed once, a thread's two keys (8 apart) decided
+// by one finalizer a query.
+template <typename T, int D, bool kExtras, bool kSegments, bool kPadded, bool kSoftCap = false, bool kDropout = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const FlashBackwardArgs g) {
+  static_assert(!kDropout || (kSegments && !kExtras && !kSoftCap), "dropout beside positions and segment ids");
   using Traits = BackwardTraits<T, D>;
   constexpr int kBlockN = Traits::kBlockN, kQTilesPerWarp = Traits::kQTilesPerWarp;
   constexpr int kTilesDPerWarp = Traits::kTilesDPerWarp;
@@ -72,6 +76,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kPInShared only)
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
   __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
+  __shared__ std::conditional_t<kDropout, uint32_t[2][kBlockM], char> drop_key_buffers;  // the step's rows' keys
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mi = lane / 8;
   const int block = key_block(g), n0 = block * kBlockN, kh = blockIdx.y, b = blockIdx.z;
@@ -96,6 +101,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
 
   const float scale_log2 = a.scale * kLog2e, keep_scale = 1.0f / (1.0f - a.dropout_prob);
   const int key_row = key_tile * 16 + lane / 4;  // this thread's keys: key_row and key_row + 8 of the block
+  // kDropout: those two keys' word (dropout_key_word; the block's keys pair up from n0, a multiple of 16, and key_row's
+  // bit 3 is clear), and the threshold as the pair form compares it.
+  [[maybe_unused]] uint32_t key_word = 0, threshold_high = 0;
+  if constexpr (kDropout) {
+    key_word = dropout_key_word(n0 + key_row < a.kv_len ? a.pos.k[n0 + key_row] : 0);
+    threshold_high = dropout_threshold_high(dropout_threshold(a.dropout_prob));
+  }
   // The steps are the (query head, query block) pairs whose positions can see these keys, in order;
   // a step's Q, dO, LSE and delta load while the previous step computes (two buffers).
   auto find_step = [&](int& h, int& m0, BlockKind& kind) {
@@ -113,6 +125,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
       copy_4(&delta_buffers[buffer][tid], g.delta + at, row < a.q_len);
     }
     if constexpr (!kExtras) load_step_segments<kBlockM, kSegments>(a, segment_buffers[buffer], b, m0, tid);
+    if constexpr (kDropout) {
+      if (tid < kBlockM) drop_key_buffers[buffer][tid] = dropout_row_key_at(a, b, h, m0 + tid);
+    }
   };
   int h = kh * group, m0 = 0, buffer = 0;
   BlockKind kind = BlockKind::kSkip;
@@ -161,7 +176,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
       // P^T (after dropout, into st) and dS^T times the soft cap's derivative (into dpt).
       const bool masked = kind == BlockKind::kPartial || kExtras || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
 #pragma unroll
-      for (int j = 0; j < kQTilesPerWarp; ++j)
+      for (int j = 0; j < kQTilesPerWarp; ++j) {
+        [[maybe_unused]] uint32_t drop_bits[2];  // kDropout: query column e & 1's dropout_pair_bits (its keys 0 and 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = n0 + key_row + (e >= 2 ? 8 : 0), qcol = (q_tile0 + j) * 8 + (lane % 4) * 2 + (e & 1);
@@ -189,12 +205,19 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           // LSE in log2 units; a row that saw nothing (-inf) or is past the end gives P = 0.
           const float lse = lse_s[qcol];
           const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
-          const float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
+          float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
+          if constexpr (kDropout) {  // the forward's decisions (drop_keyed): 0 where dropped, else 1 / (1 - p)
+            if (e < 2) drop_bits[e] = dropout_pair_bits(drop_key_buffers[buffer][qcol], key_word);
+            const bool dropped = e < 2 ? dropout_pair_low_drops(drop_bits[e & 1], threshold_high)
+                                       : dropout_pair_high_drops(drop_bits[e & 1], threshold_high);
+            weight = dropped ? 0.0f : keep_scale;
+          }
           const float ds = p * (dpt[j][e] * weight - (query < a.q_len ? delta_s[qcol] : 0.0f));
           if (kExtras && g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, a.pos.k[key], ds);
           st[j][e] = p * weight;
           dpt[j][e] = ds * derivative;
         }
+      }
 
       // dS^T (and P^T where a warp holds half its rows) to shared memory, 16-bit, rows of 64 queries:
       // before dV and dK where those read them from there, else after.
@@ -281,7 +304,8 @@ void launch_backward(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t
   using Traits = BackwardTraits<T, D>;
   // The extras and soft-cap instances always read segment ids (the extras are not at the register limit's edge;
   // the soft cap is rare enough not to double its instances).
-  auto kernel = flash_has_extras(g.a)   ? flash_backward_kernel<T, D, true, true, kPadded>
+  auto kernel = flash_takes_dropout_beside_positions(g.a) ? flash_backward_kernel<T, D, false, true, kPadded, false, true>
+                : flash_has_extras(g.a)   ? flash_backward_kernel<T, D, true, true, kPadded>
                 : g.a.soft_cap > 0.0f  ? flash_backward_kernel<T, D, false, true, kPadded, true>
                 : g.a.q_segment_ranges ? flash_backward_kernel<T, D, false, true, kPadded>
                                        : flash_backward_kernel<T, D, false, false, kPadded>;

@@ -46,8 +46,12 @@ __device__ __forceinline__ void load_tile(T* dst, const DeviceView4& src, int b,
 // dropout (always with kSegments). kPadded: head dims narrower than D (dispatch_flash_instance), zero columns.
 // kSoftCap: the scores capped into log2 units before the masks (with kSegments, not kExtras): the other
 // instances compile as before.
-template <typename T, int D, bool kExtras, bool kSegments, bool kPadded, bool kSoftCap = false>
+// kDropout: dropout beside positions and segment ids (flash_takes_dropout_beside_positions, with kSegments), as the
+// wgmma forward's instance takes it: each row's dropout key formed once, each two pairs' decisions from one
+// finalizer (drop_keyed), O scaled by 1 / (1 - p) once at the end.
+template <typename T, int D, bool kExtras, bool kSegments, bool kPadded, bool kSoftCap = false, bool kDropout = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAttentionArgs a) {
+  static_assert(!kDropout || (kSegments && !kExtras && !kSoftCap), "dropout beside positions and segment ids");
   constexpr int kMTiles = kMTilesFor<D>, kBlockM = kBlockMFor<D>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);
@@ -71,6 +75,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
     warp_query_range<16 * kMTiles, Positions::kRead>(a, warp_row0, lane, lo, hi);
     if (lane == 0) warp_q_lo[warp] = lo, warp_q_hi[warp] = hi;
   }
+  // kDropout: every row's dropout key, formed once for all its tiles (registers held across the tiles spill).
+  __shared__ std::conditional_t<kDropout, uint32_t[kBlockM], char> drop_row_keys;
+  if constexpr (kDropout) {
+    for (int row = tid; row < kBlockM; row += kThreads) drop_row_keys[row] = dropout_row_key_at(a, b, h, m0 + row);
+  }
   __syncthreads();
   int64_t block_q_lo = INT64_MAX, block_q_hi = INT64_MIN;
   for (int w = 0; w < kWarps; ++w) block_q_lo = min(block_q_lo, warp_q_lo[w]), block_q_hi = max(block_q_hi, warp_q_hi[w]);
@@ -90,6 +99,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
 #pragma unroll
   for (int t = 0; t < kMTiles; ++t)
     load_carry<kPadded>(a, carry_row0, warp_row0 + t * 16 + lane / 4, lane, o_acc[t], m_row[t], l_row[t]);
+  // kDropout: kept pairs' P stay unscaled (drop_keyed), so O takes 1 / (1 - p) once at the end; the carry's O, scaled
+  // by 1 - p here, comes back to within rounding.
+  [[maybe_unused]] const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
+  [[maybe_unused]] auto scale_o = [&](float by) {
+#pragma unroll
+    for (int t = 0; t < kMTiles; ++t)
+#pragma unroll
+      for (int j = 0; j < kTilesD; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_acc[t][j][e] *= by;
+  };
+  if constexpr (kDropout) scale_o(1.0f - a.dropout_prob);
 
   const float scale_log2 = a.scale * kLog2e;
 
@@ -175,6 +196,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
         }
         softmax_step(s[t], o_acc[t], m_row[t], l_row[t], sc);
         if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s[t], b, h, n0, lane, row0, nullptr);
+        if constexpr (kDropout) {  // positions read as the masks read them (TileKeys not consecutive)
+          const uint32_t row_key[2] = {drop_row_keys[row0 - m0], drop_row_keys[row0 + 8 - m0]};
+          const TileKeys keys{};
+          drop_keyed(a, s[t], row_key, n0, lane, &keys);
+        }
       }
       // O += P V: P from the S accumulators, V through a transposing ldmatrix that feeds both m-tiles.
 #pragma unroll
@@ -203,6 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
     tile = next;
   }
   copy_wait_all();
+  if constexpr (kDropout) scale_o(keep_scale);
 
   // The carry out.
 #pragma unroll
@@ -216,7 +243,8 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
   // The extras and soft-cap instances always read segment ids (the extras compare every logit anyway; the
   // soft cap is rare enough not to double its instances).
-  auto kernel = flash_has_extras(a)   ? flash_forward_kernel<T, D, true, true, kPadded>
+  auto kernel = flash_takes_dropout_beside_positions(a) ? flash_forward_kernel<T, D, false, true, kPadded, false, true>
+                : flash_has_extras(a)   ? flash_forward_kernel<T, D, true, true, kPadded>
                 : a.soft_cap > 0.0f  ? flash_forward_kernel<T, D, false, true, kPadded, true>
                 : a.q_segment_ranges ? flash_forward_kernel<T, D, false, true, kPadded>
                                      : flash_forward_kernel<T, D, false, false, kPadded>;

@@ -410,24 +410,22 @@ __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, f
 // Whether the keys pair up as dropout's decisions do (dropout_key_word): each 16 key rows from a multiple of 16 (an
 // MMA fragment's rows, or its column pairs 8 apart) are positions k and k + 8 with k's bit 3 clear, so that one
 // finalizer decides two of a thread's pairs. A run from a multiple of 16 does (a single call's keys); otherwise the
-// host's copy of the positions says (a ring's blocks: contiguous and zigzag chunks of a multiple of 16 do, striped
-// positions do not).
+// caller's answer found once (a ring's blocks, RingSchedule::keys_pair_up: contiguous and zigzag chunks of a multiple
+// of 16 do, striped positions do not), else a scan of the host's copy of the positions.
 inline bool dropout_keys_pair_up(const DevicePositions& pos, int64_t kv_len) {
   if (pos.k_run != DevicePositions::kNotARun) return (pos.k_run & 15) == 0;
-  if (pos.k_host == nullptr) return false;
-  for (int64_t i = 0; i < kv_len; ++i)
-    if (i % 16 < 8 && ((pos.k_host[i] & 8) != 0 || (i + 8 < kv_len && pos.k_host[i + 8] != pos.k_host[i] + 8)))
-      return false;
-  return true;
+  if (pos.key_pairing != DevicePositions::KeyPairing::kUnknown) return pos.key_pairing == DevicePositions::KeyPairing::kPairs;
+  return pos.k_host != nullptr && ra::dropout_keys_pair_up(std::span<const int64_t>(pos.k_host, size_t(kv_len)));
 }
 
 // Whether a call's extras are dropout beside positions and segment ids (no bias, mask or soft cap; V as wide as K)
-// on keys that pair up, which the wgmma kernels' dropout instances take at the head dims they have them for (segment
-// ids through their ranges, as the positions' instances take them). Keys that do not pair up take the extras.
+// on keys that pair up, which the dropout instances take: the wgmma kernels' at the head dims they have them for, the
+// mma.sync kernels' at every head dim (segment ids through their ranges, as the positions' instances take them). Keys that do not pair up, and a p that drops
+// every pair (dropout_threshold_high has no room for its threshold), take the extras.
 inline bool flash_takes_dropout_beside_positions(const CudaAttentionArgs& a) {
   return a.dropout_prob > 0.0f && !a.bias.data && !a.mask.data && a.soft_cap <= 0.0f &&
          (!a.q_segment_ids.data || a.q_segment_ranges) && a.head_dim == a.value_dim &&
-         dropout_keys_pair_up(a.pos, a.kv_len);
+         dropout_threshold(a.dropout_prob) < 65536u && dropout_keys_pair_up(a.pos, a.kv_len);
 }
 
 // Query row `row`'s dropout key (dropout_row_key), formed once per row by the wgmma kernels' dropout instances; a
@@ -439,14 +437,14 @@ __device__ __forceinline__ uint32_t dropout_row_key_at(const CudaAttentionArgs& 
 
 // Dropout on a fragment of probabilities from key n0 with its two rows' keys formed once (dropout_row_key; the
 // wgmma forward's dropout instance, whose keys pair up: dropout_keys_pair_up): a dropped pair's P becomes 0, a kept
-// one's P / (1 - p), branch-free. Columns 8j + c and 8(j + 1) + c (j even) are keys 8 apart, whose decisions are one
-// finalizer's halves. Columns past the keys' end (P = 0) read no position.
+// one's stays P, branch-free; the kernel scales O by 1 / (1 - p) once at its end. Columns 8j + c and 8(j + 1) + c
+// (j even) are keys 8 apart, whose decisions are one finalizer's halves (dropout_pair_bits). Columns past the keys'
+// end (P = 0) read no position.
 template <int NT>
 __device__ __forceinline__ void drop_keyed(const CudaAttentionArgs& a, float (&s)[NT][4], const uint32_t (&row_key)[2],
                                            int n0, int lane, const TileKeys* keys) {
   static_assert(NT % 2 == 0, "keys 8 apart pair up within the tile");
-  const uint32_t threshold = dropout_threshold(a.dropout_prob);
-  const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
+  const uint32_t threshold_high = dropout_threshold_high(dropout_threshold(a.dropout_prob));
 #pragma unroll
   for (int j = 0; j < NT; j += 2)
 #pragma unroll
@@ -455,10 +453,10 @@ __device__ __forceinline__ void drop_keyed(const CudaAttentionArgs& a, float (&s
       const uint32_t word = dropout_key_word(keys->consecutive || col < a.kv_len ? key_position(a, keys, n0, col) : 0);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const uint32_t bits = dropout_key_bits(row_key[i], word);
+        const uint32_t bits = dropout_pair_bits(row_key[i], word);
         float &low = s[j][2 * i + c], &high = s[j + 1][2 * i + c];
-        low = dropout_low_drops(bits, threshold) ? 0.0f : low * keep_scale;
-        high = dropout_high_drops(bits, threshold) ? 0.0f : high * keep_scale;
+        low = dropout_pair_low_drops(bits, threshold_high) ? 0.0f : low;
+        high = dropout_pair_high_drops(bits, threshold_high) ? 0.0f : high;
       }
     }
 }

@@ -363,6 +363,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   copy_wait_all();               // Q (and the bias or mask instance's first tile)
   wgmma::fence_shared_writes();  // cp.async wrote Q through the generic proxy; wgmma reads through the async one
   __syncthreads();               // every thread's Q rows, and the barriers' initialisation
+  if constexpr (kDropout && kMode == CarryMode::kFromCarry) {  // the carry's O is already scaled (see the end)
+#pragma unroll
+    for (int j = 0; j < kTilesDv; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[j][e] *= 1.0f - a.dropout_prob;
+  }
   if (tiles > 0) {
     uint32_t p[kBlockN / 16][4];  // P_{i-1}: read by the tensor cores during step i
     float alpha[2];               // rescales O from the max before P_{i-1} to P_{i-1}'s
@@ -408,6 +414,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::wait<0>();
     wgmma::pin(o);
     if constexpr (kTurns) turns.finish();
+  }
+  // drop_keyed left kept pairs' P unscaled: 1 / (1 - p) once here instead of per pair (a carry's O, scaled by 1 - p
+  // above, comes back to within rounding).
+  if constexpr (kDropout) {
+    const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
+#pragma unroll
+    for (int j = 0; j < kTilesDv; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[j][e] *= keep_scale;
   }
   if constexpr (kMode == CarryMode::kFromCarry) {
     store_carry<kPadded>(a, carry_row0, row0, lane, o, m_row, l_row);

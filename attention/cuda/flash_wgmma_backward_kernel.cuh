@@ -392,18 +392,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     uint32_t pt[kTilesM / 2][4], dst[kTilesM / 2][4];
     // kDropout: the forward's decisions (drop_keyed), from the rows' keys and this thread's keys' word: its two keys
     // are 8 apart with the first's bit 3 clear (dropout_keys_pair_up), so one finalizer a query decides both.
-    [[maybe_unused]] uint32_t drop_threshold = 0, key_word = 0;
+    [[maybe_unused]] uint32_t threshold_high = 0, key_word = 0;
     [[maybe_unused]] float keep_scale = 1.0f;
     [[maybe_unused]] const uint32_t* drop_keys_s = nullptr;
     if constexpr (kDropout) {
-      drop_threshold = dropout_threshold(a.dropout_prob);
+      threshold_high = dropout_threshold_high(dropout_threshold(a.dropout_prob));
       keep_scale = 1.0f / (1.0f - a.dropout_prob);
       key_word = dropout_key_word(key_pos[0]);
       drop_keys_s = drop_key_buffers[buffer];
     }
 #pragma unroll
     for (int j = 0; j < kTilesM; ++j) {
-      [[maybe_unused]] uint32_t drop_bits[2];  // kDropout: query column e & 1's bits (low half: key 0, high: key 1)
+      [[maybe_unused]] uint32_t drop_bits[2];  // kDropout: query column e & 1's dropout_pair_bits (its keys 0 and 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
@@ -427,9 +427,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           continue;
         }
         if constexpr (kDropout) {  // dS = P (dP w - delta), and P w into dV, w = 0 (dropped) or 1 / (1 - p)
-          if (e < 2) drop_bits[e] = dropout_key_bits(drop_keys_s[qcol], key_word);
-          const bool dropped = e < 2 ? dropout_low_drops(drop_bits[e & 1], drop_threshold)
-                                     : dropout_high_drops(drop_bits[e & 1], drop_threshold);
+          if (e < 2) drop_bits[e] = dropout_pair_bits(drop_keys_s[qcol], key_word);
+          const bool dropped = e < 2 ? dropout_pair_low_drops(drop_bits[e & 1], threshold_high)
+                                     : dropout_pair_high_drops(drop_bits[e & 1], threshold_high);
           const float weight = dropped ? 0.0f : keep_scale;
           dpt[j][e] = st[j][e] * (dpt[j][e] * weight - delta_s[qcol]);
           st[j][e] *= weight;

@@ -117,6 +117,7 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
       const AttentionInputs block = kv.block(step, src);
       DevicePositions block_pos = pos.keys_from(schedule_.key_offset(src));
       block_pos.q_host = q_host.data(), block_pos.k_host = k_host.data();
+      block_pos.key_pairing = key_pairing(schedule_, src);
       // After the first kernel of this call, the compute stream holds only this call's kernels (and
       // events): the previous one writes nothing this one reads but the carry.
       local_->set_after_carry_writer(kernels_queued > 0);

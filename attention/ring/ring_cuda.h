@@ -17,6 +17,11 @@
 
 namespace ra {
 
+// Rank `source`'s keys' pairing for dropout (RingSchedule::keys_pair_up), as the kernels' positions carry it.
+inline DevicePositions::KeyPairing key_pairing(const RingSchedule& schedule, int source) {
+  return schedule.keys_pair_up(source) ? DevicePositions::KeyPairing::kPairs : DevicePositions::KeyPairing::kApart;
+}
+
 class RingAttentionCuda final : public CudaAttentionImpl {
  public:
   // Collective over the ring: it chooses the channel (copy engines where every rank can use them).

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "attention/inputs.h"
 #include "runtime/error.h"
 
 namespace ra {
@@ -80,6 +81,7 @@ RingSchedule::RingSchedule(SequenceLayout layout, int64_t q_len, int64_t kv_len,
     key_offsets_.push_back(r == 0 ? 0 : key_offsets_.back() + int64_t(keys_.back().size()));
     key_runs_.push_back(layout_runs(layout, kv_len, ranks, r));
     keys_.push_back(layout_indices(layout, kv_len, ranks, r));
+    keys_pair_up_.push_back(dropout_keys_pair_up(keys_.back()));
     slot_rows_ = std::max(slot_rows_, int64_t(keys_.back().size()));
     keys_sorted_ = keys_sorted_ && std::is_sorted(keys_.back().begin(), keys_.back().end());
   }

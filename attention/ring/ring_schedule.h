@@ -43,6 +43,8 @@ class RingSchedule {
   std::vector<int64_t> all_keys() const;
   int64_t key_offset(int source) const { return key_offsets_[size_t(source)]; }
   bool keys_sorted() const { return keys_sorted_; }
+  // Whether rank `source`'s keys pair up as dropout's decisions do (dropout_keys_pair_up), found once per layout.
+  bool keys_pair_up(int source) const { return keys_pair_up_[size_t(source)]; }
 
   // Keys [first, first + count) of rank `source`'s block against this rank's queries: skipped when no
   // pair is visible under the causal mask and the window (so every block where this rank holds no query),
@@ -60,6 +62,7 @@ class RingSchedule {
   std::vector<int64_t> query_positions_;
   std::vector<std::vector<int64_t>> keys_;
   std::vector<int64_t> key_offsets_;
+  std::vector<bool> keys_pair_up_;
   int64_t slot_rows_ = 0;
   bool keys_sorted_ = true;
 };

@@ -196,6 +196,27 @@ struct DeviceGradProblem {
   Tensor d_o, d_o_device;
 };
 
+// `impl`'s forward and backward of `setup`'s bf16 problem on `device_in` (its device inputs, or a view of them), at
+// positions `pos`: O, LSE, dQ, dK and dV against the f64 reference's.
+void expect_bf16_results_match_reference(const AttentionImpl& impl, DeviceGradProblem& setup,
+                                         const AttentionInputs& device_in, const TokenPositions& pos) {
+  const AttentionParams& params = setup.problem.params();
+  const AttentionOutput out = impl.forward(device_in, params, pos);
+  const Gradients g = impl.backward(device_in, params, pos, setup.d_o_device);
+  RA_CUDA_CHECK(cudaDeviceSynchronize());
+  const ReferenceOutput ref_out = reference_attention_f64(setup.host_in, params, pos);
+  const Comparison o = compare(to_memory(out.o, MemoryKind::kHost), to_memory(out.lse, MemoryKind::kHost), ref_out,
+                               output_tolerance(DType::kBF16, max_abs_value(setup.host_in.v)), kLseTolerance);
+  EXPECT_EQ(o.nan, 0);
+  EXPECT_EQ(o.wrong, 0) << "o: max |error| " << o.max_abs_error << ", max LSE error " << o.max_lse_error;
+  const ReferenceGradients ref = reference_attention_backward_f64(setup.host_in, params, pos, setup.d_o);
+  for (const auto& [got, want, name] : {std::tuple{&g.dq, &ref.dq, "dq"}, {&g.dk, &ref.dk, "dk"}, {&g.dv, &ref.dv, "dv"}}) {
+    const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, DType::kBF16);
+    EXPECT_EQ(cmp.nan, 0) << name;
+    EXPECT_EQ(cmp.wrong, 0) << name << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance << ")";
+  }
+}
+
 TEST_P(CudaBackwardVsReference, MatchesF64Gradients) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const CudaGradCase& c = GetParam();
@@ -260,20 +281,7 @@ TEST(CudaMaskTiles, ANamedMaskKeepsItsResultsAcrossCalls) {
   AttentionInputs named = device_in.inputs;
   auto expect_results = [&](const char* which) {
     SCOPED_TRACE(which);
-    const AttentionOutput out = impl->forward(named, problem.params());
-    const Gradients g = impl->backward(named, problem.params(), d_o_device);
-    RA_CUDA_CHECK(cudaDeviceSynchronize());
-    const ReferenceOutput ref_out = reference_attention_f64(host_in, problem.params(), pos);
-    const Comparison o = compare(to_memory(out.o, MemoryKind::kHost), to_memory(out.lse, MemoryKind::kHost), ref_out,
-                                 output_tolerance(DType::kBF16, max_abs_value(host_in.v)), kLseTolerance);
-    EXPECT_EQ(o.nan, 0);
-    EXPECT_EQ(o.wrong, 0) << "o: max |error| " << o.max_abs_error << ", max LSE error " << o.max_lse_error;
-    const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
-    for (const auto& [got, want, name] : {std::tuple{&g.dq, &ref.dq, "dq"}, {&g.dk, &ref.dk, "dk"}, {&g.dv, &ref.dv, "dv"}}) {
-      const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, DType::kBF16);
-      EXPECT_EQ(cmp.nan, 0) << name;
-      EXPECT_EQ(cmp.wrong, 0) << name << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance << ")";
-    }
+    expect_bf16_results_match_reference(*impl, setup, named, pos);
   };
   auto keeps_tiles_whole = [&] {
     const CudaStream stream;
@@ -311,14 +319,14 @@ TEST(CudaMaskTiles, ANamedMaskKeepsItsResultsAcrossCalls) {
 // once for two pairs where the keys pair up (dropout_keys_pair_up); keys that do not take the extras instances. Key
 // positions as a ring's blocks have them: a run from an offset off 16 (the extras), a run from a multiple of 16 past
 // 0, every other position (the extras), and two runs from multiples of 16 (a zigzag block: positions read, paired);
-// the forward and the backward against the f64 reference at those positions, each kernel, D 64 and 128, with and
-// without causal.
+// the forward and the backward against the f64 reference at those positions, each kernel (mma.sync's dropout instance
+// too), D 64, 128 and 256, with and without causal.
 TEST(CudaDropout, KeyPositionsOffTheKernelsPairingMatchTheReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
   uint64_t seed = 71;
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
-    for (int64_t d : {64, 128})
+    for (int64_t d : {64, 128, 256})
       for (bool causal : {false, true})
         for (int layout = 0; layout < 4; ++layout) {
           if (kernel == FlashKernel::kWgmma && !flash_wgmma_available()) continue;
@@ -327,8 +335,7 @@ TEST(CudaDropout, KeyPositionsOffTheKernelsPairingMatchTheReference) {
           const int64_t T = 203, S = 299;
           DeviceGradProblem setup(ProblemSpec{1, T, S, 4, 2, d, d, DType::kBF16, opt, seed}, seed + 1);
           ++seed;
-          auto& [problem, host_in, device_in, d_o, d_o_device] = setup;
-          problem.params().flash_kernel = kernel;
+          setup.problem.params().flash_kernel = kernel;
           TokenPositions pos;
           for (int64_t j = 0; j < S; ++j)
             pos.k.push_back(layout == 0 ? 5 + j : layout == 1 ? 48 + j : layout == 2 ? 2 * j + 1 : j < 144 ? j : 400 + j);
@@ -337,22 +344,7 @@ TEST(CudaDropout, KeyPositionsOffTheKernelsPairingMatchTheReference) {
           const char* layouts[] = {"a run from 5", "a run from 48", "every other", "two runs"};
           SCOPED_TRACE(std::string(flash_kernel_name(kernel)) + " D=" + std::to_string(d) + (causal ? " causal, " : ", ") +
                        layouts[layout]);
-          const AttentionOutput out = impl->forward(device_in.inputs, problem.params(), pos);
-          const Gradients g = impl->backward(device_in.inputs, problem.params(), pos, d_o_device);
-          RA_CUDA_CHECK(cudaDeviceSynchronize());
-          const ReferenceOutput ref_out = reference_attention_f64(host_in, problem.params(), pos);
-          const Comparison o = compare(to_memory(out.o, MemoryKind::kHost), to_memory(out.lse, MemoryKind::kHost),
-                                       ref_out, output_tolerance(DType::kBF16, max_abs_value(host_in.v)), kLseTolerance);
-          EXPECT_EQ(o.nan, 0);
-          EXPECT_EQ(o.wrong, 0) << "o: max |error| " << o.max_abs_error;
-          const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
-          for (const auto& [got, want, name] :
-               {std::tuple{&g.dq, &ref.dq, "dq"}, {&g.dk, &ref.dk, "dk"}, {&g.dv, &ref.dv, "dv"}}) {
-            const GradientComparison cmp = compare_gradient(to_memory(*got, MemoryKind::kHost), *want, DType::kBF16);
-            EXPECT_EQ(cmp.nan, 0) << name;
-            EXPECT_EQ(cmp.wrong, 0) << name << ": max |error| " << cmp.max_abs_error << " (tolerance " << cmp.tolerance
-                                    << ")";
-          }
+          expect_bf16_results_match_reference(*impl, setup, setup.dev.inputs, pos);
         }
 }
 

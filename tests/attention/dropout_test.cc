@@ -48,6 +48,27 @@ TEST(Dropout, LevelsGiveTheDecisionFromScratch) {
   EXPECT_GT(differ, 90);
 }
 
+TEST(Dropout, PairFormGivesTheHalvesDecisionsAtEveryThresholdBelowTwoToThe16) {
+  // The pair kernels' form (the finalizer before its last step, the threshold in the high half) against the two
+  // halves of the whole finalizer: every threshold they take, on hashed inputs and on the halves' edges.
+  std::vector<uint32_t> inputs;
+  for (uint32_t i = 0; i < 2000; ++i) inputs.push_back(mix32(i * 2654435761u + 1));
+  for (uint32_t edge : {0u, 1u, 0xffffu, 0x10000u, 0xffff0000u, 0xffffffffu, 0x8000u, 0x80008000u}) inputs.push_back(edge);
+  for (uint32_t threshold = 0; threshold < 65536u; threshold += 7) {
+    const uint32_t high_threshold = dropout_threshold_high(threshold);
+    for (uint32_t before_last : inputs) {
+      const uint32_t bits = before_last ^ (before_last >> 16);  // mix32's last step
+      ASSERT_EQ(dropout_pair_low_drops(before_last, high_threshold), dropout_low_drops(bits, threshold))
+          << threshold << " " << before_last;
+      ASSERT_EQ(dropout_pair_high_drops(before_last, high_threshold), dropout_high_drops(bits, threshold))
+          << threshold << " " << before_last;
+    }
+  }
+  for (uint32_t x : inputs) EXPECT_EQ(mix32(x), mix32_but_last(x) ^ (mix32_but_last(x) >> 16));
+  const uint32_t row = dropout_row_key(dropout_head_key(5, 1, 2), 77), word = dropout_key_word(48);
+  EXPECT_EQ(dropout_pair_bits(row, word) ^ (dropout_pair_bits(row, word) >> 16), dropout_key_bits(row, word));
+}
+
 // The fraction of n draws dropped, within 5 standard deviations of p.
 void expect_rate(const std::vector<bool>& dropped, double p, const char* what) {
   double count = 0;

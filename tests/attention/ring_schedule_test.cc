@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <vector>
@@ -86,6 +87,37 @@ TEST(RunStart, FindsOneRunOfPositions) {
       if (one_run) EXPECT_EQ(run, layout_indices(layout, 50, 3, r).front()) << "rank " << r;
       else EXPECT_EQ(run, std::nullopt) << "rank " << r;
     }
+}
+
+std::vector<int64_t> run_of(int64_t first, int64_t count) {
+  std::vector<int64_t> run(static_cast<size_t>(count));
+  std::iota(run.begin(), run.end(), first);
+  return run;
+}
+
+// Dropout's kernels hash once for keys k and k + 8 where a block's keys pair up so (dropout_keys_pair_up); the
+// schedule answers once per layout what a scan of each block's keys says.
+TEST(DropoutKeysPairUp, FindsKeysEightApartInEachSixteen) {
+  EXPECT_TRUE(dropout_keys_pair_up(run_of(0, 40)));
+  EXPECT_TRUE(dropout_keys_pair_up(run_of(16, 12)));  // a last sixteen cut short
+  EXPECT_TRUE(dropout_keys_pair_up(run_of(32, 3)));
+  EXPECT_FALSE(dropout_keys_pair_up(run_of(8, 40)));  // bit 3 set where the low key should be
+  EXPECT_FALSE(dropout_keys_pair_up(run_of(3, 40)));
+  std::vector<int64_t> gap = run_of(0, 8), high = run_of(24, 8);
+  gap.insert(gap.end(), high.begin(), high.end());
+  EXPECT_FALSE(dropout_keys_pair_up(gap));  // key 8 apart is 24, not 8
+  for (SequenceLayout layout : kLayouts)
+    for (int64_t len : {256, 200, 50})
+      for (int ranks : {1, 2, 3}) {
+        const RingSchedule s(layout, len, len, ranks, 0);
+        for (int r = 0; r < ranks; ++r) {
+          EXPECT_EQ(s.keys_pair_up(r), dropout_keys_pair_up(s.keys(r))) << len << " " << ranks << " " << r;
+          // Contiguous and zigzag chunks of a multiple of 16 pair up; striped blocks of more than one rank do not.
+          if (len == 256 && ranks == 2) {
+            EXPECT_EQ(s.keys_pair_up(r), layout != SequenceLayout::kStriped) << r;
+          }
+        }
+      }
 }
 
 // Random layouts, ring sizes, lengths (S != T either way, fewer tokens than ranks), masks and windows, and key
