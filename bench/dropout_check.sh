@@ -1,12 +1,18 @@
 #!/bin/bash
 # Dropout on the flash kernels (bench/RESULTS.md, "Dropout's own wgmma instances", "mma.sync's dropout instances"): the
 # GPU tests, then dropout's rows beside the same shapes without it, each on the kernel auto picks and on the mma.sync
-# kernel forced (Ampere's), and PyTorch's SDPA FlashAttention-2 with dropout. A pack of another build gives its rows alone ("rows" only), so that two
-# calls on one warm machine compare builds.
-#   bash .device/on-device.sh bash bench/dropout_check.sh PACK [STAGES]   (STAGES, in this order: quick (the unit tests
-# with dropout), rows, docs (16 packed documents with and without dropout), torch, tests (all the GPU tests); carry PACK)
+# kernel forced (Ampere's), and PyTorch's SDPA FlashAttention-2 with dropout. A pack of another build gives its rows
+# alone ("rows" only), so that two calls on one warm machine compare builds.
+#   [HEAD_DIMS="128 64 256"] bash .device/on-device.sh bash bench/dropout_check.sh PACK [STAGES]   (STAGES, in this
+# order: quick (the unit tests with dropout), rows, docs (16 packed documents with and without dropout), torch, tests
+# (all the GPU tests); carry PACK)
 set -u
 b=${1:-pack}; stages=,${2:-quick,rows,torch,tests},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
+# The rows' shapes: every one, or those with HEAD_DIMS' head dims (e.g. HEAD_DIMS=256).
+SHAPES=()
+for shape in "--heads 32 --head-dim 128" "--heads 64 --head-dim 64" "--heads 16 --head-dim 256"; do
+  [[ " ${HEAD_DIMS:-128 64 256} " == *" ${shape##* } "* ]] && SHAPES+=("$shape")
+done
 source bench/device_tests.sh
 has() { [[ $stages == *,$1,* ]]; }
 if has quick; then
@@ -18,7 +24,7 @@ row() {  # the single-call forward and backward: TFLOP/s
     grep -v '^#' | grep -o "forward  *[0-9.]*  *[0-9.]*\|backward  *[0-9.]*  *[0-9.]*" | tr '\n' ' '
 }
 if has rows; then
-  for shape in "--heads 32 --head-dim 128" "--heads 64 --head-dim 64" "--heads 16 --head-dim 256"; do
+  for shape in "${SHAPES[@]}"; do
     for causal in "" "--causal"; do
     for flags in "" "--dropout 0.1" "--flash-kernel mma_sync" "--dropout 0.1 --flash-kernel mma_sync"; do
       iters=10; [[ $flags == *mma_sync* ]] && iters=4
@@ -35,9 +41,9 @@ if has docs; then
 fi
 if has torch; then
   for causal in 0 1; do
-    python3 bench/torch_extras.py --seq 16384 --heads 32 --head-dim 128 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
-    python3 bench/torch_extras.py --seq 16384 --heads 64 --head-dim 64 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
-    python3 bench/torch_extras.py --seq 16384 --heads 16 --head-dim 256 --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
+    for shape in "${SHAPES[@]}"; do
+      python3 bench/torch_extras.py --seq 16384 $shape --causal $causal --only dropout 2>&1 | tail -1 | tee -a $out/torch.txt
+    done
   done
 fi
 if has tests; then gpu_tests; fi

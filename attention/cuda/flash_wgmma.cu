@@ -514,6 +514,9 @@ void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   if constexpr ((D == 64 || D == 128) && Dv == D) {
     if (flash_takes_bias_alone(a)) return launch_staged<T, D, kPadded, true, false>(a, stream);
     if (flash_takes_mask_alone(a)) return launch_staged<T, D, kPadded, false, true>(a, stream);
+  }
+  // Dropout beside positions and segment ids: its own instance at 64, 128 and 256 (Gemma's head dim).
+  if constexpr ((D == 64 || D == 128 || D == 256) && Dv == D) {
     if (flash_takes_dropout_beside_positions(a))
       return a.q_segment_ranges ? launch_dropout<T, D, kPadded, true>(a, stream) : launch_dropout<T, D, kPadded, false>(a, stream);
   }

@@ -56,6 +56,10 @@ void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) 
       return launch_instance<T, D, false, false, false, false, true>(g, dq_slices, stream);
     if (flash_takes_mask_alone(g.a))
       return launch_instance<T, D, false, false, false, false, false, true>(g, dq_slices, stream);
+  }
+  // Dropout beside positions and segment ids: its own instance at 64, 128 and 256 (dQ formed beside dK and dV, as the
+  // extras form it).
+  if constexpr ((D == 64 || D == 128 || D == 256) && !kPadded) {
     if (flash_takes_dropout_beside_positions(g.a))
       return g.a.q_segment_ranges ? launch_instance<T, D, false, true, false, false, false, false, true>(g, dq_slices, stream)
                                   : launch_instance<T, D, false, false, false, false, false, false, true>(g, dq_slices, stream);
