@@ -101,9 +101,13 @@ RA_HD_INLINE bool position_visible(int64_t qpos, int64_t kpos, bool causal, int6
 // Keys 8 apart share one finalizer because an MMA fragment's thread holds both (its rows r and r + 8; its columns
 // 8j + c and 8(j + 1) + c): a kernel whose keys start on a multiple of 16 hashes once for two pairs. A pair is
 // dropped where its 16 bits fall below dropout_threshold(p): probability p to within 2^-17.
-// MurmurHash3's finalizer but its last step (x ^= x >> 16), which changes only the low half.
-RA_HD_INLINE uint32_t mix32_but_last(uint32_t x) {
-  x ^= x >> 16;
+
+// MurmurHash3's finalizer in three parts. Its first step is linear in xor (fold(r ^ w) = fold(r) ^ fold(w)), so the
+// pair kernels fold a row's key and a key's word apart, each once, and a pair's input costs one xor. Its last step
+// (x ^= x >> 16) changes only the low half, so they stop before it (dropout_pair_bits).
+RA_HD_INLINE uint32_t mix32_fold(uint32_t x) { return x ^ (x >> 16); }
+
+RA_HD_INLINE uint32_t mix32_middle(uint32_t x) {
   x *= 0x85ebca6bu;
   x ^= x >> 13;
   x *= 0xc2b2ae35u;
@@ -111,7 +115,7 @@ RA_HD_INLINE uint32_t mix32_but_last(uint32_t x) {
 }
 
 RA_HD_INLINE uint32_t mix32(uint32_t x) {
-  x = mix32_but_last(x);
+  x = mix32_middle(mix32_fold(x));
   return x ^ (x >> 16);
 }
 
@@ -125,17 +129,23 @@ RA_HD_INLINE uint32_t dropout_head_key(uint64_t seed, int64_t b, int64_t h) {
   return uint32_t(x >> 32);
 }
 
-// A position as one 32-bit word (its high half folded in: positions past 2^32 stay distinct from their low half).
-RA_HD_INLINE uint32_t dropout_position_word(int64_t position, uint32_t odd) {
-  return uint32_t(uint64_t(position)) * odd ^ uint32_t(uint64_t(position) >> 32) * 0x27d4eb2fu;
+// A position as one 32-bit word: its low half times an odd factor, xor its high half's term (positions past 2^32
+// stay distinct from their low half). Consecutive positions under one high half step the word's product by the
+// factor, which the pair kernels add instead of forming each word.
+RA_HD_INLINE uint32_t dropout_position_high_term(int64_t position) {
+  return uint32_t(uint64_t(position) >> 32) * 0x27d4eb2fu;
 }
+RA_HD_INLINE uint32_t dropout_position_word(int64_t position, uint32_t odd) {
+  return uint32_t(uint64_t(position)) * odd ^ dropout_position_high_term(position);
+}
+inline constexpr uint32_t kDropoutKeyOdd = 0x85ebca77u;
 
 RA_HD_INLINE uint32_t dropout_row_key(uint32_t head_key, int64_t q) {
   return mix32(head_key ^ dropout_position_word(q, 0x9e3779b1u));
 }
 
 // The word of keys k and k ^ 8 (bit 3 cleared): both pairs' decisions come from one finalizer.
-RA_HD_INLINE uint32_t dropout_key_word(int64_t k) { return dropout_position_word(k & ~int64_t(8), 0x85ebca77u); }
+RA_HD_INLINE uint32_t dropout_key_word(int64_t k) { return dropout_position_word(k & ~int64_t(8), kDropoutKeyOdd); }
 
 RA_HD_INLINE uint32_t dropout_key_bits(uint32_t row_key, uint32_t key_word) { return mix32(row_key ^ key_word); }
 
@@ -153,10 +163,13 @@ RA_HD_INLINE bool dropout_low_drops(uint32_t bits, uint32_t threshold) { return 
 RA_HD_INLINE bool dropout_high_drops(uint32_t bits, uint32_t threshold) { return (bits >> 16) < threshold; }
 
 // The same decisions as kernels that hold both keys take them (dropout_keys_pair_up), in fewer instructions: from
-// the finalizer before its last step (dropout_pair_bits) and the threshold shifted to the high half
-// (dropout_threshold_high). The high key's 16 bits are that value's high half, which the last step leaves as it is;
-// the low key's are the xor of its two halves, compared in the high half too.
-RA_HD_INLINE uint32_t dropout_pair_bits(uint32_t row_key, uint32_t key_word) { return mix32_but_last(row_key ^ key_word); }
+// the row key and the key word folded apart (mix32_fold), the finalizer stopped before its last step
+// (dropout_pair_bits) and the threshold shifted to the high half (dropout_threshold_high). The high key's 16 bits are
+// that value's high half, which the last step leaves as it is; the low key's are the xor of its two halves, compared
+// in the high half too.
+RA_HD_INLINE uint32_t dropout_pair_bits(uint32_t row_folded, uint32_t word_folded) {
+  return mix32_middle(row_folded ^ word_folded);
+}
 
 // dropout_threshold(p) << 16, which only a threshold below 2^16 has (p below 1 - 2^-17; the pair kernels take no other).
 RA_HD_INLINE uint32_t dropout_threshold_high(uint32_t threshold) { return threshold << 16; }

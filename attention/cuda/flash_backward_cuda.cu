@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   T* p_s = ds_s + kBlockN * kBlockM;            // P^T likewise (kPInShared only)
   __shared__ float lse_buffers[2][kBlockM], delta_buffers[2][kBlockM];
   __shared__ int32_t segment_buffers[2][kBlockM];  // the step's query segment ids (with segment ids only)
-  __shared__ std::conditional_t<kDropout, uint32_t[2][kBlockM], char> drop_key_buffers;  // the step's rows' keys
+  __shared__ std::conditional_t<kDropout, uint32_t[2][kBlockM], char> drop_key_buffers;  // the rows' keys, folded
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, mi = lane / 8;
   const int block = key_block(g), n0 = block * kBlockN, kh = blockIdx.y, b = blockIdx.z;
@@ -101,11 +101,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
 
   const float scale_log2 = a.scale * kLog2e, keep_scale = 1.0f / (1.0f - a.dropout_prob);
   const int key_row = key_tile * 16 + lane / 4;  // this thread's keys: key_row and key_row + 8 of the block
-  // kDropout: those two keys' word (dropout_key_word; the block's keys pair up from n0, a multiple of 16, and key_row's
-  // bit 3 is clear), and the threshold as the pair form compares it.
+  // kDropout: those two keys' word folded (dropout_key_word, mix32_fold; the block's keys pair up from n0, a multiple
+  // of 16, and key_row's bit 3 is clear), and the threshold as the pair form compares it.
   [[maybe_unused]] uint32_t key_word = 0, threshold_high = 0;
   if constexpr (kDropout) {
-    key_word = dropout_key_word(n0 + key_row < a.kv_len ? a.pos.k[n0 + key_row] : 0);
+    key_word = mix32_fold(dropout_key_word(n0 + key_row < a.kv_len ? a.pos.k[n0 + key_row] : 0));
     threshold_high = dropout_threshold_high(dropout_threshold(a.dropout_prob));
   }
   // The steps are the (query head, query block) pairs whose positions can see these keys, in order;
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
     }
     if constexpr (!kExtras) load_step_segments<kBlockM, kSegments>(a, segment_buffers[buffer], b, m0, tid);
     if constexpr (kDropout) {
-      if (tid < kBlockM) drop_key_buffers[buffer][tid] = dropout_row_key_at(a, b, h, m0 + tid);
+      if (tid < kBlockM) drop_key_buffers[buffer][tid] = dropout_folded_row_key_at(a, b, h, m0 + tid);
     }
   };
   int h = kh * group, m0 = 0, buffer = 0;
@@ -206,12 +206,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           const float lse = lse_s[qcol];
           const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
           float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
-          if constexpr (kDropout) {  // the forward's decisions (drop_keyed): 0 where dropped, else 1 / (1 - p)
-            if (e < 2) drop_bits[e] = dropout_pair_bits(drop_key_buffers[buffer][qcol], key_word);
-            const bool dropped = e < 2 ? dropout_pair_low_drops(drop_bits[e & 1], threshold_high)
-                                       : dropout_pair_high_drops(drop_bits[e & 1], threshold_high);
-            weight = dropped ? 0.0f : keep_scale;
-          }
+          if constexpr (kDropout)
+            weight = dropout_pair_weight(drop_bits, e, drop_key_buffers[buffer][qcol], key_word, threshold_high,
+                                         keep_scale);
           const float ds = p * (dpt[j][e] * weight - (query < a.q_len ? delta_s[qcol] : 0.0f));
           if (kExtras && g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, a.pos.k[key], ds);
           st[j][e] = p * weight;

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   // kDropout: every row's dropout key, formed once for all its tiles (registers held across the tiles spill).
   __shared__ std::conditional_t<kDropout, uint32_t[kBlockM], char> drop_row_keys;
   if constexpr (kDropout) {
-    for (int row = tid; row < kBlockM; row += kThreads) drop_row_keys[row] = dropout_row_key_at(a, b, h, m0 + row);
+    for (int row = tid; row < kBlockM; row += kThreads) drop_row_keys[row] = dropout_folded_row_key_at(a, b, h, m0 + row);
   }
   __syncthreads();
   int64_t block_q_lo = INT64_MAX, block_q_hi = INT64_MIN;
@@ -104,11 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
   [[maybe_unused]] const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
   [[maybe_unused]] auto scale_o = [&](float by) {
 #pragma unroll
-    for (int t = 0; t < kMTiles; ++t)
-#pragma unroll
-      for (int j = 0; j < kTilesD; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[t][j][e] *= by;
+    for (int t = 0; t < kMTiles; ++t) scale_fragment(o_acc[t], by);
   };
   if constexpr (kDropout) scale_o(1.0f - a.dropout_prob);
 
@@ -196,10 +192,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
         }
         softmax_step(s[t], o_acc[t], m_row[t], l_row[t], sc);
         if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s[t], b, h, n0, lane, row0, nullptr);
-        if constexpr (kDropout) {  // positions read as the masks read them (TileKeys not consecutive)
-          const uint32_t row_key[2] = {drop_row_keys[row0 - m0], drop_row_keys[row0 + 8 - m0]};
-          const TileKeys keys{};
-          drop_keyed(a, s[t], row_key, n0, lane, &keys);
+        if constexpr (kDropout) {  // keys in one run take drop_keyed's stepped words; others are read
+          const uint32_t row_folded[2] = {drop_row_keys[row0 - m0], drop_row_keys[row0 + 8 - m0]};
+          const bool run = a.pos.k_run != DevicePositions::kNotARun;
+          const TileKeys keys{run, run ? a.pos.k_run + n0 : 0};
+          drop_keyed(a, s[t], row_folded, n0, lane, &keys);
         }
       }
       // O += P V: P from the S accumulators, V through a transposing ldmatrix that feeds both m-tiles.

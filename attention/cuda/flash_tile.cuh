@@ -420,45 +420,90 @@ inline bool dropout_keys_pair_up(const DevicePositions& pos, int64_t kv_len) {
 
 // Whether a call's extras are dropout beside positions and segment ids (no bias, mask or soft cap; V as wide as K)
 // on keys that pair up, which the dropout instances take: the wgmma kernels' at the head dims they have them for, the
-// mma.sync kernels' at every head dim (segment ids through their ranges, as the positions' instances take them). Keys that do not pair up, and a p that drops
-// every pair (dropout_threshold_high has no room for its threshold), take the extras.
+// mma.sync kernels' at every head dim (segment ids through their ranges, as the positions' instances take them). Keys
+// that do not pair up, and a p that drops every pair (dropout_threshold_high has no room for its threshold), take the
+// extras.
 inline bool flash_takes_dropout_beside_positions(const CudaAttentionArgs& a) {
   return a.dropout_prob > 0.0f && !a.bias.data && !a.mask.data && a.soft_cap <= 0.0f &&
          (!a.q_segment_ids.data || a.q_segment_ranges) && a.head_dim == a.value_dim &&
          dropout_threshold(a.dropout_prob) < 65536u && dropout_keys_pair_up(a.pos, a.kv_len);
 }
 
-// Query row `row`'s dropout key (dropout_row_key), formed once per row by the wgmma kernels' dropout instances; a
-// row past the queries' end (never stored) takes position 0.
-__device__ __forceinline__ uint32_t dropout_row_key_at(const CudaAttentionArgs& a, int b, int h, int64_t row) {
-  return dropout_row_key(dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h),
-                         row < a.q_len ? q_position(a.pos, row) : 0);
+// Query row `row`'s dropout key (dropout_row_key) folded (mix32_fold), formed once per row by the dropout instances
+// (the wgmma and mma.sync kernels', forward and backward); a row past the queries' end (never stored) takes position 0.
+__device__ __forceinline__ uint32_t dropout_folded_row_key_at(const CudaAttentionArgs& a, int b, int h, int64_t row) {
+  return mix32_fold(dropout_row_key(dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h),
+                                    row < a.q_len ? q_position(a.pos, row) : 0));
 }
 
-// Dropout on a fragment of probabilities from key n0 with its two rows' keys formed once (dropout_row_key; the
-// wgmma forward's dropout instance, whose keys pair up: dropout_keys_pair_up): a dropped pair's P becomes 0, a kept
-// one's stays P, branch-free; the kernel scales O by 1 / (1 - p) once at its end. Columns 8j + c and 8(j + 1) + c
-// (j even) are keys 8 apart, whose decisions are one finalizer's halves (dropout_pair_bits). Columns past the keys'
-// end (P = 0) read no position.
+// The decisions of one finalizer's two pairs (dropout_pair_bits): its low key's P and its high key's (8 further) P
+// become 0 where dropped, else stay, branch-free.
+__device__ __forceinline__ void drop_pair(uint32_t row_folded, uint32_t word_folded, uint32_t threshold_high,
+                                          float& low, float& high) {
+  const uint32_t bits = dropout_pair_bits(row_folded, word_folded);
+  low = dropout_pair_low_drops(bits, threshold_high) ? 0.0f : low;
+  high = dropout_pair_high_drops(bits, threshold_high) ? 0.0f : high;
+}
+
+// Dropout on a fragment of probabilities from key n0 with its two rows' keys formed and folded once
+// (dropout_folded_row_key_at; the dropout instances of the forwards, whose keys pair up: dropout_keys_pair_up): a
+// dropped pair's P becomes 0, a kept one's stays P; the kernel scales O by 1 / (1 - p) once at its end. Columns
+// 8j + c and 8(j + 1) + c (j even) are keys 8 apart, whose decisions are one finalizer's halves. Columns past the
+// keys' end (P = 0) read no position.
 template <int NT>
-__device__ __forceinline__ void drop_keyed(const CudaAttentionArgs& a, float (&s)[NT][4], const uint32_t (&row_key)[2],
+__device__ __forceinline__ void drop_keyed(const CudaAttentionArgs& a, float (&s)[NT][4], const uint32_t (&row_folded)[2],
                                            int n0, int lane, const TileKeys* keys) {
   static_assert(NT % 2 == 0, "keys 8 apart pair up within the tile");
   const uint32_t threshold_high = dropout_threshold_high(dropout_threshold(a.dropout_prob));
+  const int64_t first = keys->first_pos;
+  if (keys->consecutive && (first & 15) == 0 && (first >> 32) == ((first + NT * 8 - 1) >> 32)) {
+    // Consecutive keys from a multiple of 16 under one high half (a single call's, a chunk's): a column's word is
+    // the first column's product plus the factor times its offset (dropout_position_word), the high half's term
+    // folded into the rows' keys. This is 4 instructions a pair fewer than forming each word from its position.
+    const uint32_t high = mix32_fold(dropout_position_high_term(first));
+    const uint32_t rows[2] = {row_folded[0] ^ high, row_folded[1] ^ high};
+    const uint32_t low0 = (uint32_t(uint64_t(first)) + (lane % 4) * 2) * kDropoutKeyOdd;
+#pragma unroll
+    for (int j = 0; j < NT; j += 2)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint32_t word = mix32_fold(low0 + uint32_t(j * 8 + c) * kDropoutKeyOdd);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) drop_pair(rows[i], word, threshold_high, s[j][2 * i + c], s[j + 1][2 * i + c]);
+      }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < NT; j += 2)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int col = n0 + j * 8 + (lane % 4) * 2 + c;
-      const uint32_t word = dropout_key_word(keys->consecutive || col < a.kv_len ? key_position(a, keys, n0, col) : 0);
+      const uint32_t word =
+          mix32_fold(dropout_key_word(keys->consecutive || col < a.kv_len ? key_position(a, keys, n0, col) : 0));
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint32_t bits = dropout_pair_bits(row_key[i], word);
-        float &low = s[j][2 * i + c], &high = s[j + 1][2 * i + c];
-        low = dropout_pair_low_drops(bits, threshold_high) ? 0.0f : low;
-        high = dropout_pair_high_drops(bits, threshold_high) ? 0.0f : high;
-      }
+      for (int i = 0; i < 2; ++i) drop_pair(row_folded[i], word, threshold_high, s[j][2 * i + c], s[j + 1][2 * i + c]);
     }
+}
+
+// The backward's dropout weight on fragment element e of a transposed tile (S^T: key rows r and r + 8, query columns):
+// the forward's decision (drop_keyed), 0 where dropped, else keep_scale. Elements 0 and 1 (key r) form their query
+// column's finalizer into bits[e]; 2 and 3 (key r + 8) read it again, so call them in order.
+__device__ __forceinline__ float dropout_pair_weight(uint32_t (&bits)[2], int e, uint32_t row_folded,
+                                                     uint32_t word_folded, uint32_t threshold_high, float keep_scale) {
+  if (e < 2) bits[e] = dropout_pair_bits(row_folded, word_folded);
+  const bool dropped = e < 2 ? dropout_pair_low_drops(bits[e & 1], threshold_high)
+                             : dropout_pair_high_drops(bits[e & 1], threshold_high);
+  return dropped ? 0.0f : keep_scale;
+}
+
+// Every element of an accumulator fragment times `by` (the dropout instances' O: by 1 - p as a carry's O loads, by
+// 1 / (1 - p) at the end).
+template <int N>
+__device__ __forceinline__ void scale_fragment(float (&o)[N][4], float by) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] *= by;
 }
 
 // The softmax half of an online-softmax step on a 16-row fragment: S (scores times `sc`, in log2

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ std::conditional_t<kDropout, uint32_t[kBlockM], char> drop_row_keys;
   if constexpr (kDropout) {
     if (tid < kBlockM)
-      drop_row_keys[tid] = dropout_row_key_at(a, b, h, m0 + tid);
+      drop_row_keys[tid] = dropout_folded_row_key_at(a, b, h, m0 + tid);
   }
   __syncthreads();
   int64_t block_q_lo = INT64_MAX, block_q_hi = INT64_MIN, group_q_lo = INT64_MAX, group_q_hi = INT64_MIN;
@@ -334,8 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     softmax_probabilities(s, m_row, l_row, masked || kBias ? 1.0f : scale, alpha);
     if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s, b, h, tile * kBlockN, lane, row0, &keys);
     if constexpr (kDropout) {
-      const uint32_t row_key[2] = {drop_row_keys[row0 - m0], drop_row_keys[row0 + 8 - m0]};
-      drop_keyed(a, s, row_key, tile * kBlockN, lane, &keys);
+      const uint32_t row_folded[2] = {drop_row_keys[row0 - m0], drop_row_keys[row0 + 8 - m0]};
+      drop_keyed(a, s, row_folded, tile * kBlockN, lane, &keys);
     }
   };
   auto pack = [&](const float(&s)[kTilesN][4], uint32_t(&p)[kBlockN / 16][4]) {
@@ -363,12 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   copy_wait_all();               // Q (and the bias or mask instance's first tile)
   wgmma::fence_shared_writes();  // cp.async wrote Q through the generic proxy; wgmma reads through the async one
   __syncthreads();               // every thread's Q rows, and the barriers' initialisation
-  if constexpr (kDropout && kMode == CarryMode::kFromCarry) {  // the carry's O is already scaled (see the end)
-#pragma unroll
-    for (int j = 0; j < kTilesDv; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[j][e] *= 1.0f - a.dropout_prob;
-  }
+  if constexpr (kDropout && kMode == CarryMode::kFromCarry) scale_fragment(o, 1.0f - a.dropout_prob);  // (see the end)
   if (tiles > 0) {
     uint32_t p[kBlockN / 16][4];  // P_{i-1}: read by the tensor cores during step i
     float alpha[2];               // rescales O from the max before P_{i-1} to P_{i-1}'s
@@ -417,13 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // drop_keyed left kept pairs' P unscaled: 1 / (1 - p) once here instead of per pair (a carry's O, scaled by 1 - p
   // above, comes back to within rounding).
-  if constexpr (kDropout) {
-    const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
-#pragma unroll
-    for (int j = 0; j < kTilesDv; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[j][e] *= keep_scale;
-  }
+  if constexpr (kDropout) scale_fragment(o, 1.0f / (1.0f - a.dropout_prob));
   if constexpr (kMode == CarryMode::kFromCarry) {
     store_carry<kPadded>(a, carry_row0, row0, lane, o, m_row, l_row);
   } else if constexpr (kMode == CarryMode::kDirect) {

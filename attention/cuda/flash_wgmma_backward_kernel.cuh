@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
   auto store_drop_keys = [&](int into, int h, int m0) {
     if constexpr (kDropout) {
       if (tid < kBlockM)
-        drop_key_buffers[into][tid] = dropout_row_key_at(a, b, h, m0 + tid);
+        drop_key_buffers[into][tid] = dropout_folded_row_key_at(a, b, h, m0 + tid);
     }
   };
   int h = kh * (a.q_heads / a.kv_heads), m0 = 0, buffer = 0;
@@ -390,15 +390,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     wgmma::pin(dpt);
     // dS^T = P^T (dP^T - delta), then both as 16-bit A operands.
     uint32_t pt[kTilesM / 2][4], dst[kTilesM / 2][4];
-    // kDropout: the forward's decisions (drop_keyed), from the rows' keys and this thread's keys' word: its two keys
-    // are 8 apart with the first's bit 3 clear (dropout_keys_pair_up), so one finalizer a query decides both.
+    // kDropout: the forward's decisions (drop_keyed), from the rows' keys and this thread's keys' word, both folded: its
+    // two keys are 8 apart with the first's bit 3 clear (dropout_keys_pair_up), so one finalizer a query decides both.
     [[maybe_unused]] uint32_t threshold_high = 0, key_word = 0;
     [[maybe_unused]] float keep_scale = 1.0f;
     [[maybe_unused]] const uint32_t* drop_keys_s = nullptr;
     if constexpr (kDropout) {
       threshold_high = dropout_threshold_high(dropout_threshold(a.dropout_prob));
       keep_scale = 1.0f / (1.0f - a.dropout_prob);
-      key_word = dropout_key_word(key_pos[0]);
+      key_word = mix32_fold(dropout_key_word(key_pos[0]));
       drop_keys_s = drop_key_buffers[buffer];
     }
 #pragma unroll
@@ -427,10 +427,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           continue;
         }
         if constexpr (kDropout) {  // dS = P (dP w - delta), and P w into dV, w = 0 (dropped) or 1 / (1 - p)
-          if (e < 2) drop_bits[e] = dropout_pair_bits(drop_keys_s[qcol], key_word);
-          const bool dropped = e < 2 ? dropout_pair_low_drops(drop_bits[e & 1], threshold_high)
-                                     : dropout_pair_high_drops(drop_bits[e & 1], threshold_high);
-          const float weight = dropped ? 0.0f : keep_scale;
+          const float weight =
+              dropout_pair_weight(drop_bits, e, drop_keys_s[qcol], key_word, threshold_high, keep_scale);
           dpt[j][e] = st[j][e] * (dpt[j][e] * weight - delta_s[qcol]);
           st[j][e] *= weight;
           continue;

@@ -48,6 +48,21 @@ TEST(Dropout, LevelsGiveTheDecisionFromScratch) {
   EXPECT_GT(differ, 90);
 }
 
+// The pair kernels step a run's key words by the odd factor under one high half (drop_keyed): the words they add up
+// are the words of the positions, below 2^32 and past it.
+TEST(Dropout, ConsecutiveKeysWordsStepByTheOddFactor) {
+  for (int64_t first : {int64_t(0), int64_t(4096), (int64_t(1) << 32) + 48, (int64_t(7) << 32) - 256}) {
+    const uint32_t high = dropout_position_high_term(first);
+    for (uint32_t u = 0; u < 256; u += (u % 16 == 7 ? 9 : 1)) {  // the columns whose bit 3 is clear
+      const int64_t k = first + u;
+      EXPECT_EQ((uint32_t(uint64_t(first)) + u) * kDropoutKeyOdd ^ high, dropout_key_word(k)) << first << " + " << u;
+      // Folded apart (the high half's term into the rows' keys), as the kernels fold them.
+      const uint32_t low_word = (uint32_t(uint64_t(first)) + u) * kDropoutKeyOdd;
+      EXPECT_EQ(mix32_fold(dropout_key_word(k)), mix32_fold(low_word) ^ mix32_fold(high)) << first << " + " << u;
+    }
+  }
+}
+
 TEST(Dropout, PairFormGivesTheHalvesDecisionsAtEveryThresholdBelowTwoToThe16) {
   // The pair kernels' form (the finalizer before its last step, the threshold in the high half) against the two
   // halves of the whole finalizer: every threshold they take, on hashed inputs and on the halves' edges.
@@ -64,9 +79,14 @@ TEST(Dropout, PairFormGivesTheHalvesDecisionsAtEveryThresholdBelowTwoToThe16) {
           << threshold << " " << before_last;
     }
   }
-  for (uint32_t x : inputs) EXPECT_EQ(mix32(x), mix32_but_last(x) ^ (mix32_but_last(x) >> 16));
+  for (uint32_t x : inputs) {
+    const uint32_t before_last = mix32_middle(mix32_fold(x));
+    EXPECT_EQ(mix32(x), before_last ^ (before_last >> 16));
+  }
+  // The row key and the key word folded apart give the finalizer of their xor.
   const uint32_t row = dropout_row_key(dropout_head_key(5, 1, 2), 77), word = dropout_key_word(48);
-  EXPECT_EQ(dropout_pair_bits(row, word) ^ (dropout_pair_bits(row, word) >> 16), dropout_key_bits(row, word));
+  const uint32_t pair_bits = dropout_pair_bits(mix32_fold(row), mix32_fold(word));
+  EXPECT_EQ(pair_bits ^ (pair_bits >> 16), dropout_key_bits(row, word));
 }
 
 // The fraction of n draws dropped, within 5 standard deviations of p.
