@@ -459,7 +459,8 @@ __device__ __forceinline__ void drop_keyed(const CudaAttentionArgs& a, float (&s
   if (keys->consecutive && (first & 15) == 0 && (first >> 32) == ((first + NT * 8 - 1) >> 32)) {
     // Consecutive keys from a multiple of 16 under one high half (a single call's, a chunk's): a column's word is
     // the first column's product plus the factor times its offset (dropout_position_word), the high half's term
-    // folded into the rows' keys. This is 4 instructions a pair fewer than forming each word from its position.
+    // folded into the rows' keys (SASS, wgmma at D = 64: 405 instructions for a thread's 64 pairs of a tile, against
+    // 735 forming each word from its position).
     const uint32_t high = mix32_fold(dropout_position_high_term(first));
     const uint32_t rows[2] = {row_folded[0] ^ high, row_folded[1] ^ high};
     const uint32_t low0 = (uint32_t(uint64_t(first)) + (lane % 4) * 2) * kDropoutKeyOdd;
