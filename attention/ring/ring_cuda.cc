@@ -51,6 +51,14 @@ const DevicePositions& RingAttentionCuda::ring_positions_on_device(const TokenPo
   return uploaded_;
 }
 
+DevicePositions RingAttentionCuda::block_positions(const DevicePositions& pos, int source) const {
+  DevicePositions block = pos.keys_from(schedule_.key_offset(source));
+  block.q_host = schedule_.query_positions().data(), block.k_host = schedule_.keys(source).data();
+  block.key_pairing = schedule_.keys_pair_up(source) ? DevicePositions::KeyPairing::kPairs
+                                                     : DevicePositions::KeyPairing::kApart;
+  return block;
+}
+
 void RingAttentionCuda::accumulate(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                                    Carry& carry) const {
   const auto entered = std::chrono::steady_clock::now();
@@ -107,17 +115,13 @@ void RingAttentionCuda::run(const AttentionInputs& in, const DevicePositions& po
     const bool exchange = step + 1 < n;
     if (exchange) kv.before_exchange(step, compute_done.get());
     kv.before_compute(step);
-    const std::vector<int64_t>& k_host = schedule_.keys(src);
-    const std::vector<int64_t>& q_host = schedule_.query_positions();
     const auto t0 = std::chrono::steady_clock::now();
     if (timed) step_event(step, 0)->record(stream_);
     if (schedule_.skipped(src, params)) {  // every block where this rank holds no query
       ++stats_.skipped;
     } else {
       const AttentionInputs block = kv.block(step, src);
-      DevicePositions block_pos = pos.keys_from(schedule_.key_offset(src));
-      block_pos.q_host = q_host.data(), block_pos.k_host = k_host.data();
-      block_pos.key_pairing = key_pairing(schedule_, src);
+      const DevicePositions block_pos = block_positions(pos, src);
       // After the first kernel of this call, the compute stream holds only this call's kernels (and
       // events): the previous one writes nothing this one reads but the carry.
       local_->set_after_carry_writer(kernels_queued > 0);

@@ -17,11 +17,6 @@
 
 namespace ra {
 
-// Rank `source`'s keys' pairing for dropout (RingSchedule::keys_pair_up), as the kernels' positions carry it.
-inline DevicePositions::KeyPairing key_pairing(const RingSchedule& schedule, int source) {
-  return schedule.keys_pair_up(source) ? DevicePositions::KeyPairing::kPairs : DevicePositions::KeyPairing::kApart;
-}
-
 class RingAttentionCuda final : public CudaAttentionImpl {
  public:
   // Collective over the ring: it chooses the channel (copy engines where every rank can use them).
@@ -70,6 +65,9 @@ class RingAttentionCuda final : public CudaAttentionImpl {
   // This rank's query positions and every rank's keys on the device (uploaded when they change).
   const DevicePositions& ring_positions_on_device(const TokenPositions& pos) const;
   DevicePositions device_positions(const TokenPositions& pos) const override { return ring_positions_on_device(pos); }
+  // Rank `source`'s block of the keys in `pos` (the ring's positions on the device): its device positions, the
+  // layout's host copies of this rank's queries and its keys, and whether its keys pair up for dropout.
+  DevicePositions block_positions(const DevicePositions& pos, int source) const;
   void check_shard_rows(const AttentionInputs& in) const;  // this rank's shard has the layout's rows
   // The backward's ring into the f32 accumulators `acc`; with `out` (q's dtype or f32, contiguous; more
   // than one rank) the last hop's dK / dV land there, the own block's parts in `acc` added in the same pass.

@@ -222,15 +222,11 @@ void RingAttentionCuda::backward_steps(const AttentionInputs& in, const DevicePo
   auto compute = [&](const AttentionInputs& block, int src, int64_t first, int64_t count, const TensorView& dk,
                      const TensorView& dv, cudaStream_t on, bool unset) {
     const LocalStream local_on(*local_, on, stream_);
-    const std::vector<int64_t>& k_host = schedule_.keys(src);
     AttentionInputs part = block;
     part.k = narrow(block.k, 1, first, count);
     part.v = narrow(block.v, 1, first, count);
     if (block.kv_segment_ids.defined()) part.kv_segment_ids = narrow(block.kv_segment_ids, 1, first, count);
-    DevicePositions block_pos = pos.keys_from(schedule_.key_offset(src));
-    block_pos.q_host = schedule_.query_positions().data(), block_pos.k_host = k_host.data();
-    block_pos.key_pairing = key_pairing(schedule_, src);
-    const DevicePositions part_pos = block_pos.keys_from(first);
+    const DevicePositions part_pos = block_positions(pos, src).keys_from(first);
     GradViews views{acc.dq, dk, dv, dbias};
     views.kv_unset = unset && writes_kv;
     local_->accumulate_backward_device(part, part_pos, local_params, grad, views);
