@@ -174,6 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
       }
 
       // P^T (after dropout, into st) and dS^T times the soft cap's derivative (into dpt).
+      [[maybe_unused]] const DropoutRows drop = kExtras ? dropout_rows(a, b, h) : DropoutRows{};
       const bool masked = kind == BlockKind::kPartial || kExtras || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
 #pragma unroll
       for (int j = 0; j < kQTilesPerWarp; ++j) {
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           // LSE in log2 units; a row that saw nothing (-inf) or is past the end gives P = 0.
           const float lse = lse_s[qcol];
           const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
-          float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
+          float weight = kExtras && p > 0.0f ? drop.weight(drop.row_key(a.pos.q[query]), a.pos.k[key]) : 1.0f;
           if constexpr (kDropout)
             weight = dropout_pair_weight(drop_bits, e, drop_key_buffers[buffer][qcol], key_word, threshold_high,
                                          keep_scale);

@@ -388,22 +388,23 @@ __device__ __forceinline__ void add_bias_mask(const CudaAttentionArgs& a, float 
     }
 }
 
-// Dropout on a fragment of probabilities from key n0 (the softmax's denominator already has them all):
-// a dropped pair's P becomes 0, a kept one's P / (1 - p). Pairs with P = 0 (hidden) are not hashed.
+// Dropout on a fragment of probabilities from key n0 (the softmax's denominator already has them all), pair by pair
+// (the extras instances; their keys need not pair up), each row's key formed once: a dropped pair's P becomes 0, a
+// kept one's P / (1 - p). Pairs with P = 0 (hidden) are not hashed.
 template <int NT>
 __device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int h, int n0,
                                                    int lane, int row0, const TileKeys* keys) {
-  const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
+  const DropoutRows drop = dropout_rows(a, b, h);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + i * 8;
-    const int64_t qpos = row >= a.q_len ? 0 : keys != nullptr ? q_position(a.pos, row) : a.pos.q[row];
+    const uint32_t row_key = drop.row_key(row >= a.q_len ? 0 : keys != nullptr ? q_position(a.pos, row) : a.pos.q[row]);
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e)
         if (s[j][e] > 0.0f)
-          s[j][e] *= dropout_weight(a, b, h, qpos, key_position(a, keys, n0, n0 + j * 8 + (lane % 4) * 2 + (e & 1)), keep_scale);
+          s[j][e] *= drop.weight(row_key, key_position(a, keys, n0, n0 + j * 8 + (lane % 4) * 2 + (e & 1)));
   }
 }
 

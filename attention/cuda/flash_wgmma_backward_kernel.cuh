@@ -393,6 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     // kDropout: the forward's decisions (drop_keyed), from the rows' keys and this thread's keys' word, both folded: its
     // two keys are 8 apart with the first's bit 3 clear (dropout_keys_pair_up), so one finalizer a query decides both.
     [[maybe_unused]] uint32_t threshold_high = 0, key_word = 0;
+    [[maybe_unused]] const DropoutRows drop = kExtras ? dropout_rows(a, b, h) : DropoutRows{};  // the extras' per pair
     [[maybe_unused]] float keep_scale = 1.0f;
     [[maybe_unused]] const uint32_t* drop_keys_s = nullptr;
     if constexpr (kDropout) {
@@ -408,12 +409,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
       for (int e = 0; e < 4; ++e) {
         const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
         if constexpr (kExtras) {  // dropout's weight on dP and P (the forward's decision), dBias, the cap's derivative
-          const float p = st[j][e], keep_scale = 1.0f / (1.0f - a.dropout_prob);
+          const float p = st[j][e];
           const int query = m0 + qcol;
           const int64_t kpos = key_pos[e / 2];
           const float weight =
-              p > 0.0f ? dropout_weight(a, b, h, step.consecutive ? step.q_first + qcol : q_position(a.pos, query),
-                                        kpos, keep_scale)
+              p > 0.0f ? drop.weight(drop.row_key(step.consecutive ? step.q_first + qcol : q_position(a.pos, query)), kpos)
                        : 1.0f;
           float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
           if (g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, kpos, ds);
