@@ -392,19 +392,21 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     uint32_t pt[kTilesM / 2][4], dst[kTilesM / 2][4];
     // kDropout: the forward's decisions (drop_keyed), from the rows' keys and this thread's keys' word, both folded: its
     // two keys are 8 apart with the first's bit 3 clear (dropout_keys_pair_up), so one finalizer a query decides both.
+    // kExtras: likewise where the keys pair up (dropout_pairs_keyed), the rows' keys formed here; else pair by pair.
     [[maybe_unused]] uint32_t threshold_high = 0, key_word = 0;
-    [[maybe_unused]] const DropoutRows drop = kExtras ? dropout_rows(a, b, h) : DropoutRows{};  // the extras' per pair
+    [[maybe_unused]] const DropoutRows drop = kExtras ? dropout_rows(a, b, h) : DropoutRows{};
+    [[maybe_unused]] const bool keyed = kExtras && dropout_pairs_keyed(a);
     [[maybe_unused]] float keep_scale = 1.0f;
     [[maybe_unused]] const uint32_t* drop_keys_s = nullptr;
-    if constexpr (kDropout) {
+    if (kDropout || keyed) {
       threshold_high = dropout_threshold_high(dropout_threshold(a.dropout_prob));
       keep_scale = 1.0f / (1.0f - a.dropout_prob);
       key_word = mix32_fold(dropout_key_word(key_pos[0]));
-      drop_keys_s = drop_key_buffers[buffer];
     }
+    if constexpr (kDropout) drop_keys_s = drop_key_buffers[buffer];
 #pragma unroll
     for (int j = 0; j < kTilesM; ++j) {
-      [[maybe_unused]] uint32_t drop_bits[2];  // kDropout: query column e & 1's dropout_pair_bits (its keys 0 and 1)
+      [[maybe_unused]] uint32_t drop_bits[2];  // query column e & 1's dropout_pair_bits (its keys 0 and 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qcol = q_col0 + j * 8 + (lane % 4) * 2 + (e & 1);
@@ -412,9 +414,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           const float p = st[j][e];
           const int query = m0 + qcol;
           const int64_t kpos = key_pos[e / 2];
-          const float weight =
-              p > 0.0f ? drop.weight(drop.row_key(step.consecutive ? step.q_first + qcol : q_position(a.pos, query)), kpos)
-                       : 1.0f;
+          const int64_t qpos = step.consecutive ? step.q_first + qcol : query < a.q_len ? q_position(a.pos, query) : 0;
+          float weight = 1.0f;
+          if (keyed)  // the query's row key for its key 0's finalizer (e < 2), read again for key 1
+            weight = dropout_pair_weight(drop_bits, e, e < 2 ? drop.folded_row_key(qpos) : 0u, key_word, threshold_high,
+                                         keep_scale);
+          else if (p > 0.0f)
+            weight = drop.weight(drop.row_key(qpos), kpos);
           float ds = p * (dpt[j][e] * weight - delta_s[qcol]);
           if (g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, kpos, ds);
           if (soft_cap && p > 0.0f) {  // the bias read again: held from the step above it costs registers
