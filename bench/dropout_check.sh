@@ -4,7 +4,7 @@
 # kernel forced (Ampere's), and PyTorch's SDPA FlashAttention-2 with dropout. A pack of another build gives its rows
 # alone ("rows" only), so that two calls on one warm machine compare builds.
 #   [HEAD_DIMS="128 64 256"] bash .device/on-device.sh bash bench/dropout_check.sh PACK [STAGES]   (STAGES, in this
-# order: quick (the unit tests with dropout), rows, extras (beside a bias or a soft cap), docs (16 packed documents
+# order: quick (the unit tests with dropout), rows, extras (beside a bias, a mask or a soft cap), docs (16 packed documents
 # with and without dropout), torch, tests (all the GPU tests); carry PACK)
 set -u
 b=${1:-pack}; stages=,${2:-quick,rows,torch,tests},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
@@ -32,12 +32,16 @@ if has rows; then
     done
   done; done
 fi
-if has extras; then  # dropout beside a bias or a soft cap (the extras instances, deciding pair by pair), D = 128
+if has extras; then  # dropout beside a bias, a mask (wgmma: their own instances) or a soft cap (the extras), D = 128
   for causal in "" "--causal"; do
-    for flags in "--bias" "--bias --dropout 0.1" "--softcap 30 --dropout 0.1" "--bias --dropout 0.1 --flash-kernel mma_sync"; do
+    for flags in "--bias" "--bias --dropout 0.1" "--mask" "--mask --dropout 0.1" "--softcap 30 --dropout 0.1" \
+      "--bias --dropout 0.1 --flash-kernel mma_sync"; do
       echo "$b --heads 32 --head-dim 128 $causal $flags: $(row --heads 32 --head-dim 128 $causal $flags --iters 3)" |
         tee -a $out/extras.txt
     done
+    [[ -n $causal ]] && c=1 || c=0
+    python3 bench/torch_extras.py --seq 16384 --heads 32 --head-dim 128 --causal $c --only bias_dropout 2>&1 | tail -1 |
+      tee -a $out/extras.txt
   done
 fi
 if has docs; then

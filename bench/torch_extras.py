@@ -1,12 +1,13 @@
 """PyTorch beside `ringattn bench --bias / --mask / --dropout / --softcap --segments`, for bench/RESULTS.md:
 the ways a PyTorch user trains with those options. Bias (one (T, S) matrix broadcast over heads, gradient
 taken): SDPA's attn_mask on its memory-efficient and cuDNN backends, and FlexAttention's score_mod reading
-it; a boolean mask (7 / 8 of the pairs kept): FlexAttention's mask_mod reading it and SDPA's efficient
-backend; dropout 0.1: SDPA's FlashAttention-2 backend; a soft cap of 50 on packed documents: FlexAttention.
+it; the bias beside dropout 0.1: SDPA's efficient backend (bias_dropout, not run by default); a boolean mask (7 / 8
+of the pairs kept): FlexAttention's mask_mod reading it and SDPA's efficient backend; dropout 0.1: SDPA's
+FlashAttention-2 backend; a soft cap of 50 on packed documents: FlexAttention.
 bf16, B=1, median of 10 CUDA-event-timed calls after 2 warm-up calls; TFLOP/s as ringattn bench counts them
 (4 H T^2 D, halved for causal, divided by the documents; the backward 2.5x).
 Arguments: --seq --heads --head-dim (default 16384 x 32 x 128) --causal 0 | 1, --only bias,mask,dropout,softcap
-(the rows to run; all by default)."""
+or bias_dropout (the rows to run; the first four by default)."""
 import argparse
 
 import torch
@@ -38,11 +39,11 @@ def report(name, attend, inputs, docs=1):
         d_o = torch.randn_like(out)
         backward_ms = median_ms(lambda: torch.autograd.grad(out, inputs, d_o, retain_graph=True), 10, warmup=2)
     except Exception as error:  # report and go on: one PyTorch lacks one path or another
-        print(f"{name:22s} H={H} D={D} T={T} causal={int(causal)} failed: {type(error).__name__}: "
+        print(f"{name:27s} H={H} D={D} T={T} causal={int(causal)} failed: {type(error).__name__}: "
               f"{str(error).splitlines()[0] if str(error) else ''}", flush=True)
         return
     flops = 4 * H * D * T * T / docs / (2 if causal else 1)
-    print(f"{name:22s} H={H:3d} D={D:4d} T={T} causal={int(causal)} fwd_ms={forward_ms:8.3f} "
+    print(f"{name:27s} H={H:3d} D={D:4d} T={T} causal={int(causal)} fwd_ms={forward_ms:8.3f} "
           f"fwd_TFLOP/s={flops / forward_ms / 1e9:7.2f} bwd_ms={backward_ms:8.3f} "
           f"bwd_TFLOP/s={2.5 * flops / backward_ms / 1e9:7.2f}", flush=True)
 
@@ -65,6 +66,18 @@ if "bias" in wanted:
     report("flex_bias", lambda: flex(q, k, v, score_mod=lambda s, b, h, i, j: s + bias_matrix[i, j], block_mask=causal_mask),
            (q, k, v, bias_matrix))
     del bias, bias_matrix
+
+# The same bias beside dropout 0.1: SDPA's memory-efficient backend (FlashAttention-2's takes no bias).
+if "bias_dropout" in wanted:
+    bias = torch.randn(1, 1, T, T, device="cuda", dtype=torch.bfloat16)
+    if causal:
+        bias.masked_fill_(torch.ones(T, T, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+    bias.requires_grad_(True)
+    def attend_bias_dropout():
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.1)
+    report("sdpa_efficient_bias_dropout", attend_bias_dropout, (q, k, v, bias))
+    del bias
 
 # A boolean mask, 7 / 8 of the pairs kept.
 if "mask" in wanted:

@@ -19,7 +19,7 @@ void check_flash_head_dims(int64_t head_dim, int64_t value_dim, const char* kern
 
 // True when the arguments use a bias, a mask or dropout: both flash kernels then run their extras
 // instances, which form each logit pair by pair, but where the wgmma kernels have a bias or mask instance
-// (flash_takes_bias_alone, flash_takes_mask_alone). A soft cap, beside segment ids or not, has instances of
+// (flash_takes_bias_instance, flash_takes_mask_instance). A soft cap, beside segment ids or not, has instances of
 // its own.
 bool flash_has_extras(const CudaAttentionArgs& args);
 

@@ -93,19 +93,20 @@ FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
 // kOrdered: --deterministic (flash_wgmma_backward_ordered.cu): the key blocks run from the last down, and each
 // adds its dQ into a block of query rows on its turn (DqTurn), after every key block above it that adds there.
 // kDqApart: dK and dV only; flash_wgmma_dq_kernel.cuh forms dQ (flash_wgmma_backward_dq.cu).
-// kBias: an additive bias alone (flash_takes_bias_alone), each step's bias tile staged in shared
-// memory while the step before it ends, dS added into dBias by atomics; positions masked as without it.
-// kMask: a boolean mask alone (flash_takes_mask_alone), staged the same way, a byte a pair.
-// kDropout: dropout beside positions and segment ids (flash_takes_dropout_beside_positions): each step's rows' dropout
-// keys formed once into shared memory beside their LSE, each pair's decision from its row's key and its key's position.
+// kBias: an additive bias (flash_takes_bias_instance), each step's bias tile staged in shared memory while the step
+// before it ends, dS added into dBias by atomics; positions masked as without it.
+// kMask: a boolean mask (flash_takes_mask_instance), staged the same way, a byte a pair.
+// kDropout: dropout beside positions and segment ids (flash_takes_dropout_beside_positions), or beside kBias or kMask:
+// each step's rows' dropout keys formed once into shared memory beside their LSE, each pair's decision from its row's
+// key and its key's position.
 template <typename T, int D, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, bool kOrdered = false,
           bool kDqApart = false, bool kBias = false, bool kMask = false, bool kDropout = false>
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const __grid_constant__ FlashBackwardArgs g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias || kMask) || !(kSegments || kSoftCap || kExtras || kOrdered || kDqApart || (kBias && kMask)),
                 "the bias or the mask alone");
-  static_assert(!kDropout || !(kSoftCap || kExtras || kOrdered || kDqApart || kBias || kMask),
-                "dropout beside positions and segment ids");
+  static_assert(!kDropout || !(kSoftCap || kExtras || kOrdered || kDqApart),
+                "dropout beside positions and segment ids, or a bias or mask");
   using Traits = WgmmaBackwardTraits<T, D, kExtras, kBias, kMask>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kTilesD = Traits::kTilesD;
   constexpr int kTilesM = Traits::kTilesM, kTilesDq = Traits::kTilesDq;
@@ -432,18 +433,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
           st[j][e] = p * weight;
           continue;
         }
-        if constexpr (kDropout) {  // dS = P (dP w - delta), and P w into dV, w = 0 (dropped) or 1 / (1 - p)
-          const float weight =
-              dropout_pair_weight(drop_bits, e, drop_keys_s[qcol], key_word, threshold_high, keep_scale);
-          dpt[j][e] = st[j][e] * (dpt[j][e] * weight - delta_s[qcol]);
-          st[j][e] *= weight;
-          continue;
-        }
-        dpt[j][e] = st[j][e] * (dpt[j][e] - delta_s[qcol]);
+        // dS = P (dP w - delta), and P w into dV: kDropout's w = 0 (dropped) or 1 / (1 - p), else 1. dBias is dS,
+        // dropped pairs' too.
+        const float p = st[j][e];
+        float weight = 1.0f;
+        if constexpr (kDropout)
+          weight = dropout_pair_weight(drop_bits, e, drop_keys_s[qcol], key_word, threshold_high, keep_scale);
+        dpt[j][e] = p * (dpt[j][e] * weight - delta_s[qcol]);
+        if constexpr (kDropout) st[j][e] = p * weight;
         if constexpr (kBias) {
-          if (g.dbias.data && st[j][e] > 0.0f) add_dbias(g, b, h, m0 + qcol, key_pos[e / 2], dpt[j][e]);
+          if (g.dbias.data && p > 0.0f) add_dbias(g, b, h, m0 + qcol, key_pos[e / 2], dpt[j][e]);
         }
-        if constexpr (kSoftCap) dpt[j][e] *= soft_cap_slope(st[j][e], lse_s[qcol], 0.0f, a.soft_cap);  // P = 0: dS = 0 anyway
+        if constexpr (kSoftCap) dpt[j][e] *= soft_cap_slope(p, lse_s[qcol], 0.0f, a.soft_cap);  // P = 0: dS = 0 anyway
       }
     }
 #pragma unroll
