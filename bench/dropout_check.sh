@@ -33,7 +33,8 @@ if has rows; then
   done; done
 fi
 if has extras; then  # dropout beside a bias, a mask (wgmma: their own instances) or a soft cap (the extras), D = 128
-  for causal in "" "--causal"; do
+  causals=("" "--causal"); [[ ${NO_CAUSAL:-0} == 1 ]] && causals=("")  # NO_CAUSAL=1: the rows without causal only
+  for causal in "${causals[@]}"; do
     for flags in "--bias" "--bias --dropout 0.1" "--mask" "--mask --dropout 0.1" "--softcap 30 --dropout 0.1" \
       "--bias --dropout 0.1 --flash-kernel mma_sync"; do
       echo "$b --heads 32 --head-dim 128 $causal $flags: $(row --heads 32 --head-dim 128 $causal $flags --iters 3)" |
