@@ -289,7 +289,6 @@ void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStrea
   if (args.q_len == 0 || args.kv_len == 0) return;
   CudaAttentionArgs a = args;
   const SegmentRanges segments(a, stream);
-  find_dropout_key_pairing(a);
   if (flash_uses_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
     // Exact head dims of 64 and 128 run the padded instance, measured 1.04x / 1.01x the exact ones; at 256 the
