@@ -4,8 +4,8 @@
 # kernel forced (Ampere's), and PyTorch's SDPA FlashAttention-2 with dropout. A pack of another build gives its rows
 # alone ("rows" only), so that two calls on one warm machine compare builds.
 #   [HEAD_DIMS="128 64 256"] bash .device/on-device.sh bash bench/dropout_check.sh PACK [STAGES]   (STAGES, in this
-# order: quick (the unit tests with dropout), rows, extras (beside a bias, a mask or a soft cap), docs (16 packed documents
-# with and without dropout), torch, tests (all the GPU tests); carry PACK)
+# order: quick (the unit tests with dropout), rows, extras (beside a bias, a mask or a soft cap), docs (16 packed
+# documents with and without dropout), torch, tests (all the GPU tests); carry PACK)
 set -u
 b=${1:-pack}; stages=,${2:-quick,rows,torch,tests},; bin=$b/bin/ringattn; out=${OUT:-/tmp/out}
 # The rows' shapes: every one, or those with HEAD_DIMS' head dims (e.g. HEAD_DIMS=256).

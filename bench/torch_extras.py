@@ -51,12 +51,19 @@ def report(name, attend, inputs, docs=1):
 q, k, v, _ = tensors()
 causal_mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, T, T, device="cuda") if causal else None
 
-# Bias with its gradient. SDPA takes no is_causal beside attn_mask: causal goes into the bias as -inf.
-if "bias" in wanted:
+
+def random_bias():
+    """One (T, S) bias broadcast over batch and heads, gradient taken. SDPA takes no is_causal beside attn_mask:
+    causal goes into the bias as -inf."""
     bias = torch.randn(1, 1, T, T, device="cuda", dtype=torch.bfloat16)
     if causal:
         bias.masked_fill_(torch.ones(T, T, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
-    bias.requires_grad_(True)
+    return bias.requires_grad_(True)
+
+
+# Bias with its gradient.
+if "bias" in wanted:
+    bias = random_bias()
     for backend, name in ((SDPBackend.EFFICIENT_ATTENTION, "sdpa_efficient_bias"), (SDPBackend.CUDNN_ATTENTION, "sdpa_cudnn_bias")):
         def attend(backend=backend):
             with sdpa_kernel(backend):
@@ -69,10 +76,7 @@ if "bias" in wanted:
 
 # The same bias beside dropout 0.1: SDPA's memory-efficient backend (FlashAttention-2's takes no bias).
 if "bias_dropout" in wanted:
-    bias = torch.randn(1, 1, T, T, device="cuda", dtype=torch.bfloat16)
-    if causal:
-        bias.masked_fill_(torch.ones(T, T, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
-    bias.requires_grad_(True)
+    bias = random_bias()
     def attend_bias_dropout():
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.1)
