@@ -32,7 +32,7 @@ if has rows; then
     done
   done; done
 fi
-if has extras; then  # dropout beside a bias, a mask or a soft cap (the extras instances), D = 128
+if has extras; then  # dropout beside a bias, a mask (wgmma: their own instances) or a soft cap (the extras), D = 128
   causals=("" "--causal"); [[ ${NO_CAUSAL:-0} == 1 ]] && causals=("")  # NO_CAUSAL=1: the rows without causal only
   for causal in "${causals[@]}"; do
     for flags in "--bias" "--bias --dropout 0.1" "--mask" "--mask --dropout 0.1" "--softcap 30 --dropout 0.1" \

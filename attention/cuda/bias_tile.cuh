@@ -11,16 +11,17 @@
 
 namespace ra::flash {
 
-// Whether nothing but positions sits beside a call's bias or mask (no dropout, soft cap or segment ids; V as wide
-// as K): what the wgmma kernels' staged-tile instances (this file's bias, mask_tile.cuh's mask) take beside them.
+// Whether nothing but positions, and dropout on keys that pair up (dropout_pairs_keyed), sits beside a call's bias
+// or mask (no soft cap or segment ids; V as wide as K): what the wgmma kernels' staged-tile instances (this file's
+// bias, mask_tile.cuh's mask) take beside them.
 inline bool flash_positions_beside_staged_tile(const CudaAttentionArgs& a) {
-  return a.dropout_prob <= 0.0f && a.soft_cap <= 0.0f && !a.q_segment_ranges && !a.q_segment_ids.data &&
-         a.head_dim == a.value_dim;
+  return (a.dropout_prob <= 0.0f || dropout_pairs_keyed(a)) && a.soft_cap <= 0.0f && !a.q_segment_ranges &&
+         !a.q_segment_ids.data && a.head_dim == a.value_dim;
 }
 
-// Whether a call's extras are an additive bias alone (no mask, dropout, soft cap or segment ids), which the
-// wgmma kernels' bias instances take at the head dims they have them for.
-inline bool flash_takes_bias_alone(const CudaAttentionArgs& a) {
+// Whether a call's extras are an additive bias, alone or beside dropout (no mask, soft cap or segment ids), which
+// the wgmma kernels' bias instances take at the head dims they have them for.
+inline bool flash_takes_bias_instance(const CudaAttentionArgs& a) {
   return a.bias.data && !a.mask.data && flash_positions_beside_staged_tile(a);
 }
 

@@ -103,8 +103,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
   const int key_row = key_tile * 16 + lane / 4;  // this thread's keys: key_row and key_row + 8 of the block
   // kDropout: those two keys' word folded (dropout_key_word, mix32_fold; the block's keys pair up from n0, a multiple
   // of 16, and key_row's bit 3 is clear), and the threshold as the pair form compares it.
+  // kExtras: likewise where the keys pair up (dropout_pairs_keyed), the rows' keys formed per pair.
   [[maybe_unused]] uint32_t key_word = 0, threshold_high = 0;
-  if constexpr (kDropout) {
+  [[maybe_unused]] const bool keyed = kExtras && dropout_pairs_keyed(a);
+  if (kDropout || keyed) {
     key_word = mix32_fold(dropout_key_word(n0 + key_row < a.kv_len ? a.pos.k[n0 + key_row] : 0));
     threshold_high = dropout_threshold_high(dropout_threshold(a.dropout_prob));
   }
@@ -174,10 +176,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
       }
 
       // P^T (after dropout, into st) and dS^T times the soft cap's derivative (into dpt).
+      [[maybe_unused]] const DropoutRows drop = kExtras ? dropout_rows(a, b, h) : DropoutRows{};
       const bool masked = kind == BlockKind::kPartial || kExtras || n0 + kBlockN > a.kv_len || m0 + kBlockM > a.q_len;
 #pragma unroll
       for (int j = 0; j < kQTilesPerWarp; ++j) {
-        [[maybe_unused]] uint32_t drop_bits[2];  // kDropout: query column e & 1's dropout_pair_bits (its keys 0 and 1)
+        [[maybe_unused]] uint32_t drop_bits[2];  // query column e & 1's dropout_pair_bits (its keys 0 and 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = n0 + key_row + (e >= 2 ? 8 : 0), qcol = (q_tile0 + j) * 8 + (lane % 4) * 2 + (e & 1);
@@ -205,10 +208,17 @@ __global__ void __launch_bounds__(kThreads, 1) flash_backward_kernel(const Flash
           // LSE in log2 units; a row that saw nothing (-inf) or is past the end gives P = 0.
           const float lse = lse_s[qcol];
           const float p = query < a.q_len && lse != -INFINITY ? fast_exp2(s_log2 - lse * kLog2e) : 0.0f;
-          float weight = kExtras && p > 0.0f ? dropout_weight(a, b, h, a.pos.q[query], a.pos.k[key], keep_scale) : 1.0f;
+          float weight = 1.0f;
           if constexpr (kDropout)
             weight = dropout_pair_weight(drop_bits, e, drop_key_buffers[buffer][qcol], key_word, threshold_high,
                                          keep_scale);
+          if constexpr (kExtras) {
+            if (keyed)  // a query's row key for its key row_key's finalizer (e < 2), read again for key + 8
+              weight = dropout_pair_weight(drop_bits, e, e < 2 ? drop.folded_row_key(query < a.q_len ? a.pos.q[query] : 0) : 0u,
+                                           key_word, threshold_high, keep_scale);
+            else if (p > 0.0f)
+              weight = drop.weight(drop.row_key(a.pos.q[query]), a.pos.k[key]);
+          }
           const float ds = p * (dpt[j][e] * weight - (query < a.q_len ? delta_s[qcol] : 0.0f));
           if (kExtras && g.dbias.data && p > 0.0f) add_dbias(g, b, h, query, a.pos.k[key], ds);
           st[j][e] = p * weight;
@@ -363,6 +373,7 @@ void flash_backward_cuda(const FlashBackwardArgs& args, DType dtype, Tensor* dq_
   if (args.a.q_len == 0 || args.a.kv_len == 0) return;
   FlashBackwardArgs g = args;
   const SegmentRanges segments(g.a, stream);
+  find_dropout_key_pairing(g.a);
   if (flash_uses_wgmma(g.a)) return flash_wgmma_backward(g, dtype, dq_slices, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 backward", [&](auto element) {
     // Exact head dims of 64 and 128 run the padded instance, measured 0.99-1.00x the exact ones; at 256 the exact

@@ -194,8 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_forward_kernel(const CudaAt
         if (kExtras && a.dropout_prob > 0.0f) drop_probabilities(a, s[t], b, h, n0, lane, row0, nullptr);
         if constexpr (kDropout) {  // keys in one run take drop_keyed's stepped words; others are read
           const uint32_t row_folded[2] = {drop_row_keys[row0 - m0], drop_row_keys[row0 + 8 - m0]};
-          const bool run = a.pos.k_run != DevicePositions::kNotARun;
-          const TileKeys keys{run, run ? a.pos.k_run + n0 : 0};
+          const TileKeys keys = run_tile_keys(a, n0);
           drop_keyed(a, s[t], row_folded, n0, lane, &keys);
         }
       }
@@ -289,6 +288,7 @@ void flash_accumulate_cuda(const CudaAttentionArgs& args, DType dtype, cudaStrea
   if (args.q_len == 0 || args.kv_len == 0) return;
   CudaAttentionArgs a = args;
   const SegmentRanges segments(a, stream);
+  find_dropout_key_pairing(a);
   if (flash_uses_wgmma(a)) return flash_wgmma_accumulate(a, dtype, stream);
   dispatch_half_dtype(dtype, "the cuda flash_attn2 kernel", [&](auto element) {
     // Exact head dims of 64 and 128 run the padded instance, measured 1.04x / 1.01x the exact ones; at 256 the

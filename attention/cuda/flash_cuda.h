@@ -18,9 +18,10 @@ void check_flash_cuda_supported(const AttentionInputs& in);
 void check_flash_head_dims(int64_t head_dim, int64_t value_dim, const char* kernel);
 
 // True when the arguments use a bias, a mask or dropout: both flash kernels then run their extras
-// instances, which form each logit pair by pair, but where the wgmma kernels have a bias or mask instance
-// (flash_takes_bias_alone, flash_takes_mask_alone). A soft cap, beside segment ids or not, has instances of
-// its own.
+// instances, which form each logit pair by pair, but where they have a dropout instance
+// (flash_takes_dropout_beside_positions) and where the wgmma kernels have a bias or mask instance, with dropout or
+// without (flash_takes_bias_instance, flash_takes_mask_instance). A soft cap, beside segment ids or not, has
+// instances of its own.
 bool flash_has_extras(const CudaAttentionArgs& args);
 
 // True when the wgmma kernels (forward and backward alike) run these arguments (args.flash_kernel, from

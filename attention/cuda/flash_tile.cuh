@@ -264,6 +264,13 @@ __device__ __forceinline__ int2 seeing_columns(const CudaAttentionArgs& a, int64
   return make_int2(int(lo < width ? lo : width), int(hi > 0 ? hi : 0));
 }
 
+// What the mma.sync kernels know of the tile of keys from n0: consecutive where the keys are one run (k_run), else
+// nothing (their positions are read).
+__device__ __forceinline__ TileKeys run_tile_keys(const CudaAttentionArgs& a, int n0) {
+  const bool run = a.pos.k_run != DevicePositions::kNotARun;
+  return TileKeys{run, run ? a.pos.k_run + n0 : 0};
+}
+
 // A key's position: from the tile's first where they are consecutive, else read.
 __device__ __forceinline__ int64_t key_position(const CudaAttentionArgs& a, const TileKeys* keys, int n0, int col) {
   if (keys == nullptr) return a.pos.k[col];  // the mma.sync kernels (q_position's note)
@@ -388,25 +395,6 @@ __device__ __forceinline__ void add_bias_mask(const CudaAttentionArgs& a, float 
     }
 }
 
-// Dropout on a fragment of probabilities from key n0 (the softmax's denominator already has them all):
-// a dropped pair's P becomes 0, a kept one's P / (1 - p). Pairs with P = 0 (hidden) are not hashed.
-template <int NT>
-__device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int h, int n0,
-                                                   int lane, int row0, const TileKeys* keys) {
-  const float keep_scale = 1.0f / (1.0f - a.dropout_prob);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = row0 + i * 8;
-    const int64_t qpos = row >= a.q_len ? 0 : keys != nullptr ? q_position(a.pos, row) : a.pos.q[row];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 2 * i; e < 2 * i + 2; ++e)
-        if (s[j][e] > 0.0f)
-          s[j][e] *= dropout_weight(a, b, h, qpos, key_position(a, keys, n0, n0 + j * 8 + (lane % 4) * 2 + (e & 1)), keep_scale);
-  }
-}
-
 // Whether the keys pair up as dropout's decisions do (dropout_key_word): each 16 key rows from a multiple of 16 (an
 // MMA fragment's rows, or its column pairs 8 apart) are positions k and k + 8 with k's bit 3 clear, so that one
 // finalizer decides two of a thread's pairs. A run from a multiple of 16 does (a single call's keys); otherwise the
@@ -418,6 +406,20 @@ inline bool dropout_keys_pair_up(const DevicePositions& pos, int64_t kv_len) {
   return pos.k_host != nullptr && ra::dropout_keys_pair_up(std::span<const int64_t>(pos.k_host, size_t(kv_len)));
 }
 
+// Dropout's key pairing found once a call (dropout_keys_pair_up, a scan of the keys' host copy where the caller did not
+// say), which the instance choice and the extras instances' decisions (dropout_pairs_keyed) read.
+inline void find_dropout_key_pairing(CudaAttentionArgs& a) {
+  using enum DevicePositions::KeyPairing;
+  if (a.dropout_prob > 0.0f) a.pos.key_pairing = dropout_keys_pair_up(a.pos, a.kv_len) ? kPairs : kApart;
+}
+
+// Whether the extras instances take dropout's decisions as the dropout instances do, a finalizer two pairs (drop_keyed,
+// dropout_pair_weight): keys that pair up (find_dropout_key_pairing) and a p whose threshold the pair form has room for.
+__host__ __device__ inline bool dropout_pairs_keyed(const CudaAttentionArgs& a) {
+  return a.dropout_prob > 0.0f && a.pos.key_pairing == DevicePositions::KeyPairing::kPairs &&
+         dropout_threshold(a.dropout_prob) < 65536u;
+}
+
 // Whether a call's extras are dropout beside positions and segment ids (no bias, mask or soft cap; V as wide as K)
 // on keys that pair up, which the dropout instances take: the wgmma kernels' at the head dims they have them for, the
 // mma.sync kernels' at every head dim (segment ids through their ranges, as the positions' instances take them). Keys
@@ -425,15 +427,13 @@ inline bool dropout_keys_pair_up(const DevicePositions& pos, int64_t kv_len) {
 // extras.
 inline bool flash_takes_dropout_beside_positions(const CudaAttentionArgs& a) {
   return a.dropout_prob > 0.0f && !a.bias.data && !a.mask.data && a.soft_cap <= 0.0f &&
-         (!a.q_segment_ids.data || a.q_segment_ranges) && a.head_dim == a.value_dim &&
-         dropout_threshold(a.dropout_prob) < 65536u && dropout_keys_pair_up(a.pos, a.kv_len);
+         (!a.q_segment_ids.data || a.q_segment_ranges) && a.head_dim == a.value_dim && dropout_pairs_keyed(a);
 }
 
 // Query row `row`'s dropout key (dropout_row_key) folded (mix32_fold), formed once per row by the dropout instances
 // (the wgmma and mma.sync kernels', forward and backward); a row past the queries' end (never stored) takes position 0.
 __device__ __forceinline__ uint32_t dropout_folded_row_key_at(const CudaAttentionArgs& a, int b, int h, int64_t row) {
-  return mix32_fold(dropout_row_key(dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h),
-                                    row < a.q_len ? q_position(a.pos, row) : 0));
+  return dropout_rows(a, b, h).folded_row_key(row < a.q_len ? q_position(a.pos, row) : 0);
 }
 
 // The decisions of one finalizer's two pairs (dropout_pair_bits): its low key's P and its high key's (8 further) P
@@ -505,6 +505,39 @@ __device__ __forceinline__ void scale_fragment(float (&o)[N][4], float by) {
   for (int j = 0; j < N; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[j][e] *= by;
+}
+
+// Dropout beside a bias, mask or soft cap (the extras instances) on a fragment of probabilities from key n0, the
+// softmax's denominator already having them all: a dropped pair's P becomes 0, a kept one's P / (1 - p). Keys that
+// pair up (dropout_pairs_keyed) take drop_keyed's one finalizer for two pairs; others one for each pair, each row's key
+// formed once and hidden pairs (P = 0) not hashed. The mma.sync kernels pass no TileKeys (q_position's note).
+template <int NT>
+__device__ __forceinline__ void drop_probabilities(const CudaAttentionArgs& a, float (&s)[NT][4], int b, int h, int n0,
+                                                   int lane, int row0, const TileKeys* keys) {
+  const DropoutRows drop = dropout_rows(a, b, h);
+  int64_t qpos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + i * 8;
+    qpos[i] = row >= a.q_len ? 0 : keys != nullptr ? q_position(a.pos, row) : a.pos.q[row];
+  }
+  if (dropout_pairs_keyed(a)) {
+    const uint32_t row_folded[2] = {drop.folded_row_key(qpos[0]), drop.folded_row_key(qpos[1])};
+    const TileKeys run_keys = run_tile_keys(a, n0);
+    drop_keyed(a, s, row_folded, n0, lane, keys != nullptr ? keys : &run_keys);
+    scale_fragment(s, drop.keep_scale);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t row_key = drop.row_key(qpos[i]);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; ++e)
+        if (s[j][e] > 0.0f)
+          s[j][e] *= drop.weight(row_key, key_position(a, keys, n0, n0 + j * 8 + (lane % 4) * 2 + (e & 1)));
+  }
 }
 
 // The softmax half of an online-softmax step on a 16-row fragment: S (scores times `sc`, in log2

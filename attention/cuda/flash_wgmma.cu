@@ -73,11 +73,12 @@ enum class CarryMode { kFromCarry, kAfterCarryWriter, kDirect };
 // kPadded: head dims narrower than D (dispatch_flash_instance): zero columns loaded, never stored.
 // Dv: V's and O's columns, D's but in MLA's instance (D = 192, Dv = 128), whose O would otherwise form 64
 // columns from zeros.
-// kBias: an additive bias alone (flash_takes_bias_alone), masked by positions as without it: each warpgroup
-// stages its 64 rows of a tile's bias in shared memory while the tile before it computes. kMask: a boolean mask
-// alone (flash_takes_mask_alone), staged the same way, a byte a pair.
-// kDropout: dropout beside positions and segment ids (flash_takes_dropout_beside_positions): each row's dropout key
-// formed once, each pair's decision from it and the key's position (drop_keyed), tiles masked as without it.
+// kBias: an additive bias (flash_takes_bias_instance), masked by positions as without it: each warpgroup stages its
+// 64 rows of a tile's bias in shared memory while the tile before it computes. kMask: a boolean mask
+// (flash_takes_mask_instance), staged the same way, a byte a pair.
+// kDropout: dropout beside positions and segment ids (flash_takes_dropout_beside_positions), or beside kBias or kMask:
+// each row's dropout key formed once, each pair's decision from it and the key's position (drop_keyed), tiles masked
+// as without it.
 template <typename T, int D, CarryMode kMode, bool kSegments, bool kSoftCap, bool kExtras, bool kPadded, int Dv = D,
           bool kBias = false, bool kMask = false, bool kMaskWhole = false, bool kDropout = false>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(!(kBias || kMask) || !(kSegments || kSoftCap || kExtras || (kBias && kMask)) && Dv == D,
                 "the bias or the mask alone");
-  static_assert(!kDropout || !(kSoftCap || kExtras || kBias || kMask), "dropout beside positions and segment ids");
+  static_assert(!kDropout || !(kSoftCap || kExtras), "dropout beside positions and segment ids, or a bias or mask");
   constexpr bool kStaged = kBias || kMask;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = wgmma::align_to_swizzle_atom(smem_raw);
@@ -464,15 +465,21 @@ void launch_kernel(Kernel kernel, size_t smem, bool overlap_carry_writer, const 
   RA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, key_tiles_of<T>(a, kBlockN)));
 }
 
-// The bias instance (kBias) or the mask instance (kMask, after the mask's tile summary): shared memory and tiles of
-// their own, never behind a carry writer (as the extras).
+// The bias instance (kBias) or the mask instance (kMask, after the mask's tile summary), with dropout or without:
+// shared memory and tiles of their own, never behind a carry writer (as the extras).
 template <typename T, int D, bool kPadded, bool kBias, bool kMask, bool kMaskWhole = false>
 void launch_staged_kernel(const CudaAttentionArgs& with, cudaStream_t stream) {
   using enum CarryMode;
-  launch_kernel<T, kBlockNFor<D, D, kBias>>(
-      with.o_direct ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, D, kBias, kMask, kMaskWhole>
-                    : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, D, kBias, kMask, kMaskWhole>,
-      smem_bytes<T, D, D, kBias, kMask, kMaskWhole>(), false, with, stream);
+  auto launch_with = [&](auto dropout) {
+    constexpr bool kDropout = decltype(dropout)::value;
+    launch_kernel<T, kBlockNFor<D, D, kBias>>(
+        with.o_direct
+            ? flash_wgmma_kernel<T, D, kDirect, false, false, false, kPadded, D, kBias, kMask, kMaskWhole, kDropout>
+            : flash_wgmma_kernel<T, D, kFromCarry, false, false, false, kPadded, D, kBias, kMask, kMaskWhole, kDropout>,
+        smem_bytes<T, D, D, kBias, kMask, kMaskWhole>(), false, with, stream);
+  };
+  if (with.dropout_prob > 0.0f) return launch_with(std::true_type{});
+  launch_with(std::false_type{});
 }
 
 template <typename T, int D, bool kPadded, bool kBias, bool kMask>
@@ -497,12 +504,12 @@ void launch_dropout(const CudaAttentionArgs& a, cudaStream_t stream) {
 template <typename T, int D, bool kPadded, int Dv = D>
 void launch(const CudaAttentionArgs& a, cudaStream_t stream) {
   using enum CarryMode;
-  // A bias alone on the 64 and 128 instances (head dims up to 128; 128 itself runs the padded one): its own
-  // instance, the bias staged in shared memory, where the extras instance reads it pair by pair; a mask alone
+  // A bias, alone or beside dropout, on the 64 and 128 instances (head dims up to 128; 128 itself runs the padded
+  // one): its own instance, the bias staged in shared memory, where the extras instance reads it pair by pair; a mask
   // likewise.
   if constexpr ((D == 64 || D == 128) && Dv == D) {
-    if (flash_takes_bias_alone(a)) return launch_staged<T, D, kPadded, true, false>(a, stream);
-    if (flash_takes_mask_alone(a)) return launch_staged<T, D, kPadded, false, true>(a, stream);
+    if (flash_takes_bias_instance(a)) return launch_staged<T, D, kPadded, true, false>(a, stream);
+    if (flash_takes_mask_instance(a)) return launch_staged<T, D, kPadded, false, true>(a, stream);
   }
   // Dropout beside positions and segment ids: its own instance at 64, 128 and 256 (Gemma's head dim).
   if constexpr ((D == 64 || D == 128 || D == 256) && Dv == D) {

@@ -48,14 +48,17 @@ template <typename T, int D, bool kPadded>
 void launch(const FlashBackwardArgs& g, Tensor* dq_slices, cudaStream_t stream) {
   // The extras spill at D = 96 (beside unsplit dK and dV, 324 bytes a thread) and 32 (760): the 128 instance's
   // split layout and the 64 instance, as before those had instances of their own.
-  // A bias alone at exact D = 64 and 128 (the common head dims) has an instance of its own: the positions'
-  // kernel with the bias staged in shared memory, unsplit, where the extras instance reads it per pair; a mask
-  // alone likewise.
+  // A bias, alone or beside dropout, at exact D = 64 and 128 (the common head dims) has an instance of its own: the
+  // positions' kernel with the bias staged in shared memory, unsplit, where the extras instance reads it per pair; a
+  // mask likewise.
   if constexpr ((D == 64 || D == 128) && !kPadded) {
-    if (flash_takes_bias_alone(g.a))
-      return launch_instance<T, D, false, false, false, false, true>(g, dq_slices, stream);
-    if (flash_takes_mask_alone(g.a))
-      return launch_instance<T, D, false, false, false, false, false, true>(g, dq_slices, stream);
+    const bool dropout = g.a.dropout_prob > 0.0f;
+    if (flash_takes_bias_instance(g.a))
+      return dropout ? launch_instance<T, D, false, false, false, false, true, false, true>(g, dq_slices, stream)
+                     : launch_instance<T, D, false, false, false, false, true>(g, dq_slices, stream);
+    if (flash_takes_mask_instance(g.a))
+      return dropout ? launch_instance<T, D, false, false, false, false, false, true, true>(g, dq_slices, stream)
+                     : launch_instance<T, D, false, false, false, false, false, true>(g, dq_slices, stream);
   }
   // Dropout beside positions and segment ids: its own instance at 64, 128 and 256 (dQ formed beside dK and dV, as the
   // extras form it).

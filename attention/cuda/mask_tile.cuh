@@ -13,9 +13,9 @@
 
 namespace ra::flash {
 
-// Whether a call's extras are a boolean mask alone (no bias, dropout, soft cap or segment ids), which the wgmma
-// kernels' mask instances take at the head dims they have them for.
-inline bool flash_takes_mask_alone(const CudaAttentionArgs& a) {
+// Whether a call's extras are a boolean mask, alone or beside dropout (no bias, soft cap or segment ids), which the
+// wgmma kernels' mask instances take at the head dims they have them for.
+inline bool flash_takes_mask_instance(const CudaAttentionArgs& a) {
   return a.mask.data && !a.bias.data && flash_positions_beside_staged_tile(a);
 }
 

@@ -34,6 +34,34 @@ __device__ __forceinline__ float dropout_weight(const CudaAttentionArgs& a, int 
                                                                                                     : keep_scale;
 }
 
+// Dropout's head key and threshold formed once, for the extras instances: a pair then costs its row's key and a
+// finalizer (half of one where the keys pair up), not also the 64-bit head key and the threshold formed again.
+struct DropoutRows {
+  uint32_t head_key = 0, threshold = 0;
+  float keep_scale = 1.0f;
+  bool on = false;  // a.dropout_prob > 0
+
+  __device__ __forceinline__ uint32_t row_key(int64_t qpos) const { return dropout_row_key(head_key, qpos); }
+  // The pair form's row key and threshold (dropout_pair_bits), where the keys pair up (dropout_pairs_keyed).
+  __device__ __forceinline__ uint32_t folded_row_key(int64_t qpos) const { return mix32_fold(row_key(qpos)); }
+  __device__ __forceinline__ uint32_t threshold_high() const { return dropout_threshold_high(threshold); }
+  // dropout_weight's answer for the pair of `row_key`'s query and key position kpos.
+  __device__ __forceinline__ float weight(uint32_t row_key, int64_t kpos) const {
+    return on && dropout_drops(row_key, kpos, threshold) ? 0.0f : keep_scale;
+  }
+};
+
+__device__ __forceinline__ DropoutRows dropout_rows(const CudaAttentionArgs& a, int b, int h) {
+  DropoutRows rows;
+  rows.on = a.dropout_prob > 0.0f;
+  if (rows.on) {
+    rows.head_key = dropout_head_key(a.dropout_seed, a.batch_offset + b, a.head_offset + h);
+    rows.threshold = dropout_threshold(a.dropout_prob);
+    rows.keep_scale = 1.0f / (1.0f - a.dropout_prob);
+  }
+  return rows;
+}
+
 // `dot` is q.k of query row `row` and key row `col` of (batch b, head h).
 __device__ __forceinline__ float pair_logit_cuda(const CudaAttentionArgs& a, float dot, int b, int h, int row, int col,
                                                  int64_t qpos, int64_t kpos) {

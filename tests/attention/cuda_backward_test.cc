@@ -322,7 +322,8 @@ TEST(CudaMaskTiles, ANamedMaskKeepsItsResultsAcrossCalls) {
 // runs whose positions' high half is not 0: one across 2^32 (tiles under one high half step their keys' words, the
 // tile across it forms them; drop_keyed) and one past 3 * 2^32; the forward and the backward against the f64
 // reference at those positions, each kernel (mma.sync's dropout instance too), D 64, 128 and 256, with and without
-// causal.
+// causal. Beside a soft cap (the extras instances; a bias or mask would span the positions), keys that pair up take
+// the same pair form (dropout_pairs_keyed) and the others a finalizer a pair.
 TEST(CudaDropout, KeyPositionsOffTheKernelsPairingMatchTheReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   auto impl = AttentionRegistry::builtin().create("flash_attn2", Backend::kCuda);
@@ -330,31 +331,32 @@ TEST(CudaDropout, KeyPositionsOffTheKernelsPairingMatchTheReference) {
   for (FlashKernel kernel : {FlashKernel::kWgmma, FlashKernel::kMmaSync})
     for (int64_t d : {64, 128, 256})
       for (bool causal : {false, true})
-        for (int layout = 0; layout < 6; ++layout) {
-          if (kernel == FlashKernel::kWgmma && !flash_wgmma_available()) continue;
-          Options opt;
-          opt.dropout = true, opt.causal = causal;
-          const int64_t T = 203, S = 299;
-          DeviceGradProblem setup(ProblemSpec{1, T, S, 4, 2, d, d, DType::kBF16, opt, seed}, seed + 1);
-          ++seed;
-          setup.problem.params().flash_kernel = kernel;
-          TokenPositions pos;
-          const int64_t two_to_32 = int64_t(1) << 32;
-          for (int64_t j = 0; j < S; ++j)
-            pos.k.push_back(layout == 0   ? 5 + j
-                            : layout == 1 ? 48 + j
-                            : layout == 2 ? 2 * j + 1
-                            : layout == 3 ? (j < 144 ? j : 400 + j)
-                            : layout == 4 ? two_to_32 - 144 + j
-                                          : 3 * two_to_32 + 32 + j);
-          for (int64_t i = 0; i < T; ++i) pos.q.push_back(pos.k[size_t(i + S - T)]);  // bottom-right: the last keys'
-          pos.total_keys = pos.k.back() + 1;
-          const char* layouts[] = {"a run from 5",      "a run from 48",        "every other",
-                                   "two runs",          "a run across 2^32",    "a run past 3 * 2^32"};
-          SCOPED_TRACE(std::string(flash_kernel_name(kernel)) + " D=" + std::to_string(d) + (causal ? " causal, " : ", ") +
-                       layouts[layout]);
-          expect_bf16_results_match_reference(*impl, setup, setup.dev.inputs, pos);
-        }
+        for (bool soft_cap : {false, true})
+          for (int layout = 0; layout < 6; ++layout) {
+            if (kernel == FlashKernel::kWgmma && !flash_wgmma_available()) continue;
+            Options opt;
+            opt.dropout = true, opt.causal = causal, opt.softcap = soft_cap;
+            const int64_t T = 203, S = 299;
+            DeviceGradProblem setup(ProblemSpec{1, T, S, 4, 2, d, d, DType::kBF16, opt, seed}, seed + 1);
+            ++seed;
+            setup.problem.params().flash_kernel = kernel;
+            TokenPositions pos;
+            const int64_t two_to_32 = int64_t(1) << 32;
+            for (int64_t j = 0; j < S; ++j)
+              pos.k.push_back(layout == 0   ? 5 + j
+                              : layout == 1 ? 48 + j
+                              : layout == 2 ? 2 * j + 1
+                              : layout == 3 ? (j < 144 ? j : 400 + j)
+                              : layout == 4 ? two_to_32 - 144 + j
+                                            : 3 * two_to_32 + 32 + j);
+            for (int64_t i = 0; i < T; ++i) pos.q.push_back(pos.k[size_t(i + S - T)]);  // bottom-right: the last keys'
+            pos.total_keys = pos.k.back() + 1;
+            const char* layouts[] = {"a run from 5",      "a run from 48",        "every other",
+                                     "two runs",          "a run across 2^32",    "a run past 3 * 2^32"};
+            SCOPED_TRACE(std::string(flash_kernel_name(kernel)) + " D=" + std::to_string(d) + (causal ? " causal, " : ", ") +
+                         layouts[layout] + (soft_cap ? " beside a soft cap" : ""));
+            expect_bf16_results_match_reference(*impl, setup, setup.dev.inputs, pos);
+          }
 }
 
 // A loss that reads LSE too: dLSE beside dO, from the implementation's forward (O in f32), through the

@@ -53,14 +53,16 @@ inline std::vector<Options> extras_option_sets() {
 }
 
 // The options the wgmma kernels' instances of one extra beside positions take (`extra`: &Options::bias, ::mask or
-// ::dropout): alone, causal, a window, sinks, causal with a window and sinks.
+// ::dropout): alone, causal, a window, sinks, causal with a window and sinks; a bias or a mask also beside dropout,
+// alone and with causal and sinks (their instances with dropout).
 inline std::vector<Options> alone_option_sets(bool Options::* extra) {
-  std::vector<Options> sets(5);
+  std::vector<Options> sets(extra == &Options::dropout ? 5 : 7);
   for (Options& o : sets) o.*extra = true;
   sets[1].causal = true;
   sets[2].window = true;
   sets[3].sinks = true;
   sets[4].causal = sets[4].window = sets[4].sinks = true;
+  if (sets.size() == 7) sets[5].dropout = sets[6].dropout = sets[6].causal = sets[6].sinks = true;
   return sets;
 }
 
@@ -148,7 +150,8 @@ inline std::vector<DocumentCase> padded_head_dim_cases(const std::vector<std::ar
 }
 
 // The wgmma kernels' instances of one extra beside positions (`extra`): the bias instances (each step's bias tile
-// staged in shared memory), the mask instances (a byte a pair), the dropout instances (each row's key formed once).
+// staged in shared memory), the mask instances (a byte a pair), both with dropout too, the dropout instances (each
+// row's key formed once).
 // Rows of keys 16-byte aligned (S a multiple of 16), 4-byte aligned (S = 516, 260),
 // alternately (S = 134) and never (odd S: byte by byte), several query blocks and key tiles with partial last ones,
 // GQA, B = 2 beside a bias broadcast over batch (dBias from both) or a mask of its own per batch, T = 1, S < T,
