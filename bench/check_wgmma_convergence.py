@@ -52,11 +52,13 @@ def registers(operand):
 
 def wide_result(opcode):
     """The width suffix of an instruction whose result fills a register pair or quad, which its listing names by
-    the first register alone (LDC.64 R2 writes R2 and R3; IMAD.WIDE R4 writes R4 and R5)."""
+    the first register alone (LDC.64 R2 writes R2 and R3; IMAD.WIDE R4 writes R4 and R5; F2I.U64 R4 writes R4 and
+    R5: missed, R5 kept an older value's taint, as dropout's threshold formed from p did in the backward)."""
     m = re.search(r"\.(64|128)\b", opcode)
     if m:
         return "." + m.group(1)
-    return ".64" if opcode.startswith("IMAD.WIDE") else ""
+    wide = opcode.startswith("IMAD.WIDE") or (opcode.startswith("F2I") and re.search(r"\.[US]64\b", opcode))
+    return ".64" if wide else ""
 
 
 TARGET = re.compile(r"\b0x([0-9a-f]+)\b")
@@ -96,6 +98,9 @@ def split_branches(instructions):
             if not operands[0] or operands[0].startswith("["):
                 continue  # a store, an atomic without result, a barrier: no register written
             dests = 2 if re.match(r"[A-Z0-9]*SETP|PLOP3|FCHK", opcode) else 1
+            if re.match(r"(IADD3|LEA)\b", opcode):  # carry-outs: the predicates right after the result
+                while dests < len(operands) and re.fullmatch(r"P\d", operands[dests]):
+                    dests += 1
             written = [r for o in operands[:dests] for r in registers(o + wide_result(opcode))]
             sources = [r for o in operands[dests:] for r in registers(o) if not (guard and under.get(r) == guard)]
             sources += registers(guard)

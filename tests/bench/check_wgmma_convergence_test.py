@@ -25,6 +25,14 @@ def diverged(body):
     return checker.diverged_wgmma(instructions)
 
 
+def branch_over_wgmma(before, test):
+    """`before`, then a bracket that opens, runs `test` (which sets P3) and branches on P3 to its BSYNC over one
+    wgmma."""
+    bsync = 16 * (len(before) + len(test) + 4)
+    return "\n".join(before + [f"BSSY B0, {bsync:#x}"] + test + [f"@P3 BRA {bsync:#x}", "WARPGROUP.ARRIVE",
+                      "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT", "BSYNC B0", "EXIT"])
+
+
 # Thread 0 initialises the mbarriers and starts the first load; its bracket closes after the last wgmma
 # (addresses: BSSY at 0x10 names 0x90, the BSYNC).
 THREAD_ZERO_APART = """
@@ -113,22 +121,33 @@ def test_a_register_overwritten_from_a_constant_is_alike_again():
 def test_a_register_pair_loaded_whole_is_alike_again():
     # R2 and R3 held values derived from the thread's index; LDC.64 R2 overwrites both with a parameter
     # (the backward's `k_run != kNotARun`, a 64-bit test on the pair): the branch on it is alike for the warp.
-    body = """
-S2R R2, SR_TID.X
-IMAD.MOV.U32 R3, RZ, RZ, R2
-LDC.64 R2, c[0x0][0x3f8]
-BSSY B0, 0x90
-ISETP.NE.U32.AND P3, PT, R2, RZ, PT
-ISETP.NE.AND.EX P3, PT, R3, -0x80000000, PT, P3
-@P3 BRA 0x70
-WARPGROUP.ARRIVE
-HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT
-BSYNC B0
-EXIT
-"""
+    body = branch_over_wgmma(["S2R R2, SR_TID.X", "IMAD.MOV.U32 R3, RZ, RZ, R2", "LDC.64 R2, c[0x0][0x3f8]"],
+                             ["ISETP.NE.U32.AND P3, PT, R2, RZ, PT", "ISETP.NE.AND.EX P3, PT, R3, -0x80000000, PT, P3"])
     assert diverged(body) == []
     # A 64-bit load through a per-thread address leaves the whole pair per-thread.
     assert diverged(body.replace("LDC.64 R2, c[0x0][0x3f8]", "LDG.E.64 R2, desc[UR14][R2.64]")) == [(0x60, 0x90, 1)]
+
+
+def test_a_pair_converted_whole_is_alike_again():
+    # R3 held a value derived from the thread's index; F2I.U64 R2 writes R2 and R3 from a parameter (dropout's
+    # threshold formed from p in the backward, 2^32 p rounded): a branch on its high half is alike for the warp.
+    body = branch_over_wgmma(["S2R R3, SR_TID.X", "LDC R16, c[0x0][0x46c]"],
+                             ["FMUL R16, R16, 4.29496729600000000000e+09", "F2I.U64.TRUNC R2, R16",
+                              "ISETP.NE.AND P3, PT, R3, RZ, PT"])
+    assert diverged(body) == []
+    # A 32-bit result leaves R3 per-thread.
+    assert diverged(body.replace("F2I.U64.TRUNC", "F2I.U32.TRUNC")) == [(0x60, 0x90, 1)]
+
+
+def test_a_carry_out_is_written():
+    # P5 held a per-thread test; IADD3 R2, P5, ... writes its carry into P5 (the threshold's rounding), which IMAD.X
+    # adds into the high half: the branch on that half is alike for the warp.
+    body = branch_over_wgmma(["S2R R10, SR_TID.X", "ISETP.GE.AND P5, PT, R10, RZ, PT", "LDC R2, c[0x0][0x46c]",
+                              "LDC R3, c[0x0][0x470]"],
+                             ["IADD3 R2, P5, R2, 0x8000, RZ", "IMAD.X R3, RZ, RZ, R3, P5", "ISETP.NE.AND P3, PT, R3, RZ, PT"])
+    assert diverged(body) == []
+    # The carry into another predicate leaves P5 per-thread, and the high half with it.
+    assert diverged(body.replace("IADD3 R2, P5", "IADD3 R2, P4")) == [(0x80, 0xb0, 1)]
 
 
 # The backward walk's `hides` test as ptxas paired it: P5 held a per-thread value from the last trip round the
