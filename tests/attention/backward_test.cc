@@ -707,8 +707,9 @@ TEST(FlashBackwardDq, ThreadPartialsGiveTheSameBitsOnEveryRun) {
 }
 
 // A broadcast bias's gradient is shared across batch entries, heads, rows or keys. Each host backward gives
-// every shared element to one thread, which takes its sharers in order: with several threads, the same bits on
-// every run (with or without deterministic), and the f64 reference's gradients.
+// every shared element to one thread, which takes its sharers in order: on 4, 2 or 1 threads the same bits on
+// every run (with or without deterministic; dQ's thread partials on one thread count), and the f64 reference's
+// gradients.
 TEST(HostBackward, BroadcastBiasGradientIsTheSameBitsOnEveryRun) {
   const int threads_before = omp_get_max_threads();
   omp_set_num_threads(4);
@@ -753,11 +754,16 @@ TEST(HostBackward, BroadcastBiasGradientIsTheSameBitsOnEveryRun) {
       expect_gradient(first.dq, ref.dq, what.c_str());
       for (int run = 0; run < 4; ++run) {
         params.deterministic = run % 2 == 0;
+        omp_set_num_threads(run < 2 ? 4 : run - 1);  // and on 1 and 2 threads
         GradAccumulators again = GradAccumulators::zeros(in, MemoryKind::kHost);
         backwards[which](again.views());
+        omp_set_num_threads(4);
         for (const auto& [mine, theirs] : {std::pair{&again.dbias, &first.dbias}, std::pair{&again.dq, &first.dq},
-                                           std::pair{&again.dk, &first.dk}, std::pair{&again.dv, &first.dv}})
-          EXPECT_EQ(std::memcmp(mine->data<float>(), theirs->data<float>(), theirs->view().nbytes()), 0) << what;
+                                           std::pair{&again.dk, &first.dk}, std::pair{&again.dv, &first.dv}}) {
+          if (mine == &again.dq && which == 3 && run >= 2) continue;  // thread partials: dQ's order is the threads'
+          EXPECT_EQ(std::memcmp(mine->data<float>(), theirs->data<float>(), theirs->view().nbytes()), 0)
+              << what << ", run " << run;
+        }
       }
       params.deterministic = false;
     }
