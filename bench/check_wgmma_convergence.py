@@ -52,8 +52,7 @@ def registers(operand):
 
 def wide_result(opcode):
     """The width suffix of an instruction whose result fills a register pair or quad, which its listing names by
-    the first register alone (LDC.64 R2 writes R2 and R3; IMAD.WIDE R4 writes R4 and R5; F2I.U64 R4 writes R4 and
-    R5: missed, R5 kept an older value's taint, as dropout's threshold formed from p did in the backward)."""
+    the first register alone (LDC.64 R2 writes R2 and R3; IMAD.WIDE R4 and F2I.U64 R4 write R4 and R5)."""
     m = re.search(r"\.(64|128)\b", opcode)
     if m:
         return "." + m.group(1)
