@@ -10,6 +10,7 @@
 #include <random>
 
 #include "attention/carry.h"
+#include "attention/cuda/carry_cuda.h"
 #include "attention/ring/block_checksum.h"
 #include "attention/cuda/cuda_attention.h"
 #include "attention/cuda/flash_cuda.h"
@@ -18,6 +19,7 @@
 #include "attention/registry.h"
 #include "runtime/cuda_device.h"
 #include "runtime/memory.h"
+#include "runtime/random.h"
 #include "tests/support/cudnn_head_dims.h"
 #include "tests/support/flash_kernel_choice.h"
 #include "tests/support/problem.h"
@@ -390,6 +392,61 @@ TEST(CudaCarry, MergeAndFinalizeMatchHost) {
     if (std::isinf(h)) ASSERT_EQ(h, d) << i;
     else ASSERT_NEAR(d, h, 1e-5) << i;
   }
+}
+
+// The device fold (a block's O and LSE into the carry: the ring's cudnn steps) and finalize in each float dtype, on
+// rows that move four features at a time (Dv = 40) and one at a time (Dv = 6), against the host's merge of the same
+// block as a carry {max = LSE, sum = 1, numerator = O} and its finalize; some block rows empty (LSE = -inf), folded
+// into the carry at a row offset.
+TEST(CudaCarry, FoldAndFinalizeInEveryDtypeMatchHost) {
+  RA_REQUIRE_GPU();
+  const int64_t B = 2, H = 3, T = 17, block_rows = 11, offset = 4;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64})
+    for (int64_t dv : {int64_t(40), int64_t(6)}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " Dv=" + std::to_string(dv));
+      Carry host = Carry::empty(B, H, T, dv);
+      for (int64_t r = 0; r < host.row_count(); ++r) {
+        if (r % 5 == 0) continue;  // an empty carry row
+        host.max.data<float>()[r] = normal(rng) * 3;
+        host.denominator.data<float>()[r] = 1.0f + std::fabs(normal(rng));
+        for (int64_t d = 0; d < dv; ++d) host.numerator.data<float>()[r * dv + d] = normal(rng);
+      }
+      Carry device = Carry::empty(B, H, T, dv, MemoryKind::kCuda);
+      copy_tensor(device.numerator, host.numerator), copy_tensor(device.denominator, host.denominator);
+      copy_tensor(device.max, host.max);
+      const Tensor o = random_normal(dtype, {B, block_rows, H, dv}, rng);
+      Tensor lse(DType::kF32, {B, H, block_rows});
+      for (int64_t r = 0; r < lse.numel(); ++r) lse.data<float>()[r] = r % 7 == 3 ? -INFINITY : normal(rng) * 3;
+      fold_output_lse_cuda(device, to_memory(o.view(), MemoryKind::kCuda), to_memory(lse.view(), MemoryKind::kCuda),
+                           offset, nullptr);
+      Carry block = Carry::empty(B, H, block_rows, dv);
+      const std::vector<float> o32 = as_f32(o.view());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t t = 0; t < block_rows; ++t) {
+            const int64_t r = (b * H + h) * block_rows + t;
+            block.max.data<float>()[r] = lse.data<float>()[r], block.denominator.data<float>()[r] = 1.0f;
+            for (int64_t d = 0; d < dv; ++d) block.numerator.data<float>()[r * dv + d] = o32[size_t(((b * block_rows + t) * H + h) * dv + d)];
+          }
+      merge(host, block, offset);
+      Tensor o_host(dtype, {B, T, H, dv}), lse_host(DType::kF32, {B, H, T});
+      Tensor o_dev(dtype, {B, T, H, dv}, MemoryKind::kCuda), lse_dev(DType::kF32, {B, H, T}, MemoryKind::kCuda);
+      finalize(host, TensorView(), o_host, lse_host);
+      finalize(device, TensorView(), o_dev, lse_dev);
+      RA_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> want = as_f32(o_host.view()), got = as_f32(o_dev.view());
+      const float rounding = dtype == DType::kBF16 ? 1.0f / 128 : dtype == DType::kF16 ? 1.0f / 1024 : 1e-6f;
+      int wrong = 0;
+      for (size_t i = 0; i < want.size(); ++i) wrong += !(std::fabs(got[i] - want[i]) <= 1e-5f + rounding * std::fabs(want[i]));
+      EXPECT_EQ(wrong, 0);
+      const std::vector<float> lse_want = as_f32(lse_host.view()), lse_got = as_f32(lse_dev.view());
+      for (size_t i = 0; i < lse_want.size(); ++i) {
+        if (std::isinf(lse_want[i])) EXPECT_EQ(lse_got[i], lse_want[i]) << i;
+        else EXPECT_NEAR(lse_got[i], lse_want[i], 1e-5) << i;
+      }
+    }
 }
 
 TEST(CudaFlash, UnsupportedHeadDimsNameTheFallback) {
