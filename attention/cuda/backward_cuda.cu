@@ -17,34 +17,47 @@ namespace ra {
 namespace {
 
 // delta of a row: its Dv products summed in quads (four elements), quad c on lane c % lanes of the row's lanes (a
-// power of two, 32 / lanes rows a warp), then across those lanes.
-// kVector: each quad one load (contiguous, aligned rows); else element by element, in the same order of adds, so
-// delta's bits do not depend on the tensors' strides (a ring's shards, a view). One warp per row of 2-byte loads
-// ran at a quarter of the memory's rate (325 us for T = 32768, H = 16, Dv = 128 on an H100: 15% of a backward on
-// 64 packed documents).
+// power of two), then across those lanes; a warp takes kRowsPerWarp groups of 32 / lanes rows, their loads issued
+// together. kVector: each quad one load (contiguous, aligned rows); else element by element, in the same order of
+// adds, so delta's bits do not depend on the tensors' strides (a ring's shards, a view). One warp per row of 2-byte
+// loads took 325 us for T = 32768, H = 16, Dv = 128 on an H100 under Nsight Compute (15% of a backward on 64 packed
+// documents); this 201 us, 40% of the memory's rate: its rows, in delta's order (b, h, t), lie H * Dv apart in O
+// (bench/RESULTS.md, "Delta and the carry kernels in quads").
+constexpr int kRowsPerWarp = 4;
 template <typename TO, typename TD, bool kVector>
 __global__ void delta_kernel(const TO* o, DeviceStrides4 os, const TD* d_o, DeviceStrides4 ds, const float* d_lse,
                              float* delta, int64_t T, int64_t H, int64_t Dv, int64_t rows, int lanes) {
-  const int lane = threadIdx.x % 32, part = lane % lanes;
+  const int lane = threadIdx.x % 32, part = lane % lanes, group = 32 / lanes;
   const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int64_t row = warp * (32 / lanes) + lane / lanes;  // (b, h, t), delta's order
-  float sum = 0.0f;
-  if (row < rows) {
-    const int64_t t = row % T, h = (row / T) % H, b = row / (T * H);
-    const TO* o_row = o + b * os.s[0] + t * os.s[1] + h * os.s[2];
-    const TD* do_row = d_o + b * ds.s[0] + t * ds.s[1] + h * ds.s[2];
-    for (int64_t c = part; 4 * c < Dv; c += lanes) {
-      float4 x, y;
-      if constexpr (kVector) {
-        x = Quad<TO>::load(o_row + 4 * c), y = Quad<TD>::load(do_row + 4 * c);
-      } else {
-        x = quad_of_elements(o_row, 4 * c, os.s[3], Dv), y = quad_of_elements(do_row, 4 * c, ds.s[3], Dv);
-      }
-      sum += x.x * y.x, sum += x.y * y.y, sum += x.z * y.z, sum += x.w * y.w;
-    }
+  const TO* o_row[kRowsPerWarp];
+  const TD* do_row[kRowsPerWarp];
+  int64_t row[kRowsPerWarp];  // (b, h, t), delta's order
+  float sum[kRowsPerWarp];
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    row[i] = (warp * kRowsPerWarp + i) * group + lane / lanes, sum[i] = 0.0f;
+    const int64_t r = row[i] < rows ? row[i] : 0;
+    const int64_t t = r % T, h = (r / T) % H, b = r / (T * H);
+    o_row[i] = o + b * os.s[0] + t * os.s[1] + h * os.s[2], do_row[i] = d_o + b * ds.s[0] + t * ds.s[1] + h * ds.s[2];
   }
-  for (int offset = lanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (row < rows && part == 0) delta[row] = d_lse != nullptr ? sum - d_lse[row] : sum;  // d_lse: (B, H, T) as delta
+  for (int64_t c = part; 4 * c < Dv; c += lanes) {
+    float4 x[kRowsPerWarp], y[kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      if constexpr (kVector) {
+        x[i] = Quad<TO>::load(o_row[i] + 4 * c), y[i] = Quad<TD>::load(do_row[i] + 4 * c);
+      } else {
+        x[i] = quad_of_elements(o_row[i], 4 * c, os.s[3], Dv), y[i] = quad_of_elements(do_row[i], 4 * c, ds.s[3], Dv);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i)
+      sum[i] += x[i].x * y[i].x, sum[i] += x[i].y * y[i].y, sum[i] += x[i].z * y[i].z, sum[i] += x[i].w * y[i].w;
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], offset);
+    if (row[i] < rows && part == 0) delta[row[i]] = d_lse != nullptr ? sum[i] - d_lse[row[i]] : sum[i];  // d_lse: (B, H, T)
+  }
 }
 
 // One block per head: a block-wide sum over (b, t).
@@ -173,7 +186,7 @@ void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const Tensor
       };
       const bool vector = rows_of_quads(o, sizeof(TO)) && rows_of_quads(d_o, sizeof(TD));
       constexpr unsigned kThreads = 256;
-      const int64_t warps = (rows + 32 / lanes - 1) / (32 / lanes);
+      const int64_t rows_per_warp = kRowsPerWarp * (32 / lanes), warps = (rows + rows_per_warp - 1) / rows_per_warp;
       const unsigned blocks = unsigned((warps + kThreads / 32 - 1) / (kThreads / 32));
       dispatch_bool(vector, [&](auto kVector) {
         delta_kernel<TO, TD, decltype(kVector)::value><<<blocks, kThreads, 0, stream>>>(

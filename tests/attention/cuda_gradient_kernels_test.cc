@@ -89,13 +89,20 @@ TEST(CudaGradientKernels, DeltaIsTheSameBitsOnAnyStridesAndMatchesF64) {
                   size_t(dv) * size);
     return wide;
   };
+  auto random_of = [&](DType dtype, const Shape& shape) {  // random_normal has no f64: f32 values widened
+    if (dtype != DType::kF64) return random_normal(dtype, shape, rng);
+    const Tensor narrow32 = random_normal(DType::kF32, shape, rng);
+    Tensor wide(DType::kF64, shape);
+    for (int64_t i = 0; i < shape.numel(); ++i) wide.data<double>()[i] = narrow32.data<float>()[i];
+    return wide;
+  };
   const std::pair<DType, DType> pairs[] = {{DType::kBF16, DType::kBF16}, {DType::kF16, DType::kF16},
                                            {DType::kF32, DType::kF32},   {DType::kBF16, DType::kF32},
                                            {DType::kF16, DType::kF32},   {DType::kF64, DType::kF64}};
   for (const auto& [o_dtype, do_dtype] : pairs)
     for (int64_t dv : {1, 7, 8, 64, 80, 128, 200, 256, 520}) {
       SCOPED_TRACE(std::string(dtype_name(o_dtype)) + " o, " + std::string(dtype_name(do_dtype)) + " do, Dv=" + std::to_string(dv));
-      const Tensor o = random_normal(o_dtype, {B, T, H, dv}, rng), d_o = random_normal(do_dtype, {B, T, H, dv}, rng);
+      const Tensor o = random_of(o_dtype, {B, T, H, dv}), d_o = random_of(do_dtype, {B, T, H, dv});
       const Tensor d_lse = random_normal(DType::kF32, {B, H, T}, rng);
       const Tensor o_dev = to_memory(o.view(), MemoryKind::kCuda), do_dev = to_memory(d_o.view(), MemoryKind::kCuda);
       const Tensor o_wide = to_memory(widened(o).view(), MemoryKind::kCuda);
