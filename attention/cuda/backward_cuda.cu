@@ -151,8 +151,6 @@ __global__ void add_slices_kernel(float* into, const float* slices, int count, i
   }
 }
 
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 // Blocks for a grid-stride loop over `n` items: at most 16 per SM of a 132-SM Hopper, which keeps every SM
 // busy without a block per item.
 unsigned grid_for(int64_t n, unsigned threads) { return unsigned(std::min<int64_t>(blocks_for(n, threads), 132 * 16)); }

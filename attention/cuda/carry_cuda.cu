@@ -117,7 +117,7 @@ __global__ void finalize_kernel(const float* num, const float* den, const float*
 // aligned.
 bool quad_rows(int64_t dv, std::initializer_list<std::pair<const void*, size_t>> bases) {
   bool quads = dv % 4 == 0;
-  for (const auto& [p, element] : bases) quads = quads && reinterpret_cast<uintptr_t>(p) % (4 * element) == 0;
+  for (const auto& [p, element] : bases) quads = quads && aligned(p, 4 * element);
   return quads;
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "runtime/dtype.h"
@@ -68,6 +69,9 @@ __device__ __forceinline__ float4 quad_of_elements(const T* row, int64_t first, 
   for (int i = 0; i < 4; ++i) x[i] = first + i < count ? element_f32(row[(first + i) * stride]) : 0.0f;
   return make_float4(x[0], x[1], x[2], x[3]);
 }
+
+// Whether p lies on a multiple of `bytes` (a quad's load or store needs 4 elements' alignment).
+inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Calls f with a null pointer of the element type of f32, bf16 and f16 (true), else nothing (false).
 template <typename F>
