@@ -17,47 +17,56 @@ namespace ra {
 namespace {
 
 // delta of a row: its Dv products summed in quads (four elements), quad c on lane c % lanes of the row's lanes (a
-// power of two), then across those lanes; a warp takes kRowsPerWarp groups of 32 / lanes rows, their loads issued
-// together. kVector: each quad one load (contiguous, aligned rows); else element by element, in the same order of
-// adds, so delta's bits do not depend on the tensors' strides (a ring's shards, a view). One warp per row of 2-byte
-// loads took 325 us for T = 32768, H = 16, Dv = 128 on an H100 under Nsight Compute (15% of a backward on 64 packed
-// documents); this 201 us, 40% of the memory's rate: its rows, in delta's order (b, h, t), lie H * Dv apart in O
-// (bench/RESULTS.md, "Delta and the carry kernels in quads").
+// power of two), then across those lanes; a warp takes kRowsPerWarp groups of 32 / lanes consecutive rows of one
+// (b, h), their loads issued together. The grid is (H, row blocks, B): no index is divided (a row's (b, h, t) from a
+// flat index cost more instructions than its loads: 64-bit divisions), and blocks in launch order read the heads of
+// the same rows, O's order in memory (bench/RESULTS.md, "Delta without divisions, in O's order"). kVector: each quad
+// one load (contiguous, aligned rows); else element by element, in the same order of adds, so delta's bits do not
+// depend on the tensors' strides (a ring's shards, a view).
 constexpr int kRowsPerWarp = 4;
 template <typename TO, typename TD, bool kVector>
 __global__ void delta_kernel(const TO* o, DeviceStrides4 os, const TD* d_o, DeviceStrides4 ds, const float* d_lse,
-                             float* delta, int64_t T, int64_t H, int64_t Dv, int64_t rows, int lanes) {
+                             float* delta, int64_t B, int64_t H, int64_t T, int64_t Dv, int lanes) {
   const int lane = threadIdx.x % 32, part = lane % lanes, group = 32 / lanes;
-  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const TO* o_row[kRowsPerWarp];
-  const TD* do_row[kRowsPerWarp];
-  int64_t row[kRowsPerWarp];  // (b, h, t), delta's order
-  float sum[kRowsPerWarp];
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    row[i] = (warp * kRowsPerWarp + i) * group + lane / lanes, sum[i] = 0.0f;
-    const int64_t r = row[i] < rows ? row[i] : 0;
-    const int64_t t = r % T, h = (r / T) % H, b = r / (T * H);
-    o_row[i] = o + b * os.s[0] + t * os.s[1] + h * os.s[2], do_row[i] = d_o + b * ds.s[0] + t * ds.s[1] + h * ds.s[2];
-  }
-  for (int64_t c = part; 4 * c < Dv; c += lanes) {
-    float4 x[kRowsPerWarp], y[kRowsPerWarp];
+  const int64_t h = blockIdx.x, rows_per_block = int64_t(blockDim.x / 32) * kRowsPerWarp * group;
+  const int64_t warp_first = (threadIdx.x / 32) * kRowsPerWarp * group;  // this warp's first row in a block of rows
+  // (B or T's row blocks past the grid's 65535: rare shapes, looped)
+  for (int64_t b = blockIdx.z; b < B; b += gridDim.z)
+    for (int64_t rows0 = blockIdx.y * rows_per_block + warp_first; rows0 < T; rows0 += gridDim.y * rows_per_block) {
+      const int64_t first = rows0 + lane / lanes;  // this lane's row of the warp's first group
+      const TO* o_rows = o + b * os.s[0] + h * os.s[2];
+      const TD* do_rows = d_o + b * ds.s[0] + h * ds.s[2];
+      const TO* o_row[kRowsPerWarp];
+      const TD* do_row[kRowsPerWarp];
+      float sum[kRowsPerWarp];
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      if constexpr (kVector) {
-        x[i] = Quad<TO>::load(o_row[i] + 4 * c), y[i] = Quad<TD>::load(do_row[i] + 4 * c);
-      } else {
-        x[i] = quad_of_elements(o_row[i], 4 * c, os.s[3], Dv), y[i] = quad_of_elements(do_row[i], 4 * c, ds.s[3], Dv);
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const int64_t t = min(first + i * group, T - 1);  // rows past the end read the last one, never stored
+        o_row[i] = o_rows + t * os.s[1], do_row[i] = do_rows + t * ds.s[1], sum[i] = 0.0f;
+      }
+      for (int64_t c = part; 4 * c < Dv; c += lanes) {
+        float4 x[kRowsPerWarp], y[kRowsPerWarp];
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; ++i) {
+          if constexpr (kVector) {
+            x[i] = Quad<TO>::load(o_row[i] + 4 * c), y[i] = Quad<TD>::load(do_row[i] + 4 * c);
+          } else {
+            x[i] = quad_of_elements(o_row[i], 4 * c, os.s[3], Dv);
+            y[i] = quad_of_elements(do_row[i], 4 * c, ds.s[3], Dv);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; ++i)
+          sum[i] += x[i].x * y[i].x, sum[i] += x[i].y * y[i].y, sum[i] += x[i].z * y[i].z, sum[i] += x[i].w * y[i].w;
+      }
+      const int64_t rows = (b * H + h) * T;  // delta and d_lse: (B, H, T)
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        for (int offset = lanes / 2; offset > 0; offset >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], offset);
+        const int64_t t = first + i * group;
+        if (t < T && part == 0) delta[rows + t] = d_lse != nullptr ? sum[i] - d_lse[rows + t] : sum[i];
       }
     }
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i)
-      sum[i] += x[i].x * y[i].x, sum[i] += x[i].y * y[i].y, sum[i] += x[i].z * y[i].z, sum[i] += x[i].w * y[i].w;
-  }
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    for (int offset = lanes / 2; offset > 0; offset >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], offset);
-    if (row[i] < rows && part == 0) delta[row[i]] = d_lse != nullptr ? sum[i] - d_lse[row[i]] : sum[i];  // d_lse: (B, H, T)
-  }
 }
 
 // One block per head: a block-wide sum over (b, t).
@@ -170,8 +179,8 @@ DeviceStrides4 strides_of(const TensorView& t) {
 
 void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, const TensorView& delta,
                         cudaStream_t stream) {
-  const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3), rows = B * H * T;
-  if (rows == 0) return;
+  const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3);
+  if (B * H * T == 0) return;
   with_float_type(o.dtype(), "delta's o", [&](auto* o_type) {
     with_float_type(d_o.dtype(), "delta's do", [&](auto* do_type) {
       using TO = std::remove_pointer_t<decltype(o_type)>;
@@ -183,13 +192,16 @@ void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const Tensor
                aligned(t.data(), 4 * element);
       };
       const bool vector = rows_of_quads(o, sizeof(TO)) && rows_of_quads(d_o, sizeof(TD));
-      constexpr unsigned kThreads = 256;
-      const int64_t rows_per_warp = kRowsPerWarp * (32 / lanes), warps = (rows + rows_per_warp - 1) / rows_per_warp;
-      const unsigned blocks = unsigned((warps + kThreads / 32 - 1) / (kThreads / 32));
+      // Up to 8 warps a block, fewer where a (b, h) has fewer rows (T = 1 in decoding).
+      const int64_t rows_per_warp = kRowsPerWarp * (32 / lanes);
+      const int64_t warps = std::min<int64_t>(8, (T + rows_per_warp - 1) / rows_per_warp);
+      const int64_t row_blocks = (T + warps * rows_per_warp - 1) / (warps * rows_per_warp);
+      const dim3 grid(unsigned(H), unsigned(std::min<int64_t>(row_blocks, 65535)),
+                      unsigned(std::min<int64_t>(B, 65535)));
       dispatch_bool(vector, [&](auto kVector) {
-        delta_kernel<TO, TD, decltype(kVector)::value><<<blocks, kThreads, 0, stream>>>(
+        delta_kernel<TO, TD, decltype(kVector)::value><<<grid, unsigned(32 * warps), 0, stream>>>(
             o.data_as<TO>(), strides_of(o), d_o.data_as<TD>(), strides_of(d_o),
-            d_lse.defined() ? d_lse.data_as<float>() : nullptr, delta.data_as<float>(), T, H, Dv, rows, lanes);
+            d_lse.defined() ? d_lse.data_as<float>() : nullptr, delta.data_as<float>(), B, H, T, Dv, lanes);
       });
     });
   });

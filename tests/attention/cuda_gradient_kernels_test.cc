@@ -74,10 +74,10 @@ TEST(CudaGradientKernels, ConvertMatchesTheHostBitForBit) {
 // compute_delta_cuda (delta = rowsum(dO * O) - dLSE) on rows that load as vectors and on rows that do not (an odd
 // Dv, or O and dO read from rows one element longer at an unaligned start): the same bits either way (a ring's shard
 // or a view of O gives the same delta as the whole tensor), within f32's rounding of an f64 sum, for each pair of
-// dtypes the backward takes (dO in f32 beside half-precision O too).
+// dtypes the backward takes (dO in f32 beside half-precision O too); T = 1 (decoding), one block of rows and several.
 TEST(CudaGradientKernels, DeltaIsTheSameBitsOnAnyStridesAndMatchesF64) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const int64_t B = 2, T = 37, H = 3;
+  const int64_t B = 2, H = 3;
   std::mt19937_64 rng(9);
   // rows of `t` one element longer, t's values after a first one: a strided view at an unaligned start
   auto widened = [](const Tensor& t) {
@@ -100,40 +100,43 @@ TEST(CudaGradientKernels, DeltaIsTheSameBitsOnAnyStridesAndMatchesF64) {
                                            {DType::kF32, DType::kF32},   {DType::kBF16, DType::kF32},
                                            {DType::kF16, DType::kF32},   {DType::kF64, DType::kF64}};
   for (const auto& [o_dtype, do_dtype] : pairs)
-    for (int64_t dv : {1, 7, 8, 64, 80, 128, 200, 256, 520}) {
-      SCOPED_TRACE(std::string(dtype_name(o_dtype)) + " o, " + std::string(dtype_name(do_dtype)) + " do, Dv=" + std::to_string(dv));
-      const Tensor o = random_of(o_dtype, {B, T, H, dv}), d_o = random_of(do_dtype, {B, T, H, dv});
-      const Tensor d_lse = random_normal(DType::kF32, {B, H, T}, rng);
-      const Tensor o_dev = to_memory(o.view(), MemoryKind::kCuda), do_dev = to_memory(d_o.view(), MemoryKind::kCuda);
-      const Tensor o_wide = to_memory(widened(o).view(), MemoryKind::kCuda);
-      const Tensor do_wide = to_memory(widened(d_o).view(), MemoryKind::kCuda);
-      const Tensor d_lse_dev = to_memory(d_lse.view(), MemoryKind::kCuda);
-      const Tensor whole(DType::kF32, {B, H, T}, MemoryKind::kCuda), strided(DType::kF32, {B, H, T}, MemoryKind::kCuda);
-      const Tensor with_lse(DType::kF32, {B, H, T}, MemoryKind::kCuda);
-      compute_delta_cuda(o_dev.view(), do_dev.view(), TensorView(), whole.view(), nullptr);
-      compute_delta_cuda(narrow(o_wide.view(), 3, 1, dv), narrow(do_wide.view(), 3, 1, dv), TensorView(),
-                         strided.view(), nullptr);
-      compute_delta_cuda(o_dev.view(), do_dev.view(), d_lse_dev.view(), with_lse.view(), nullptr);
-      RA_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<float> got = as_f32(whole.view()), got_strided = as_f32(strided.view());
-      const std::vector<float> got_lse = as_f32(with_lse.view()), lse = as_f32(d_lse.view());
-      EXPECT_EQ(std::memcmp(got.data(), got_strided.data(), got.size() * sizeof(float)), 0) << "strided rows differ";
-      const std::vector<float> x = as_f32(o.view()), y = as_f32(d_o.view());
-      int wrong = 0;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t h = 0; h < H; ++h) {
-            double want = 0, scale = 0;
-            for (int64_t d = 0; d < dv; ++d) {
-              const size_t i = size_t(((b * T + t) * H + h) * dv + d);
-              want += double(x[i]) * y[i], scale += std::abs(double(x[i]) * y[i]);
+    for (int64_t T : {1, 37, 300})
+      for (int64_t dv : {1, 7, 8, 64, 80, 128, 200, 256, 520}) {
+        SCOPED_TRACE(std::string(dtype_name(o_dtype)) + " o, " + std::string(dtype_name(do_dtype)) + " do, T=" +
+                     std::to_string(T) + ", Dv=" + std::to_string(dv));
+        const Tensor o = random_of(o_dtype, {B, T, H, dv}), d_o = random_of(do_dtype, {B, T, H, dv});
+        const Tensor d_lse = random_normal(DType::kF32, {B, H, T}, rng);
+        const Tensor o_dev = to_memory(o.view(), MemoryKind::kCuda), do_dev = to_memory(d_o.view(), MemoryKind::kCuda);
+        const Tensor o_wide = to_memory(widened(o).view(), MemoryKind::kCuda);
+        const Tensor do_wide = to_memory(widened(d_o).view(), MemoryKind::kCuda);
+        const Tensor d_lse_dev = to_memory(d_lse.view(), MemoryKind::kCuda);
+        const Tensor whole(DType::kF32, {B, H, T}, MemoryKind::kCuda);
+        const Tensor strided(DType::kF32, {B, H, T}, MemoryKind::kCuda);
+        const Tensor with_lse(DType::kF32, {B, H, T}, MemoryKind::kCuda);
+        compute_delta_cuda(o_dev.view(), do_dev.view(), TensorView(), whole.view(), nullptr);
+        compute_delta_cuda(narrow(o_wide.view(), 3, 1, dv), narrow(do_wide.view(), 3, 1, dv), TensorView(),
+                           strided.view(), nullptr);
+        compute_delta_cuda(o_dev.view(), do_dev.view(), d_lse_dev.view(), with_lse.view(), nullptr);
+        RA_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> got = as_f32(whole.view()), got_strided = as_f32(strided.view());
+        const std::vector<float> got_lse = as_f32(with_lse.view()), lse = as_f32(d_lse.view());
+        EXPECT_EQ(std::memcmp(got.data(), got_strided.data(), got.size() * sizeof(float)), 0) << "strided rows differ";
+        const std::vector<float> x = as_f32(o.view()), y = as_f32(d_o.view());
+        int wrong = 0;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t h = 0; h < H; ++h) {
+              double want = 0, scale = 0;
+              for (int64_t d = 0; d < dv; ++d) {
+                const size_t i = size_t(((b * T + t) * H + h) * dv + d);
+                want += double(x[i]) * y[i], scale += std::abs(double(x[i]) * y[i]);
+              }
+              const size_t r = size_t((b * H + h) * T + t);
+              wrong += std::abs(got[r] - want) > double(dv) * 1.2e-7 * scale;  // recursive summation's bound
+              wrong += got_lse[r] != got[r] - lse[r];
             }
-            const size_t r = size_t((b * H + h) * T + t);
-            wrong += std::abs(got[r] - want) > double(dv) * 1.2e-7 * scale;  // recursive summation's bound
-            wrong += got_lse[r] != got[r] - lse[r];
-          }
-      EXPECT_EQ(wrong, 0);
-    }
+        EXPECT_EQ(wrong, 0);
+      }
 }
 
 // add_convert_cuda (the GPU ring's last hop: the own block's f32 dK / dV plus the accumulator that came
