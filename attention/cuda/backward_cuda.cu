@@ -22,11 +22,14 @@ namespace {
 // flat index cost more instructions than its loads: 64-bit divisions), and blocks in launch order read the heads of
 // the same rows, O's order in memory (bench/RESULTS.md, "Delta without divisions, in O's order"). kVector: each quad
 // one load (contiguous, aligned rows); else element by element, in the same order of adds, so delta's bits do not
-// depend on the tensors' strides (a ring's shards, a view).
+// depend on the tensors' strides (a ring's shards, a view). `zero` (rows (B, T, H, zero_width) of f32, contiguous,
+// zero_width a multiple of 4; or null): zeros written over it beside the sums, where this kernel's loads leave DRAM's
+// writes idle (the backward's dQ accumulator, which a memset of its own wrote at DRAM's rate).
 constexpr int kRowsPerWarp = 4;
 template <typename TO, typename TD, bool kVector>
 __global__ void delta_kernel(const TO* o, DeviceStrides4 os, const TD* d_o, DeviceStrides4 ds, const float* d_lse,
-                             float* delta, int64_t B, int64_t H, int64_t T, int64_t Dv, int lanes) {
+                             float* delta, int64_t B, int64_t H, int64_t T, int64_t Dv, int lanes, float* zero,
+                             int64_t zero_width) {
   const int lane = threadIdx.x % 32, part = lane % lanes, group = 32 / lanes;
   const int64_t h = blockIdx.x, rows_per_block = int64_t(blockDim.x / 32) * kRowsPerWarp * group;
   const int64_t warp_first = (threadIdx.x / 32) * kRowsPerWarp * group;  // this warp's first row in a block of rows
@@ -65,6 +68,10 @@ __global__ void delta_kernel(const TO* o, DeviceStrides4 os, const TD* d_o, Devi
         for (int offset = lanes / 2; offset > 0; offset >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], offset);
         const int64_t t = first + i * group;
         if (t < T && part == 0) delta[rows + t] = d_lse != nullptr ? sum[i] - d_lse[rows + t] : sum[i];
+        if (zero != nullptr && t < T) {
+          float* row = zero + ((b * T + t) * H + h) * zero_width;
+          for (int64_t c = part; 4 * c < zero_width; c += lanes) Quad<float>::store(row + 4 * c, make_float4(0, 0, 0, 0));
+        }
       }
     }
 }
@@ -178,8 +185,12 @@ DeviceStrides4 strides_of(const TensorView& t) {
 }  // namespace
 
 void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, const TensorView& delta,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const TensorView& zero) {
   const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3);
+  if (zero.defined())
+    RA_CHECK(zero.dtype() == DType::kF32 && zero.is_contiguous() && zero.rank() == 4 && zero.dim(0) == B &&
+                 zero.dim(1) == T && zero.dim(2) == H && zero.dim(3) % 4 == 0 && aligned(zero.data(), 16),
+             "delta's zero rows must be f32 (B, T, H, a multiple of 4), contiguous and 16-byte aligned");
   if (B * H * T == 0) return;
   with_float_type(o.dtype(), "delta's o", [&](auto* o_type) {
     with_float_type(d_o.dtype(), "delta's do", [&](auto* do_type) {
@@ -201,7 +212,8 @@ void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const Tensor
       dispatch_bool(vector, [&](auto kVector) {
         delta_kernel<TO, TD, decltype(kVector)::value><<<grid, unsigned(32 * warps), 0, stream>>>(
             o.data_as<TO>(), strides_of(o), d_o.data_as<TD>(), strides_of(d_o),
-            d_lse.defined() ? d_lse.data_as<float>() : nullptr, delta.data_as<float>(), B, H, T, Dv, lanes);
+            d_lse.defined() ? d_lse.data_as<float>() : nullptr, delta.data_as<float>(), B, H, T, Dv, lanes,
+            zero.defined() ? zero.data_as<float>() : nullptr, zero.defined() ? zero.dim(3) : 0);
       });
     });
   });

@@ -9,9 +9,10 @@
 namespace ra {
 
 // delta (B, H, T) f32 = rowsum(dO * O) - d_lse; o and d_o (B, T, H, Dv), any float dtypes, any strides; d_lse
-// (B, H, T) f32 contiguous, or undefined.
+// (B, H, T) f32 contiguous, or undefined. `zero`, where given (f32 (B, T, H, D), contiguous, D a multiple of 4: the
+// backward's dQ accumulator), is set to zeros in the same pass, costing less than a memset of its own.
 void compute_delta_cuda(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, const TensorView& delta,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const TensorView& zero = TensorView());
 // dsinks (H) f32 = -sum over (b, t) of exp(sink_h - lse) * delta.
 void sinks_gradient_cuda(const TensorView& sinks, const TensorView& lse, const TensorView& delta,
                          const TensorView& dsinks, cudaStream_t stream);

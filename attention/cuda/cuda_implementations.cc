@@ -9,6 +9,7 @@
 #include "attention/registry.h"
 #include "attention/validate.h"
 #include "runtime/error.h"
+#include "runtime/memory.h"
 
 #include <utility>
 
@@ -99,9 +100,20 @@ class FlashCuda final : public CudaAttentionImpl {
                      const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
     if (bias_gradient_wanted(in, into)) return false;
     check_backward_supported(in, params);
-    const Tensor delta = grad.delta.defined() ? Tensor() : compute_delta(grad.o, grad.d_o, grad.d_lse, stream_);  // once a call
-    const Tensor dq = Tensor::temporary(DType::kF32, in.q.shape(), MemoryKind::kCuda, stream_);  // zeroed
+    // dQ's f32 accumulator, zeroed by delta's pass where this call forms delta (once a call), as FlashAttention-2's
+    // preprocess clears its dQ: one launch less, 1.00-1.02x a backward on short documents (bench/RESULTS.md, "dQ's
+    // zeros written by delta's pass").
+    const Tensor dq_bytes = Tensor::scratch(size_t(in.q.numel()) * sizeof(float), MemoryKind::kCuda, stream_,
+                                            "the backward's f32 dQ");
+    const TensorView dq(dq_bytes.view().data(), DType::kF32, in.q.shape(), MemoryKind::kCuda);
     check_flash_backward_cuda_supported(in, grad, GradViews{dq, dq, dq, {}});
+    Tensor delta;
+    if (grad.delta.defined()) {
+      fill_zero_temporary_bytes(dq.data(), dq.nbytes(), MemoryKind::kCuda, stream_);
+    } else {
+      delta = Tensor::temporary(DType::kF32, {in.q.dim(0), in.q.dim(2), in.q.dim(1)}, MemoryKind::kCuda, stream_);
+      compute_delta_cuda(grad.o, grad.d_o, grad.d_lse, delta, stream_, /*zero=*/dq);
+    }
     const GradViews views = gradients_in_q_dtype(in, out, into);
     BackwardInputs with_delta = grad;
     if (delta.defined()) with_delta.delta = delta;

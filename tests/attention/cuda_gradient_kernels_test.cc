@@ -5,6 +5,7 @@
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -74,7 +75,8 @@ TEST(CudaGradientKernels, ConvertMatchesTheHostBitForBit) {
 // compute_delta_cuda (delta = rowsum(dO * O) - dLSE) on rows that load as vectors and on rows that do not (an odd
 // Dv, or O and dO read from rows one element longer at an unaligned start): the same bits either way (a ring's shard
 // or a view of O gives the same delta as the whole tensor), within f32's rounding of an f64 sum, for each pair of
-// dtypes the backward takes (dO in f32 beside half-precision O too); T = 1 (decoding), one block of rows and several.
+// dtypes the backward takes (dO in f32 beside half-precision O too); T = 1 (decoding), one block of rows and several;
+// the rows of a dQ accumulator it zeroes in the same pass all zero.
 TEST(CudaGradientKernels, DeltaIsTheSameBitsOnAnyStridesAndMatchesF64) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const int64_t B = 2, H = 3;
@@ -113,7 +115,11 @@ TEST(CudaGradientKernels, DeltaIsTheSameBitsOnAnyStridesAndMatchesF64) {
         const Tensor whole(DType::kF32, {B, H, T}, MemoryKind::kCuda);
         const Tensor strided(DType::kF32, {B, H, T}, MemoryKind::kCuda);
         const Tensor with_lse(DType::kF32, {B, H, T}, MemoryKind::kCuda);
-        compute_delta_cuda(o_dev.view(), do_dev.view(), TensorView(), whole.view(), nullptr);
+        // the dQ accumulator that delta's pass zeroes, of another width than Dv, holding NaN before
+        const int64_t zero_width = 4 * ((dv + 3) / 4) + 4;
+        const Tensor zero(DType::kF32, {B, T, H, zero_width}, MemoryKind::kCuda);
+        RA_CUDA_CHECK(cudaMemset(zero.data<float>(), 0xff, zero.view().nbytes()));
+        compute_delta_cuda(o_dev.view(), do_dev.view(), TensorView(), whole.view(), nullptr, zero.view());
         compute_delta_cuda(narrow(o_wide.view(), 3, 1, dv), narrow(do_wide.view(), 3, 1, dv), TensorView(),
                            strided.view(), nullptr);
         compute_delta_cuda(o_dev.view(), do_dev.view(), d_lse_dev.view(), with_lse.view(), nullptr);
@@ -121,6 +127,8 @@ TEST(CudaGradientKernels, DeltaIsTheSameBitsOnAnyStridesAndMatchesF64) {
         const std::vector<float> got = as_f32(whole.view()), got_strided = as_f32(strided.view());
         const std::vector<float> got_lse = as_f32(with_lse.view()), lse = as_f32(d_lse.view());
         EXPECT_EQ(std::memcmp(got.data(), got_strided.data(), got.size() * sizeof(float)), 0) << "strided rows differ";
+        const std::vector<float> zeros = as_f32(zero.view());
+        EXPECT_EQ(std::count(zeros.begin(), zeros.end(), 0.0f), int64_t(zeros.size())) << "the zero rows";
         const std::vector<float> x = as_f32(o.view()), y = as_f32(d_o.view());
         int wrong = 0;
         for (int64_t b = 0; b < B; ++b)
