@@ -70,7 +70,8 @@ __global__ void delta_kernel(const TO* o, DeviceStrides4 os, const TD* d_o, Devi
         if (t < T && part == 0) delta[rows + t] = d_lse != nullptr ? sum[i] - d_lse[rows + t] : sum[i];
         if (zero != nullptr && t < T) {
           float* row = zero + ((b * T + t) * H + h) * zero_width;
-          for (int64_t c = part; 4 * c < zero_width; c += lanes) Quad<float>::store(row + 4 * c, make_float4(0, 0, 0, 0));
+          for (int64_t c = part; 4 * c < zero_width; c += lanes)
+            Quad<float>::store(row + 4 * c, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
         }
       }
     }
