@@ -75,15 +75,17 @@ void check_dbias_deterministic(const TensorView& dbias_pairs, const AttentionPar
              "needs a bias of full shape (B, H, T, S), or a host backward (host arrays: every sum in a fixed order)");
 }
 
-Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream) {
+Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream,
+                     const TensorView& zero) {
   const int64_t B = o.dim(0), T = o.dim(1), H = o.dim(2), Dv = o.dim(3);
   Tensor delta = Tensor::temporary(DType::kF32, {B, H, T}, o.memory(), cuda_stream);
   if (o.memory() == MemoryKind::kCuda) {
 #if RA_HAVE_CUDA
-    compute_delta_cuda(o, d_o, d_lse, delta, static_cast<cudaStream_t>(cuda_stream));
+    compute_delta_cuda(o, d_o, d_lse, delta, static_cast<cudaStream_t>(cuda_stream), zero);
 #endif
     return delta;
   }
+  if (zero.defined()) fill_zero_bytes(zero.data(), zero.nbytes(), zero.memory());
   const Tensor o32 = f32_copy(o), do32 = f32_copy(d_o);
   const float *po = o32.data<float>(), *pd = do32.data<float>();
   float* out = delta.data<float>();

@@ -69,8 +69,11 @@ struct Gradients {
 };
 
 // delta (B, Hq, T) f32 = sum over Dv of dO * O, row by row (f32 products and sums), minus d_lse where
-// defined. On the device when o is (then on `cuda_stream`, a temporary of the call: Tensor::temporary).
-Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream = nullptr);
+// defined. On the device when o is (then on `cuda_stream`, a temporary of the call: Tensor::temporary). `zero`,
+// where given (f32 (B, T, Hq, D), contiguous, D a multiple of 4, in o's memory: a dQ accumulator), is set to zeros
+// too, on the device in delta's own pass (compute_delta_cuda).
+Tensor compute_delta(const TensorView& o, const TensorView& d_o, const TensorView& d_lse, void* cuda_stream = nullptr,
+                     const TensorView& zero = TensorView());
 
 // dsinks (Hq, contiguous f32, written over) = -sum over (b, t) of exp(sink_h - lse) * delta: a sink is one
 // more logit whose value row is zero, so its dS is P_sink * (0 - delta). Rows with lse = -inf contribute nothing.

@@ -107,13 +107,9 @@ class FlashCuda final : public CudaAttentionImpl {
                                             "the backward's f32 dQ");
     const TensorView dq(dq_bytes.view().data(), DType::kF32, in.q.shape(), MemoryKind::kCuda);
     check_flash_backward_cuda_supported(in, grad, GradViews{dq, dq, dq, {}});
-    Tensor delta;
-    if (grad.delta.defined()) {
-      fill_zero_temporary_bytes(dq.data(), dq.nbytes(), MemoryKind::kCuda, stream_);
-    } else {
-      delta = Tensor::temporary(DType::kF32, {in.q.dim(0), in.q.dim(2), in.q.dim(1)}, MemoryKind::kCuda, stream_);
-      compute_delta_cuda(grad.o, grad.d_o, grad.d_lse, delta, stream_, /*zero=*/dq);
-    }
+    if (grad.delta.defined()) fill_zero_temporary_bytes(dq.data(), dq.nbytes(), MemoryKind::kCuda, stream_);
+    const Tensor delta =
+        grad.delta.defined() ? Tensor() : compute_delta(grad.o, grad.d_o, grad.d_lse, stream_, /*zero=*/dq);
     const GradViews views = gradients_in_q_dtype(in, out, into);
     BackwardInputs with_delta = grad;
     if (delta.defined()) with_delta.delta = delta;
