@@ -32,11 +32,11 @@ __global__ void delta_kernel(const TO* o, DeviceStrides4 os, const TD* d_o, Devi
                              int64_t zero_width) {
   const int lane = threadIdx.x % 32, part = lane % lanes, group = 32 / lanes;
   const int64_t h = blockIdx.x, rows_per_block = int64_t(blockDim.x / 32) * kRowsPerWarp * group;
-  const int64_t warp_first = (threadIdx.x / 32) * kRowsPerWarp * group;  // this warp's first row in a block of rows
+  const int64_t warp_t = (threadIdx.x / 32) * kRowsPerWarp * group;  // this warp's first row in a block of rows
   // (B or T's row blocks past the grid's 65535: rare shapes, looped)
   for (int64_t b = blockIdx.z; b < B; b += gridDim.z)
-    for (int64_t rows0 = blockIdx.y * rows_per_block + warp_first; rows0 < T; rows0 += gridDim.y * rows_per_block) {
-      const int64_t first = rows0 + lane / lanes;  // this lane's row of the warp's first group
+    for (int64_t t0 = blockIdx.y * rows_per_block + warp_t; t0 < T; t0 += gridDim.y * rows_per_block) {
+      const int64_t first = t0 + lane / lanes;  // this lane's row of the warp's first group
       const TO* o_rows = o + b * os.s[0] + h * os.s[2];
       const TD* do_rows = d_o + b * ds.s[0] + h * ds.s[2];
       const TO* o_row[kRowsPerWarp];
@@ -62,12 +62,12 @@ __global__ void delta_kernel(const TO* o, DeviceStrides4 os, const TD* d_o, Devi
         for (int i = 0; i < kRowsPerWarp; ++i)
           sum[i] += x[i].x * y[i].x, sum[i] += x[i].y * y[i].y, sum[i] += x[i].z * y[i].z, sum[i] += x[i].w * y[i].w;
       }
-      const int64_t rows = (b * H + h) * T;  // delta and d_lse: (B, H, T)
+      const int64_t head_row0 = (b * H + h) * T;  // (b, h)'s first row in delta and d_lse, both (B, H, T)
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i) {
         for (int offset = lanes / 2; offset > 0; offset >>= 1) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], offset);
         const int64_t t = first + i * group;
-        if (t < T && part == 0) delta[rows + t] = d_lse != nullptr ? sum[i] - d_lse[rows + t] : sum[i];
+        if (t < T && part == 0) delta[head_row0 + t] = d_lse != nullptr ? sum[i] - d_lse[head_row0 + t] : sum[i];
         if (zero != nullptr && t < T) {
           float* row = zero + ((b * T + t) * H + h) * zero_width;
           for (int64_t c = part; 4 * c < zero_width; c += lanes)
