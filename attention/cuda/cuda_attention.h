@@ -60,6 +60,10 @@ class CudaAttentionImpl : public AttentionImpl {
  protected:
   // Where backward_into writes: the caller's views `into`, else new device tensors in q's dtype held by `out`.
   static GradViews gradients_in_q_dtype(const AttentionInputs& in, Gradients& out, const GradViews* into);
+  // Whether backward_into's kernels can write the caller's views themselves: none given, or dq, dk and dv at
+  // 16-byte aligned addresses (the wgmma kernels store dK and dV by the TMA unit, cuDNN reads and writes 16 bytes
+  // at a time, the mma.sync kernel writes pairs). Else the accumulators' path converts into them.
+  static bool writes_into_views(const GradViews* into);
 
   cudaStream_t stream_ = nullptr;
   bool after_carry_writer_ = false;

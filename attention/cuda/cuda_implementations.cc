@@ -42,6 +42,13 @@ GradViews CudaAttentionImpl::gradients_in_q_dtype(const AttentionInputs& in, Gra
   return GradViews{out.dq, out.dk, out.dv, {}};
 }
 
+bool CudaAttentionImpl::writes_into_views(const GradViews* into) {
+  if (into == nullptr) return true;
+  for (const TensorView* view : {&into->dq, &into->dk, &into->dv})
+    if (reinterpret_cast<uintptr_t>(view->data()) % 16 != 0) return false;
+  return true;
+}
+
 namespace {
 
 class FlashCuda final : public CudaAttentionImpl {
@@ -98,7 +105,7 @@ class FlashCuda final : public CudaAttentionImpl {
   // dV. A bias whose gradient is asked for (dbias) takes the accumulator path.
   bool backward_into(const AttentionInputs& in, const TokenPositions& pos, const AttentionParams& params,
                      const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
-    if (bias_gradient_wanted(in, into)) return false;
+    if (bias_gradient_wanted(in, into) || !writes_into_views(into)) return false;
     check_backward_supported(in, params);
     // dQ's f32 accumulator, zeroed by delta's pass where this call forms delta (once a call), as FlashAttention-2's
     // preprocess clears its dQ: one launch less, 1.00-1.02x a backward on short documents (bench/RESULTS.md, "dQ's

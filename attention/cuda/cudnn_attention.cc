@@ -159,7 +159,7 @@ class CudnnAttention final : public CudaAttentionImpl {
                      const BackwardInputs& grad, Gradients& out, const GradViews* into) const override {
     const std::vector<PositionRun> q_runs = consecutive_runs(pos.q.data(), int64_t(pos.q.size()));
     const std::vector<PositionRun> k_runs = consecutive_runs(pos.k.data(), int64_t(pos.k.size()));
-    if (q_runs.size() != 1 || k_runs.size() != 1) return false;
+    if (q_runs.size() != 1 || k_runs.size() != 1 || !writes_into_views(into)) return false;
     check_supported(in, p);
     const TensorView stats = checked_stats(in, grad);
     const GradViews direct = gradients_in_q_dtype(in, out, into);

@@ -43,6 +43,10 @@ struct FlashBackwardArgs {
   // The wgmma kernels' TMA maps of q and d_o (tensor_map.h; their launchers set them), read from the
   // kernel's parameters (__grid_constant__).
   CUtensorMap q_map{}, do_map{};
+  // The wgmma kernels' maps of dk_direct and dv_direct (set with them by with_step_maps): a block stores its dK and
+  // dV through shared memory by the TMA unit.
+  CUtensorMap dk_map{}, dv_map{};
+  bool dk_dv_by_tma = false;
 };
 
 // Throws naming the tensor and what the kernel needs (f16 / bf16, head dims as check_flash_head_dims, dO in q's dtype,

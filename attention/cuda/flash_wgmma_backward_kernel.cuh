@@ -11,6 +11,7 @@
 #include "attention/cuda/mask_tile.cuh"
 #include "attention/cuda/tensor_map.h"
 #include "attention/cuda/tma.cuh"
+#include "attention/cuda/tma_store.cuh"
 #include "attention/cuda/wgmma.cuh"
 
 namespace ra::wgmma_backward {
@@ -80,7 +81,31 @@ FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
                             Slabs::kCols, int(Slabs::kRowBytes));
   with.do_map = row_tiles_of("do", g.d_o, tile_element_of<T>(), a.batch, a.q_len, a.q_heads, a.value_dim,
                              Traits::kBlockM, Slabs::kCols, int(Slabs::kRowBytes));
+  // A single call's dK and dV (contiguous as k and v), stored by a block's kBlockN keys as its K and V loaded; by
+  // per-thread stores where TMA cannot address them (a caller's view not 16-byte aligned).
+  if (g.dk_direct != nullptr) {
+    auto encode = [&](CUtensorMap& map, const void* data, int cols) {
+      const int64_t row = int64_t(a.kv_heads) * cols;
+      const DeviceView4 view{data, {a.kv_len * row, row, cols, 1}};
+      return encode_row_tiles(map, view, tile_element_of<T>(), a.batch, a.kv_len, a.kv_heads, cols, Traits::kBlockN,
+                              Slabs::kCols, int(Slabs::kRowBytes));
+    };
+    with.dk_dv_by_tma = encode(with.dk_map, g.dk_direct, a.head_dim) && encode(with.dv_map, g.dv_direct, a.value_dim);
+  }
   return with;
+}
+
+// A warpgroup's fragment of kTiles x 8 columns from col0 (rows row and row + 8 of this thread; the accumulator layout)
+// times scale, as T, into a tile of kRows rows laid out in Slabs' swizzled slabs.
+template <typename T, int kRows, typename Slabs, int kTiles>
+__device__ __forceinline__ void stage_fragment_rows(T* tile, const float (&frag)[kTiles][4], float scale, int row,
+                                                    int col0, int lane) {
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<uint32_t*>(tile + Slabs::template offset<kRows>(row + 8 * half, col0 / 8 + j) + (lane % 4) * 2) =
+          pack2<T>(frag[j][2 * half] * scale, frag[j][2 * half + 1] * scale);
 }
 
 // kSegments: an instance that reads segment ids (skipping query blocks, comparing ids in masked steps);
@@ -538,7 +563,22 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_backward_kernel(const
     __syncthreads();  // the last step's dQ adds are all issued
     if (tid == 0 && passed.counter) pass_dq_turn(passed);
   }
-  add_dk_dv_rows<T, kPadded>(g, dk, dv, b, kh, n0 + key_row, d_col0, lane);
+  if (g.dk_dv_by_tma) {
+    // A single call's dK and dV into K's and V's tiles, stored by the TMA unit: per-thread 4-byte stores queued
+    // behind the last step's dQ atomics, a sixth of a short document's backward (bench/RESULTS.md).
+    __syncthreads();  // both warpgroups' last products are done with K and V
+    stage_fragment_rows<T, kBlockN, DSlabs>(k_s, dk, a.scale, key_row, d_col0, lane);
+    stage_fragment_rows<T, kBlockN, DSlabs>(v_s, dv, 1.0f, key_row, d_col0, lane);
+    wgmma::fence_shared_writes();
+    __syncthreads();
+    if (tid == 0) {
+      tma::store_row_slabs<kBlockN, D, DSlabs::kCols>(&g.dk_map, k_s, n0, kh, b);
+      tma::store_row_slabs<kBlockN, D, DSlabs::kCols>(&g.dv_map, v_s, n0, kh, b);
+      tma::wait_stores_read();
+    }
+  } else {
+    add_dk_dv_rows<T, kPadded>(g, dk, dv, b, kh, n0 + key_row, d_col0, lane);
+  }
 #endif
 }
 

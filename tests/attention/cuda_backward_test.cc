@@ -478,6 +478,65 @@ TEST(BackwardInto, TheCallersViewsMatchTheReference) {
     }
 }
 
+// dK and dV into the caller's views inside larger buffers: each view's rows and columns written, and nothing around
+// them. Key blocks past the last key (kv_len 203: 75 keys of the last 128), head dims narrower than their kernel
+// instance (80 on the 128-column one), and views at 16-byte aligned addresses (written by the kernels: the wgmma
+// kernels store them by the TMA unit) and at addresses 2 bytes past one (through the accumulators: on main before
+// this test, flash_attn2's kernels stopped there with a misaligned address).
+TEST(BackwardInto, KeyGradientsStayInsideTheirViews) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<std::string> impls = {"flash_attn2"};
+#if RA_HAVE_CUDNN
+  impls.push_back("cudnn");
+#endif
+  constexpr std::pair<int, bool> kCases[] = {{80, false}, {128, false}, {128, true}};  // head_dim, views misaligned
+  for (const std::string& name : impls)
+    for (const auto& [head_dim, misaligned] : kCases) {
+      SCOPED_TRACE(name + " head_dim " + std::to_string(head_dim) + (misaligned ? ", views 2 bytes past 16" : ""));
+      Options opt;
+      opt.causal = true;
+      ProblemSpec spec{2, 171, 203, 4, 2, head_dim, head_dim, DType::kBF16, opt, 1170 + uint64_t(head_dim + misaligned)};
+      DeviceGradProblem setup(spec, spec.seed);
+      auto& [problem, host_in, dev, d_o, d_o_device] = setup;
+      auto impl = AttentionRegistry::builtin().create(name, Backend::kCuda);
+      const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+      const Tensor dq(spec.dtype, dev.inputs.q.shape(), MemoryKind::kCuda);
+      // Each view 64 guard elements (plus the misalignment) into a buffer with 64 more after it.
+      const int64_t size = dev.inputs.k.numel(), before = 64 + (misaligned ? 1 : 0), total = before + size + 64;
+      const Tensor dk_buffer(spec.dtype, {total}, MemoryKind::kCuda), dv_buffer(spec.dtype, {total}, MemoryKind::kCuda);
+      for (const Tensor* t : {&dk_buffer, &dv_buffer})
+        RA_CUDA_CHECK(cudaMemset(const_cast<void*>(t->view().data()), 0x5a, t->view().nbytes()));
+      auto view_in = [&](const Tensor& buffer) {
+        return TensorView(static_cast<uint16_t*>(const_cast<void*>(buffer.view().data())) + before, spec.dtype,
+                          dev.inputs.k.shape(), MemoryKind::kCuda);
+      };
+      const GradViews into{dq.view(), view_in(dk_buffer), view_in(dv_buffer), {}};
+      const Tensor o(spec.dtype, {spec.batch, spec.q_len, spec.q_heads, spec.v_head_dim}, MemoryKind::kCuda);
+      const Tensor lse(DType::kF32, {spec.batch, spec.q_heads, spec.q_len}, MemoryKind::kCuda);
+      try {
+        impl->forward_into(dev.inputs, problem.params(), pos, ForwardViews{o.view(), lse.view()});
+        impl->backward(dev.inputs, problem.params(), pos, d_o_device, ForwardViews{o.view(), lse.view()}, false, &into);
+      } catch (const Error& e) {
+        if (e.message().find("does not run it on this GPU") != std::string::npos) GTEST_SKIP() << e.message();
+        throw;
+      }
+      RA_CUDA_CHECK(cudaDeviceSynchronize());
+      const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
+      for (auto [buffer, want, what] : {std::tuple{&dk_buffer, &ref.dk, "dk"}, std::tuple{&dv_buffer, &ref.dv, "dv"}}) {
+        const Tensor host = to_memory(buffer->view(), MemoryKind::kHost);
+        const auto* bits = static_cast<const uint16_t*>(host.view().data());
+        int64_t guards_changed = 0;
+        for (int64_t i = 0; i < total; ++i)
+          if ((i < before || i >= before + size) && bits[i] != 0x5a5a) ++guards_changed;
+        EXPECT_EQ(guards_changed, 0) << what << ": elements written outside the view";
+        const Tensor got = to_memory(view_in(*buffer), MemoryKind::kHost);
+        const GradientComparison cmp = compare_gradient(got, *want, spec.dtype);
+        EXPECT_EQ(cmp.nan, 0) << what;
+        EXPECT_EQ(cmp.wrong, 0) << what << ": max |error| " << cmp.max_abs_error;
+      }
+    }
+}
+
 // --deterministic: the gradients are the same bits on every run (flash_attn2 on wgmma: each block of query
 // rows takes its dQ adds from the key blocks in a fixed order, or at exact D = 192 / 256 from the query-block
 // kernel alone; on mma.sync the key blocks in rounds, dQ of
