@@ -81,8 +81,8 @@ FlashBackwardArgs with_step_maps(const FlashBackwardArgs& g) {
                             Slabs::kCols, int(Slabs::kRowBytes));
   with.do_map = row_tiles_of("do", g.d_o, tile_element_of<T>(), a.batch, a.q_len, a.q_heads, a.value_dim,
                              Traits::kBlockM, Slabs::kCols, int(Slabs::kRowBytes));
-  // A single call's dK and dV (contiguous as k and v), stored by a block's kBlockN keys as its K and V loaded; by
-  // per-thread stores where TMA cannot address them (a caller's view not 16-byte aligned).
+  // A single call's dK and dV (contiguous as k and v, 16-byte aligned: CudaAttentionImpl::writes_into_views), stored by
+  // a block's kBlockN keys as its K and V loaded; by per-thread stores where TMA cannot address them.
   if (g.dk_direct != nullptr) {
     auto encode = [&](CUtensorMap& map, const void* data, int cols) {
       const int64_t row = int64_t(a.kv_heads) * cols;
@@ -104,8 +104,8 @@ __device__ __forceinline__ void stage_fragment_rows(T* tile, const float (&frag)
   for (int j = 0; j < kTiles; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half)
-      *reinterpret_cast<uint32_t*>(tile + Slabs::template offset<kRows>(row + 8 * half, col0 / 8 + j) + (lane % 4) * 2) =
-          pack2<T>(frag[j][2 * half] * scale, frag[j][2 * half + 1] * scale);
+      *reinterpret_cast<uint32_t*>(tile + Slabs::template offset<kRows>(row + 8 * half, col0 / 8 + j) +
+                                   (lane % 4) * 2) = pack2<T>(frag[j][2 * half] * scale, frag[j][2 * half + 1] * scale);
 }
 
 // kSegments: an instance that reads segment ids (skipping query blocks, comparing ids in masked steps);

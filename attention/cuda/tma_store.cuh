@@ -21,7 +21,8 @@ __device__ __forceinline__ void store_4d(const CUtensorMap* map, const void* src
 template <int kRows, int D, int kCols, typename T>
 __device__ __forceinline__ void store_row_slabs(const CUtensorMap* map, const T* src, int row0, int head, int batch) {
 #pragma unroll
-  for (int slab = 0; slab < D / kCols; ++slab) store_4d(map, src + slab * kRows * kCols, slab * kCols, row0, head, batch);
+  for (int slab = 0; slab < D / kCols; ++slab)
+    store_4d(map, src + slab * kRows * kCols, slab * kCols, row0, head, batch);
 }
 
 // Waits until every bulk store this thread started has read its shared memory (which may then be reused, or the

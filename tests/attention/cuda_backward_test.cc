@@ -495,7 +495,8 @@ TEST(BackwardInto, KeyGradientsStayInsideTheirViews) {
       SCOPED_TRACE(name + " head_dim " + std::to_string(head_dim) + (misaligned ? ", views 2 bytes past 16" : ""));
       Options opt;
       opt.causal = true;
-      ProblemSpec spec{2, 171, 203, 4, 2, head_dim, head_dim, DType::kBF16, opt, 1170 + uint64_t(head_dim + misaligned)};
+      const uint64_t seed = 1170 + uint64_t(head_dim + misaligned);
+      ProblemSpec spec{2, 171, 203, 4, 2, head_dim, head_dim, DType::kBF16, opt, seed};
       DeviceGradProblem setup(spec, spec.seed);
       auto& [problem, host_in, dev, d_o, d_o_device] = setup;
       auto impl = AttentionRegistry::builtin().create(name, Backend::kCuda);
