@@ -1,7 +1,8 @@
 // The wgmma backward's kernel lab (not part of the build; make_lab.sh builds it): times the committed kernel
 // against an experimental copy (exp_kernel.cuh, one instance per compile-time knob) on synthetic inputs (B = 1,
 // random Q, K, V, dO, LSE near its true value, positions 0..T-1), interleaved, median of `iters` after 2 warm-up
-// calls, and checks each knob's gradients against the committed kernel's (largest difference).
+// calls, and checks each knob's gradients against the committed kernel's (largest difference). RA_LAB_BATCH=B: B
+// sequences of T each (the batch form of B documents; default 1).
 // RA_LAB_CLUSTER=N launches the experimental kernel as clusters of N consecutive key blocks. RA_LAB_DQ_APART=1 (D = 192,
 // 256): both the committed and the experimental kernel as the library's dQ-apart path runs them (kDqApart: dK and dV
 // only), each followed by the committed query-block dQ kernel.
@@ -72,18 +73,20 @@ void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsi
 
 template <int D>
 int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
-  const size_t n = size_t(Tn) * H * D;
+  const char* batch_env = std::getenv("RA_LAB_BATCH");
+  const int B = batch_env ? std::max(1, std::atoi(batch_env)) : 1;
+  const size_t n = size_t(B) * Tn * H * D;
   T16 *q, *k, *v, *d_o, *dk, *dv;
   float *lse, *delta, *dq;
   int64_t* pos;
   for (T16** p : {&q, &k, &v, &d_o, &dk, &dv}) RA_CUDA_CHECK(cudaMalloc(p, n * 2));
-  RA_CUDA_CHECK(cudaMalloc(&lse, size_t(H) * Tn * 4));
-  RA_CUDA_CHECK(cudaMalloc(&delta, size_t(H) * Tn * 4));
+  RA_CUDA_CHECK(cudaMalloc(&lse, size_t(B) * H * Tn * 4));
+  RA_CUDA_CHECK(cudaMalloc(&delta, size_t(B) * H * Tn * 4));
   RA_CUDA_CHECK(cudaMalloc(&dq, n * 4));
   RA_CUDA_CHECK(cudaMalloc(&pos, size_t(Tn) * 8));
   int seed = 1;
   for (T16* p : {q, k, v, d_o}) fill_bf16<<<1024, 256>>>(p, n, seed++);
-  fill_stats<<<1024, 256>>>(lse, delta, H, Tn, causal, 0.5f);
+  fill_stats<<<1024, 256>>>(lse, delta, B * H, Tn, causal, 0.5f);
   fill_pos<<<256, 256>>>(pos, Tn);
   RA_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -92,12 +95,12 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   auto view = [&](const void* p) { return DeviceView4{p, {int64_t(Tn) * H * D, int64_t(H) * D, D, 1}}; };
   a.q = view(q), a.k = view(k), a.v = view(v);
   a.pos.q = pos, a.pos.k = pos, a.pos.total_keys = Tn, a.pos.keys_sorted = true, a.pos.queries_sorted = true;
-  a.batch = 1, a.q_len = Tn, a.kv_len = Tn, a.q_heads = H, a.kv_heads = H, a.head_dim = D, a.value_dim = D;
+  a.batch = B, a.q_len = Tn, a.kv_len = Tn, a.q_heads = H, a.kv_heads = H, a.head_dim = D, a.value_dim = D;
   a.scale = 1.0f / std::sqrt(float(D));
   a.causal = causal;
   g.d_o = view(d_o);
   g.lse = lse, g.delta = delta, g.dq = dq, g.dk_direct = dk, g.dv_direct = dv;
-  g = wgmma_backward::with_step_maps<T16, wgmma_backward::WgmmaBackwardTraits<T16, D>>(g);  // both kernels' TMA maps
+  g = exp_backward::with_step_maps<T16, exp_backward::WgmmaBackwardTraits<T16, D>>(g);  // both kernels' TMA maps
 
   using Base = wgmma_backward::WgmmaBackwardTraits<T16, D>;
   using Exp = exp_backward::WgmmaBackwardTraits<T16, D>;
@@ -113,8 +116,8 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     switch (knob) {
 #define RA_LAB_KNOB(K)                                                                                        \
   case K:                                                                                                     \
-    return apart ? reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, true, false, false, K>) \
-                 : reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, false, false, false, K>);
+    return apart ? reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, true, false, false, false, K>) \
+                 : reinterpret_cast<const void*>(exp_backward::exp_backward_kernel<T16, D, false, false, false, false, false, false, false, false, false, K>);
       RA_LAB_KNOBS
 #undef RA_LAB_KNOB
     }
@@ -136,7 +139,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   cudaEvent_t e0, e1;
   RA_CUDA_CHECK(cudaEventCreate(&e0));
   RA_CUDA_CHECK(cudaEventCreate(&e1));
-  const double flops = 2.5 * 4.0 * H * double(Tn) * Tn * D / (causal ? 2 : 1);
+  const double flops = 2.5 * 4.0 * B * H * double(Tn) * Tn * D / (causal ? 2 : 1);
   const char* cluster_env = std::getenv("RA_LAB_CLUSTER");
   const unsigned cluster = cluster_env ? unsigned(std::atoi(cluster_env)) : 1u;
 
@@ -196,10 +199,10 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   for (int knob : knobs) check(knob);
   for (int round = 0; round < 2; ++round) {
     const double tb = time_it(false, 0);
-    std::printf("D=%d H=%d T=%d causal=%d base      %8.3f ms %7.1f TFLOP/s\n", D, H, Tn, int(causal), tb, flops / tb / 1e9);
+    std::printf("B=%d D=%d H=%d T=%d causal=%d base      %8.3f ms %7.1f TFLOP/s\n", B, D, H, Tn, int(causal), tb, flops / tb / 1e9);
     for (int knob : knobs) {
       const double te = time_it(true, knob);
-      std::printf("D=%d H=%d T=%d causal=%d exp knob %-3d %8.3f ms %7.1f TFLOP/s  %.3f of base\n", D, H, Tn, int(causal), knob,
+      std::printf("B=%d D=%d H=%d T=%d causal=%d exp knob %-3d %8.3f ms %7.1f TFLOP/s  %.3f of base\n", B, D, H, Tn, int(causal), knob,
                   te, flops / te / 1e9, tb / te);
     }
   }
