@@ -1,6 +1,7 @@
 // Shapes, strides, owning tensors and numpy-style broadcasting of views.
 #include "runtime/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -61,6 +62,12 @@ TensorView::TensorView(void* data, DType dtype, Shape shape, std::array<int64_t,
                        MemoryKind memory)
     : data_(data), dtype_(dtype), shape_(shape), strides_(strides), memory_(memory) {
   for (int i = 0; i < shape.rank; ++i) RA_CHECK(shape[i] >= 0, "negative dimension ", i, " in shape ", shape.str());
+  // A dimension of one element is never stepped along, so its stride means nothing, and frameworks leave anything
+  // there (PyTorch a broadcast's 0 through contiguous(), NumPy a negative one). It takes the value a contiguous view
+  // would have: such a view is contiguous where the rest of it is, and the TMA unit (positive strides in 16-byte
+  // multiples) and cuDNN map it.
+  for (int i = shape.rank - 1; i >= 0; --i)
+    if (shape[i] == 1) strides_[i] = i + 1 < shape.rank ? strides_[i + 1] * std::max<int64_t>(shape[i + 1], 1) : 1;
 }
 
 // No elements: contiguous whatever the strides (PyTorch's empty tensors count a zero dimension as 1 in them).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -424,16 +425,22 @@ TEST(CudaLseInTheLoss, MatchesF64Gradients) {
 #endif
 }
 
+// The GPU implementations that write a single call's gradients into views themselves: flash_attn2, and cudnn where
+// this build has it.
+std::vector<std::string> flash_and_cudnn() {
+#if RA_HAVE_CUDNN
+  return {"flash_attn2", "cudnn"};
+#else
+  return {"flash_attn2"};
+#endif
+}
+
 // forward_into and backward into the caller's views in q's dtype (a framework's tensors, as the Python
 // layer gives them): flash_attn2 (the wgmma forward writing O and LSE itself, dK / dV from its kernels;
 // with sinks and packed documents) and cudnn (straight into the views), causal and not, against f64.
 TEST(BackwardInto, TheCallersViewsMatchTheReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  std::vector<std::string> impls = {"flash_attn2"};
-#if RA_HAVE_CUDNN
-  impls.push_back("cudnn");
-#endif
-  for (const std::string& name : impls)
+  for (const std::string& name : flash_and_cudnn())
     for (bool causal : {false, true}) {
       SCOPED_TRACE(name + (causal ? " causal" : ""));
       Options opt;
@@ -485,12 +492,8 @@ TEST(BackwardInto, TheCallersViewsMatchTheReference) {
 // this test, flash_attn2's kernels stopped there with a misaligned address).
 TEST(BackwardInto, KeyGradientsStayInsideTheirViews) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  std::vector<std::string> impls = {"flash_attn2"};
-#if RA_HAVE_CUDNN
-  impls.push_back("cudnn");
-#endif
   constexpr std::pair<int, bool> kCases[] = {{80, false}, {128, false}, {128, true}};  // head_dim, views misaligned
-  for (const std::string& name : impls)
+  for (const std::string& name : flash_and_cudnn())
     for (const auto& [head_dim, misaligned] : kCases) {
       SCOPED_TRACE(name + " head_dim " + std::to_string(head_dim) + (misaligned ? ", views 2 bytes past 16" : ""));
       Options opt;
@@ -536,6 +539,62 @@ TEST(BackwardInto, KeyGradientsStayInsideTheirViews) {
         EXPECT_EQ(cmp.wrong, 0) << what << ": max |error| " << cmp.max_abs_error;
       }
     }
+}
+
+// Views whose one-element dimensions carry strides the GPU kernels cannot map (a batch of one at stride 0, one K/V
+// head at stride 0 or 3: PyTorch keeps a broadcast's 0 there through contiguous()) run as their contiguous views do:
+// O and LSE the same bits, the gradients against the f64 reference. A view takes the contiguous stride in such a
+// dimension (TensorView); before that, flash_attn2 refused v (strides in 8s) and its wgmma kernels could not map q to
+// the TMA unit.
+TEST(OneElementDimensions, RunAsTheirContiguousViews) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const std::string& name : flash_and_cudnn()) {
+    SCOPED_TRACE(name);
+    Options opt;
+    opt.causal = true;
+    ProblemSpec spec{1, 171, 203, 4, 1, 128, 128, DType::kBF16, opt, 1190};
+    DeviceGradProblem setup(spec, spec.seed);
+    auto& [problem, host_in, dev, d_o, d_o_device] = setup;
+    auto impl = AttentionRegistry::builtin().create(name, Backend::kCuda);
+    const TokenPositions pos = TokenPositions::dense(spec.q_len, spec.kv_len);
+    auto restrided = [](const TensorView& t, std::initializer_list<std::pair<int, int64_t>> strides) {
+      std::array<int64_t, kMaxRank> s = t.strides();
+      for (auto [dim, stride] : strides) s[dim] = stride;
+      return TensorView(t.data(), t.dtype(), t.shape(), s, t.memory());
+    };
+    AttentionInputs odd = dev.inputs;
+    odd.q = restrided(dev.inputs.q, {{0, 0}});
+    odd.k = restrided(dev.inputs.k, {{0, 0}, {2, 0}});
+    odd.v = restrided(dev.inputs.v, {{0, 0}, {2, 3}});
+    auto bytes_of = [](const Tensor& t) {
+      const Tensor host = to_memory(t.view(), MemoryKind::kHost);
+      const auto* p = static_cast<const unsigned char*>(host.view().data());
+      return std::vector<unsigned char>(p, p + host.view().nbytes());
+    };
+    const Tensor o(spec.dtype, {spec.batch, spec.q_len, spec.q_heads, spec.v_head_dim}, MemoryKind::kCuda);
+    const Tensor lse(DType::kF32, {spec.batch, spec.q_heads, spec.q_len}, MemoryKind::kCuda);
+    std::vector<unsigned char> want_o, want_lse;
+    Gradients g;
+    try {
+      impl->forward_into(dev.inputs, problem.params(), pos, ForwardViews{o.view(), lse.view()});
+      want_o = bytes_of(o), want_lse = bytes_of(lse);
+      impl->forward_into(odd, problem.params(), pos, ForwardViews{o.view(), lse.view()});
+      g = impl->backward(odd, problem.params(), pos, d_o_device, ForwardViews{o.view(), lse.view()});
+      RA_CUDA_CHECK(cudaDeviceSynchronize());
+    } catch (const Error& e) {
+      if (e.message().find("does not run it on this GPU") != std::string::npos) GTEST_SKIP() << e.message();
+      throw;
+    }
+    EXPECT_TRUE(bytes_of(o) == want_o) << "o differs from the contiguous views' o";
+    EXPECT_TRUE(bytes_of(lse) == want_lse) << "lse differs from the contiguous views' lse";
+    const ReferenceGradients ref = reference_attention_backward_f64(host_in, problem.params(), pos, d_o);
+    for (auto [got, want, what] : {std::tuple{&g.dq, &ref.dq, "dq"}, std::tuple{&g.dk, &ref.dk, "dk"},
+                                   std::tuple{&g.dv, &ref.dv, "dv"}}) {
+      const GradientComparison cmp = compare_gradient(to_memory(got->view(), MemoryKind::kHost), *want, spec.dtype);
+      EXPECT_EQ(cmp.nan, 0) << what;
+      EXPECT_EQ(cmp.wrong, 0) << what << ": max |error| " << cmp.max_abs_error;
+    }
+  }
 }
 
 // --deterministic: the gradients are the same bits on every run (flash_attn2 on wgmma: each block of query

@@ -20,6 +20,24 @@ TEST(Tensor, ContiguousStridesAndNarrow) {
   EXPECT_THROW(narrow(t, 1, 2, 2), Error);
 }
 
+// A dimension of one element takes the stride a contiguous view would have, whatever the caller gave (PyTorch keeps a
+// broadcast's 0 there through contiguous(), NumPy a negative one): the view is then contiguous where the rest is, and
+// the GPU kernels' TMA maps and cuDNN, which need positive strides, take it. Dimensions of more elements keep theirs.
+TEST(Tensor, OneElementDimensionsTakeContiguousStrides) {
+  Tensor t(DType::kBF16, {5, 4, 8});
+  const TensorView q(t.data<uint16_t>(), DType::kBF16, Shape{1, 5, 4, 8}, {0, 32, 8, 1});
+  EXPECT_EQ(q.strides(), (std::array<int64_t, kMaxRank>{160, 32, 8, 1}));
+  EXPECT_TRUE(q.is_contiguous());
+  const TensorView k(t.data<uint16_t>(), DType::kBF16, Shape{5, 1, 1, 8}, {32, -3, 0, 1});
+  EXPECT_EQ(k.stride(0), 32);
+  EXPECT_EQ(k.stride(1), 8);
+  EXPECT_EQ(k.stride(2), 8);
+  EXPECT_FALSE(k.is_contiguous());  // rows 32 apart, not 8
+  const TensorView broadcast(t.data<uint16_t>(), DType::kBF16, Shape{3, 5, 4, 8}, {0, 32, 8, 1});
+  EXPECT_EQ(broadcast.stride(0), 0);
+  EXPECT_EQ(TensorView(t.data<uint16_t>(), DType::kBF16, Shape{2, 1}, {1, 7}).stride(1), 1);
+}
+
 // Views meet where their byte spans do: neighbours apart, a row inside its tensor, a reversed view at both
 // ends, the two halves of a tensor apart, and an empty view nowhere.
 TEST(Tensor, SpansMeetWhereViewsShareBytes) {
