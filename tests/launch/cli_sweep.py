@@ -32,7 +32,7 @@ def draw(rnd, backend):
         if rnd.random() < chance:
             gen.append(flag)
     if S == T and rnd.random() < 0.3:
-        gen += ["--segments", rnd.randint(1, 5)]
+        gen += ["--segments", rnd.randint(1, min(5, T))]  # each document holds a token at least
         if B == 1 and rnd.random() < 0.5:  # as FlashAttention's cumulative lengths
             gen.append("--cu-seqlens")
     attention = []
