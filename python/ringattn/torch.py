@@ -107,11 +107,13 @@ def _plain(x: Tensor):
 def _as_it_lies(x: Tensor):
     """q, k, v, o or do for the local kernels: a DLPack capsule of x itself where they read it as it lies (rows
     of contiguous elements at 16-byte-aligned addresses and strides, as a qkv_format="bhsd" or "sbhd" view and
-    a KV cache's keys are), else of a contiguous copy (broadcasts of stride 0, odd offsets). The ring's calls
-    take _plain: it sends its blocks as they lie in memory."""
+    a KV cache's keys are), else of a contiguous copy (broadcasts of stride 0, odd offsets). A dimension of one
+    element counts whatever its stride (the core gives it the contiguous one). The ring's calls take _plain: it
+    sends its blocks as they lie in memory."""
     x = x.detach()
     size = x.element_size()
-    as_is = x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s > 0 and s * size % 16 == 0 for s in x.stride()[:-1])
+    as_is = (x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and
+             all(n == 1 or (s > 0 and s * size % 16 == 0) for s, n in zip(x.stride()[:-1], x.shape[:-1])))
     return to_dlpack(x if as_is else x.contiguous())
 
 

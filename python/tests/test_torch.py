@@ -644,6 +644,24 @@ def test_tensors_in_another_format_are_read_as_they_lie_with_every_option(impl, 
             assert torch.equal(a, b.permute(axes)), (impl, sorted(options))
 
 
+def test_one_element_dimensions_at_any_stride_are_read_as_they_lie():
+    # PyTorch keeps a broadcast's stride 0 on a dimension of one element through contiguous(): such tensors (a batch
+    # of one, one K/V head) reach the core as they lie, which gives that dimension the contiguous stride; results
+    # and gradients are the bits of the same call on contiguous tensors.
+    q, k, v, do = tensors(53, B=1, T=19, S=23, H=4, Hkv=1, D=16)
+    o = rt.attention(q, k, v, causal=True)
+    want = (o,) + torch.autograd.grad(o, (q, k, v), do)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    views = [leaves[0].as_strided(q.shape, (0,) + q.stride()[1:]),
+             leaves[1].as_strided(k.shape, (0, k.stride(1), 0, 1)), leaves[2].as_strided(v.shape, (0, v.stride(1), 3, 1))]
+    for view in views:
+        assert torch.from_dlpack(rt._as_it_lies(view)).data_ptr() == view.data_ptr()  # no copy
+    o_s = rt.attention(*views, causal=True)
+    got = (o_s,) + torch.autograd.grad(o_s, leaves, do)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def test_impl_auto_runs_flash_attn2_on_the_host_and_the_f64_reference_for_f64():
     q, k, v, do = tensors(53, T=15, S=19)
     o = rt.attention(q, k, v, causal=True, impl="auto")
