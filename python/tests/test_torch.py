@@ -652,7 +652,8 @@ def test_one_element_dimensions_at_any_stride_are_read_as_they_lie():
     o = rt.attention(q, k, v, causal=True)
     want = (o,) + torch.autograd.grad(o, (q, k, v), do)
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    views = [leaves[0].as_strided(q.shape, (0,) + q.stride()[1:]), leaves[1].as_strided(k.shape, (0, k.stride(1), 0, 1)),
+    views = [leaves[0].as_strided(q.shape, (0,) + q.stride()[1:]),
+             leaves[1].as_strided(k.shape, (0, k.stride(1), 0, 1)),
              leaves[2].as_strided(v.shape, (0, v.stride(1), 3, 1))]
     for view in views:
         assert torch.from_dlpack(rt._as_it_lies(view)).data_ptr() == view.data_ptr()  # no copy
