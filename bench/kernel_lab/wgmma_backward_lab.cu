@@ -3,7 +3,8 @@
 // random Q, K, V, dO, LSE near its true value, positions 0..T-1), interleaved, median of `iters` after 2 warm-up
 // calls, and checks each knob's gradients against the committed kernel's (largest difference). RA_LAB_BATCH=B: B
 // sequences of T each (the batch form of B documents; default 1).
-// RA_LAB_CLUSTER=N launches the experimental kernel as clusters of N consecutive key blocks. RA_LAB_DQ_APART=1 (D = 192,
+// A knob that exp_kernel.cuh names in RA_LAB_EXP_PERSISTENT(knob) is launched persistent: one block per SM (or per
+// tile where fewer), each claiming its tiles itself. RA_LAB_CLUSTER=N launches the experimental kernel as clusters of N consecutive key blocks. RA_LAB_DQ_APART=1 (D = 192,
 // 256): both the committed and the experimental kernel as the library's dQ-apart path runs them (kDqApart: dK and dV
 // only), each followed by the committed query-block dQ kernel.
 // Usage: wgmma_backward_lab D H T causal iters knob...
@@ -21,6 +22,9 @@
 #include "exp_kernel.cuh"
 #ifndef RA_LAB_EXP_THREADS  // exp_kernel.cuh may define each knob's threads per block (a warp-specialised knob's)
 #define RA_LAB_EXP_THREADS(knob, D) 256
+#endif
+#ifndef RA_LAB_EXP_PERSISTENT  // exp_kernel.cuh may name the knobs launched persistent
+#define RA_LAB_EXP_PERSISTENT(knob) false
 #endif
 #ifndef RA_LAB_KNOBS
 #define RA_LAB_KNOBS RA_LAB_KNOB(0)
@@ -54,9 +58,15 @@ __global__ void fill_pos(int64_t* p, int n) {
 
 // cluster > 1: launched as clusters of that many consecutive key blocks (RA_LAB_CLUSTER, the experimental kernel only).
 template <typename Traits>
-void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsigned cluster = 1, unsigned threads = 256) {
+void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsigned cluster = 1, unsigned threads = 256,
+            bool persistent = false) {
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
-  const dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
+  dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
+  if (persistent) {
+    int sms = 0;
+    RA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    grid = dim3(std::min(grid.x * grid.y * grid.z, unsigned(sms)));
+  }
   void* args[] = {const_cast<FlashBackwardArgs*>(&g)};
   if (cluster <= 1) {
     RA_CUDA_CHECK(cudaLaunchKernel(kernel, grid, dim3(threads), args, Traits::kSmemBytes, s));
@@ -124,6 +134,16 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     std::printf("knob %d not built\n", knob);
     std::exit(2);
   };
+  auto exp_persistent = [](int knob) -> bool {
+    switch (knob) {
+#define RA_LAB_KNOB(K) \
+  case K:              \
+    return RA_LAB_EXP_PERSISTENT(K);
+      RA_LAB_KNOBS
+#undef RA_LAB_KNOB
+    }
+    return false;
+  };
   auto exp_threads = [](int knob) -> unsigned {
     switch (knob) {
 #define RA_LAB_KNOB(K) \
@@ -149,7 +169,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   auto once = [&](bool use_exp, int knob) {
     RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
     g.dq_writer_words = knob;
-    if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob)); else launch<Base>(base, g, s);
+    if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), exp_persistent(knob)); else launch<Base>(base, g, s);
     if (apart) launch_flash_wgmma_dq<T16>(g, s);
   };
   once(false, 0);
@@ -166,7 +186,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
       RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
       g.dq_writer_words = knob;
       RA_CUDA_CHECK(cudaEventRecord(e0, s));
-      if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob)); else launch<Base>(base, g, s);
+      if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), exp_persistent(knob)); else launch<Base>(base, g, s);
       if (apart) launch_flash_wgmma_dq<T16>(g, s);
       RA_CUDA_CHECK(cudaEventRecord(e1, s));
       RA_CUDA_CHECK(cudaEventSynchronize(e1));
