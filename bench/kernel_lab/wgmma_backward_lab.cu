@@ -111,6 +111,9 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   g.d_o = view(d_o);
   g.lse = lse, g.delta = delta, g.dq = dq, g.dk_direct = dk, g.dv_direct = dv;
   g = exp_backward::with_step_maps<T16, exp_backward::WgmmaBackwardTraits<T16, D>>(g);  // both kernels' TMA maps
+#ifdef RA_LAB_EXP_SETUP  // exp_kernel.cuh's own set-up (e.g. maps of its own in constant memory)
+  RA_LAB_EXP_SETUP(g, T16, D);
+#endif
 
   using Base = wgmma_backward::WgmmaBackwardTraits<T16, D>;
   using Exp = exp_backward::WgmmaBackwardTraits<T16, D>;
