@@ -1,12 +1,13 @@
-// The wgmma backward's kernel lab (not part of the build; make_lab.sh builds it): times the committed kernel
-// against an experimental copy (exp_kernel.cuh, one instance per compile-time knob) on synthetic inputs (B = 1,
-// random Q, K, V, dO, LSE near its true value, positions 0..T-1), interleaved, median of `iters` after 2 warm-up
-// calls, and checks each knob's gradients against the committed kernel's (largest difference). RA_LAB_BATCH=B: B
-// sequences of T each (the batch form of B documents; default 1).
+// The wgmma backward's kernel lab (make_lab.sh builds it for the device; the build compiles it with knob 0 only, as a
+// check): times the committed kernel against an experimental copy (exp_kernel.cuh, one instance per compile-time
+// knob) on synthetic inputs (B = 1, random Q, K, V, dO, LSE near its true value, positions 0..T-1), interleaved,
+// median of `iters` after 2 warm-up calls, and checks each knob's gradients against the committed kernel's (largest
+// difference). RA_LAB_BATCH=B: B sequences of T each (the batch form of B documents; default 1).
 // A knob that exp_kernel.cuh names in RA_LAB_EXP_PERSISTENT(knob) is launched persistent: one block per SM (or per
-// tile where fewer), each claiming its tiles itself. RA_LAB_CLUSTER=N launches the experimental kernel as clusters of N consecutive key blocks. RA_LAB_DQ_APART=1 (D = 192,
-// 256): both the committed and the experimental kernel as the library's dQ-apart path runs them (kDqApart: dK and dV
-// only), each followed by the committed query-block dQ kernel.
+// tile where fewer), each claiming its tiles itself; RA_LAB_EXP_SETUP(g, T, D), where exp_kernel.cuh defines it, runs
+// once before the kernels (its own maps, say). RA_LAB_CLUSTER=N launches the experimental kernel as clusters of N
+// consecutive key blocks. RA_LAB_DQ_APART=1 (D = 192, 256): both the committed and the experimental kernel as the
+// library's dQ-apart path runs them (kDqApart: dK and dV only), each followed by the committed query-block dQ kernel.
 // Usage: wgmma_backward_lab D H T causal iters knob...
 #include <cuda_runtime.h>
 
@@ -58,10 +59,11 @@ __global__ void fill_pos(int64_t* p, int n) {
 
 // cluster > 1: launched as clusters of that many consecutive key blocks (RA_LAB_CLUSTER, the experimental kernel only).
 template <typename Traits>
-void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsigned cluster = 1, unsigned threads = 256,
-            bool persistent = false) {
+void launch(const void* kernel, const FlashBackwardArgs& g, cudaStream_t s, unsigned cluster = 1,
+            unsigned threads = 256, bool persistent = false) {
   RA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Traits::kSmemBytes)));
-  dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads), unsigned(g.a.batch));
+  dim3 grid(unsigned((g.a.kv_len + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(g.a.kv_heads),
+            unsigned(g.a.batch));
   if (persistent) {
     int sms = 0;
     RA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -172,7 +174,10 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
   auto once = [&](bool use_exp, int knob) {
     RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
     g.dq_writer_words = knob;
-    if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), exp_persistent(knob)); else launch<Base>(base, g, s);
+    if (use_exp)
+      launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), exp_persistent(knob));
+    else
+      launch<Base>(base, g, s);
     if (apart) launch_flash_wgmma_dq<T16>(g, s);
   };
   once(false, 0);
@@ -189,7 +194,10 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
       RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
       g.dq_writer_words = knob;
       RA_CUDA_CHECK(cudaEventRecord(e0, s));
-      if (use_exp) launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), exp_persistent(knob)); else launch<Base>(base, g, s);
+      if (use_exp)
+        launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), exp_persistent(knob));
+      else
+        launch<Base>(base, g, s);
       if (apart) launch_flash_wgmma_dq<T16>(g, s);
       RA_CUDA_CHECK(cudaEventRecord(e1, s));
       RA_CUDA_CHECK(cudaEventSynchronize(e1));
