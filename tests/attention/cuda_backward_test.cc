@@ -24,6 +24,7 @@
 #include "tests/support/cudnn_head_dims.h"
 #include "tests/support/flash_kernel_choice.h"
 #include "tests/support/problem.h"
+#include "tests/support/same_bits.h"
 
 namespace ra::test {
 namespace {
@@ -423,13 +424,6 @@ TEST(CudaLseInTheLoss, MatchesF64Gradients) {
         << e.message();
   }
 #endif
-}
-
-// Whether two tensors, on the host or a GPU, hold the same bytes (the same bits, where a test asks for them).
-bool same_bits(const TensorView& a, const TensorView& b) {
-  const Tensor host_a = to_memory(a, MemoryKind::kHost), host_b = to_memory(b, MemoryKind::kHost);
-  const size_t bytes = host_a.view().nbytes();
-  return bytes == host_b.view().nbytes() && std::memcmp(host_a.view().data(), host_b.view().data(), bytes) == 0;
 }
 
 // The GPU implementations that write a single call's gradients into views themselves: flash_attn2, and cudnn where

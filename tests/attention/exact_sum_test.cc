@@ -9,6 +9,7 @@
 #include "attention/cpu/blockwise_cpu.h"
 #include "attention/cpu/exact_sum_cpu.h"
 #include "tests/support/problem.h"
+#include "tests/support/same_bits.h"
 
 namespace ra::test {
 namespace {
@@ -36,10 +37,6 @@ AttentionOutput exact_over_blocks(const Problem& p, std::vector<int64_t> cuts, u
   AttentionOutput out{Tensor(in.q.dtype(), Shape{B, T, Hq, Dv}), Tensor(DType::kF32, Shape{B, Hq, T})};
   finalize(carry, in.sinks, out.o, out.lse);
   return out;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.view().nbytes() == b.view().nbytes() && std::memcmp(a.view().data(), b.view().data(), a.view().nbytes()) == 0;
 }
 
 TEST(ExactSum, BlockCutsAndOrderDoNotChangeTheBits) {

@@ -8,8 +8,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "tests/support/same_bits.h"
+
 namespace ra {
 namespace {
+
+using test::same_bits;
 
 Tensor draw(int threads, uint64_t seed, int64_t n, std::mt19937_64* rng = nullptr) {
   const int before = omp_get_max_threads();
@@ -18,10 +22,6 @@ Tensor draw(int threads, uint64_t seed, int64_t n, std::mt19937_64* rng = nullpt
   Tensor t = random_normal(DType::kF32, {n}, rng ? *rng : own);
   omp_set_num_threads(before);
   return t;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.view().data(), b.view().data(), a.view().nbytes()) == 0;
 }
 
 TEST(RandomNormal, SameBitsForAnyThreadCountAndOddLengths) {
