@@ -24,7 +24,7 @@
 #ifndef RA_LAB_EXP_THREADS  // exp_kernel.cuh may define each knob's threads per block (a warp-specialised knob's)
 #define RA_LAB_EXP_THREADS(knob, D) 256
 #endif
-#ifndef RA_LAB_EXP_PERSISTENT  // exp_kernel.cuh may name the knobs launched persistent
+#ifndef RA_LAB_EXP_PERSISTENT  // exp_kernel.cuh may name the knobs launched persistent (of a run-time knob)
 #define RA_LAB_EXP_PERSISTENT(knob) false
 #endif
 #ifndef RA_LAB_KNOBS
@@ -139,16 +139,6 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     std::printf("knob %d not built\n", knob);
     std::exit(2);
   };
-  auto exp_persistent = [](int knob) -> bool {
-    switch (knob) {
-#define RA_LAB_KNOB(K) \
-  case K:              \
-    return RA_LAB_EXP_PERSISTENT(K);
-      RA_LAB_KNOBS
-#undef RA_LAB_KNOB
-    }
-    return false;
-  };
   auto exp_threads = [](int knob) -> unsigned {
     switch (knob) {
 #define RA_LAB_KNOB(K) \
@@ -175,7 +165,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
     RA_CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4, s));
     g.dq_writer_words = knob;
     if (use_exp)
-      launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), exp_persistent(knob));
+      launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), RA_LAB_EXP_PERSISTENT(knob));
     else
       launch<Base>(base, g, s);
     if (apart) launch_flash_wgmma_dq<T16>(g, s);
@@ -195,7 +185,7 @@ int run(int H, int Tn, bool causal, int iters, std::vector<int> knobs) {
       g.dq_writer_words = knob;
       RA_CUDA_CHECK(cudaEventRecord(e0, s));
       if (use_exp)
-        launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), exp_persistent(knob));
+        launch<Exp>(exp_of(knob), g, s, cluster, exp_threads(knob), RA_LAB_EXP_PERSISTENT(knob));
       else
         launch<Base>(base, g, s);
       if (apart) launch_flash_wgmma_dq<T16>(g, s);
